@@ -1,0 +1,39 @@
+# The two commands of the README:  `make run` (the whole toy experiment)  and  `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: run test test-fast install evaluators report clean-results lint
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# torch first, from the exact pin (a CPU wheel here); the constraints keep every later resolution on it
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)          ## every table and figure of the toy reproduction under results/
+	$(BIN)/snakemake --cores all $(SNAKEMAKE_ARGS)
+
+report: $(STAMP)       ## regenerate tables and figures from cached results (no training reruns)
+	$(BIN)/snakemake --cores all --rerun-triggers mtime $(SNAKEMAKE_ARGS)
+
+test: $(STAMP)         ## the full test suite, including the end-to-end smoke workflow
+	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(BIN)/pytest -q -m "not slow" $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/snakemake --lint
+
+evaluators:            ## the real-scale evaluator stack in its own venv (.venv-eval); not needed for the toy run
+	bash scripts/install-evaluators.sh
+
+clean-results:
+	rm -rf results logs benchmarks/*/ .snakemake

@@ -1,0 +1,24 @@
+# MAR-GRPO: the whole experiment as one DAG.  `snakemake --cores all` runs the toy world;
+# `--configfile config/paper-nova.yaml --workflow-profile workflow/profiles/slurm` the paper.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/pretrain.smk"
+include: "workflow/rules/warmup.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/select.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        get_final_outputs(),

@@ -1,0 +1,62 @@
+"""`margrpo <stage> ...`: one subcommand per pipeline stage.
+
+Each stage lives in `margrpo.stages.<module>` and exposes `add_arguments(parser)` and
+`run(args)`; this file only routes. Stages never import Snakemake, so every stage also runs by
+hand (`margrpo train --help`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+# subcommand -> (module under margrpo.stages, one-line help)
+STAGES: dict[str, tuple[str, str]] = {
+    "make-suites": ("make_suites", "write the ShapesWorld prompt suites (train / val / eval JSONL)"),
+    "train-toyclip": ("train_toyclip", "train the learned toy reward model (the HPS analogue)"),
+    "pretrain": ("pretrain", "train a toy MAR base policy on ShapesWorld from scratch"),
+    "check-weights": ("check_weights", "check a local real-scale weights folder and write a pointer to it"),
+    "warmup": ("warmup", "fine-tune only the diffusion head (Harmon warm-up, DESIGN 3.11)"),
+    "train": ("train", "GRPO training: grpo / fix / mte / sim variants"),
+    "select": ("select_checkpoint", "pick the checkpoint to report (best-by-validation or fixed step)"),
+    "sample": ("sample", "sample a prompt suite in the T2I-CompBench layout"),
+    "eval-compbench": ("eval_compbench", "CompBench-style scores of a samples directory"),
+    "eval-preference": ("eval_preference", "preference-model scores of a samples directory"),
+    "uncertainty": ("uncertainty", "per-token MTE uncertainty maps of a policy (data for Fig. 4)"),
+    "report": ("report", "tables (CSV / Markdown / LaTeX) and figures from result files"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="margrpo",
+        description="MAR-GRPO pipeline stages. Normally driven by `snakemake --cores all`; each stage also runs by hand.",
+    )
+    sub = parser.add_subparsers(dest="stage", metavar="<stage>", required=True)
+    for name, (module, help_text) in STAGES.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        # Import lazily so `margrpo --help` stays fast; a stage whose module is missing says so.
+        try:
+            importlib.import_module(f"margrpo.stages.{module}").add_arguments(p)
+        except ModuleNotFoundError as err:
+            if err.name != f"margrpo.stages.{module}":
+                raise
+            p.set_defaults(_missing=True)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub at run time
+    args = build_parser().parse_args(argv)
+    if getattr(args, "_missing", False):
+        print(f"margrpo {args.stage}: this stage is not implemented in this version", file=sys.stderr)
+        return 2
+    importlib.import_module(f"margrpo.stages.{args._module}").run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,365 @@
+"""The GRPO algebra of MAR-GRPO as pure tensor functions (DESIGN 3, items 4, 5, 7, 9, 10).
+
+Nothing here knows about models, rollouts or rewards: every function takes tensors and returns
+tensors, so each equation can be tested against an independent computation. The trainer
+combines them per chosen (AR step, diffusion step):
+
+    obj   = per_token_policy_objective(lp, old_lp, A, clip_eps)    # [S, B, L]   clipped surrogate
+    obj   = mte_loss(obj, uncertainty_mask(final_latents, frac))   # [B, L]      Eq. 10
+    w     = completion_mask & consistency_mask(...)                # [B, L]      Eq. 11
+    loss  = -masked_mean(obj, w) + beta * masked_mean(kl_paper(mu, mu_ref), completion_mask)
+
+With S = 1 (MTE off), top_frac = 0 or tau = -inf each factor reduces to the plain GRPO loss
+exactly (bitwise), which the tests check.
+
+Shapes: B images, L tokens per image, D channels per token, S MTE trajectories (index 0 is the
+committed one). Numerics run in float32 (or float64 if given float64), whatever the input dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "group_advantages",
+    "per_token_policy_objective",
+    "masked_mean",
+    "policy_ratio_stats",
+    "policy_loss",
+    "kl_paper",
+    "kl_gaussian",
+    "uncertainty_mask",
+    "consistency_mask",
+    "mte_loss",
+]
+
+
+def _f32(x: torch.Tensor) -> torch.Tensor:
+    """Upcast half / bfloat16 to float32; leave float32 / float64 as they are."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
+# --------------------------------------------------------------------------------------------
+# 4. Advantages
+# --------------------------------------------------------------------------------------------
+
+
+def group_advantages(
+    rewards: torch.Tensor, group_size: int, eps: float = 1e-4
+) -> tuple[torch.Tensor, float]:
+    """GRPO group-normalised advantages (DESIGN 3.4): A_i = (R_i - mean_g) / (std_g + eps).
+
+    Args:
+        rewards: [N] with N = B * group_size; the G = group_size consecutive rewards of one
+            group share a prompt (contiguous grouping, as rollouts are laid out).
+        group_size: G.
+        eps: added to the group std (1e-4 as in the paper's code).
+
+    Returns:
+        advantages: [N], float32 (float64 if the rewards are float64).
+        frac_zero_std: fraction of groups whose rewards all tie; those get exactly 0 advantage
+            (they carry no learning signal and would otherwise amplify float noise by 1/eps).
+
+    The std is the population std (ddof = 0), as numpy's default used by flow_grpo / mar-grpo.
+    Statistics are computed in float64 so that ties and tiny spreads are handled exactly.
+    """
+    if rewards.ndim != 1:
+        raise ValueError(f"rewards must be 1-D [N], got shape {tuple(rewards.shape)}; flatten the groups first")
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    n = rewards.numel()
+    if n == 0 or n % group_size != 0:
+        raise ValueError(
+            f"{n} rewards cannot be split into groups of {group_size}; "
+            "pass B * group_size rewards, the G rewards of one prompt contiguous"
+        )
+    finite = torch.isfinite(rewards)
+    if not bool(finite.all()):
+        bad = (~finite).nonzero().flatten().tolist()
+        groups = sorted({i // group_size for i in bad})
+        raise ValueError(f"{len(bad)} non-finite reward(s) at indices {bad} (groups {groups})")
+
+    out_dtype = torch.promote_types(rewards.dtype, torch.float32)
+    r = rewards.to(torch.float64).view(-1, group_size)  # [B, G]
+    mean = r.mean(dim=1, keepdim=True)  # [B, 1]
+    std = r.std(dim=1, correction=0, keepdim=True)  # [B, 1] population std
+    tied = (r == r[:, :1]).all(dim=1, keepdim=True)  # [B, 1] all rewards equal
+    adv = ((r - mean) / (std + eps)).masked_fill(tied, 0.0)  # [B, G]
+    return adv.reshape(-1).to(out_dtype), tied.double().mean().item()
+
+
+# --------------------------------------------------------------------------------------------
+# 5. Policy loss
+# --------------------------------------------------------------------------------------------
+
+
+def per_token_policy_objective(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_eps: float | None,
+) -> torch.Tensor:
+    """Unreduced clipped surrogate per token (DESIGN 3.5), to be maximised.
+
+    l = min(r A, clip(r, 1 - eps, 1 + eps) A) with r = exp(log_prob - old_log_prob).
+    With ``clip_eps=None`` it is the official code's REINFORCE form l = exp(lp - sg(lp)) A,
+    whose value is A and whose gradient is A * grad lp (the stored old log-prob is unused).
+
+    Args:
+        log_prob: [..., B, L] per-token log-probability under the current policy (with grad).
+        old_log_prob: [..., B, L] the rollout's log-probability (no grad needed).
+        advantages: [B], broadcast over the tokens and any leading dims (e.g. S trajectories).
+        clip_eps: PPO clip range, or None for the unclipped REINFORCE form.
+
+    Returns:
+        [..., B, L] objective per token.
+    """
+    if log_prob.shape != old_log_prob.shape:
+        raise ValueError(
+            f"log_prob {tuple(log_prob.shape)} and old_log_prob {tuple(old_log_prob.shape)} differ in shape"
+        )
+    if log_prob.ndim < 2 or advantages.shape != log_prob.shape[-2:-1]:
+        raise ValueError(
+            f"advantages must be [B] for log_prob [..., B, L] = {tuple(log_prob.shape)}, "
+            f"got {tuple(advantages.shape)}"
+        )
+    lp = _f32(log_prob)  # [..., B, L]
+    adv = advantages.detach().to(lp.dtype)[:, None]  # [B, 1]
+    if clip_eps is None:
+        return torch.exp(lp - lp.detach()) * adv  # value A, gradient A * d lp
+    if clip_eps < 0:
+        raise ValueError(f"clip_eps must be >= 0 or None (no clipping), got {clip_eps}")
+    ratio = torch.exp(lp - _f32(old_log_prob).detach())  # [..., B, L]
+    clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)
+    return torch.minimum(ratio * adv, clipped * adv)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """sum(values * mask) / sum(mask) over all elements: the token mean of the GRPO loss.
+
+    Args:
+        values: [..., B, L].
+        mask: [B, L] (or any shape broadcastable to ``values``), bool or float weights; it is
+            expanded over the leading dims, so S trajectories count S times in the denominator.
+
+    An all-zero mask gives exactly 0, still connected to ``values`` (zero gradient, no NaN).
+    Masked-out entries are dropped with ``where``, so a non-finite value there cannot leak in.
+    """
+    w = mask.to(values.dtype).expand_as(values)  # [..., B, L]
+    num = torch.where(w != 0, values * w, torch.zeros((), dtype=values.dtype, device=values.device)).sum()
+    den = w.sum()
+    return num / torch.where(den > 0, den, torch.ones_like(den))
+
+
+@torch.no_grad()
+def policy_ratio_stats(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float | None,
+) -> dict[str, float]:
+    """Logging stats of r = exp(lp - old) over the tokens with mask != 0 (unweighted).
+
+    clip_frac counts tokens whose gradient the clip removes: r > 1 + eps with A > 0, or
+    r < 1 - eps with A < 0 (always 0 with ``clip_eps=None``). With no selected token the
+    ratio stats are NaN and clip_frac is 0.
+    """
+    ratio = torch.exp(_f32(log_prob) - _f32(old_log_prob))  # [..., B, L]
+    sel = (mask != 0).expand_as(ratio)
+    r = ratio[sel]  # [n]
+    if r.numel() == 0:
+        nan = float("nan")
+        return {"clip_frac": 0.0, "ratio_min": nan, "ratio_max": nan, "ratio_mean": nan}
+    if clip_eps is None:
+        clip_frac = torch.zeros((), dtype=r.dtype, device=r.device)
+    else:
+        a = advantages.to(r.dtype)[:, None].expand_as(ratio)[sel]  # [n]
+        clipped = ((r > 1.0 + clip_eps) & (a > 0)) | ((r < 1.0 - clip_eps) & (a < 0))
+        clip_frac = clipped.to(r.dtype).mean()
+    values = torch.stack([clip_frac, r.min(), r.max(), r.mean()]).tolist()  # one device sync
+    return dict(zip(("clip_frac", "ratio_min", "ratio_max", "ratio_mean"), values))
+
+
+def policy_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float | None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GRPO policy loss of one chosen step (DESIGN 3.5; Eq. 7 then averages over chosen steps).
+
+    Minus the clipped surrogate, averaged over the masked tokens.
+
+    Args:
+        log_prob, old_log_prob: [..., B, L] per-token log-probabilities.
+        advantages: [B].
+        mask: [B, L] completion mask (tokens predicted at this step), bool or float weights
+            (e.g. already multiplied by Sim's kappa).
+        clip_eps: clip range, or None for the official REINFORCE form.
+
+    Returns:
+        loss: scalar, ``-masked_mean(per_token_policy_objective(...), mask)``; 0 for an empty mask.
+        stats: ``policy_ratio_stats`` (clip_frac, ratio_min, ratio_max, ratio_mean).
+    """
+    objective = per_token_policy_objective(log_prob, old_log_prob, advantages, clip_eps)  # [..., B, L]
+    loss = -masked_mean(objective, mask)
+    return loss, policy_ratio_stats(log_prob, old_log_prob, advantages, mask, clip_eps)
+
+
+# --------------------------------------------------------------------------------------------
+# 7. KL to the reference policy
+# --------------------------------------------------------------------------------------------
+
+
+def kl_paper(mean: torch.Tensor, ref_mean: torch.Tensor) -> torch.Tensor:
+    """The paper's KL term, Eq. 14: mean over channels of exp(d) - d - 1, d = mu_ref - mu_theta.
+
+    Args:
+        mean: [B, L, D] the policy's predicted mean mu_theta (with grad).
+        ref_mean: [B, L, D] the frozen reference policy's mean for the same x_t.
+
+    Returns:
+        [B, L] per-token values (mean over D), for the trainer to average over the completion
+        mask. Computed as expm1(d) - d: equal to exp(d) - d - 1, but accurate to ~1e-3 relative
+        for |d| ~ 1e-4 in float32, where exp(d) - d - 1 is pure rounding noise.
+    """
+    if mean.shape != ref_mean.shape:
+        raise ValueError(f"mean {tuple(mean.shape)} and ref_mean {tuple(ref_mean.shape)} differ in shape")
+    d = _f32(ref_mean) - _f32(mean)  # [B, L, D]
+    return (torch.expm1(d) - d).mean(dim=-1)  # [B, L]
+
+
+def kl_gaussian(
+    mean: torch.Tensor, ref_mean: torch.Tensor, std: torch.Tensor | float
+) -> torch.Tensor:
+    """Exact KL(N(mean, std^2 I) || N(ref_mean, std^2 I)) per token: ||mean - ref||^2 / (2 std^2).
+
+    Args:
+        mean, ref_mean: [B, L, D].
+        std: the sampler's sigma_t, a Python float, a 0-d tensor or a tensor with the same
+            number of dims as ``mean`` (e.g. [B, L, 1]); a [B, L] std is refused because it
+            would silently broadcast against D when L == D. Must be > 0 (no KL at the
+            deterministic final step).
+
+    Returns:
+        [B, L], summed over D (a true KL in nats of each token's D-dim Gaussian; note that
+        ``kl_paper`` averages over D instead, as the paper does).
+    """
+    if mean.shape != ref_mean.shape:
+        raise ValueError(f"mean {tuple(mean.shape)} and ref_mean {tuple(ref_mean.shape)} differ in shape")
+    diff = _f32(mean) - _f32(ref_mean)  # [B, L, D]
+    std_t = torch.as_tensor(std, device=diff.device)
+    if std_t.ndim not in (0, diff.ndim):
+        raise ValueError(
+            f"std must be a scalar or have {diff.ndim} dims (e.g. [B, L, 1]), got shape {tuple(std_t.shape)}"
+        )
+    var = _f32(std_t).to(diff.dtype).pow(2)  # broadcastable to [B, L, D]
+    return (diff.pow(2) / (2.0 * var)).sum(dim=-1)  # [B, L]
+
+
+# --------------------------------------------------------------------------------------------
+# 9. +MTE: uncertainty mask and multi-trajectory combination
+# --------------------------------------------------------------------------------------------
+
+
+def uncertainty_mask(
+    final_latents: torch.Tensor,
+    top_frac: float,
+    candidates: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Mask M of the most uncertain tokens, the M of paper Eq. 10 (MTE).
+
+    u_j = std over the S final clean latents of token j (population std, ddof = 0, so S = 1
+    gives u = 0 rather than NaN; the ddof only rescales u and never changes the ranking),
+    averaged over the D channels. The top k tokens of each image by u form M.
+
+    Args:
+        final_latents: [S, B, L, D], the S trajectories' final latents (index 0 committed).
+        top_frac: fraction in [0, 1]; k = floor(top_frac * n + 0.5) (nearest, halves up) with
+            n = L, so 0 selects no token and 1 selects all.
+        candidates: optional [B, L] bool restricting the choice (e.g. the tokens predicted at
+            an AR step); then n is the number of candidates of that image and only candidates
+            can be selected.
+
+    Returns:
+        [B, L] bool. Ties in u are broken by token index (lower index first), deterministically.
+    """
+    if final_latents.ndim != 4:
+        raise ValueError(f"final_latents must be [S, B, L, D], got shape {tuple(final_latents.shape)}")
+    if not 0.0 <= top_frac <= 1.0:
+        raise ValueError(f"top_frac must be in [0, 1], got {top_frac}")
+    _, B, L, _ = final_latents.shape
+    device = final_latents.device
+    u = _f32(final_latents).std(dim=0, correction=0).mean(dim=-1)  # [B, L]
+    if candidates is None:
+        candidates = torch.ones(B, L, dtype=torch.bool, device=device)
+    elif candidates.shape != (B, L) or candidates.dtype != torch.bool:
+        raise ValueError(
+            f"candidates must be bool [B, L] = [{B}, {L}], got {candidates.dtype} {tuple(candidates.shape)}"
+        )
+    n = candidates.sum(dim=-1).double()  # [B]
+    k = torch.floor(n * top_frac + 0.5).long()  # [B] tokens to keep per image
+    score = u.masked_fill(~candidates, -math.inf)  # [B, L] non-candidates rank last
+    order = torch.sort(score, dim=-1, descending=True, stable=True).indices  # [B, L]
+    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(L, device=device).expand(B, L))
+    return (rank < k[:, None]) & candidates
+
+
+def mte_loss(per_traj_loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Multi-trajectory combination, paper Eq. 10: M * mean_s l^(s) + (1 - M) * l^(1).
+
+    Args:
+        per_traj_loss: [S, ..., B, L] per-token objective (or loss; the map is linear) of each
+            trajectory; index 0 is the committed trajectory l^(1).
+        mask: [B, L] bool, the uncertainty mask M.
+
+    Returns:
+        [..., B, L]. With S = 1 or an all-False mask it is exactly (bitwise) l^(1).
+    """
+    if mask.dtype != torch.bool:
+        raise ValueError(f"mask must be bool, got {mask.dtype}")
+    committed = per_traj_loss[0]  # [..., B, L]
+    if per_traj_loss.shape[0] == 1:
+        return committed
+    return torch.where(mask, per_traj_loss.mean(dim=0), committed)
+
+
+# --------------------------------------------------------------------------------------------
+# 10. +Sim: consistency mask
+# --------------------------------------------------------------------------------------------
+
+
+def consistency_mask(
+    x0_prev: torch.Tensor,
+    x0_cur: torch.Tensor,
+    x_final: torch.Tensor,
+    committed: torch.Tensor,
+    tau: float = 0.0,
+) -> torch.Tensor:
+    """Consistency weights kappa of AR step m, paper Eq. 11.
+
+    sim_j(m) = cos(x0_m[j], x_final[j]) over channels; kappa_j(m) = 1[sim_j(m) - sim_j(m-1) > tau]
+    OR token j is committed at step m (a token's own step always trains).
+
+    Args:
+        x0_prev: [B, L, D] clean prediction x0 at step m - 1 (the caller chooses what stands in
+            for the first step).
+        x0_cur: [B, L, D] clean prediction at step m.
+        x_final: [B, L, D] final latent of the trajectory.
+        committed: [B, L] bool, tokens committed (predicted) at step m.
+        tau: threshold (0 by default); -inf keeps every token.
+
+    Returns:
+        [B, L] bool. Cosine uses torch's eps = 1e-8 on the norms (a zero vector has sim 0).
+    """
+    if committed.dtype != torch.bool:
+        raise ValueError(f"committed must be bool, got {committed.dtype}")
+    final = _f32(x_final)
+    sim_prev = F.cosine_similarity(_f32(x0_prev), final, dim=-1)  # [B, L]
+    sim_cur = F.cosine_similarity(_f32(x0_cur), final, dim=-1)  # [B, L]
+    return ((sim_cur - sim_prev) > tau) | committed

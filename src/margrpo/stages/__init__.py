@@ -1,0 +1,1 @@
+"""Thin stage entry points: parse arguments, call the library, write outputs atomically."""

@@ -1,0 +1,23 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture(autouse=True)
+def _single_thread():
+    """Tests are tiny; one thread keeps them deterministic and fair on a 2-core machine."""
+    import torch
+
+    torch.set_num_threads(1)
+    yield

@@ -1,0 +1,168 @@
+# Schema validation and the get_* functions that keep the rules declarative.
+import json
+from pathlib import PurePosixPath
+
+import pandas as pd
+from snakemake.utils import Paramspace, validate
+
+if workflow.overwrite_configfiles:
+    # `--configfile X` replaces config/config.yaml instead of deep-merging into the toy defaults.
+    config.clear()
+    config.update(workflow.config_settings.overwrite_config)
+
+validate(config, schema="../schemas/config.schema.yaml")
+
+from margrpo.config import validate_config, train_spec  # noqa: E402  (cross-reference checks)
+
+validate_config(config, "config")
+
+RESULTS = "results"
+EXP = config["experiments"]
+GPU = 0 if config["device"] == "cpu" else 1  # `resources: gpu` caps concurrent GPU jobs
+
+ABLATIONS = Paramspace(pd.read_csv(EXP["ablations"]["table"], sep="\t"), filename_params="*")
+
+
+wildcard_constraints:
+    policy=r"[A-Za-z0-9.\-]+",
+    reward=r"[A-Za-z0-9.\-]+",
+    variant=r"[A-Za-z0-9.\-]+",
+    seed=r"\d+",
+    run=r"(base/[^/]+|train/.+/seed\d+|ablation/.+/seed\d+)",
+
+
+def is_toy(policy):
+    return config["policies"][policy]["kind"] == "toy"
+
+
+def uses_toyclip():
+    return config["toyclip"]["enabled"]
+
+
+def get_suites():
+    return multiext(f"{RESULTS}/data/suites/", "train.jsonl", "val.jsonl", "eval.jsonl")
+
+
+def get_base_policy(wildcards):
+    """The policy RL starts from: warmed-up if the config asks for warm-up, else pre-trained/loaded."""
+    policy = config["policies"][wildcards.policy]
+    if policy["warmup"]["enabled"]:
+        return f"{RESULTS}/warmup/{wildcards.policy}/policy"
+    return get_loaded_policy(wildcards.policy)
+
+
+def get_loaded_policy(policy):
+    """Toy policies are pre-trained here; real ones are checked in place (a pointer file, no copy)."""
+    if is_toy(policy):
+        return f"{RESULTS}/pretrain/{policy}/policy"
+    return f"{RESULTS}/weights/{policy}/policy.json"
+
+
+def get_reward_inputs(wildcards):
+    return [f"{RESULTS}/toyclip/model"] if uses_toyclip() else []
+
+
+def get_train_spec(wildcards):
+    return json.dumps(train_spec(config, wildcards.policy, wildcards.reward, wildcards.variant))
+
+
+def get_ablation_spec(wildcards):
+    a = EXP["ablations"]
+    values = ABLATIONS.instance(wildcards)
+    overrides = {k: (int(v) if k == "trajectories" else float(v)) for k, v in values.items()}
+    return json.dumps(train_spec(config, wildcards.policy, wildcards.reward, a["variant"], overrides))
+
+
+def ladder_runs():
+    L = EXP["ladder"]
+    return [f"train/{p}/{r}/{v}/seed{s}" for p in L["policies"] for r in L["rewards"] for v in L["variants"] for s in L["seeds"]]
+
+
+def table1_runs():
+    T = EXP["table1"]
+    return [f"train/{p}/{r}/{v}/seed{s}" for p in T["policies"] for r in T["rewards"] for v in (T["baseline"], T["ours"]) for s in T["seeds"]]
+
+
+def ablation_runs():
+    a = EXP["ablations"]
+    if not a["enabled"]:
+        return []
+    return [f"ablation/{a['policy']}/{a['reward']}/{p}/seed{s}" for p in ABLATIONS.instance_patterns for s in a["seeds"]]
+
+
+def base_runs():
+    policies = set(EXP["ladder"]["policies"]) | set(EXP["table1"]["policies"])
+    return [f"base/{p}" for p in sorted(policies)]
+
+
+def all_eval_runs():
+    return sorted(set(base_runs() + ladder_runs() + table1_runs() + ablation_runs()))
+
+
+def get_eval_outputs(runs):
+    return [f"{RESULTS}/eval/{run}/{name}.csv" for run in runs for name in ("compbench", "preference")]
+
+
+def get_selection_input(wildcards):
+    return f"{RESULTS}/{wildcards.run}/summary.json"
+
+
+def get_sample_policy(wildcards):
+    """Base runs sample the base policy; trained runs sample the checkpoint chosen by `select`."""
+    if wildcards.run.startswith("base/"):
+        return get_base_policy(type("W", (), {"policy": run_policy(wildcards.run)}))
+    return f"{RESULTS}/select/{wildcards.run}/selection.json"
+
+
+def variant_for_run(run):
+    kind, policy, reward, variant_or_params, _ = run.split("/", 4)
+    return EXP["ablations"]["variant"] if kind == "ablation" else variant_or_params
+
+
+def get_report_step(wildcards):
+    step = config["variants"][variant_for_run(wildcards.run)]["report_step"]
+    return "best" if step is None else str(step)
+
+REPORT = f"{RESULTS}/report"
+
+
+def report_cmd(what):
+    return (
+        f"margrpo report {what} --runs-json {{params.runs:q}} --results {{params.results}}"
+        " --out-prefix {params.prefix} --formats {params.formats} --confidence {params.confidence} > {log} 2>&1"
+    )
+
+
+REPORT_PARAMS = dict(results=lambda wc, input: results_root(input), formats=",".join(config["report"]["formats"]), confidence=config["report"]["confidence"])
+
+
+
+def results_root(input):
+    """The results folder, derived from an input (`<root>/eval/...`, `<root>/train/...`)."""
+    first = PurePosixPath(input[0])
+    return str(first.parents[len(first.parts) - 2])
+
+
+def report_prefix(output):
+    """`results/report/table1.csv` -> `results/report/table1` (every output shares the stem)."""
+    return os.path.splitext(output[0])[0]
+
+
+def run_policy(run):
+    """`train/<policy>/<reward>/<variant>/seed<s>` or `base/<policy>` -> policy name."""
+    return PurePosixPath(run).parts[1]
+
+
+def get_sampling_json(wildcards):
+    return json.dumps(config["policies"][run_policy(wildcards.run)]["sampling"])
+
+
+def get_final_outputs():
+    R = REPORT
+    fmts = config["report"]["formats"]
+    outs = expand(f"{R}/{{table}}.{{ext}}", table=["table1", "table2"], ext=["csv", "md", "tex"])
+    figs = ["fig2_dynamics", "fig4_uncertainty", "fig6_samples"]
+    if EXP["ablations"]["enabled"]:
+        figs += ["fig7a_samples", "fig7b_reward_curves", "fig7c_final_metric"]
+    outs += expand(f"{R}/{{fig}}.{{ext}}", fig=figs, ext=fmts)
+    return outs

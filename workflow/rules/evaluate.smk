@@ -1,0 +1,70 @@
+rule sample:
+    """Images of the evaluation suite in the T2I-CompBench layout: samples/{prompt}_{index:06d}.png."""
+    input:
+        policy=get_sample_policy,
+        suite=f"{RESULTS}/data/suites/eval.jsonl",
+    output:
+        directory(f"{RESULTS}/samples/{{run}}/samples"),
+    params:
+        n=config["evaluation"]["images_per_prompt"],
+        max_prompts=config["evaluation"]["max_prompts"] or 0,
+        batch=config["evaluation"]["batch_size"],
+        sampling=get_sampling_json,
+    threads: config["threads"]
+    resources:
+        gpu=GPU,
+    conda:
+        "../../envs/margrpo.yaml"
+    log:
+        "logs/sample/{run}.log",
+    benchmark:
+        "benchmarks/sample/{run}.tsv"
+    shell:
+        "margrpo sample --policy {input.policy} --suite {input.suite} --sampling-json {params.sampling:q}"
+        " --images-per-prompt {params.n} --max-prompts {params.max_prompts} --batch-size {params.batch}"
+        " --out-dir {output} --seed 1234 --threads {threads} > {log} 2>&1"
+
+
+rule eval_compbench:
+    """CompBench-style per-category scores (the ShapesWorld parser on the toy world)."""
+    input:
+        samples=f"{RESULTS}/samples/{{run}}/samples",
+        suite=f"{RESULTS}/data/suites/eval.jsonl",
+    output:
+        per_category=f"{RESULTS}/eval/{{run}}/compbench.csv",
+        per_image=f"{RESULTS}/eval/{{run}}/compbench_per_image.csv",
+    conda:
+        "../../envs/margrpo.yaml"
+    log:
+        "logs/eval_compbench/{run}.log",
+    benchmark:
+        "benchmarks/eval_compbench/{run}.tsv"
+    shell:
+        "margrpo eval-compbench --samples-dir {input.samples} --suite {input.suite}"
+        " --out-per-image {output.per_image} --out-per-category {output.per_category} > {log} 2>&1"
+
+
+rule eval_preference:
+    """Preference-model scores (toyclip on the toy world; HPS/ImageReward/PickScore at real scale)."""
+    input:
+        samples=f"{RESULTS}/samples/{{run}}/samples",
+        suite=f"{RESULTS}/data/suites/eval.jsonl",
+        rewards=get_reward_inputs,
+    output:
+        f"{RESULTS}/eval/{{run}}/preference.csv",
+    params:
+        scorers=",".join(config["evaluation"]["preference"]),
+        options=json.dumps(config["reward_models"]),
+        toyclip=f"{RESULTS}/toyclip/model",
+    threads: config["threads"]
+    resources:
+        gpu=GPU,
+    conda:
+        "../../envs/evaluators.yaml"
+    log:
+        "logs/eval_preference/{run}.log",
+    benchmark:
+        "benchmarks/eval_preference/{run}.tsv"
+    shell:
+        "margrpo eval-preference --samples-dir {input.samples} --suite {input.suite} --scorers {params.scorers}"
+        " --options-json {params.options:q} --toyclip-dir {params.toyclip} --out {output} > {log} 2>&1"

@@ -1,0 +1,186 @@
+# Tables and figures read result files only: deleting one reruns its rule alone, and changing a
+# plot option reruns no training (training rules never see the `report` config section).
+
+rule table1:
+    """Table 1: each base policy, +GRPO and Ours; preference metrics and CompBench categories."""
+    input:
+        get_eval_outputs(base_runs() + table1_runs()),
+    output:
+        multiext(f"{REPORT}/table1", ".csv", ".md", ".tex"),
+    params:
+        runs=json.dumps({"base": base_runs(), "runs": table1_runs(), "baseline": EXP["table1"]["baseline"], "ours": EXP["table1"]["ours"]}),
+        prefix=lambda wc, output: report_prefix(output),
+        **REPORT_PARAMS,
+    conda:
+        "../../envs/margrpo.yaml"
+    log:
+        "logs/report/table1.log",
+    benchmark:
+        "benchmarks/report/table1.tsv"
+    shell:
+        report_cmd("table1")
+
+
+rule table2:
+    """Table 2: base, GRPO*, +Fix*, +MTE, +Sim (mean and 95% CI over seeds; * = best checkpoint)."""
+    input:
+        get_eval_outputs(base_runs() + ladder_runs()),
+        expand(f"{RESULTS}/select/{{run}}/selection.json", run=ladder_runs()),
+    output:
+        multiext(f"{REPORT}/table2", ".csv", ".md", ".tex"),
+    params:
+        runs=json.dumps({"base": base_runs(), "runs": ladder_runs(), "variants": EXP["ladder"]["variants"]}),
+        prefix=lambda wc, output: report_prefix(output),
+        **REPORT_PARAMS,
+    conda:
+        "../../envs/margrpo.yaml"
+    log:
+        "logs/report/table2.log",
+    benchmark:
+        "benchmarks/report/table2.tsv"
+    shell:
+        report_cmd("table2")
+
+
+rule fig2_dynamics:
+    """Fig. 2a/2b and Fig. 5: AR gradient norm and variance, validation reward and KL over steps."""
+    input:
+        expand(f"{RESULTS}/{{run}}/metrics.csv", run=ladder_runs()),
+    output:
+        expand(f"{REPORT}/fig2_dynamics.{{ext}}", ext=config["report"]["formats"]),
+    params:
+        runs=json.dumps({"runs": ladder_runs()}),
+        prefix=lambda wc, output: report_prefix(output),
+        **REPORT_PARAMS,
+    conda:
+        "../../envs/margrpo.yaml"
+    log:
+        "logs/report/fig2_dynamics.log",
+    benchmark:
+        "benchmarks/report/fig2_dynamics.tsv"
+    shell:
+        report_cmd("dynamics")
+
+
+rule uncertainty_maps:
+    """Per-token MTE uncertainty of the base policy (data for Fig. 4)."""
+    input:
+        policy=lambda wc: get_base_policy(type("W", (), {"policy": EXP["ladder"]["policies"][0]})),
+        suite=f"{RESULTS}/data/suites/eval.jsonl",
+    output:
+        f"{RESULTS}/uncertainty/maps.npz",
+    params:
+        sampling=json.dumps(config["policies"][EXP["ladder"]["policies"][0]]["sampling"]),
+        n=config["report"]["grid_prompts"],
+    threads: config["threads"]
+    resources:
+        gpu=GPU,
+    conda:
+        "../../envs/margrpo.yaml"
+    log:
+        "logs/uncertainty_maps/maps.log",
+    benchmark:
+        "benchmarks/uncertainty_maps/maps.tsv"
+    shell:
+        "margrpo uncertainty --policy {input.policy} --suite {input.suite} --sampling-json {params.sampling:q}"
+        " --prompts {params.n} --trajectories 4 --out {output} --threads {threads} > {log} 2>&1"
+
+
+rule fig4_uncertainty:
+    """Fig. 4: samples beside their per-token uncertainty maps."""
+    input:
+        f"{RESULTS}/uncertainty/maps.npz",
+    output:
+        expand(f"{REPORT}/fig4_uncertainty.{{ext}}", ext=config["report"]["formats"]),
+    params:
+        runs=json.dumps({"maps": f"{RESULTS}/uncertainty/maps.npz"}),
+        prefix=lambda wc, output: report_prefix(output),
+        **REPORT_PARAMS,
+    conda:
+        "../../envs/margrpo.yaml"
+    log:
+        "logs/report/fig4_uncertainty.log",
+    benchmark:
+        "benchmarks/report/fig4_uncertainty.tsv"
+    shell:
+        report_cmd("uncertainty")
+
+
+rule fig6_samples:
+    """Fig. 6: the same prompts sampled by the base policy and every variant of the ladder (seed 0)."""
+    input:
+        expand(f"{RESULTS}/samples/{{run}}/samples", run=base_runs() + ladder_runs()),
+    output:
+        expand(f"{REPORT}/fig6_samples.{{ext}}", ext=config["report"]["formats"]),
+    params:
+        runs=json.dumps({"base": base_runs(), "runs": ladder_runs(), "prompts": config["report"]["grid_prompts"]}),
+        prefix=lambda wc, output: report_prefix(output),
+        **REPORT_PARAMS,
+    conda:
+        "../../envs/margrpo.yaml"
+    log:
+        "logs/report/fig6_samples.log",
+    benchmark:
+        "benchmarks/report/fig6_samples.tsv"
+    shell:
+        report_cmd("samples")
+
+
+rule fig7a_samples:
+    """Fig. 7a: sample grid per masking ratio k and threshold tau."""
+    input:
+        expand(f"{RESULTS}/samples/{{run}}/samples", run=ablation_runs()),
+    output:
+        expand(f"{REPORT}/fig7a_samples.{{ext}}", ext=config["report"]["formats"]),
+    params:
+        runs=json.dumps({"runs": ablation_runs(), "prompts": config["report"]["grid_prompts"]}),
+        prefix=lambda wc, output: report_prefix(output),
+        **REPORT_PARAMS,
+    conda:
+        "../../envs/margrpo.yaml"
+    log:
+        "logs/report/fig7a_samples.log",
+    benchmark:
+        "benchmarks/report/fig7a_samples.tsv"
+    shell:
+        report_cmd("ablation-samples")
+
+
+rule fig7b_reward_curves:
+    """Fig. 7b: training reward curves per masking ratio k."""
+    input:
+        expand(f"{RESULTS}/{{run}}/metrics.csv", run=ablation_runs()),
+    output:
+        expand(f"{REPORT}/fig7b_reward_curves.{{ext}}", ext=config["report"]["formats"]),
+    params:
+        runs=json.dumps({"runs": ablation_runs()}),
+        prefix=lambda wc, output: report_prefix(output),
+        **REPORT_PARAMS,
+    conda:
+        "../../envs/margrpo.yaml"
+    log:
+        "logs/report/fig7b_reward_curves.log",
+    benchmark:
+        "benchmarks/report/fig7b_reward_curves.tsv"
+    shell:
+        report_cmd("ablation-curves")
+
+
+rule fig7c_final_metric:
+    """Fig. 7c: final evaluation metric against k, tau and S."""
+    input:
+        get_eval_outputs(ablation_runs()),
+    output:
+        expand(f"{REPORT}/fig7c_final_metric.{{ext}}", ext=config["report"]["formats"]),
+    params:
+        runs=json.dumps({"runs": ablation_runs()}),
+        prefix=lambda wc, output: report_prefix(output),
+        **REPORT_PARAMS,
+    conda:
+        "../../envs/margrpo.yaml"
+    log:
+        "logs/report/fig7c_final_metric.log",
+    benchmark:
+        "benchmarks/report/fig7c_final_metric.tsv"
+    shell:
+        report_cmd("ablation-final")

@@ -1,0 +1,16 @@
+rule select_checkpoint:
+    """Baselines report their best checkpoint by validation reward (*); the method a step fixed in advance."""
+    input:
+        get_selection_input,
+    output:
+        f"{RESULTS}/select/{{run}}/selection.json",
+    params:
+        step=get_report_step,
+    conda:
+        "../../envs/margrpo.yaml"
+    log:
+        "logs/select_checkpoint/{run}.log",
+    benchmark:
+        "benchmarks/select_checkpoint/{run}.tsv"
+    shell:
+        "margrpo select --summary {input} --step {params.step} --out {output} > {log} 2>&1"

@@ -1,0 +1,62 @@
+# GRPO runs write their checkpoints under <run>/state (not a declared output), so a killed job
+# rerun with --rerun-incomplete resumes instead of starting over.
+
+
+rule train:
+    """The training ladder: grpo / fix / mte / sim, per base policy, reward setting and seed."""
+    input:
+        policy=get_base_policy,
+        suites=get_suites(),
+        rewards=get_reward_inputs,
+    output:
+        summary=f"{RESULTS}/train/{{policy}}/{{reward}}/{{variant}}/seed{{seed}}/summary.json",
+        metrics=f"{RESULTS}/train/{{policy}}/{{reward}}/{{variant}}/seed{{seed}}/metrics.csv",
+    params:
+        spec=get_train_spec,
+        run_dir=lambda wc, output: os.path.dirname(output.summary),
+        suites_dir=lambda wc, input: os.path.dirname(input.suites[0]),
+        toyclip=f"{RESULTS}/toyclip/model",
+    threads: config["threads"]
+    resources:
+        gpu=GPU,
+        runtime=240,
+    conda:
+        "../../envs/margrpo.yaml"
+    log:
+        "logs/train/{policy}/{reward}/{variant}/seed{seed}.log",
+    benchmark:
+        "benchmarks/train/{policy}/{reward}/{variant}/seed{seed}.tsv"
+    shell:
+        "margrpo train --policy-dir {input.policy} --suites-dir {params.suites_dir} --spec-json {params.spec:q}"
+        " --toyclip-dir {params.toyclip} --seed {wildcards.seed} --out-dir {params.run_dir}"
+        " --threads {threads} > {log} 2>&1"
+
+
+rule train_ablation:
+    """Fig. 7 grid points (k, tau, S) from config/ablations.tsv via Paramspace."""
+    input:
+        policy=get_base_policy,
+        suites=get_suites(),
+        rewards=get_reward_inputs,
+    output:
+        summary=f"{RESULTS}/ablation/{{policy}}/{{reward}}/{ABLATIONS.wildcard_pattern}/seed{{seed}}/summary.json",
+        metrics=f"{RESULTS}/ablation/{{policy}}/{{reward}}/{ABLATIONS.wildcard_pattern}/seed{{seed}}/metrics.csv",
+    params:
+        spec=get_ablation_spec,
+        run_dir=lambda wc, output: os.path.dirname(output.summary),
+        suites_dir=lambda wc, input: os.path.dirname(input.suites[0]),
+        toyclip=f"{RESULTS}/toyclip/model",
+    threads: config["threads"]
+    resources:
+        gpu=GPU,
+        runtime=240,
+    conda:
+        "../../envs/margrpo.yaml"
+    log:
+        f"logs/train_ablation/{{policy}}/{{reward}}/{ABLATIONS.wildcard_pattern}/seed{{seed}}.log",
+    benchmark:
+        f"benchmarks/train_ablation/{{policy}}/{{reward}}/{ABLATIONS.wildcard_pattern}/seed{{seed}}.tsv"
+    shell:
+        "margrpo train --policy-dir {input.policy} --suites-dir {params.suites_dir} --spec-json {params.spec:q}"
+        " --toyclip-dir {params.toyclip} --seed {wildcards.seed} --out-dir {params.run_dir}"
+        " --threads {threads} > {log} 2>&1"
