@@ -1,0 +1,23 @@
+"""MAR policies behind one interface: the toy model now; NOVA and Harmon plug in the same way."""
+
+from margrpo.policy.base import MARPolicy, TextCondition, deterministic
+from margrpo.policy.toy import ToyMAR, ToyMARConfig
+
+__all__ = ["MARPolicy", "TextCondition", "ToyMAR", "ToyMARConfig", "deterministic", "load_policy"]
+
+
+def load_policy(path, device="cpu") -> MARPolicy:
+    """Load any policy from a folder (or a `policy.json` pointer written by `margrpo check-weights`)."""
+    import json
+    from pathlib import Path
+
+    p = Path(path)
+    if p.suffix == ".json":
+        p = Path(json.loads(p.read_text())["path"])
+    config = p / "config.json"
+    if not config.exists():
+        raise FileNotFoundError(f"{p}: no config.json; expected a policy folder written by save_pretrained")
+    model_type = json.loads(config.read_text()).get("model_type")
+    if model_type == "toy-mar":
+        return ToyMAR.from_pretrained(p, device)
+    raise ValueError(f"{config}: unknown model_type {model_type!r}; known: 'toy-mar'")

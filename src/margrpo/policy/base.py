@@ -1,0 +1,122 @@
+"""The MAR policy interface every model implements (DESIGN section 2).
+
+A masked autoregressive generator with a diffusion head factors into an AR model that maps the
+currently known tokens to a conditioning vector z per position, and a small head that denoises a
+token given z. GRPO, rollout and evaluation only talk to this interface, so one trainer serves the
+toy models, NOVA and Harmon alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from torch import Tensor, nn
+
+from margrpo.diffusion import Sampler
+
+
+@dataclass
+class TextCondition:
+    """Encoded prompts: hidden states [B, Lt, W] and a key-padding mask [B, Lt] (True = real token)."""
+
+    hidden: Tensor
+    mask: Tensor
+
+    def __len__(self) -> int:
+        return self.hidden.shape[0]
+
+    def index(self, idx: Tensor | slice) -> TextCondition:
+        return TextCondition(self.hidden[idx], self.mask[idx])
+
+    def repeat(self, n: int) -> TextCondition:
+        """Repeat every row n times consecutively (prompt p -> rows p*n .. p*n+n-1, the GRPO group layout)."""
+        return TextCondition(self.hidden.repeat_interleave(n, 0), self.mask.repeat_interleave(n, 0))
+
+    @staticmethod
+    def cat(conds: list[TextCondition]) -> TextCondition:
+        """Concatenate along the batch, padding the text length to the longest."""
+        length = max(c.hidden.shape[1] for c in conds)
+        hidden, mask = [], []
+        for c in conds:
+            pad = length - c.hidden.shape[1]
+            hidden.append(nn.functional.pad(c.hidden, (0, 0, 0, pad)))
+            mask.append(nn.functional.pad(c.mask, (0, pad), value=False))
+        return TextCondition(torch.cat(hidden), torch.cat(mask))
+
+
+class MARPolicy(nn.Module, ABC):
+    """Interface of a MAR policy. Shapes: L tokens of D channels per image; z has `z_dim` channels."""
+
+    seq_len: int
+    token_dim: int
+    z_dim: int
+    head_type: str  # "flow" or "ddpm": which sampler the head was trained for
+
+    # --- conditioning -------------------------------------------------------------------------
+    @abstractmethod
+    def encode_prompts(self, prompts: list[str]) -> TextCondition: ...
+
+    def null_condition(self, batch: int) -> TextCondition:
+        """The unconditional branch of classifier-free guidance."""
+        return self.encode_prompts([self.null_prompt] * batch)
+
+    null_prompt: str = ""
+
+    # --- the two halves -----------------------------------------------------------------------
+    @abstractmethod
+    def ar_forward(self, tokens: Tensor, known_mask: Tensor, cond: TextCondition) -> Tensor:
+        """z [B, L, z_dim] for every position, given the known tokens [B, L, D] (mask [B, L], True = known)."""
+
+    @abstractmethod
+    def head(self, x_t: Tensor, t: Tensor, z: Tensor) -> Tensor:
+        """Diffusion-head output [N, D * sampler.out_channels_factor] for noisy tokens [N, D] at model time t [N]."""
+
+    # --- latent codec -------------------------------------------------------------------------
+    @abstractmethod
+    def encode(self, images: Tensor) -> Tensor:
+        """Images [B, 3, H, W] in [0, 1] -> tokens [B, L, D]."""
+
+    @abstractmethod
+    def decode(self, tokens: Tensor) -> Tensor:
+        """Tokens [B, L, D] -> images [B, 3, H, W] in [0, 1]."""
+
+    @property
+    @abstractmethod
+    def token_grid(self) -> tuple[int, int]:
+        """(rows, cols) of the token layout, for uncertainty maps."""
+
+    # --- sampling -----------------------------------------------------------------------------
+    @abstractmethod
+    def make_sampler(self, num_steps: int, noise_level: float = 0.7) -> Sampler:
+        """The head's stochastic sampler with T = num_steps steps (same noise schedule as training)."""
+
+    # --- parameter groups ("+Fix" freezes the head) --------------------------------------------
+    @abstractmethod
+    def ar_parameters(self) -> Iterator[nn.Parameter]: ...
+
+    @abstractmethod
+    def head_parameters(self) -> Iterator[nn.Parameter]: ...
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+
+@contextlib.contextmanager
+def deterministic(module: nn.Module):
+    """Eval mode (dropout off) for the duration, restoring each submodule's flag afterwards.
+
+    Rollouts and their log-prob recomputation both run inside this, so a policy left in train
+    mode cannot break the ratio == 1 invariant (DESIGN 3.2).
+    """
+    flags = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield module
+    finally:
+        for m, flag in flags:
+            m.training = flag

@@ -1,0 +1,99 @@
+"""Building blocks of the toy MAR: a pre-norm transformer block and MAR's SimpleMLPAdaLN head.
+
+Attention is written out with `scaled_dot_product_attention` rather than `nn.TransformerEncoder`
+because the latter switches to a fused "fast path" when gradients are off; the rollout (no grad)
+and the GRPO recomputation (grad) must run the very same arithmetic for the ratio to be 1.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class Attention(nn.Module):
+    def __init__(self, width: int, heads: int, dropout: float = 0.0):
+        super().__init__()
+        self.heads, self.dropout = heads, dropout
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x: Tensor, key_mask: Tensor | None) -> Tensor:
+        B, S, W = x.shape
+        q, k, v = self.qkv(x).view(B, S, 3, self.heads, W // self.heads).permute(2, 0, 3, 1, 4)  # 3 x [B, h, S, W/h]
+        attn_mask = None if key_mask is None else key_mask[:, None, None, :]  # [B, 1, 1, S], True = attend
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0)
+        return self.proj(y.transpose(1, 2).reshape(B, S, W))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block (bidirectional)."""
+
+    def __init__(self, width: int, heads: int, mlp_ratio: float = 4.0, dropout: float = 0.0):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.attn = Attention(width, heads, dropout)
+        hidden = int(width * mlp_ratio)
+        self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.GELU(approximate="tanh"), nn.Dropout(dropout), nn.Linear(hidden, width))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
+        x = x + self.drop(self.attn(self.norm1(x), key_mask))
+        return x + self.drop(self.mlp(self.norm2(x)))
+
+
+def timestep_embedding(t: Tensor, dim: int, max_period: float = 10000.0) -> Tensor:
+    """Sinusoidal embedding [N, dim] of float times t [N] (DDPM / MAR convention, t in [0, 1000))."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+    args = t.float()[:, None] * freqs[None]
+    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+
+
+def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
+    return x * (1 + scale) + shift
+
+
+class ResBlock(nn.Module):
+    """MLP residual block with adaptive LayerNorm (shift, scale, gate) from the condition."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(width, elementwise_affine=False, eps=1e-6)
+        self.mlp = nn.Sequential(nn.Linear(width, width), nn.SiLU(), nn.Linear(width, width))
+        self.ada = nn.Sequential(nn.SiLU(), nn.Linear(width, 3 * width))
+
+    def forward(self, x: Tensor, c: Tensor) -> Tensor:
+        shift, scale, gate = self.ada(c).chunk(3, dim=-1)
+        return x + gate * self.mlp(modulate(self.norm(x), shift, scale))
+
+
+class SimpleMLPAdaLN(nn.Module):
+    """MAR's diffusion head: an MLP over one token, conditioned on z and t through AdaLN."""
+
+    def __init__(self, token_dim: int, cond_dim: int, width: int, depth: int, out_dim: int):
+        super().__init__()
+        self.time_embed = nn.Sequential(nn.Linear(width, width), nn.SiLU(), nn.Linear(width, width))
+        self.cond_embed = nn.Linear(cond_dim, width)
+        self.input_proj = nn.Linear(token_dim, width)
+        self.blocks = nn.ModuleList(ResBlock(width) for _ in range(depth))
+        self.final_norm = nn.LayerNorm(width, elementwise_affine=False, eps=1e-6)
+        self.final_ada = nn.Sequential(nn.SiLU(), nn.Linear(width, 2 * width))
+        self.out = nn.Linear(width, out_dim)
+        self.width = width
+        # adaLN-zero: every block starts as the identity, the output as zero
+        for block in self.blocks:
+            nn.init.zeros_(block.ada[-1].weight), nn.init.zeros_(block.ada[-1].bias)
+        for layer in (self.final_ada[-1], self.out):
+            nn.init.zeros_(layer.weight), nn.init.zeros_(layer.bias)
+
+    def forward(self, x: Tensor, t: Tensor, z: Tensor) -> Tensor:
+        c = self.time_embed(timestep_embedding(t, self.width).to(x.dtype)) + self.cond_embed(z)  # [N, width]
+        h = self.input_proj(x)
+        for block in self.blocks:
+            h = block(h, c)
+        shift, scale = self.final_ada(c).chunk(2, dim=-1)
+        return self.out(modulate(self.final_norm(h), shift, scale))

@@ -1,0 +1,194 @@
+"""The toy MAR policy: text-conditioned bidirectional transformer + SimpleMLPAdaLN head on pixel patches.
+
+Codec choice: pixel patches (4x4x3 = 48 channels, 64 tokens at 32 px). They are exact (nothing to
+train, nothing lost before the reward sees the image) and, with ShapesWorld objects aligned to the
+token grid, an object is a small block of whole tokens — the learnability lever that a learned
+codec would otherwise have to provide.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+from torch import Tensor, nn
+from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
+
+from margrpo.diffusion import DDPMSampler, FlowSDESampler, Sampler
+from margrpo.policy.base import MARPolicy, TextCondition
+from margrpo.policy.layers import Block, SimpleMLPAdaLN
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]"]
+WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer"
+
+
+@dataclass
+class ToyMARConfig:
+    head_type: str = "flow"  # "flow" (NOVA-like, velocity) or "ddpm" (Harmon-like, eps + learned-range variance)
+    image_size: int = 32
+    patch_size: int = 4  # 4 -> 8x8 = 64 tokens of 48 channels at 32 px
+    width: int = 192  # AR transformer width (= z_dim)
+    depth: int = 4
+    heads: int = 6
+    mlp_ratio: float = 4.0
+    head_width: int = 256
+    head_depth: int = 3
+    text_width: int = 64
+    text_depth: int = 2
+    text_heads: int = 4
+    max_text_len: int = 24
+    dropout: float = 0.0  # pre-training regulariser; every rollout and replay runs with dropout off
+    ddpm_variance: str = "learned_range"
+    vocab: list[str] = field(default_factory=list)  # prompt words; the tokenizer maps others to [UNK]
+
+    def __post_init__(self):
+        if self.head_type not in ("flow", "ddpm"):
+            raise ValueError(f"Unknown head_type: {self.head_type!r}; expected 'flow' or 'ddpm'")
+        if self.image_size % self.patch_size:
+            raise ValueError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
+        if self.width % self.heads or self.text_width % self.text_heads:
+            raise ValueError("width must be divisible by heads and text_width by text_heads")
+
+    @property
+    def grid(self) -> int:
+        return self.image_size // self.patch_size
+
+
+def build_tokenizer(vocab: list[str], max_len: int) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over the world's vocabulary ([CLS] first, lower-cased, [UNK] for others)."""
+    words = SPECIAL_TOKENS + sorted(set(vocab) - set(SPECIAL_TOKENS))
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A", special_tokens=[("[CLS]", 2)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", model_max_length=max_len
+    )
+
+
+class ToyMAR(MARPolicy):
+    def __init__(self, config: ToyMARConfig, tokenizer: PreTrainedTokenizerFast | None = None):
+        super().__init__()
+        c = self.config = config
+        self.tokenizer = tokenizer or build_tokenizer(c.vocab, c.max_text_len)
+        self.head_type = c.head_type
+        self.seq_len, self.token_dim, self.z_dim = c.grid**2, 3 * c.patch_size**2, c.width
+        out_factor = 2 if (c.head_type == "ddpm" and c.ddpm_variance == "learned_range") else 1
+        self.text_encoder = BertModel(
+            BertConfig(
+                vocab_size=len(self.tokenizer), hidden_size=c.text_width, num_hidden_layers=c.text_depth,
+                num_attention_heads=c.text_heads, intermediate_size=4 * c.text_width,
+                max_position_embeddings=c.max_text_len, hidden_dropout_prob=c.dropout,
+                attention_probs_dropout_prob=c.dropout, pad_token_id=0,
+            ),
+            add_pooling_layer=False,
+        )
+        self.text_proj = nn.Linear(c.text_width, c.width)
+        self.token_proj = nn.Linear(self.token_dim, c.width)
+        self.mask_token = nn.Parameter(torch.zeros(1, 1, c.width))
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.seq_len, c.width))
+        self.text_type = nn.Parameter(torch.zeros(1, 1, c.width))
+        self.blocks = nn.ModuleList(Block(c.width, c.heads, c.mlp_ratio, c.dropout) for _ in range(c.depth))
+        self.norm = nn.LayerNorm(c.width)
+        self.diffloss = SimpleMLPAdaLN(self.token_dim, c.width, c.head_width, c.head_depth, self.token_dim * out_factor)
+        for p in (self.mask_token, self.pos_embed, self.text_type):
+            nn.init.normal_(p, std=0.02)
+
+    # --- conditioning ---------------------------------------------------------------------------
+    def encode_prompts(self, prompts: list[str]) -> TextCondition:
+        batch = self.tokenizer(list(prompts), padding=True, truncation=True, max_length=self.config.max_text_len, return_tensors="pt")
+        ids, mask = batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
+        hidden = self.text_encoder(input_ids=ids, attention_mask=mask).last_hidden_state  # [B, Lt, text_width]
+        return TextCondition(hidden, mask.bool())
+
+    # --- AR model -------------------------------------------------------------------------------
+    def ar_forward(self, tokens: Tensor, known_mask: Tensor, cond: TextCondition) -> Tensor:
+        B, L, _ = tokens.shape
+        x = torch.where(known_mask[..., None], self.token_proj(tokens), self.mask_token.to(tokens.dtype))  # [B, L, W]
+        x = x + self.pos_embed
+        text = self.text_proj(cond.hidden) + self.text_type  # [B, Lt, W]
+        h = torch.cat([text.to(x.dtype), x], dim=1)  # [B, Lt + L, W]
+        key_mask = torch.cat([cond.mask, torch.ones(B, L, dtype=torch.bool, device=x.device)], dim=1)
+        for block in self.blocks:
+            h = block(h, key_mask)
+        return self.norm(h[:, -L:])  # z [B, L, W]
+
+    def head(self, x_t: Tensor, t: Tensor, z: Tensor) -> Tensor:
+        return self.diffloss(x_t, t, z)
+
+    # --- codec: pixel patches ---------------------------------------------------------------------
+    def encode(self, images: Tensor) -> Tensor:
+        p, g = self.config.patch_size, self.config.grid
+        x = images * 2 - 1  # [B, 3, H, W] in [-1, 1]
+        x = x.reshape(-1, 3, g, p, g, p).permute(0, 2, 4, 1, 3, 5)  # [B, g, g, 3, p, p]
+        return x.reshape(-1, g * g, 3 * p * p)
+
+    def decode(self, tokens: Tensor) -> Tensor:
+        p, g = self.config.patch_size, self.config.grid
+        x = tokens.float().reshape(-1, g, g, 3, p, p).permute(0, 3, 1, 4, 2, 5).reshape(-1, 3, g * p, g * p)
+        return ((x.clamp(-1, 1) + 1) / 2)
+
+    @property
+    def token_grid(self) -> tuple[int, int]:
+        return (self.config.grid, self.config.grid)
+
+    def make_sampler(self, num_steps: int, noise_level: float = 0.7) -> Sampler:
+        if self.head_type == "flow":
+            return FlowSDESampler(num_steps=num_steps, noise_level=noise_level)
+        return DDPMSampler(num_steps=num_steps, variance=self.config.ddpm_variance)
+
+    # --- parameter groups ---------------------------------------------------------------------------
+    def ar_parameters(self) -> Iterator[nn.Parameter]:
+        """Everything but the head; the text encoder counts as AR (it conditions z, not the head)."""
+        return (p for n, p in self.named_parameters() if not n.startswith("diffloss."))
+
+    def head_parameters(self) -> Iterator[nn.Parameter]:
+        return self.diffloss.parameters()
+
+    # --- Hugging Face style persistence ---------------------------------------------------------------
+    def save_pretrained(self, directory: str | Path) -> None:
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        save_file(state, str(d / WEIGHTS), metadata={"format": "pt"})
+        (d / CONFIG).write_text(json.dumps({"model_type": "toy-mar", **asdict(self.config)}, indent=1))
+        self.tokenizer.save_pretrained(str(d / TOKENIZER))
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, device: str | torch.device = "cpu") -> ToyMAR:
+        d = Path(directory)
+        missing = [n for n in (CONFIG, WEIGHTS, TOKENIZER) if not (d / n).exists()]
+        if missing:
+            raise FileNotFoundError(f"{d}: not a toy MAR checkpoint; missing {', '.join(missing)} (expected {CONFIG}, {WEIGHTS}, {TOKENIZER}/)")
+        raw = json.loads((d / CONFIG).read_text())
+        if raw.pop("model_type", None) != "toy-mar":
+            raise ValueError(f"{d / CONFIG}: model_type is not 'toy-mar'")
+        model = cls(ToyMARConfig(**raw), PreTrainedTokenizerFast.from_pretrained(str(d / TOKENIZER)))
+        try:
+            state = load_file(str(d / WEIGHTS))
+        except Exception as err:  # safetensors raises its own error types for truncated files
+            raise ValueError(f"{d / WEIGHTS}: corrupt or unreadable weights ({err})") from err
+        model.load_state_dict(state, strict=True)
+        return model.to(device)
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def mask_ratio_sample(generator: torch.Generator, low: float = 0.7, mean: float = 1.0, std: float = 0.25) -> float:
+    """MAR's training mask ratio: a normal(mean, std) truncated to [low, 1], by rejection."""
+    while True:
+        r = mean + std * torch.randn((), generator=generator).item()
+        if low <= r <= 1.0:
+            return r
+
+
+def masked_count(seq_len: int, ratio: float) -> int:
+    return max(1, min(seq_len, math.ceil(seq_len * ratio)))

@@ -1,0 +1,315 @@
+"""Batched MAR generation with classifier-free guidance that records what GRPO trains on.
+
+At AR step k the AR model gives z_k for every position; the head then runs the full stochastic
+diffusion trajectory for every still-unknown token (the completion mask, as in the paper's code),
+and the tokens scheduled for step k are committed. The record (DESIGN 3.2) holds the order, the
+known / committed masks per AR step, every (x_t, x_{t-1}, log_prob) of every diffusion step, the
+final latent and, for MTE, S - 1 extra trajectories of the committed tokens drawn from the same z_k.
+`replay` recomputes log-probs from the record; with unchanged parameters the ratio is exactly 1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from margrpo.diffusion import Sampler
+from margrpo.policy.base import MARPolicy, TextCondition, deterministic
+
+
+@dataclass
+class SamplingConfig:
+    ar_steps: int = 16  # K
+    diffusion_steps: int = 20  # T
+    cfg_scale: float = 3.0
+    cfg_schedule: str = "linear"  # "constant" or MAR's "linear" ramp over the committed fraction
+    temperature: float = 1.0
+    noise_level: float = 0.7  # flow SDE only
+
+    def __post_init__(self):
+        if self.cfg_schedule not in ("constant", "linear"):
+            raise ValueError(f"Unknown cfg_schedule: {self.cfg_schedule!r}; expected 'constant' or 'linear'")
+        if self.ar_steps < 1 or self.diffusion_steps < 2:
+            raise ValueError("ar_steps must be >= 1 and diffusion_steps >= 2")
+
+
+def unknown_after_steps(seq_len: int, ar_steps: int) -> list[int]:
+    """MAR's cosine schedule: tokens still unknown after each AR step (ends at 0; >= 1 committed per step)."""
+    if ar_steps > seq_len:
+        raise ValueError(f"ar_steps ({ar_steps}) cannot exceed the number of tokens ({seq_len})")
+    counts, unknown = [], seq_len
+    for k in range(ar_steps):
+        if k == ar_steps - 1:
+            left = 0
+        else:
+            left = math.floor(seq_len * math.cos(math.pi / 2 * (k + 1) / ar_steps))
+            left = max(ar_steps - 1 - k, min(unknown - 1, left))  # leave >= 1 token for each later step
+        counts.append(left)
+        unknown = left
+    return counts
+
+
+def cfg_scales(sampling: SamplingConfig, seq_len: int) -> list[float]:
+    s = sampling.cfg_scale
+    if sampling.cfg_schedule == "constant":
+        return [s] * sampling.ar_steps
+    return [1 + (s - 1) * (seq_len - left) / seq_len for left in unknown_after_steps(seq_len, sampling.ar_steps)]
+
+
+@dataclass
+class Rollout:
+    """Everything generation decided. N images, K AR steps, T diffusion steps, L tokens of D channels."""
+
+    prompts: list[str]  # [N] (prompt p repeated group_size times, consecutively)
+    latents: Tensor  # [N, L, D] final tokens
+    images: Tensor  # [N, 3, H, W] in [0, 1]
+    orders: Tensor  # [N, L] generation order (a random permutation per image)
+    known: Tensor  # [K, N, L] bool, known before step k
+    committed: Tensor  # [K, N, L] bool, committed at step k
+    states: Tensor  # [K, T + 1, N, L, D] float32, x_T .. x_0 of the committed trajectory (0 where known)
+    log_probs: Tensor  # [K, T, N, L] float32 log p(x_{t-1} | x_t, z_k) (0 where known or deterministic)
+    cfg: Tensor  # [K] guidance scale per AR step
+    sampling: SamplingConfig
+    mte_states: Tensor | None = None  # [K, S-1, T + 1, N, L, D] extra trajectories of step k's committed tokens
+    mte_log_probs: Tensor | None = None  # [K, S-1, T, N, L]
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def trajectories(self) -> int:
+        return 1 if self.mte_states is None else 1 + self.mte_states.shape[1]
+
+    def step_clean(self) -> Tensor:
+        """x0 per AR step [K, N, L, D]: the clean latent each unknown token reached at step k (known: final)."""
+        clean = self.states[:, -1]
+        return torch.where(self.known[..., None], self.latents.float()[None], clean)
+
+    def trajectory_finals(self) -> Tensor:
+        """Final clean latents of every trajectory [S, N, L, D] (0 = the committed one), for MTE's uncertainty."""
+        finals = [self.latents.float()]
+        if self.mte_states is not None:
+            extra = (self.mte_states[:, :, -1] * self.committed[:, None, ..., None]).sum(0)  # [S-1, N, L, D]
+            finals += list(extra)
+        return torch.stack(finals)
+
+    def to(self, device) -> Rollout:
+        moved = {k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in self.__dict__.items()}
+        return Rollout(**moved)
+
+
+def guided_output(policy: MARPolicy, x: Tensor, t: Tensor, z_c: Tensor, z_u: Tensor | None, scale: Tensor | float) -> Tensor:
+    """Head output with CFG on the prediction channels; a learned variance comes from the conditional branch."""
+    if z_u is None:
+        return policy.head(x, t, z_c)
+    out_c, out_u = policy.head(torch.cat([x, x]), torch.cat([t, t]), torch.cat([z_c, z_u])).chunk(2)
+    D = x.shape[-1]
+    scale = scale if isinstance(scale, float) else scale[:, None]
+    pred = out_u[:, :D] + scale * (out_c[:, :D] - out_u[:, :D])
+    return torch.cat([pred, out_c[:, D:]], dim=-1)
+
+
+def _denoise(policy, sampler: Sampler, x: Tensor, z_c, z_u, scale, temperature, generator):
+    """Run the T-step reverse process on rows x [R, D]; returns states [T+1, R, D] and log-probs [T, R]."""
+    states, log_probs = [x.float()], []
+    for i in range(sampler.num_steps):
+        t = sampler.model_time(i).expand(x.shape[0]).to(x.device)
+        out = guided_output(policy, x, t, z_c, z_u, scale)
+        step = sampler.step(out.float(), i, x, generator=generator, temperature=temperature)
+        x = step.prev_sample
+        states.append(x.float())
+        log_probs.append(step.log_prob if step.log_prob is not None else torch.zeros(x.shape[0], device=x.device))
+    return torch.stack(states), torch.stack(log_probs)
+
+
+def _conditions(policy: MARPolicy, prompts: list[str], group_size: int, guided: bool):
+    cond = policy.encode_prompts(prompts).repeat(group_size)
+    uncond = policy.null_condition(len(cond)) if guided else None
+    return cond, uncond
+
+
+def _ar(policy, tokens, known, cond: TextCondition, uncond: TextCondition | None):
+    """z for the conditional and (if guided) unconditional branch in one transformer pass."""
+    if uncond is None:
+        return policy.ar_forward(tokens, known, cond), None
+    z = policy.ar_forward(torch.cat([tokens, tokens]), torch.cat([known, known]), TextCondition.cat([cond, uncond]))
+    return z.chunk(2)
+
+
+@torch.no_grad()
+def generate(
+    policy: MARPolicy,
+    prompts: list[str],
+    sampling: SamplingConfig,
+    *,
+    group_size: int = 1,
+    generator: torch.Generator | None = None,
+    trajectories: int = 1,
+    mte_sampling: str = "in_loop",
+    mte_generator: torch.Generator | None = None,
+) -> Rollout:
+    """Generate group_size images per prompt and record the trajectory (DESIGN 3.2).
+
+    MTE trajectories draw their noise from `mte_generator`, so the committed trajectory — and the
+    images — are identical for every S given the same `generator`.
+    """
+    if mte_sampling not in ("in_loop", "post_hoc"):
+        raise ValueError(f"Unknown mte_sampling: {mte_sampling!r}; expected 'in_loop' or 'post_hoc'")
+    if trajectories < 1:
+        raise ValueError("trajectories (S) must be >= 1")
+    with deterministic(policy):
+        device = policy.device
+        K, T, L, D = sampling.ar_steps, sampling.diffusion_steps, policy.seq_len, policy.token_dim
+        sampler = policy.make_sampler(T, sampling.noise_level)
+        scales = cfg_scales(sampling, L)
+        guided = sampling.cfg_scale != 1.0
+        cond, uncond = _conditions(policy, prompts, group_size, guided)
+        N = len(cond)
+        orders = torch.argsort(torch.rand(N, L, generator=generator), dim=1).to(device)  # [N, L]
+        rank = torch.argsort(orders, dim=1)  # rank[n, j] = when token j is generated
+        tokens = torch.zeros(N, L, D, device=device)
+        known = torch.zeros(N, L, dtype=torch.bool, device=device)
+        rec_known = torch.zeros(K, N, L, dtype=torch.bool, device=device)
+        rec_committed = torch.zeros_like(rec_known)
+        states = torch.zeros(K, T + 1, N, L, D, device=device)
+        log_probs = torch.zeros(K, T, N, L, device=device)
+        S1 = trajectories - 1
+        mte_states = torch.zeros(K, S1, T + 1, N, L, D, device=device) if S1 else None
+        mte_log_probs = torch.zeros(K, S1, T, N, L, device=device) if S1 else None
+        zs = []
+        n_known = 0
+        for k, left in enumerate(unknown_after_steps(L, K)):
+            rec_known[k] = known
+            commit = (rank >= n_known) & (rank < L - left)  # [N, L]
+            rec_committed[k] = commit
+            z_c, z_u = _ar(policy, tokens, known, cond, uncond)  # [N, L, W]
+            unknown = ~known
+            rows = unknown.nonzero(as_tuple=True)
+            x = sampler.init_noise((len(rows[0]), D), generator=generator, device=device)
+            s_k = float(scales[k])
+            traj, lp = _denoise(policy, sampler, x, z_c[rows], None if z_u is None else z_u[rows], s_k, sampling.temperature, generator)
+            states[k][:, rows[0], rows[1]] = traj
+            log_probs[k][:, rows[0], rows[1]] = lp
+            tokens = torch.where(commit[..., None], states[k, -1], tokens)
+            if S1 and mte_sampling == "in_loop":
+                _extra_trajectories(policy, sampler, sampling, k, commit, z_c, z_u, s_k, S1, mte_states, mte_log_probs, mte_generator)
+            elif S1:
+                zs.append((z_c, z_u))
+            known = known | commit
+            n_known = L - left
+        if S1 and mte_sampling == "post_hoc":  # the official code's order: after the loop, from stored z_k
+            for k, (z_c, z_u) in enumerate(zs):
+                _extra_trajectories(policy, sampler, sampling, k, rec_committed[k], z_c, z_u, float(scales[k]), S1, mte_states, mte_log_probs, mte_generator)
+        image_prompts = [p for p in prompts for _ in range(group_size)]
+        return Rollout(
+            prompts=image_prompts, latents=tokens, images=policy.decode(tokens), orders=orders, known=rec_known,
+            committed=rec_committed, states=states, log_probs=log_probs, cfg=torch.tensor(scales), sampling=sampling,
+            mte_states=mte_states, mte_log_probs=mte_log_probs,
+        )
+
+
+def _extra_trajectories(policy, sampler, sampling, k, commit, z_c, z_u, scale, S1, mte_states, mte_log_probs, generator):
+    """S - 1 more trajectories of step k's committed tokens from the same z_k (DESIGN 3.9)."""
+    rows = commit.nonzero(as_tuple=True)
+    R, D = len(rows[0]), policy.token_dim
+    x = sampler.init_noise((S1 * R, D), generator=generator, device=commit.device)
+    rep = lambda z: None if z is None else z[rows].repeat(S1, 1)  # noqa: E731  [S1*R, W]
+    traj, lp = _denoise(policy, sampler, x, rep(z_c), rep(z_u), scale, sampling.temperature, generator)
+    mte_states[k][:, :, rows[0], rows[1]] = traj.view(-1, S1, R, D).transpose(0, 1)
+    mte_log_probs[k][:, :, rows[0], rows[1]] = lp.view(-1, S1, R).transpose(0, 1)
+
+
+@dataclass
+class Replay:
+    """Recomputed quantities at chosen (AR step, diffusion step) pairs: M AR steps x U diffusion steps."""
+
+    log_prob: Tensor  # [M, U, N, L] (0 where the token was known)
+    mean: Tensor  # [M, U, N, L, D]
+    std: Tensor  # [M, U, N, L, 1 or D]
+    mask: Tensor  # [M, U, N, L] bool: unknown token at a stochastic step (the completion mask)
+    mte_log_prob: Tensor | None = None  # [M, S-1, U, N, L] (0 outside step k's committed tokens)
+
+
+def replay(
+    policy: MARPolicy,
+    rollout: Rollout,
+    ar_steps: Tensor,
+    diff_steps: Tensor,
+    *,
+    logprob_cfg: str = "exact",
+    with_mte: bool = False,
+    chunk_rows: int = 1 << 16,
+) -> Replay:
+    """Recompute log-probs of the recorded transitions at the chosen steps, batched (DESIGN 3.3).
+
+    ar_steps: LongTensor [M]; diff_steps: LongTensor [M, U] (stochastic steps only). Gradients flow
+    to whatever parameters require them. `logprob_cfg="cond_only"` scores with the conditional branch
+    alone (the official shortcut; the ratio is then not 1 at unchanged parameters).
+    """
+    if logprob_cfg not in ("exact", "cond_only"):
+        raise ValueError(f"Unknown logprob_cfg: {logprob_cfg!r}; expected 'exact' or 'cond_only'")
+    with deterministic(policy):
+        s = rollout.sampling
+        sampler = policy.make_sampler(s.diffusion_steps, s.noise_level)
+        M, U = diff_steps.shape
+        N, L, D = rollout.latents.shape
+        device = rollout.latents.device
+        guided = s.cfg_scale != 1.0 and logprob_cfg == "exact"
+        prompts = rollout.prompts
+        cond = policy.encode_prompts(prompts)
+        uncond = policy.null_condition(N) if guided else None
+        # 1. z for every chosen AR step in one transformer pass: [M*N, L, W]
+        known = rollout.known[ar_steps]  # [M, N, L]
+        tokens = torch.where(known[..., None], rollout.latents[None], torch.zeros_like(rollout.latents[None]))
+        rep = lambda c: None if c is None else TextCondition(c.hidden.repeat(M, 1, 1), c.mask.repeat(M, 1))  # noqa: E731
+        z_c, z_u = _ar(policy, tokens.reshape(M * N, L, D), known.reshape(M * N, L), rep(cond), rep(uncond))
+        z_c = z_c.view(M, N, L, -1)
+        z_u = None if z_u is None else z_u.view(M, N, L, -1)
+        # 2. rows: (m, u, n, l) for every unknown token at every chosen diffusion step
+        unknown = ~known  # [M, N, L]
+        sel = unknown[:, None].expand(M, U, N, L)
+        m_i, u_i, n_i, l_i = sel.nonzero(as_tuple=True)
+        k_i, t_i = ar_steps[m_i], diff_steps[m_i, u_i]
+        x_t = rollout.states[k_i, t_i, n_i, l_i]
+        x_prev = rollout.states[k_i, t_i + 1, n_i, l_i]
+        groups = [(x_t, x_prev, t_i, m_i, n_i, l_i)]
+        S1 = rollout.trajectories - 1
+        if with_mte and S1:
+            com = rollout.committed[ar_steps][:, None, None].expand(M, S1, U, N, L)  # [M, S1, U, N, L]
+            mm, ss, uu, nn_, ll = com.nonzero(as_tuple=True)
+            kk, tt = ar_steps[mm], diff_steps[mm, uu]
+            groups.append((rollout.mte_states[kk, ss, tt, nn_, ll], rollout.mte_states[kk, ss, tt + 1, nn_, ll], tt, mm, nn_, ll))
+        outs = []
+        for xt, xp, tt, mm_, nn_, ll_ in groups:
+            lp, mean, std = [], [], []
+            for a in range(0, len(tt), chunk_rows):
+                b = slice(a, a + chunk_rows)
+                time = sampler.model_time(tt[b]).to(device)
+                scale = rollout.cfg[ar_steps[mm_[b]].cpu()].to(device)
+                zc = z_c[mm_[b], nn_[b], ll_[b]]
+                zu = None if z_u is None else z_u[mm_[b], nn_[b], ll_[b]]
+                out = guided_output(policy, xt[b], time, zc, zu, scale)
+                step = sampler.step(out.float(), tt[b], xt[b], prev_sample=xp[b], temperature=s.temperature)
+                lp.append(step.log_prob), mean.append(step.mean), std.append(step.std.expand(-1, step.mean.shape[-1]) if step.std.dim() == 2 else step.std)
+            outs.append((torch.cat(lp), torch.cat(mean), torch.cat(std)))
+        lp, mean, std = outs[0]
+        log_prob = torch.zeros(M, U, N, L, device=device).index_put((m_i, u_i, n_i, l_i), lp)
+        means = torch.zeros(M, U, N, L, D, device=device).index_put((m_i, u_i, n_i, l_i), mean)
+        stds = torch.ones(M, U, N, L, D, device=device).index_put((m_i, u_i, n_i, l_i), std)
+        stochastic = sampler.is_stochastic(diff_steps.reshape(-1)).view(M, U).to(device)
+        mask = sel & stochastic[:, :, None, None]
+        mte_lp = None
+        if with_mte and S1:
+            lp2 = outs[1][0]
+            mte_lp = torch.zeros(M, S1, U, N, L, device=device).index_put((mm, ss, uu, nn_, ll), lp2)
+        return Replay(log_prob=log_prob, mean=means, std=stds, mask=mask, mte_log_prob=mte_lp)
+
+
+def recorded(rollout: Rollout, ar_steps: Tensor, diff_steps: Tensor) -> tuple[Tensor, Tensor | None]:
+    """The rollout's own log-probs at the chosen steps: [M, U, N, L] and MTE [M, S-1, U, N, L]."""
+    lp = rollout.log_probs[ar_steps[:, None], diff_steps]  # [M, U, N, L]
+    mte = None
+    if rollout.mte_log_probs is not None:
+        mte = rollout.mte_log_probs[ar_steps[:, None, None], torch.arange(rollout.trajectories - 1)[None, :, None], diff_steps[:, None, :]]
+    return lp, mte
