@@ -1,6 +1,6 @@
 """The toy MAR policy: text-conditioned bidirectional transformer + SimpleMLPAdaLN head on pixel patches.
 
-Codec choice: pixel patches (4x4x3 = 48 channels, 64 tokens at 32 px). They are exact (nothing to
+Codec choice: pixel patches (8x8x3 = 192 channels, 16 tokens at 32 px). They are exact (nothing to
 train, nothing lost before the reward sees the image) and, with ShapesWorld objects aligned to the
 token grid, an object is a small block of whole tokens — the learnability lever that a learned
 codec would otherwise have to provide.
@@ -32,7 +32,7 @@ WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer"
 class ToyMARConfig:
     head_type: str = "flow"  # "flow" (NOVA-like, velocity) or "ddpm" (Harmon-like, eps + learned-range variance)
     image_size: int = 32
-    patch_size: int = 4  # 4 -> 8x8 = 64 tokens of 48 channels at 32 px
+    patch_size: int = 8  # 8 -> 4x4 = 16 tokens of 192 channels at 32 px (3x faster to train than 4x4 patches)
     width: int = 192  # AR transformer width (= z_dim)
     depth: int = 4
     heads: int = 6

@@ -1,0 +1,361 @@
+"""The one GRPO trainer: every policy plugs in through the MAR policy interface (DESIGN 3).
+
+A step: sample prompts -> rollout with CFG (recording the trajectory, and S trajectories for MTE)
+-> rewards -> group advantages -> choose |M| AR steps and |T| diffusion steps -> recompute the
+log-probs there in batched passes -> clipped surrogate with the MTE and Sim masks, plus beta * KL to
+the frozen reference -> one optimizer step. Variants (grpo / fix / mte / sim) are config switches.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import math
+import resource
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Callable
+
+import torch
+from accelerate import Accelerator
+from tqdm.auto import tqdm
+
+from margrpo.grpo.functions import (
+    consistency_mask,
+    group_advantages,
+    kl_gaussian,
+    kl_paper,
+    masked_mean,
+    mte_loss,
+    per_token_policy_objective,
+    policy_ratio_stats,
+    uncertainty_mask,
+)
+from margrpo.policy.base import MARPolicy
+from margrpo.pretraining import autocast
+from margrpo.rollout import Rollout, SamplingConfig, generate, recorded, replay
+
+VAL_SEED = 20_251_121  # the same validation noise for every run, so checkpoints compare fairly
+RewardFn = Callable[[torch.Tensor, list[str], list[dict]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+@dataclass
+class GRPOConfig:
+    """Every knob of DESIGN 3. Defaults are the paper's where it states them."""
+
+    steps: int = 60
+    batch_prompts: int = 3  # prompts per rollout batch
+    group_size: int = 4  # G images per prompt
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    clip_eps: float | None = 0.2  # None = no clipping
+    beta: float = 0.01  # KL weight
+    kl: str = "paper"  # "paper" (Eq. 14) or "gaussian" (exact KL of the two step Gaussians)
+    mask_steps: int = 12  # |M| AR steps per rollout
+    diffusion_steps: int = 10  # |T| diffusion steps per chosen AR step
+    updates_per_rollout: int = 1
+    reinforce: bool = False  # official code: no clip, one optimizer step per chosen AR step
+    logprob_cfg: str = "exact"  # "exact" or "cond_only"
+    micro_batches: int = 2  # gradient-variance statistic (and memory chunking)
+    save_every: int = 20
+    val_every: int = 10
+    val_prompts: int = 24
+    max_nonfinite: int = 5
+    # variant switches
+    freeze_head: bool = False  # +Fix
+    trajectories: int = 1  # S (+MTE when > 1)
+    top_frac: float = 0.3  # k
+    mte_sampling: str = "in_loop"
+    sim: bool = False  # +Sim
+    tau: float = 0.0
+    precision: str = "bf16"
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.kl not in ("paper", "gaussian"):
+            raise ValueError(f"Unknown kl: {self.kl!r}; expected 'paper' or 'gaussian'")
+        if self.logprob_cfg not in ("exact", "cond_only"):
+            raise ValueError(f"Unknown logprob_cfg: {self.logprob_cfg!r}; expected 'exact' or 'cond_only'")
+        if self.mte_sampling not in ("in_loop", "post_hoc"):
+            raise ValueError(f"Unknown mte_sampling: {self.mte_sampling!r}; expected 'in_loop' or 'post_hoc'")
+        if self.trajectories < 1:
+            raise ValueError("trajectories (S) must be >= 1; S = 1 turns MTE off")
+        if not 0 <= self.top_frac <= 1:
+            raise ValueError("top_frac (k) must be in [0, 1]")
+        if self.reinforce and self.clip_eps is not None:
+            self.clip_eps = None  # the official form has no clipping; say so in the resolved config
+        if self.micro_batches < 1 or (self.batch_prompts * self.group_size) % self.micro_batches:
+            raise ValueError(f"micro_batches ({self.micro_batches}) must divide the {self.batch_prompts * self.group_size} images of a batch")
+
+    @classmethod
+    def from_spec(cls, spec: dict, precision: str = "bf16") -> GRPOConfig:
+        """Build from the `train_spec` dict the workflow passes (grpo section + variant switches)."""
+        names = {f.name for f in fields(cls)}
+        merged = {k: v for k, v in spec["grpo"].items() if k in names}
+        merged.update({k: v for k, v in spec["variant"].items() if k in names})
+        return cls(**merged, precision=precision)
+
+
+@dataclass
+class PromptSet:
+    """Prompts with the metadata the rewards need (spec, category)."""
+
+    prompts: list[str]
+    metadata: list[dict]
+
+    def __len__(self):
+        return len(self.prompts)
+
+
+def step_generator(seed: int, step: int, stream: int) -> torch.Generator:
+    """Per-step RNG derived from (seed, step, stream): a resumed run draws exactly what it would have."""
+    return torch.Generator().manual_seed((seed * 1_000_003 + step) * 16 + stream)
+
+
+class GRPOTrainer:
+    def __init__(self, policy: MARPolicy, reward_fn: RewardFn, train_prompts: PromptSet, val_prompts: PromptSet,
+                 sampling: SamplingConfig, config: GRPOConfig, out_dir: str | Path, accelerator: Accelerator | None = None):
+        self.cfg, self.sampling = config, sampling
+        self.accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available())
+        self.policy = policy.to(self.accelerator.device)
+        self.reward_fn, self.train_prompts, self.val_prompts = reward_fn, train_prompts, val_prompts
+        self.out_dir = Path(out_dir)
+        self.state_dir = self.out_dir / "state"
+        if config.mask_steps > sampling.ar_steps:
+            raise ValueError(f"mask_steps |M| = {config.mask_steps} exceeds the {sampling.ar_steps} AR steps; lower grpo.mask_steps")
+        if config.diffusion_steps > sampling.diffusion_steps - 1:
+            raise ValueError(f"diffusion_steps |T| = {config.diffusion_steps} exceeds the {sampling.diffusion_steps - 1} stochastic steps; lower grpo.diffusion_steps")
+        self.ref = None
+        if config.beta > 0:  # the frozen pre-RL policy
+            self.ref = copy.deepcopy(self.policy).requires_grad_(False).eval()
+        head = set(map(id, self.policy.head_parameters()))
+        if config.freeze_head:  # +Fix: no gradient and no optimizer state for the head
+            for p in self.policy.head_parameters():
+                p.requires_grad_(False)
+        self.ar_params = [p for p in self.policy.ar_parameters() if p.requires_grad]
+        self.params = [p for p in self.policy.parameters() if p.requires_grad and (id(p) not in head or not config.freeze_head)]
+        self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, betas=(0.9, 0.999), weight_decay=config.weight_decay)
+        self.step, self.rows, self.checkpoints, self.nonfinite_run = 0, [], [], 0
+
+    # --- one GRPO step ----------------------------------------------------------------------------
+    def choose_steps(self, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """|M| AR steps and, for each, |T| stochastic diffusion steps, uniformly (DESIGN 3.3)."""
+        K, T = self.sampling.ar_steps, self.sampling.diffusion_steps
+        ar = torch.randperm(K, generator=g)[: self.cfg.mask_steps].sort().values
+        diff = torch.stack([torch.randperm(T - 1, generator=g)[: self.cfg.diffusion_steps].sort().values for _ in ar])
+        return ar, diff
+
+    def masks(self, rollout: Rollout) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """MTE uncertainty mask [N, L] (Eq. 10) and Sim keep-weights per AR step [K, N, L] (Eq. 11)."""
+        mte = None
+        if self.cfg.trajectories > 1:
+            mte = uncertainty_mask(rollout.trajectory_finals(), self.cfg.top_frac)
+        sim = None
+        if self.cfg.sim:
+            x0 = rollout.step_clean()  # [K, N, L, D]
+            final = rollout.latents.float()
+            keep = [torch.ones_like(rollout.committed[0])]  # the first step has no predecessor
+            for k in range(1, x0.shape[0]):
+                keep.append(consistency_mask(x0[k - 1], x0[k], final, rollout.committed[k], self.cfg.tau))
+            sim = torch.stack(keep)
+        return mte, sim
+
+    def micro_loss(self, rollout: Rollout, adv: torch.Tensor, ar: torch.Tensor, diff: torch.Tensor,
+                   mte_mask: torch.Tensor | None, sim_keep: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
+        """Loss of one micro-batch (already a sub-rollout): mean over chosen AR steps of the token-mean loss."""
+        cfg = self.cfg
+        with autocast(self.accelerator.device, cfg.precision):
+            rp = replay(self.policy, rollout, ar, diff, logprob_cfg=cfg.logprob_cfg, with_mte=cfg.trajectories > 1)
+        old, old_mte = recorded(rollout, ar, diff)
+        obj = per_token_policy_objective(rp.log_prob, old, adv, cfg.clip_eps)  # [M, U, n, L]
+        weight = rp.mask.float()  # completion mask: unknown tokens at stochastic steps
+        if sim_keep is not None:
+            weight = weight * sim_keep[ar][:, None].float()
+        kl = None
+        if self.ref is not None:
+            with torch.no_grad(), autocast(self.accelerator.device, cfg.precision):
+                ref = replay(self.ref, rollout, ar, diff, logprob_cfg=cfg.logprob_cfg)
+            kl = kl_paper(rp.mean, ref.mean) if cfg.kl == "paper" else kl_gaussian(rp.mean, ref.mean, rp.std)
+        losses, kls = [], []
+        for m, k in enumerate(ar.tolist()):
+            o = obj[m]
+            if mte_mask is not None:
+                extra = per_token_policy_objective(rp.mte_log_prob[m], old_mte[m], adv, cfg.clip_eps)  # [S-1, U, n, L]
+                both = torch.cat([o[None], extra])  # [S, U, n, L]
+                o = mte_loss(both, mte_mask & rollout.committed[k])  # Eq. 10, on the tokens that have S trajectories
+            losses.append(-masked_mean(o, weight[m]))
+            if kl is not None:
+                kls.append(masked_mean(kl[m], rp.mask[m].float()))
+        policy_term = torch.stack(losses).mean()
+        kl_term = torch.stack(kls).mean() if kls else torch.zeros((), device=policy_term.device)
+        stats = policy_ratio_stats(rp.log_prob, old, adv, rp.mask, cfg.clip_eps)
+        stats.update(policy_loss=policy_term.item(), kl=kl_term.item())
+        return policy_term + cfg.beta * kl_term, stats
+
+    def train_step(self) -> dict:
+        cfg, step = self.cfg, self.step
+        t0 = time.time()
+        g_prompts, g_roll, g_mte, g_steps = (step_generator(cfg.seed, step, s) for s in range(4))
+        idx = torch.randperm(len(self.train_prompts), generator=g_prompts)[: cfg.batch_prompts].tolist()
+        prompts = [self.train_prompts.prompts[i] for i in idx]
+        meta = [self.train_prompts.metadata[i] for i in idx for _ in range(cfg.group_size)]
+        with autocast(self.accelerator.device, cfg.precision):
+            rollout = generate(self.policy, prompts, self.sampling, group_size=cfg.group_size, generator=g_roll,
+                               trajectories=cfg.trajectories, mte_sampling=cfg.mte_sampling, mte_generator=g_mte)
+        rewards, components = self.reward_fn(rollout.images, rollout.prompts, meta)
+        adv, frac_zero = group_advantages(rewards, cfg.group_size)
+        mte_mask, sim_keep = self.masks(rollout)
+        ar, diff = self.choose_steps(g_steps)
+        # REINFORCE (official): one optimizer step per chosen AR step; else all chosen steps in one update
+        schedule = [ar[i : i + 1] for i in range(len(ar))] if cfg.reinforce else [ar] * cfg.updates_per_rollout
+        diffs = [diff[i : i + 1] for i in range(len(ar))] if cfg.reinforce else [diff] * cfg.updates_per_rollout
+        N = len(rollout.prompts)
+        chunks = torch.arange(N).chunk(cfg.micro_batches)
+        log = {}
+        for ar_u, diff_u in zip(schedule, diffs):
+            self.optimizer.zero_grad(set_to_none=True)
+            micro_grads, stats_acc, total = [], [], 0.0
+            for rows in chunks:
+                sub = _subset(rollout, rows)
+                loss, stats = self.micro_loss(sub, adv[rows], ar_u, diff_u,
+                                              None if mte_mask is None else mte_mask[rows],
+                                              None if sim_keep is None else sim_keep[:, rows])
+                loss = loss * len(rows) / N  # micro-batch losses sum to the batch mean
+                self.accelerator.backward(loss)
+                micro_grads.append(_flat_grad(self.ar_params))
+                stats_acc.append(stats)
+                total += loss.item()
+            grads = torch.stack(micro_grads)  # [n_micro, P]: cumulative sums; difference them
+            per_micro = torch.diff(grads, dim=0, prepend=torch.zeros_like(grads[:1])) * len(chunks)
+            grad_var = per_micro.var(dim=0).mean().item() if len(chunks) > 1 else float("nan")
+            grad_norm_ar = grads[-1].norm().item()
+            finite = math.isfinite(total) and math.isfinite(grad_norm_ar)
+            if finite:
+                self.nonfinite_run = 0
+                if self.cfg.grad_clip:
+                    torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+                self.optimizer.step()
+            else:
+                self.nonfinite_run += 1
+                if self.nonfinite_run >= cfg.max_nonfinite:
+                    raise FloatingPointError(f"{self.nonfinite_run} non-finite updates in a row at step {step}; stopping (grpo.max_nonfinite)")
+            log = {k: float(torch.tensor([s[k] for s in stats_acc]).nanmean()) for k in stats_acc[0]}
+            log.update(ratio_min=min(s["ratio_min"] for s in stats_acc), ratio_max=max(s["ratio_max"] for s in stats_acc))
+            log.update(grad_norm_ar=grad_norm_ar, grad_var_ar=grad_var, skipped=int(not finite))
+        row = {"step": step + 1, "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
+               **{f"reward/{k}": v.mean().item() for k, v in components.items()},
+               "adv_mean": adv.mean().item(), "adv_std": adv.std().item(), "frac_zero_std": frac_zero, **log,
+               "lr": self.optimizer.param_groups[0]["lr"], "step_time_s": time.time() - t0, "peak_mem_mb": peak_memory_mb()}
+        self.step += 1
+        return row
+
+    # --- validation, checkpoints, resume --------------------------------------------------------------
+    @torch.no_grad()
+    def validate(self) -> float:
+        n = min(self.cfg.val_prompts, len(self.val_prompts))
+        scores = []
+        for a in range(0, n, 8):
+            prompts, meta = self.val_prompts.prompts[a : min(n, a + 8)], self.val_prompts.metadata[a : min(n, a + 8)]
+            with autocast(self.accelerator.device, self.cfg.precision):
+                r = generate(self.policy, prompts, self.sampling, generator=torch.Generator().manual_seed(VAL_SEED + a))
+            scores.append(self.reward_fn(r.images, r.prompts, meta)[0])
+        return torch.cat(scores).mean().item()
+
+    def save(self) -> None:
+        """Checkpoint (policy folder) + resumable trainer state, written atomically."""
+        ckpt = self.state_dir / f"ckpt-{self.step:06d}" / "policy"
+        if self.accelerator.is_main_process:
+            self.accelerator.unwrap_model(self.policy).save_pretrained(ckpt)
+            state = {"step": self.step, "optimizer": self.optimizer.state_dict(), "rows": self.rows,
+                     "checkpoints": self.checkpoints, "nonfinite_run": self.nonfinite_run, "policy_dir": str(ckpt)}
+            tmp = self.state_dir / "trainer.pt.tmp"
+            torch.save(state, tmp)
+            tmp.replace(self.state_dir / "trainer.pt")
+
+    def try_resume(self) -> bool:
+        path = self.state_dir / "trainer.pt"
+        if not path.exists():
+            return False
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        from margrpo.policy import load_policy
+
+        loaded = load_policy(state["policy_dir"], device=self.accelerator.device)
+        self.policy.load_state_dict(loaded.state_dict())
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step, self.rows, self.checkpoints = state["step"], state["rows"], state["checkpoints"]
+        self.nonfinite_run = state["nonfinite_run"]
+        return True
+
+    def train(self) -> dict:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        resumed = self.try_resume()
+        if not resumed:
+            base_val = self.validate()
+            self.checkpoints = []
+            self.base_val = base_val
+            self.rows = []
+            self._base_row(base_val)
+        bar = tqdm(total=self.cfg.steps, initial=self.step, desc=f"grpo[{self.cfg.seed}]", mininterval=5)
+        while self.step < self.cfg.steps:
+            row = self.train_step()
+            if self.step % self.cfg.val_every == 0 or self.step == self.cfg.steps:
+                row["val_reward"] = self.validate()
+            else:
+                row["val_reward"] = float("nan")
+            self.rows.append(row)
+            if self.step % self.cfg.save_every == 0 or self.step == self.cfg.steps:
+                if math.isfinite(row["val_reward"]):
+                    self.checkpoints.append({"step": self.step, "val_reward": row["val_reward"],
+                                             "path": str(self.state_dir / f"ckpt-{self.step:06d}" / "policy")})
+                self.save()
+            bar.update(1)
+            bar.set_postfix(reward=f"{row['reward_mean']:.3f}", val=f"{row['val_reward']:.3f}")
+        bar.close()
+        return self.rows
+
+    def _base_row(self, base_val: float) -> None:
+        self.checkpoints.append({"step": 0, "val_reward": base_val, "path": None})
+
+
+def _subset(r: Rollout, rows: torch.Tensor) -> Rollout:
+    """The rollout restricted to some images (micro-batch)."""
+    pick = lambda x, dim: None if x is None else x.index_select(dim, rows.to(x.device))  # noqa: E731
+    return Rollout(
+        prompts=[r.prompts[i] for i in rows.tolist()], latents=pick(r.latents, 0), images=pick(r.images, 0),
+        orders=pick(r.orders, 0), known=pick(r.known, 1), committed=pick(r.committed, 1), states=pick(r.states, 2),
+        log_probs=pick(r.log_probs, 2), cfg=r.cfg, sampling=r.sampling, mte_states=pick(r.mte_states, 3),
+        mte_log_probs=pick(r.mte_log_probs, 3),
+    )
+
+
+def _flat_grad(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().flatten().float() for p in params])
+
+
+def peak_memory_mb() -> float:
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def write_outputs(trainer: GRPOTrainer, spec: dict) -> None:
+    """metrics.csv (one row per step) and summary.json (checkpoints with validation rewards), atomically."""
+    out = trainer.out_dir
+    rows = trainer.rows
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    tmp = out / "metrics.csv.tmp"
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    tmp.replace(out / "metrics.csv")
+    base = next((c["val_reward"] for c in trainer.checkpoints if c["step"] == 0), float("nan"))
+    summary = {"run_dir": str(out), "variant": spec["variant"]["name"], "steps": trainer.step,
+               "checkpoints": [c for c in trainer.checkpoints if c["step"] > 0], "base_val_reward": base,
+               "spec": spec, "config": asdict(trainer.cfg)}
+    tmp = out / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=1))
+    tmp.replace(out / "summary.json")

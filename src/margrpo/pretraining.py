@@ -1,0 +1,168 @@
+"""Pre-training of a toy MAR base policy and the head-only warm-up (DESIGN 3.11).
+
+Both minimise MAR's loss: mask a random fraction of the tokens (truncated normal, mostly high
+ratios, because generation starts from an almost empty canvas), run the AR model on the rest, and
+train the head to denoise the masked tokens given their z. Warm-up is the same loop with only the
+head's parameters in the optimiser.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from margrpo.policy.base import MARPolicy
+from margrpo.policy.toy import mask_ratio_sample, masked_count
+
+BatchFn = Callable[[int, torch.Generator], tuple[Tensor, list[str]]]  # -> images [B, 3, H, W] in [0, 1], prompts
+
+
+@dataclass
+class PretrainConfig:
+    steps: int = 3000
+    batch_size: int = 64
+    lr: float = 6e-4
+    warmup_steps: int = 100  # linear LR warm-up, then cosine decay to 10%
+    weight_decay: float = 0.02
+    diffusion_batch_mul: int = 4  # noise draws per token per step: the head is cheap next to the transformer
+    text_dropout: float = 0.1  # replace the prompt by the null prompt, for classifier-free guidance
+    head_steps: int | None = None  # freeze the head after this many steps (under-trained head, Harmon-like)
+    train_ar: bool = True  # False = warm-up: only the head learns
+    ema_decay: float = 0.995
+    grad_clip: float = 1.0
+    precision: str = "bf16"  # autocast dtype for forward passes on CPU/GPU ("no", "bf16")
+    seed: int = 0
+    save_every: int = 250  # resume checkpoints
+
+    def __post_init__(self):
+        if self.precision not in ("no", "bf16", "fp16"):
+            raise ValueError(f"Unknown precision: {self.precision!r}; expected 'no', 'bf16' or 'fp16'")
+
+
+def autocast(device: torch.device, precision: str):
+    if precision == "no":
+        return torch.autocast(device.type, enabled=False)
+    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+
+
+def mar_loss(policy: MARPolicy, sampler, images: Tensor, prompts: list[str], generator: torch.Generator, mul: int, ratio: float) -> Tensor:
+    """MAR's masked diffusion loss on one batch (mean over masked tokens and noise draws)."""
+    tokens = policy.encode(images)  # [B, L, D]
+    B, L, D = tokens.shape
+    n_mask = masked_count(L, ratio)
+    order = torch.argsort(torch.rand(B, L, generator=generator), dim=1).to(tokens.device)
+    masked = torch.zeros(B, L, dtype=torch.bool, device=tokens.device).scatter_(1, order[:, :n_mask], True)
+    z = policy.ar_forward(tokens, ~masked, policy.encode_prompts(prompts))  # [B, L, W]
+    x0 = tokens[masked].repeat(mul, 1)  # [B*n_mask*mul, D]
+    zm = z[masked].repeat(mul, 1)
+    t = sampler.sample_train_time(len(x0), generator=generator).to(x0.device)
+    noise = torch.randn(x0.shape, generator=generator).to(x0.device)
+    x_t = sampler.add_noise(x0, noise, t)
+    out = policy.head(x_t, sampler.train_model_time(t), zm)
+    return sampler.training_loss(out.float(), x0, noise, x_t, t).mean()
+
+
+class EMA:
+    """Exponential moving average of the parameters; evaluation and the saved policy use it."""
+
+    def __init__(self, module: torch.nn.Module, decay: float):
+        self.decay = decay
+        self.shadow = {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+    @torch.no_grad()
+    def update(self, module: torch.nn.Module) -> None:
+        for k, v in module.state_dict().items():
+            if v.dtype.is_floating_point:
+                self.shadow[k].lerp_(v, 1 - self.decay)
+            else:
+                self.shadow[k].copy_(v)
+
+    def copy_to(self, module: torch.nn.Module) -> None:
+        module.load_state_dict(self.shadow)
+
+
+def _lr_factor(step: int, cfg: PretrainConfig) -> float:
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def train(policy: MARPolicy, batch_fn: BatchFn, cfg: PretrainConfig, state_dir: str | Path, log_path: str | Path | None = None) -> MARPolicy:
+    """Train in place and return the EMA policy. Resumes from `state_dir/last.pt` if present."""
+    state_dir = Path(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    device = policy.device
+    sampler = policy.make_sampler(num_steps=25)  # only the training-time methods are used
+    params = list(policy.head_parameters()) if not cfg.train_ar else list(policy.parameters())
+    if not cfg.train_ar:
+        for p in policy.ar_parameters():
+            p.requires_grad_(False)
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    ema = EMA(policy, cfg.ema_decay)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    start = 0
+    ckpt = state_dir / "last.pt"
+    if ckpt.exists():
+        state = torch.load(ckpt, map_location=device, weights_only=True)
+        policy.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        ema.shadow = state["ema"]
+        generator.set_state(state["generator"])
+        start = int(state["step"])
+    log_rows = []
+    policy.train()
+    t0 = time.time()
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc="pretrain" if cfg.train_ar else "warmup", mininterval=5)
+    for step in bar:
+        if cfg.head_steps is not None and step == cfg.head_steps and cfg.train_ar:
+            for p in policy.head_parameters():
+                p.requires_grad_(False)
+        for group in optimizer.param_groups:
+            group["lr"] = cfg.lr * _lr_factor(step, cfg)
+        images, prompts = batch_fn(cfg.batch_size, generator)
+        prompts = [("" if torch.rand((), generator=generator).item() < cfg.text_dropout else p) for p in prompts]
+        ratio = mask_ratio_sample(generator)
+        with autocast(device, cfg.precision):
+            loss = mar_loss(policy, sampler, images.to(device), prompts, generator, cfg.diffusion_batch_mul, ratio)
+        optimizer.zero_grad(set_to_none=True)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"non-finite pre-training loss at step {step}")
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_([p for p in params if p.requires_grad], cfg.grad_clip)
+        optimizer.step()
+        ema.update(policy)
+        log_rows.append({"step": step + 1, "loss": loss.item(), "grad_norm": float(grad_norm), "lr": optimizer.param_groups[0]["lr"], "wall_time_s": time.time() - t0})
+        bar.set_postfix(loss=f"{loss.item():.4f}")
+        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+            _append_log(log_path, log_rows)
+            log_rows = []
+            tmp = ckpt.with_suffix(".tmp")
+            torch.save({"model": policy.state_dict(), "optimizer": optimizer.state_dict(), "ema": ema.shadow,
+                        "generator": generator.get_state(), "step": step + 1, "config": asdict(cfg)}, tmp)
+            tmp.replace(ckpt)
+    ema.copy_to(policy)
+    for p in policy.parameters():
+        p.requires_grad_(True)
+    policy.eval()
+    return policy
+
+
+def _append_log(path, rows) -> None:
+    if path is None or not rows:
+        return
+    path = Path(path)
+    new = not path.exists()
+    with open(path, "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        if new:
+            w.writeheader()
+        w.writerows(rows)
