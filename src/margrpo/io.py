@@ -1,0 +1,125 @@
+"""Atomic output helpers shared by every stage (DESIGN 6: temp file + rename).
+
+Each writer puts its bytes into a temporary file in the destination's own folder (so the final
+``os.replace`` is a same-filesystem rename, atomic on POSIX) and renames it over the target only
+after the write succeeded. A killed job therefore leaves either the old file or the new one,
+never a truncated one; the temporary file is removed if the write raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # heavy imports only for type checkers
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "atomic_path",
+    "atomic_write_text",
+    "atomic_write_json",
+    "atomic_write_csv",
+    "atomic_save_figure",
+    "to_jsonable",
+]
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# mkstemp creates files 0600; outputs get the usual permissions (0666 minus the umask) instead.
+_FILE_MODE = 0o666 & ~_current_umask()
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; on clean exit move it onto ``path``.
+
+    For writers that want a file name rather than a handle (``np.savez``, ``fig.savefig``,
+    safetensors). The temporary name keeps the target's suffix, so libraries that infer the
+    format from the extension still do. Parent folders are created.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.chmod(tmp_path, _FILE_MODE)
+        os.replace(tmp_path, path)
+    except BaseException:
+        tmp_path.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
+    """Write ``text`` to ``path`` atomically (flushed and fsynced before the rename)."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", encoding=encoding, newline="") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+    return Path(path)
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Recursively convert ``obj`` into strict-JSON values.
+
+    Non-finite floats become ``None`` (``json`` would otherwise write the non-standard ``NaN``),
+    numpy scalars / arrays become Python numbers / lists, paths become strings, tuples lists.
+    """
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):  # numpy scalar / array, torch tensor
+        return to_jsonable(obj.tolist())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 2) -> Path:
+    """Write ``obj`` as strict JSON (NaN / inf -> null; see ``to_jsonable``), newline-terminated."""
+    text = json.dumps(to_jsonable(obj), indent=indent, allow_nan=False, sort_keys=False)
+    return atomic_write_text(path, text + "\n")
+
+
+def atomic_write_csv(df: "pd.DataFrame", path: str | os.PathLike, index: bool = False, **kwargs: Any) -> Path:
+    """Write a DataFrame as CSV atomically (``kwargs`` go to ``DataFrame.to_csv``)."""
+    with atomic_path(path) as tmp:
+        df.to_csv(tmp, index=index, **kwargs)
+    return Path(path)
+
+
+def atomic_save_figure(
+    fig: "Figure", prefix: str | os.PathLike, formats: Iterable[str], dpi: int = 150, **kwargs: Any
+) -> list[Path]:
+    """Save ``fig`` as ``<prefix>.<fmt>`` for every format, each atomically; return the paths.
+
+    ``kwargs`` go to ``Figure.savefig`` (e.g. ``bbox_inches="tight"``, the default here).
+    """
+    formats = [f.strip().lstrip(".").lower() for f in formats if f.strip()]
+    if not formats:
+        raise ValueError("no figure format given; pass e.g. formats=['png', 'pdf']")
+    kwargs.setdefault("bbox_inches", "tight")
+    paths = []
+    for fmt in formats:
+        path = Path(f"{os.fspath(prefix)}.{fmt}")
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format=fmt, dpi=dpi, **kwargs)
+        paths.append(path)
+    return paths

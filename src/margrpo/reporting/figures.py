@@ -1,0 +1,397 @@
+"""The paper's figures from result files (matplotlib, Agg; no pyplot state).
+
+Each public builder takes the results root and the JSON spec its Snakemake rule passes and
+returns a ``matplotlib.figure.Figure``; ``margrpo.io.atomic_save_figure`` writes it:
+
+    dynamics          Fig. 2a/2b, Fig. 5  gradient norm / variance, val + train reward, KL vs step
+    uncertainty       Fig. 4              samples beside their per-token MTE uncertainty
+    samples           Fig. 6              the same prompts across Base and the ladder (seed 0)
+    ablation_samples  Fig. 7a             samples per ablation point (k, tau, S)
+    ablation_curves   Fig. 7b             smoothed training reward per k
+    ablation_final    Fig. 7c             final CompBench / preference score vs k, tau and S
+
+Variants keep one colour everywhere (``VARIANT_COLORS``; base grey). Curves are the mean over
+seeds with a shaded t-interval band; points carry t-interval error bars when there are seeds.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from margrpo.reporting.results import (  # noqa: E402
+    ABLATION_SYMBOLS,
+    RunId,
+    aggregate_seeds,
+    eval_scores,
+    list_samples,
+    load_metrics,
+    load_selection,
+    load_uncertainty,
+    mean_ci,
+    parse_run,
+    sample_image,
+)
+from margrpo.reporting.tables import VARIANT_LABELS  # noqa: E402
+
+__all__ = [
+    "VARIANT_COLORS",
+    "variant_color",
+    "dynamics",
+    "uncertainty",
+    "samples",
+    "ablation_samples",
+    "ablation_curves",
+    "ablation_final",
+    "plot_dynamics",
+    "plot_uncertainty",
+    "plot_sample_grid",
+]
+
+# Okabe–Ito colour-blind-safe palette; base grey.
+VARIANT_COLORS = {"base": "#7f7f7f", "grpo": "#D55E00", "fix": "#0072B2", "mte": "#009E73", "sim": "#CC79A7"}
+_EXTRA_COLORS = ["#E69F00", "#56B4E9", "#F0E442", "#000000"]
+_LINESTYLES = ["-", "--", ":", "-."]
+
+
+def variant_color(variant: str) -> str:
+    """The variant's fixed colour; unknown variants get a stable colour from their name."""
+    if variant in VARIANT_COLORS:
+        return VARIANT_COLORS[variant]
+    return _EXTRA_COLORS[sum(map(ord, variant)) % len(_EXTRA_COLORS)]
+
+
+def _label(variant: str, root: str | Path | None = None, runs: Sequence[str] = ()) -> str:
+    """Paper label of a variant, with * when every run's selection.json (if present) says `best`."""
+    label = VARIANT_LABELS.get(variant, variant)
+    if root is not None and runs:
+        sels = [load_selection(root, r, required=False) for r in runs]
+        if sels and all(s is not None and s.get("rule") == "best" for s in sels):
+            label += "*"
+    return label
+
+
+def _fmt(value: float) -> str:
+    return f"{value:g}"
+
+
+def _wrap(text: str, width: int) -> str:
+    return "\n".join(textwrap.wrap(str(text), width=width)) or str(text)
+
+
+def _band(ax, agg: pd.DataFrame, x: str, color: str, label: str, linestyle: str = "-", marker: str | None = None):
+    """Mean line with a shaded CI band (where the CI is defined)."""
+    ax.plot(agg[x], agg["mean"], color=color, label=label, linestyle=linestyle, marker=marker, lw=1.6, ms=3)
+    ci = agg["ci"].to_numpy(dtype=float)
+    ok = np.isfinite(ci)
+    if ok.any():
+        ax.fill_between(agg[x][ok], (agg["mean"] - agg["ci"])[ok], (agg["mean"] + agg["ci"])[ok],
+                        color=color, alpha=0.18, lw=0)
+
+
+def _no_data(ax, what: str) -> None:
+    ax.text(0.5, 0.5, f"{what}\nnot logged", ha="center", va="center", transform=ax.transAxes, color="0.4")
+
+
+# --------------------------------------------------------------------------------------------
+# Fig. 2 / Fig. 5: training dynamics
+# --------------------------------------------------------------------------------------------
+
+# metrics.csv column, panel title, y label, log y
+DYNAMICS_PANELS = [
+    ("grad_norm_ar", "AR gradient norm", "L2 norm of AR-parameter gradient", False),
+    ("grad_var_ar", "AR gradient variance", "variance across micro-batches (log)", True),
+    ("val_reward", "Validation reward", "mean reward, validation prompts", False),
+    ("reward_mean", "Training reward", "mean reward, rollout batch", False),
+    ("kl", "KL to reference policy", "KL estimate (per element)", False),
+]
+
+
+def plot_dynamics(series: Sequence[tuple[str, str, str, Sequence[pd.DataFrame]]], confidence: float) -> Figure:
+    """``series``: (legend label, colour, linestyle, per-seed metrics frames) -> 2x3 panel figure."""
+    fig = Figure(figsize=(13, 7.2), layout="constrained")
+    axes = fig.subplots(2, 3).ravel()
+    n_seeds = max(len(frames) for *_, frames in series)
+    for ax, (col, title, ylabel, logy) in zip(axes, DYNAMICS_PANELS):
+        drawn = False
+        for label, color, ls, frames in series:
+            agg = aggregate_seeds(frames, col, confidence)
+            if logy:
+                agg = agg[agg["mean"] > 0]
+            if len(agg):
+                _band(ax, agg, "step", color, label, ls, marker="o" if col == "val_reward" else None)
+                drawn = True
+        if not drawn:
+            _no_data(ax, col)
+        if logy and drawn:
+            ax.set_yscale("log")
+        ax.set_title(title)
+        ax.set_xlabel("training step (optimizer updates)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    handles, labels = [], []
+    for ax in axes[: len(DYNAMICS_PANELS)]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    legend_ax = axes[-1]
+    legend_ax.axis("off")
+    band = f"shaded: {confidence:.0%} t-interval over seeds" if n_seeds > 1 else "one seed per variant"
+    legend_ax.legend(handles, labels, loc="center", title=f"variant\n(mean over seeds; {band})", frameon=False)
+    fig.suptitle("Training dynamics: end-to-end (GRPO) vs frozen head (+Fix), with and without MTE")
+    return fig
+
+
+def dynamics(root: str | Path, spec: dict, confidence: float = 0.95) -> Figure:
+    """Fig. 2a/2b, Fig. 5 from ``<root>/<run>/metrics.csv``; ``spec = {"runs": [train/... runs]}``."""
+    runs = _require_runs(spec, "dynamics")
+    combos = list(dict.fromkeys((r.policy, r.reward) for r in runs))
+    variants = list(dict.fromkeys(r.variant for r in runs))
+    series = []
+    for ci, combo in enumerate(combos):
+        for v in variants:
+            picked = [r.run for r in runs if (r.policy, r.reward, r.variant) == (*combo, v)]
+            if not picked:
+                continue
+            label = _label(v, root, picked) + (f" ({combo[0]}, {combo[1]})" if len(combos) > 1 else "")
+            series.append((label, variant_color(v), _LINESTYLES[ci % len(_LINESTYLES)],
+                           [load_metrics(root, r) for r in picked]))
+    return plot_dynamics(series, confidence)
+
+
+# --------------------------------------------------------------------------------------------
+# Fig. 4: uncertainty maps
+# --------------------------------------------------------------------------------------------
+
+
+def plot_uncertainty(maps: dict, max_trajectories: int = 4) -> Figure:
+    """One row per prompt: the sample, its per-token uncertainty on the image grid, MTE trajectories."""
+    images, unc, prompts, traj = maps["images"], maps["uncertainty"], maps["prompts"], maps.get("trajectories")
+    n_traj = 0 if traj is None else min(traj.shape[1], max_trajectories)
+    ncols = 2 + n_traj
+    fig = Figure(figsize=(2.3 * ncols + 0.6, 2.5 * len(prompts) + 0.4), layout="constrained")
+    subfigs = np.atleast_1d(fig.subfigures(len(prompts), 1))
+    for p, sub in enumerate(subfigs):
+        axes = sub.subplots(1, ncols)
+        h, w = images[p].shape[:2]
+        axes[0].imshow(images[p], interpolation="nearest")
+        axes[0].set_title("sample", fontsize=9)
+        # the token grid stretched over the image's pixel extent (nearest: one flat block per token)
+        im = axes[1].imshow(unc[p], extent=(0, w, h, 0), interpolation="nearest", cmap="magma")
+        axes[1].set_title("token uncertainty", fontsize=9)
+        cbar = sub.colorbar(im, ax=axes[1], fraction=0.046, pad=0.03)
+        cbar.set_label("std over S final latents", fontsize=8)
+        cbar.ax.tick_params(labelsize=7)
+        for s in range(n_traj):
+            axes[2 + s].imshow(traj[p, s], interpolation="nearest")
+            axes[2 + s].set_title(f"trajectory {s + 1}" + (" (committed)" if s == 0 else ""), fontsize=9)
+        for ax in axes:
+            ax.set_xticks([])
+            ax.set_yticks([])
+        sub.suptitle(_wrap(prompts[p], 18 * ncols), fontsize=10)
+    fig.suptitle("Per-token uncertainty of the base policy (MTE, DESIGN 3.9)", fontsize=12)
+    return fig
+
+
+def uncertainty(root: str | Path, spec: dict, confidence: float = 0.95) -> Figure:
+    """Fig. 4 from ``maps.npz``; ``spec = {"maps": path}`` (default ``<root>/uncertainty/maps.npz``)."""
+    return plot_uncertainty(load_uncertainty(spec.get("maps") or Path(root) / "uncertainty" / "maps.npz"))
+
+
+# --------------------------------------------------------------------------------------------
+# Fig. 6 / Fig. 7a: sample grids
+# --------------------------------------------------------------------------------------------
+
+
+def plot_sample_grid(
+    cells: Sequence[Sequence[np.ndarray]], row_labels: Sequence[str], col_labels: Sequence[str], title: str,
+    row_label_width: int = 26,
+) -> Figure:
+    """``cells[r][c]`` uint8 [H, W, 3]; tiny images are shown pixel-exact (nearest)."""
+    nrows, ncols = len(cells), len(col_labels)
+    fig = Figure(figsize=(1.5 * ncols + 2.2, 1.5 * nrows + 0.9), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    for r in range(nrows):
+        for c in range(ncols):
+            ax = axes[r, c]
+            ax.imshow(cells[r][c], interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if r == 0:
+                ax.set_title(col_labels[c], fontsize=10)
+        axes[r, 0].set_ylabel(_wrap(row_labels[r], row_label_width), rotation=0, ha="right", va="center", fontsize=8)
+    fig.suptitle(title, fontsize=12)
+    return fig
+
+
+def _common_prompts(root: str | Path, runs: Sequence[str], n: int) -> tuple[list[str], dict[str, dict]]:
+    listed = {r: list_samples(root, r) for r in runs}
+    common = sorted(set.intersection(*(set(s) for s in listed.values())))
+    if not common:
+        raise ValueError(f"the sample folders of {list(runs)} share no prompt; were they sampled from the same suite?")
+    return common[:n], listed
+
+
+def samples(root: str | Path, spec: dict, confidence: float = 0.95) -> Figure:
+    """Fig. 6: rows = prompts, columns = Base, GRPO*, +Fix*, +MTE, +Sim (lowest seed, image index 0).
+
+    ``spec = {"base": [base/<policy>], "runs": [train/... runs], "prompts": N}``.
+    """
+    runs = _require_runs(spec, "samples")
+    combos = list(dict.fromkeys((r.policy, r.reward) for r in runs))
+    variants = list(dict.fromkeys(r.variant for r in runs))
+    columns: list[tuple[str, str]] = []  # (label, run)
+    for policy, reward in combos:
+        suffix = f"\n{policy} / {reward}" if len(combos) > 1 else ""
+        columns.append(("Base" + suffix, f"base/{policy}"))
+        for v in variants:
+            picked = sorted((r for r in runs if (r.policy, r.reward, r.variant) == (policy, reward, v)),
+                            key=lambda r: r.seed)
+            if picked:
+                columns.append((_label(v, root, [picked[0].run]) + suffix, picked[0].run))
+    prompts, listed = _common_prompts(root, [run for _, run in columns], int(spec.get("prompts", 6)))
+    cells = [[sample_image(listed[run][p]) for _, run in columns] for p in prompts]
+    seed = min(r.seed for r in runs)
+    return plot_sample_grid(cells, prompts, [c for c, _ in columns],
+                            f"Samples on evaluation prompts (seed {seed}, first image per prompt)")
+
+
+def _point_label(params: dict[str, float], sep: str = ", ") -> str:
+    return sep.join(f"{ABLATION_SYMBOLS.get(k, k)}={_fmt(v)}" for k, v in params.items())
+
+
+def ablation_samples(root: str | Path, spec: dict, confidence: float = 0.95) -> Figure:
+    """Fig. 7a: rows = ablation points (k, tau, S; lowest seed), columns = the first N common prompts."""
+    runs = _require_runs(spec, "ablation-samples", kind="ablation")
+    by_point: dict[tuple, RunId] = {}
+    for r in sorted(runs, key=lambda r: r.seed):
+        by_point.setdefault(tuple(r.params.items()), r)
+    chosen = [by_point[p] for p in sorted(by_point, key=lambda p: tuple(v for _, v in p))]  # by k, then tau, S
+    prompts, listed = _common_prompts(root, [r.run for r in chosen], int(spec.get("prompts", 6)))
+    cells = [[sample_image(listed[r.run][p]) for p in prompts] for r in chosen]
+    return plot_sample_grid(cells, [_point_label(r.params, "\n") for r in chosen], [_wrap(p, 20) for p in prompts],
+                            "Ablation samples per masking ratio k, threshold τ and trajectories S", row_label_width=12)
+
+
+# --------------------------------------------------------------------------------------------
+# Fig. 7b / 7c: ablation curves and final metrics
+# --------------------------------------------------------------------------------------------
+
+
+def _mode(values) -> float:
+    """Most common value; ties go to the smallest."""
+    counts = Counter(values)
+    top = max(counts.values())
+    return min(v for v, c in counts.items() if c == top)
+
+
+def _held_values(runs: Sequence[RunId]) -> dict[str, float]:
+    """Each parameter's most common value over the distinct ablation points (seeds counted once)."""
+    points = {tuple(sorted(r.params.items())) for r in runs}
+    keys = list(runs[0].params)
+    return {k: _mode([dict(p)[k] for p in points]) for k in keys}
+
+
+def _others_held(run: RunId, free: str, held: dict[str, float]) -> bool:
+    return all(math.isclose(run.params[k], v) for k, v in held.items() if k != free)
+
+
+def ablation_curves(root: str | Path, spec: dict, confidence: float = 0.95, window: int | None = None) -> Figure:
+    """Fig. 7b: training reward (rolling mean) vs step, one line per k, S and tau at their most common values."""
+    runs = _require_runs(spec, "ablation-curves", kind="ablation")
+    held = _held_values(runs)
+    free = "top_frac"
+    picked = [r for r in runs if _others_held(r, free, held)]
+    frames = {r.run: load_metrics(root, r.run) for r in picked}
+    if window is None:
+        longest = max(len(f) for f in frames.values())
+        window = max(1, round(longest / 20))
+    ks = sorted({r.params[free] for r in picked})
+    cmap = matplotlib.colormaps["viridis"]
+    fig = Figure(figsize=(7.5, 4.8), layout="constrained")
+    ax = fig.subplots()
+    for i, k in enumerate(ks):
+        seeds = []
+        for r in picked:
+            if math.isclose(r.params[free], k):
+                f = frames[r.run][["step", "reward_mean"]].dropna()
+                seeds.append(f.assign(reward_mean=f["reward_mean"].rolling(window, min_periods=1).mean()))
+        agg = aggregate_seeds(seeds, "reward_mean", confidence)
+        _band(ax, agg, "step", cmap(i / max(1, len(ks) - 1) * 0.9), f"k = {_fmt(k)} (n={len(seeds)})")
+    held_txt = _point_label({k: v for k, v in held.items() if k != free})
+    ax.set_title(f"Training reward per masking ratio k ({held_txt}; rolling mean over {window} steps)")
+    ax.set_xlabel("training step (optimizer updates)")
+    ax.set_ylabel("mean training reward (rollout batch)")
+    ax.grid(alpha=0.3)
+    ax.legend(title="k: fraction of tokens in the MTE mask", fontsize=8)
+    return fig
+
+
+def ablation_final(root: str | Path, spec: dict, confidence: float = 0.95) -> Figure:
+    """Fig. 7c: CompBench overall strict (left axis) and preference scores (right axis) vs k, tau, S.
+
+    Each panel varies one parameter and holds the other two at their most common values; error
+    bars are the t-interval over seeds where there are several.
+    """
+    runs = _require_runs(spec, "ablation-final", kind="ablation")
+    held = _held_values(runs)
+    scores = {r.run: eval_scores(root, r.run) for r in runs}
+    scorers = list(dict.fromkeys(m for s in scores.values() for g, m in s if g == "pref"))
+    fig = Figure(figsize=(15, 4.6), layout="constrained")
+    axes = fig.subplots(1, 3)
+    twins = [ax.twinx() for ax in axes]
+    for ax, twin, free in zip(axes, twins, ("top_frac", "tau", "trajectories")):
+        picked = [r for r in runs if free in r.params and _others_held(r, free, held)]
+        xs = sorted({r.params[free] for r in picked})
+        metrics = [(ax, ("compbench", "overall"), "CompBench overall (strict)", "#0072B2", "o", "-")]
+        metrics += [(twin, ("pref", s), f"{s} (preference)", c, "s", "--")
+                    for s, c in zip(scorers, ["#D55E00", "#E69F00", "#CC79A7", "#009E73"])]
+        for target, key, label, color, marker, ls in metrics:
+            stats = [mean_ci([scores[r.run].get(key, math.nan) for r in picked if math.isclose(r.params[free], x)],
+                             confidence) for x in xs]
+            mean = np.array([s[0] for s in stats])
+            err = np.nan_to_num(np.array([s[1] for s in stats]), nan=0.0)
+            target.errorbar(xs, mean, yerr=err, color=color, marker=marker, linestyle=ls, capsize=3, label=label)
+        symbol = ABLATION_SYMBOLS.get(free, free)
+        if free == "trajectories":
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(xs, [_fmt(x) for x in xs])
+        ax.set_xlabel({"top_frac": "k: fraction of most uncertain tokens (MTE)",
+                       "tau": "τ: consistency threshold (Sim)",
+                       "trajectories": "S: trajectories per token (log scale)"}.get(free, free))
+        ax.set_ylabel("CompBench overall (strict accuracy)", color="#0072B2")
+        twin.set_ylabel("preference score (mean)", color="#D55E00" if len(scorers) == 1 else "black")
+        held_txt = _point_label({k: v for k, v in held.items() if k != free})
+        ax.set_title(f"vs {symbol} ({held_txt})")
+        ax.grid(alpha=0.3)
+    handles, labels = (sum(x, []) for x in zip(axes[0].get_legend_handles_labels(), twins[0].get_legend_handles_labels()))
+    seeds = max(Counter(tuple(sorted(r.params.items())) for r in runs).values())
+    note = f"error bars: {confidence:.0%} t-interval over seeds" if seeds > 1 else "one seed per point"
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels) or 1, frameon=False)
+    fig.suptitle(f"Final evaluation vs ablation parameter ({note})")
+    return fig
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def _require_runs(spec: dict, what: str, kind: str = "train") -> list[RunId]:
+    runs = [parse_run(r) for r in spec.get("runs") or []]
+    if not runs:
+        raise ValueError(f"report {what}: the runs JSON lists no runs")
+    wrong = [r.run for r in runs if r.kind != kind]
+    if wrong:
+        raise ValueError(f"report {what}: expected {kind}/... runs, got {wrong}")
+    return runs

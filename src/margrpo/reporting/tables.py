@@ -1,0 +1,284 @@
+"""Paper Tables 1 and 2 from evaluation files: CSV (numbers), Markdown and LaTeX (for reading).
+
+A table is a list of rows, each row a label set and the runs (seeds) it averages. Each metric
+cell is the mean over the row's runs and the half-width of the t-based confidence interval
+(``results.mean_ci``). Metrics are the preference scorers' means (``preference.csv``) and every
+CompBench category's strict score with ``overall`` last (``compbench.csv``), in file order.
+
+    table = table2(root, {"base": [...], "runs": [...], "variants": [...]}, confidence=0.95)
+    write_table(table, "results/report/table2")   # -> table2.csv, table2.md, table2.tex
+
+Rows are grouped into blocks (one per policy and reward setting); the best mean of each column
+within a block is set in bold in the Markdown and LaTeX versions (all metrics: higher is better).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from margrpo.io import atomic_write_csv, atomic_write_text
+from margrpo.reporting.results import RunId, eval_scores, load_selection, mean_ci, parse_run
+
+__all__ = ["VARIANT_LABELS", "Table", "RowSpec", "build_table", "table1", "table2", "write_table", "to_markdown", "to_latex"]
+
+# Variant name -> the paper's row label (Table 2). Unknown variants keep their name.
+VARIANT_LABELS = {"grpo": "GRPO", "fix": "+Fix", "mte": "+MTE", "sim": "+Sim"}
+METRIC_GROUPS = {"pref": "Preference (mean score)", "compbench": "T2I-CompBench (strict)"}
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    """One table row: its labels and the runs (seeds) it averages."""
+
+    policy: str
+    reward: str | None
+    method: str  # displayed label, e.g. "GRPO*"
+    variant: str | None  # None for the base policy
+    runs: tuple[str, ...]
+    selection: str = ""  # selection rule(s) of the runs: "best", "fixed", "best/fixed"; "" for base
+    steps: str = ""  # the reported checkpoint step of each run, ";"-separated
+
+
+@dataclass
+class Table:
+    """Aggregated numbers plus what the renderers need to lay them out."""
+
+    name: str  # "table1" -> LaTeX label tab:table1
+    title: str  # "Table 1" (Markdown heading; LaTeX numbers its tables itself)
+    caption: str
+    data: pd.DataFrame  # one row per RowSpec: label columns, n_runs, "<group>/<metric>/{mean,ci,n}"
+    metrics: list[tuple[str, str]]  # (group, metric) in column order
+    label_columns: list[str]  # label columns shown in Markdown / LaTeX
+    digits: int = 3
+
+    def column(self, metric: tuple[str, str], stat: str) -> str:
+        return f"{metric[0]}/{metric[1]}/{stat}"
+
+
+# --------------------------------------------------------------------------------------------
+# Building
+# --------------------------------------------------------------------------------------------
+
+
+def _selection_label(root: str | Path, runs: Sequence[str], required: bool) -> tuple[str, str, str]:
+    """(star, rule(s), selected steps) of a row's runs; star "*" iff every run reports its best checkpoint."""
+    sels = [load_selection(root, r, required=required) for r in runs]
+    if not sels or any(s is None for s in sels):
+        return "", "", ""
+    rules = sorted({str(s["rule"]) for s in sels})
+    star = "*" if rules == ["best"] else ""
+    return star, "/".join(rules), ";".join(str(s["step"]) for s in sels)
+
+
+def build_table(
+    root: str | Path, rows: Sequence[RowSpec], confidence: float, name: str, title: str, caption: str, digits: int = 3
+) -> Table:
+    """Read every run's evaluation files and aggregate each row over its runs."""
+    if not rows:
+        raise ValueError(f"{name}: no rows to build (no runs given)")
+    scores: list[list[dict[tuple[str, str], float]]] = [[eval_scores(root, r) for r in row.runs] for row in rows]
+    metrics: list[tuple[str, str]] = []
+    for group in ("pref", "compbench"):
+        for row_scores in scores:
+            for s in row_scores:
+                metrics += [k for k in s if k[0] == group and k not in metrics]
+    # keep `overall` the last CompBench column
+    metrics.sort(key=lambda k: (k[0] != "pref", k == ("compbench", "overall")))
+
+    records = []
+    for row, row_scores in zip(rows, scores):
+        rec = {"policy": row.policy, "reward": row.reward or "", "method": row.method,
+               "variant": row.variant or "base", "selection": row.selection, "steps": row.steps,
+               "runs": ";".join(row.runs), "n_runs": len(row.runs)}
+        for m in metrics:
+            mean, ci, n = mean_ci([s.get(m, math.nan) for s in row_scores], confidence)
+            rec[f"{m[0]}/{m[1]}/mean"], rec[f"{m[0]}/{m[1]}/ci"], rec[f"{m[0]}/{m[1]}/n"] = mean, ci, n
+        records.append(rec)
+    data = pd.DataFrame.from_records(records)
+
+    label_columns = []
+    for col in ("policy", "reward"):  # a column only where it varies; a constant one goes in the caption
+        values = list(dict.fromkeys(v for v in data[col] if v))
+        if len(values) > 1:
+            label_columns.append(col)
+        if len(values) == 1:
+            caption += f" {col.capitalize()}: {values[0]}."
+    label_columns.append("method")
+    return Table(name, title, caption, data, metrics, label_columns, digits)
+
+
+def _policies_rewards(runs: Sequence[RunId]) -> tuple[list[str], list[str]]:
+    policies = list(dict.fromkeys(r.policy for r in runs))
+    rewards = list(dict.fromkeys(r.reward for r in runs))
+    return policies, rewards
+
+
+def _ci_note(confidence: float) -> str:
+    return (f"Mean ± half-width of the {confidence:.0%} t-interval over seeds (no ± with one seed). "
+            "Bold: best mean in the column within each policy / reward block.")
+
+
+def table1(root: str | Path, spec: dict, confidence: float = 0.95, digits: int = 3) -> Table:
+    """Paper Table 1: per policy, the base policy, +GRPO (``spec['baseline']``) and Ours (``spec['ours']``).
+
+    ``spec = {"base": [base/<policy>, ...], "runs": [train/... runs], "baseline": str, "ours": str}``.
+    """
+    runs = [parse_run(r) for r in spec["runs"]]
+    baseline, ours = spec["baseline"], spec["ours"]
+    policies, rewards = _policies_rewards(runs)
+    rows = []
+    for policy in policies:
+        for reward in rewards:
+            rows.append(RowSpec(policy, None, "Base", None, (f"base/{policy}",)))
+            for variant, label in ((baseline, "+GRPO" if baseline == "grpo" else VARIANT_LABELS.get(baseline, baseline)),
+                                   (ours, "Ours")):
+                picked = tuple(r.run for r in runs if (r.policy, r.reward, r.variant) == (policy, reward, variant))
+                if picked:
+                    star, rule, steps = _selection_label(root, picked, required=False)
+                    rows.append(RowSpec(policy, reward, label + star, variant, picked, rule, steps))
+    caption = (f"Base policies, +GRPO ({baseline}) and Ours ({ours}). "
+               "Preference: mean score per scorer; T2I-CompBench: strict accuracy per category. "
+               + _ci_note(confidence) + (" *: best checkpoint by validation reward." if any("*" in r.method for r in rows) else ""))
+    return build_table(root, rows, confidence, "table1", "Table 1", caption, digits)
+
+
+def table2(root: str | Path, spec: dict, confidence: float = 0.95, digits: int = 3) -> Table:
+    """Paper Table 2: Base, GRPO*, +Fix*, +MTE, +Sim per policy / reward setting.
+
+    ``spec = {"base": [base/<policy>, ...], "runs": [train/... runs], "variants": [grpo, fix, ...]}``.
+    A ``*`` marks variants whose runs all report their best checkpoint (selection rule ``best``).
+    """
+    runs = [parse_run(r) for r in spec["runs"]]
+    variants = list(spec.get("variants") or dict.fromkeys(r.variant for r in runs))
+    policies, rewards = _policies_rewards(runs)
+    rows = []
+    for policy in policies:
+        for reward in rewards:
+            rows.append(RowSpec(policy, None, "Base", None, (f"base/{policy}",)))
+            for variant in variants:
+                picked = tuple(r.run for r in runs if (r.policy, r.reward, r.variant) == (policy, reward, variant))
+                if picked:
+                    star, rule, steps = _selection_label(root, picked, required=True)
+                    rows.append(RowSpec(policy, reward, VARIANT_LABELS.get(variant, variant) + star, variant, picked,
+                                        rule, steps))
+    caption = ("The MAR-GRPO ladder. Preference: mean score per scorer; T2I-CompBench: strict accuracy "
+               "per category. " + _ci_note(confidence) + " *: best checkpoint by validation reward; "
+               "other variants report the step fixed in the config.")
+    return build_table(root, rows, confidence, "table2", "Table 2", caption, digits)
+
+
+# --------------------------------------------------------------------------------------------
+# Rendering
+# --------------------------------------------------------------------------------------------
+
+
+def _headers(table: Table) -> list[str]:
+    names = [m[1] for m in table.metrics]
+    return [f"{g}:{m}" if names.count(m) > 1 else m for g, m in table.metrics]
+
+
+def _blocks(table: Table) -> list[list[int]]:
+    """Row indices grouped by consecutive (policy, reward-block) — a new block starts at each Base row."""
+    blocks: list[list[int]] = []
+    for i, variant in enumerate(table.data["variant"]):
+        if variant == "base" or not blocks:
+            blocks.append([])
+        blocks[-1].append(i)
+    return blocks
+
+
+def _best(table: Table) -> set[tuple[int, tuple[str, str]]]:
+    """(row, metric) cells holding the best (maximal) mean of their column within their block."""
+    best = set()
+    for block in _blocks(table):
+        for m in table.metrics:
+            means = table.data.loc[block, table.column(m, "mean")]
+            if means.notna().any():
+                top = means.max()
+                best |= {(i, m) for i in block if means[i] == top}
+    return best
+
+
+def _cell(table: Table, i: int, m: tuple[str, str], bold: bool, latex: bool) -> str:
+    mean, ci = table.data.at[i, table.column(m, "mean")], table.data.at[i, table.column(m, "ci")]
+    if not math.isfinite(mean):
+        return "–" if not latex else "--"
+    d = table.digits
+    text = f"{mean:.{d}f}"
+    if latex:
+        text = rf"\mathbf{{{text}}}" if bold else text
+        return f"${text} \\pm {ci:.{d}f}$" if math.isfinite(ci) else f"${text}$"
+    text = f"**{text}**" if bold else text
+    return f"{text} ± {ci:.{d}f}" if math.isfinite(ci) else text
+
+
+def to_markdown(table: Table) -> str:
+    """A GitHub pipe table with the caption above it."""
+    best = _best(table)
+    header = table.label_columns + _headers(table)
+    lines = [f"**{table.title}.** {table.caption}", "", "| " + " | ".join(header) + " |",
+             "|" + "|".join([":---"] * len(table.label_columns) + ["---:"] * len(table.metrics)) + "|"]
+    for i in range(len(table.data)):
+        cells = [str(table.data.at[i, c]) or "–" for c in table.label_columns]
+        cells += [_cell(table, i, m, (i, m) in best, latex=False) for m in table.metrics]
+        lines.append("| " + " | ".join(c.replace("|", r"\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+_LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "±": r"$\pm$",
+                  "–": "--"}
+
+
+def latex_escape(text: str) -> str:
+    return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in str(text))
+
+
+def to_latex(table: Table) -> str:
+    """A booktabs ``table`` environment (needs ``\\usepackage{booktabs}``); metric groups as spanning headers."""
+    best = _best(table)
+    nl = len(table.label_columns)
+    spans, start = [], nl + 1
+    for group in dict.fromkeys(g for g, _ in table.metrics):
+        width = sum(1 for g, _ in table.metrics if g == group)
+        spans.append((group, start, start + width - 1))
+        start += width
+    out = [
+        "% Generated by `margrpo report`; requires \\usepackage{booktabs}.",
+        r"\begin{table}[t]",
+        r"\centering",
+        r"\small",
+        rf"\caption{{{latex_escape(table.caption)}}}",
+        rf"\label{{tab:{table.name}}}",
+        r"\begin{tabular}{" + "l" * nl + "r" * len(table.metrics) + "}",
+        r"\toprule",
+        " & " * nl + " & ".join(rf"\multicolumn{{{b - a + 1}}}{{c}}{{{latex_escape(METRIC_GROUPS.get(g, g))}}}"
+                                for g, a, b in spans) + r" \\",
+        "".join(rf"\cmidrule(lr){{{a}-{b}}}" for _, a, b in spans),
+        " & ".join(latex_escape(h.capitalize() if h in table.label_columns else h)
+                   for h in table.label_columns + _headers(table)) + r" \\",
+    ]
+    for b, block in enumerate(_blocks(table)):
+        out.append(r"\midrule")
+        for i in block:
+            cells = [latex_escape(table.data.at[i, c] or "–") for c in table.label_columns]
+            cells += [_cell(table, i, m, (i, m) in best, latex=True) for m in table.metrics]
+            out.append(" & ".join(cells) + r" \\")
+    out += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+    return "\n".join(out) + "\n"
+
+
+def write_table(table: Table, prefix: str | os.PathLike) -> list[Path]:
+    """Write ``<prefix>.csv`` (all numbers), ``<prefix>.md`` and ``<prefix>.tex``, each atomically."""
+    prefix = os.fspath(prefix)
+    return [
+        atomic_write_csv(table.data, f"{prefix}.csv"),
+        atomic_write_text(f"{prefix}.md", to_markdown(table)),
+        atomic_write_text(f"{prefix}.tex", to_latex(table)),
+    ]

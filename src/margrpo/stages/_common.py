@@ -1,0 +1,54 @@
+"""Small helpers shared by the stage entry points (argument parsing, devices, suites, rewards)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from margrpo.rollout import SamplingConfig
+
+
+def setup(threads: int | None, device: str = "auto") -> torch.device:
+    """Thread count for CPU jobs (Snakemake runs several in parallel) and the device to use."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if threads:
+        torch.set_num_threads(threads)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("the config asks for device: cuda, but no CUDA device is visible; set device: cpu or auto")
+    return torch.device(device)
+
+
+def json_arg(text: str, what: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SystemExit(f"{what}: not valid JSON ({err})") from err
+    if not isinstance(value, dict):
+        raise SystemExit(f"{what}: expected a JSON object")
+    return value
+
+
+def sampling_config(d: dict) -> SamplingConfig:
+    return SamplingConfig(**{k: d[k] for k in ("ar_steps", "diffusion_steps", "cfg_scale", "cfg_schedule", "temperature", "noise_level") if k in d})
+
+
+def prompt_set(path: str | Path):
+    """A suite file as a PromptSet (prompts + per-prompt metadata: category and spec)."""
+    from margrpo.grpo.trainer import PromptSet
+    from margrpo.world import load_suite
+
+    records = load_suite(path)
+    return PromptSet([r.prompt for r in records], [{"category": r.category, "spec": r.spec} for r in records])
+
+
+def reward_options(weights: dict, reward_models: dict, toyclip_dir: str | None) -> dict:
+    """Per-scorer constructor options: local weight paths from the config; the toy model from the pipeline."""
+    options = {name: dict(reward_models.get(name, {})) for name in weights}
+    if "toyclip" in weights:
+        options["toyclip"] = {"path": toyclip_dir, **options["toyclip"]}
+    return {k: v for k, v in options.items() if v}

@@ -1,0 +1,53 @@
+"""`margrpo select`: write the checkpoint a run reports (DESIGN 3.12).
+
+    margrpo select --summary results/train/.../seed0/summary.json --step best --out results/select/.../selection.json
+
+``--step best`` (baselines, marked * in the tables) takes the best validation reward, ties to the
+earliest step; ``--step <int>`` (the full method) takes the step fixed in the config in advance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+from pathlib import Path
+
+from margrpo.io import atomic_write_json
+from margrpo.reporting.selection import parse_step, select_checkpoint
+
+log = logging.getLogger("margrpo.select")
+
+
+def _step(text: str) -> str | int:
+    try:
+        return parse_step(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--summary", required=True, type=Path, help="summary.json written by `margrpo train`")
+    parser.add_argument(
+        "--step", required=True, type=_step,
+        help="'best' = best validation reward (baselines, *); an integer = that checkpoint step (fixed in advance)",
+    )
+    parser.add_argument("--out", required=True, type=Path, help="selection.json to write")
+
+
+def run(args: argparse.Namespace) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if not args.summary.is_file():
+        raise FileNotFoundError(f"missing {args.summary} (written by `margrpo train`)")
+    with open(args.summary, encoding="utf-8") as fh:
+        summary = json.load(fh)
+    selection = select_checkpoint(summary, args.step)
+    if not Path(selection["policy"]).exists():
+        log.warning("selected checkpoint folder %s does not exist (relative to %s)", selection["policy"], Path.cwd())
+    atomic_write_json(args.out, selection)
+    val = selection["val_reward"]
+    log.info(
+        "%s: step %d (%s), val_reward %s -> %s",
+        args.summary, selection["step"], selection["rule"], f"{val:.4f}" if math.isfinite(val) else "n/a", args.out,
+    )

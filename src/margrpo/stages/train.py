@@ -1,0 +1,67 @@
+"""`margrpo train`: one GRPO run (a variant of the ladder, a reward setting, a seed)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+from pathlib import Path
+
+from margrpo.stages._common import json_arg, prompt_set, reward_options, sampling_config, setup
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy-dir", required=True, help="base policy folder (or policy.json pointer)")
+    p.add_argument("--suites-dir", required=True, help="folder with train.jsonl and val.jsonl")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--spec-json", help="the run's resolved settings (margrpo.config.train_spec), as passed by Snakemake")
+    src.add_argument("--config", help="an experiment YAML (by hand); needs --policy, --reward, --variant")
+    p.add_argument("--policy"), p.add_argument("--reward"), p.add_argument("--variant")
+    p.add_argument("--toyclip-dir", default=None, help="trained toyclip model (when the reward uses it)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out-dir", required=True, help="run folder: metrics.csv, summary.json, state/ (checkpoints)")
+    p.add_argument("--threads", type=int, default=None)
+
+
+def run(args) -> None:
+    from margrpo.config import load_config, train_spec
+    from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, write_outputs
+    from margrpo.policy import load_policy
+    from margrpo.rewards import build_reward_mix
+
+    if args.spec_json:
+        spec = json_arg(args.spec_json, "--spec-json")
+    else:
+        if not (args.policy and args.reward and args.variant):
+            raise SystemExit("--config needs --policy, --reward and --variant")
+        spec = train_spec(load_config(args.config), args.policy, args.reward, args.variant)
+    device = setup(args.threads, spec.get("device", "auto"))
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "spec.json").write_text(json.dumps({**spec, "seed": args.seed, "git_rev": git_revision()}, indent=1))
+    cfg = GRPOConfig.from_spec(spec, precision=spec.get("mixed_precision", "bf16"))
+    cfg.seed = args.seed
+    weights = spec["reward"]["weights"]
+    reward = build_reward_mix(weights, reward_options(weights, spec.get("reward_models", {}), args.toyclip_dir))
+    suites = Path(args.suites_dir)
+    trainer = GRPOTrainer(
+        load_policy(args.policy_dir, device), reward, prompt_set(suites / "train.jsonl"), prompt_set(suites / "val.jsonl"),
+        sampling_config(spec["sampling"]), cfg, out,
+    )
+    trainer.train()
+    write_outputs(trainer, spec)
+    best = max(trainer.checkpoints, key=lambda c: c["val_reward"])
+    print(f"done: {trainer.step} steps; base val reward {trainer.checkpoints[0]['val_reward']:.4f}; best {best['val_reward']:.4f} at step {best['step']}")
+
+
+def git_revision() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+if __name__ == "__main__":
+    from margrpo.cli import main
+
+    main(["train", *__import__("sys").argv[1:]])

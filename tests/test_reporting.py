@@ -1,0 +1,308 @@
+"""Tables and figures from a synthetic results tree (no training: every number is planted here)."""
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+from scipy import stats
+
+from margrpo.cli import main
+from margrpo.io import atomic_write_json
+from margrpo.reporting import figures, tables
+from margrpo.reporting.results import (
+    MissingResultError,
+    aggregate_seeds,
+    list_samples,
+    load_compbench,
+    load_metrics,
+    mean_ci,
+    parse_params,
+    parse_run,
+)
+
+POLICY, REWARD = "toy-nova", "toyclip"
+VARIANTS = ["grpo", "fix", "mte", "sim"]
+SEEDS = [0, 1, 2]
+CATEGORIES = ["color", "shape", "2d-spatial"]
+PROMPTS = ["a red circle", "two blue squares", "a green_striped triangle"]  # `_` inside a prompt
+ABLATION_POINTS = [(0.0, 0.0, 4), (0.3, 0.0, 4), (0.5, 0.0, 4), (0.3, 0.1, 4), (0.3, 0.0, 2)]
+
+
+def _strict(variant: str, seed: int, cat: int) -> float:
+    """A planted CompBench score: distinct per variant, seed and category."""
+    return 0.3 + 0.1 * (VARIANTS.index(variant) + 1 if variant in VARIANTS else 0) + 0.01 * seed**2 + 0.02 * cat
+
+
+def _write_eval(root, run, strict, pref, overall=False):
+    folder = root / "eval" / run
+    folder.mkdir(parents=True)
+    rows = [{"category": c, "n_images": 4 * (i + 1), "strict": s, "lenient": s + 0.1}
+            for i, (c, s) in enumerate(zip(CATEGORIES, strict))]
+    if overall:
+        rows.append({"category": "overall", "n_images": 24, "strict": 0.5, "lenient": 0.6})
+    pd.DataFrame(rows).to_csv(folder / "compbench.csv", index=False)
+    pd.DataFrame([{"scorer": "toyclip", "mean": pref, "std": 0.1, "n": 12},
+                  {"scorer": "shapes", "mean": pref / 2, "std": 0.1, "n": 12}]).to_csv(folder / "preference.csv", index=False)
+
+
+def _write_samples(root, run, shade):
+    folder = root / "samples" / run / "samples"
+    folder.mkdir(parents=True)
+    for p, prompt in enumerate(PROMPTS):
+        for index in (0, 1):
+            img = np.full((32, 32, 3), (shade * 37 + p * 60 + index) % 256, dtype=np.uint8)
+            img[8:24, 8:24, p % 3] = 255
+            Image.fromarray(img).save(folder / f"{prompt}_{index:06d}.png")
+
+
+def _write_metrics(root, run, scale, steps=12, drop=()):
+    rng = np.random.default_rng(int(scale * 1000))
+    step = np.arange(1, steps + 1)
+    df = pd.DataFrame({
+        "step": step, "reward_mean": 0.3 + 0.02 * step * scale + 0.01 * rng.standard_normal(steps),
+        "reward_std": 0.1, "adv_mean": 0.0, "adv_std": 1.0, "frac_zero_std": 0.0, "policy_loss": 0.01,
+        "kl": 1e-3 * step, "clip_frac": 0.05, "ratio_min": 0.9, "ratio_max": 1.1,
+        "grad_norm_ar": scale * (1 + rng.random(steps)), "grad_var_ar": scale * 1e-3 * (1 + rng.random(steps)),
+        "lr": 1e-4, "wall_time_s": step * 2.0, "peak_mem_mb": 100.0, "skipped": 0,
+        "val_reward": np.where(step % 4 == 0, 0.3 + 0.01 * step * scale, np.nan), "reward/toyclip": 0.3,
+    }).drop(columns=list(drop))
+    (root / run).mkdir(parents=True, exist_ok=True)
+    df.to_csv(root / run / "metrics.csv", index=False)
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    root = tmp_path_factory.mktemp("results")
+    _write_eval(root, f"base/{POLICY}", [0.2, 0.25, 0.3], 0.1)
+    _write_samples(root, f"base/{POLICY}", 0)
+    runs = []
+    for v in VARIANTS:
+        for s in SEEDS:
+            run = f"train/{POLICY}/{REWARD}/{v}/seed{s}"
+            runs.append(run)
+            _write_eval(root, run, [_strict(v, s, c) for c in range(3)], 0.2 + 0.1 * VARIANTS.index(v) + 0.01 * s)
+            _write_metrics(root, run, 1.0 + VARIANTS.index(v) + 0.1 * s, drop=("clip_frac",) if v == "mte" else ())
+            rule, step = ("best", 8) if v in ("grpo", "fix") else ("fixed", 12)
+            atomic_write_json(root / "select" / run / "selection.json",
+                              {"policy": f"{run}/ckpt/policy", "step": step, "rule": rule, "val_reward": 0.4, "candidates": []})
+            if s == 0:
+                _write_samples(root, run, VARIANTS.index(v) + 1)
+    ablation = []
+    for k, tau, S in ABLATION_POINTS:
+        for s in (0, 1):
+            run = f"ablation/{POLICY}/{REWARD}/top_frac~{k}_tau~{tau}_trajectories~{S}/seed{s}"
+            ablation.append(run)
+            _write_eval(root, run, [0.4 + k / 4 - tau + S / 100 + 0.01 * s] * 3, 0.3 + k / 10 + 0.005 * s)
+            _write_metrics(root, run, 1.0 + k + 0.1 * s, steps=30)
+            _write_samples(root, run, int(10 * k) + S)
+    (root / "uncertainty").mkdir()
+    rng = np.random.default_rng(0)
+    np.savez(root / "uncertainty" / "maps.npz",
+             images=rng.integers(0, 255, (2, 32, 32, 3), dtype=np.uint8),
+             uncertainty=rng.random((2, 8, 8), dtype=np.float32),
+             prompts=np.array(PROMPTS[:2]),
+             trajectories=rng.integers(0, 255, (2, 3, 32, 32, 3), dtype=np.uint8))
+    return {"root": root, "runs": runs, "ablation": ablation, "base": [f"base/{POLICY}"]}
+
+
+# ------------------------------------------------------------------------------------------------
+# Results helpers
+# ------------------------------------------------------------------------------------------------
+
+
+def test_parse_run_and_params():
+    r = parse_run("ablation/toy-nova/toyclip/top_frac~0.3_tau~-0.1_trajectories~4/seed2")
+    assert (r.kind, r.policy, r.reward, r.seed, r.variant) == ("ablation", "toy-nova", "toyclip", 2, None)
+    assert r.params == {"top_frac": 0.3, "tau": -0.1, "trajectories": 4.0}
+    assert parse_run("train/p/r/sim/seed0").variant == "sim"
+    assert parse_run("base/p").kind == "base"
+    assert parse_params("a~1") == {"a": 1.0}
+    with pytest.raises(ValueError, match="unrecognised run id"):
+        parse_run("train/p/sim/seed0")
+
+
+def test_mean_ci_matches_scipy():
+    x = [0.31, 0.35, 0.42]
+    mean, half, n = mean_ci(x, 0.9)
+    lo, hi = stats.t.interval(0.9, df=2, loc=np.mean(x), scale=stats.sem(x))
+    assert n == 3 and math.isclose(mean, np.mean(x)) and math.isclose(half, (hi - lo) / 2, rel_tol=1e-12)
+    assert mean_ci([0.5, float("nan")]) == (0.5, pytest.approx(math.nan, nan_ok=True), 1)
+    assert mean_ci([])[2] == 0
+
+
+def test_aggregate_seeds_drops_unlogged_steps():
+    a = pd.DataFrame({"step": [1, 2, 3], "val_reward": [np.nan, 1.0, np.nan]})
+    b = pd.DataFrame({"step": [1, 2, 3], "val_reward": [np.nan, 3.0, 5.0]})
+    agg = aggregate_seeds([a, b], "val_reward")
+    assert agg["step"].tolist() == [2, 3] and agg["mean"].tolist() == [2.0, 5.0] and agg["n"].tolist() == [2, 1]
+
+
+def test_loaders(tree):
+    root = tree["root"]
+    comp = load_compbench(root, f"base/{POLICY}")
+    w = np.array([4, 8, 12])
+    assert comp["category"].iloc[-1] == "overall"
+    assert math.isclose(comp["strict"].iloc[-1], np.dot(w, [0.2, 0.25, 0.3]) / w.sum())  # image-weighted
+    metrics = load_metrics(root, f"train/{POLICY}/{REWARD}/mte/seed0")
+    assert metrics["clip_frac"].isna().all()  # missing optional column filled
+    samples = list_samples(root, f"base/{POLICY}")
+    assert set(samples) == set(PROMPTS) and set(samples["a green_striped triangle"]) == {0, 1}
+    with pytest.raises(MissingResultError, match=r"eval/base/nope/preference\.csv"):
+        tables.eval_scores(root, "base/nope")
+
+
+def test_overall_row_is_used_when_present(tmp_path):
+    _write_eval(tmp_path, "base/p", [0.1, 0.2, 0.3], 0.1, overall=True)
+    comp = load_compbench(tmp_path, "base/p")
+    assert comp["strict"].iloc[-1] == 0.5 and (comp["category"] == "overall").sum() == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# Tables
+# ------------------------------------------------------------------------------------------------
+
+
+def test_table2_mean_and_ci_against_scipy(tree):
+    spec = {"base": tree["base"], "runs": tree["runs"], "variants": VARIANTS}
+    t = tables.table2(tree["root"], spec, confidence=0.95)
+    df = t.data
+    assert df["method"].tolist() == ["Base", "GRPO*", "+Fix*", "+MTE", "+Sim"]
+    assert df["selection"].tolist() == ["", "best", "best", "fixed", "fixed"]
+    for v, method in zip(VARIANTS, df["method"][1:]):
+        row = df[df["method"] == method].iloc[0]
+        for c, cat in enumerate(CATEGORIES):
+            x = [_strict(v, s, c) for s in SEEDS]
+            lo, hi = stats.t.interval(0.95, df=len(x) - 1, loc=np.mean(x), scale=stats.sem(x))
+            assert math.isclose(row[f"compbench/{cat}/mean"], np.mean(x), rel_tol=1e-12)
+            assert math.isclose(row[f"compbench/{cat}/ci"], (hi - lo) / 2, rel_tol=1e-9)
+            assert row[f"compbench/{cat}/n"] == 3
+    base = df.iloc[0]
+    assert base["n_runs"] == 1 and math.isnan(base["pref/toyclip/ci"]) and base["pref/toyclip/mean"] == 0.1
+    assert [m for m in t.metrics] == [("pref", "toyclip"), ("pref", "shapes")] + [("compbench", c) for c in CATEGORIES + ["overall"]]
+
+
+def test_tables_write_three_formats(tree, tmp_path):
+    spec2 = {"base": tree["base"], "runs": tree["runs"], "variants": VARIANTS}
+    spec1 = {"base": tree["base"], "runs": [r for r in tree["runs"] if "/grpo/" in r or "/sim/" in r],
+             "baseline": "grpo", "ours": "sim"}
+    for name, build, spec in (("table1", tables.table1, spec1), ("table2", tables.table2, spec2)):
+        paths = tables.write_table(build(tree["root"], spec, 0.95), tmp_path / name)
+        assert [p.suffix for p in paths] == [".csv", ".md", ".tex"] and all(p.stat().st_size > 0 for p in paths)
+        df = pd.read_csv(paths[0])
+        numeric = df[[c for c in df.columns if c.endswith("/mean")]].to_numpy(dtype=float)
+        assert np.isfinite(numeric).all()
+        trained = df[df["variant"] != "base"]
+        assert np.isfinite(trained[[c for c in df.columns if c.endswith("/ci")]].to_numpy(dtype=float)).all()
+        md, tex = paths[1].read_text(), paths[2].read_text()
+        assert "**0.7" in md and "±" in md  # +Sim (best) bold; CI present
+        assert r"\toprule" in tex and r"\bottomrule" in tex and r"\mathbf{" in tex and r"\pm" in tex
+    assert pd.read_csv(tmp_path / "table1.csv")["method"].tolist() == ["Base", "+GRPO*", "Ours"]
+
+
+def test_bold_marks_the_best_mean_per_column(tree):
+    t = tables.table2(tree["root"], {"base": tree["base"], "runs": tree["runs"], "variants": VARIANTS}, 0.95)
+    best = tables._best(t)
+    sim_row = t.data.index[t.data["variant"] == "sim"][0]
+    assert all((sim_row, m) in best for m in t.metrics)
+    assert len(best) == len(t.metrics)
+
+
+def test_table2_missing_selection_is_named(tree, tmp_path):
+    root = tmp_path / "r"
+    run = "train/p/r/grpo/seed0"
+    _write_eval(root, "base/p", [0.1] * 3, 0.1)
+    _write_eval(root, run, [0.2] * 3, 0.2)
+    with pytest.raises(MissingResultError, match=r"select/train/p/r/grpo/seed0/selection\.json"):
+        tables.table2(root, {"base": ["base/p"], "runs": [run], "variants": ["grpo"]})
+
+
+# ------------------------------------------------------------------------------------------------
+# Figures (each kind writes non-empty PNG and PDF)
+# ------------------------------------------------------------------------------------------------
+
+
+def _check_figure(fig, tmp_path, name):
+    from margrpo.io import atomic_save_figure
+
+    paths = atomic_save_figure(fig, tmp_path / name, ["png", "pdf"], dpi=60)
+    assert [p.name for p in paths] == [f"{name}.png", f"{name}.pdf"]
+    assert all(p.stat().st_size > 1000 for p in paths)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(f".{name}")) == []  # no temp files
+
+
+@pytest.mark.parametrize("what", ["dynamics", "samples"])
+def test_ladder_figures(tree, tmp_path, what):
+    spec = {"base": tree["base"], "runs": tree["runs"], "prompts": 2}
+    fig = getattr(figures, what)(tree["root"], spec, confidence=0.95)
+    if what == "dynamics":
+        assert {t.get_text() for t in fig.axes[-1].get_legend().get_texts()} == {"GRPO*", "+Fix*", "+MTE", "+Sim"}
+        assert fig.axes[1].get_yscale() == "log"
+    else:
+        assert len(fig.axes) == 2 * 5  # 2 prompts x (Base + 4 variants)
+        assert fig.axes[0].get_title() == "Base" and fig.axes[1].get_title() == "GRPO*"
+    _check_figure(fig, tmp_path, what)
+
+
+@pytest.mark.parametrize("what", ["ablation_samples", "ablation_curves", "ablation_final"])
+def test_ablation_figures(tree, tmp_path, what):
+    fig = getattr(figures, what)(tree["root"], {"runs": tree["ablation"], "prompts": 2}, confidence=0.95)
+    if what == "ablation_curves":  # tau = 0 and S = 4 held: k in {0, 0.3, 0.5}
+        assert len(fig.axes[0].get_lines()) == 3
+    _check_figure(fig, tmp_path, what)
+
+
+def test_uncertainty_figure(tree, tmp_path):
+    fig = figures.uncertainty(tree["root"], {"maps": str(tree["root"] / "uncertainty" / "maps.npz")})
+    _check_figure(fig, tmp_path, "uncertainty")
+    with pytest.raises(MissingResultError, match="nope.npz"):
+        figures.uncertainty(tree["root"], {"maps": str(tmp_path / "nope.npz")})
+
+
+# ------------------------------------------------------------------------------------------------
+# CLI end to end
+# ------------------------------------------------------------------------------------------------
+
+
+def test_cli_report_table2(tree, tmp_path):
+    spec = json.dumps({"base": tree["base"], "runs": tree["runs"], "variants": VARIANTS})
+    prefix = tmp_path / "report" / "table2"
+    rc = main(["report", "table2", "--runs-json", spec, "--results", str(tree["root"]),
+               "--out-prefix", str(prefix), "--formats", "png,pdf", "--confidence", "0.9"])
+    assert rc == 0
+    for ext in ("csv", "md", "tex"):
+        assert (tmp_path / "report" / f"table2.{ext}").stat().st_size > 0
+    df = pd.read_csv(f"{prefix}.csv")
+    x = [_strict("sim", s, 0) for s in SEEDS]
+    lo, hi = stats.t.interval(0.9, df=2, loc=np.mean(x), scale=stats.sem(x))
+    assert math.isclose(df.loc[df["variant"] == "sim", "compbench/color/ci"].item(), (hi - lo) / 2, rel_tol=1e-9)
+
+
+def test_cli_report_figure(tree, tmp_path):
+    prefix = tmp_path / "fig7c"
+    main(["report", "ablation-final", "--runs-json", json.dumps({"runs": tree["ablation"]}),
+          "--results", str(tree["root"]), "--out-prefix", str(prefix), "--formats", "png"])
+    assert (tmp_path / "fig7c.png").stat().st_size > 0 and not (tmp_path / "fig7c.pdf").exists()
+
+
+def test_table1_two_policies_one_seed(tmp_path):
+    """The default Table 1 shape: two policies, one reward setting, one seed (no CI)."""
+    runs = []
+    for p, policy in enumerate(["toy-nova", "toy-harmon"]):
+        _write_eval(tmp_path, f"base/{policy}", [0.1 + p] * 3, 0.1 + p)
+        for v, bonus in (("grpo", 0.1), ("sim", 0.2)):
+            run = f"train/{policy}/mixed/{v}/seed0"
+            runs.append(run)
+            _write_eval(tmp_path, run, [0.1 + p + bonus] * 3, 0.1 + p + bonus)
+    spec = {"base": ["base/toy-harmon", "base/toy-nova"], "runs": runs, "baseline": "grpo", "ours": "sim"}
+    t = tables.table1(tmp_path, spec)
+    assert t.label_columns == ["policy", "method"]
+    assert t.data["method"].tolist() == ["Base", "+GRPO", "Ours"] * 2  # no selection files: no *
+    assert t.data["pref/toyclip/ci"].isna().all() and (t.data["n_runs"] == 1).all()
+    best = tables._best(t)
+    assert {i for i, _ in best} == {2, 5}  # Ours is best within each policy block
+    md, tex = tables.to_markdown(t), tables.to_latex(t)
+    assert "±" not in md.split("\n", 2)[2] and "| toy-harmon | Ours | **1.300** |" in md
+    assert tex.count(r"\midrule") == 2 and "toy-harmon & Ours & $\\mathbf{1.300}$" in tex
