@@ -9,6 +9,7 @@ rule warmup:
         quality=f"{RESULTS}/warmup/{{policy}}/quality.json",
     params:
         cfg=lambda wc: json.dumps(config["policies"][wc.policy]["warmup"]),
+        sampling=lambda wc: json.dumps(config["policies"][wc.policy]["sampling"]),
         precision=config["mixed_precision"],
     threads: config["threads"]
     resources:
@@ -22,5 +23,5 @@ rule warmup:
         "benchmarks/warmup/{policy}.tsv"
     shell:
         "margrpo warmup --policy-dir {input.policy} --world {input.world} --eval-suite {input.suite}"
-        " --warmup-json {params.cfg:q} --out-dir {output.policy} --quality {output.quality}"
+        " --warmup-json {params.cfg:q} --sampling-json {params.sampling:q} --out-dir {output.policy} --quality {output.quality}"
         " --precision {params.precision} --threads {threads} > {log} 2>&1"

@@ -1,0 +1,46 @@
+"""`margrpo check-weights`: a real-scale weights folder exists and has the expected files.
+
+Writes a small pointer (policy.json) instead of copying gigabytes; stages load through it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+# Files each kind of checkpoint folder must hold (diffusers-style layout for NOVA, Harmon's release layout).
+EXPECTED = {
+    "nova": ["model_index.json", "transformer/config.json", "vae/config.json", "text_encoder/config.json", "tokenizer"],
+    "harmon": ["config.json", "vae", "llm"],
+    "toy": ["config.json", "model.safetensors", "tokenizer"],
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kind", required=True, choices=sorted(EXPECTED))
+    p.add_argument("--path", required=True)
+    p.add_argument("--out", required=True)
+
+
+def check_folder(kind: str, path: str | Path) -> Path:
+    p = Path(path).expanduser().resolve()
+    if not p.is_dir():
+        raise FileNotFoundError(f"{kind} weights: folder {p} does not exist; put the checkpoint there (expected files: {', '.join(EXPECTED[kind])}) or set policies.<name>.path")
+    missing = [f for f in EXPECTED[kind] if not (p / f).exists()]
+    if missing:
+        raise FileNotFoundError(f"{kind} weights in {p}: missing {', '.join(missing)} (expected: {', '.join(EXPECTED[kind])})")
+    return p
+
+
+def run(args) -> None:
+    from margrpo.io import atomic_write_json
+
+    p = check_folder(args.kind, args.path)
+    atomic_write_json(args.out, {"kind": args.kind, "path": str(p)})
+    print(f"{args.kind} weights found at {p}")
+
+
+if __name__ == "__main__":
+    from margrpo.cli import main
+
+    main(["check-weights", *__import__("sys").argv[1:]])

@@ -1,0 +1,95 @@
+"""`margrpo pretrain`: a toy MAR base policy trained from scratch on ShapesWorld, with its quality report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from margrpo.stages._common import json_arg, sampling_config, setup
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--world", required=True, help="world.json written by make-suites")
+    p.add_argument("--eval-suite", required=True, help="suite for the quality report (eval.jsonl)")
+    p.add_argument("--policy-json", required=True, help="the policy's config entry (kind, head, model, pretrain, sampling)")
+    p.add_argument("--out-dir", required=True, help="policy folder (save_pretrained); resume state goes beside it")
+    p.add_argument("--quality", required=True, help="quality report JSON (per-category scores, shuffled baseline)")
+    p.add_argument("--precision", default="bf16", choices=["no", "bf16", "fp16"])
+    p.add_argument("--quality-images", type=int, default=2, help="images per eval prompt for the quality report")
+    p.add_argument("--threads", type=int, default=None)
+
+
+def world_batches(world_cfg):
+    """(images [B, 3, H, W] in [0, 1], prompts) of random captioned scenes, drawn from the torch generator."""
+    from margrpo.world import render, sample_captioned
+
+    def batch(n: int, generator: torch.Generator):
+        rng = np.random.default_rng(int(torch.randint(0, 2**62, (), generator=generator)))
+        pairs = [sample_captioned(rng, world_cfg) for _ in range(n)]
+        images = np.stack([render(scene, world_cfg) for scene, *_ in pairs])
+        return torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255, [prompt for _, prompt, _, _ in pairs]
+
+    return batch
+
+
+def load_world(path):
+    from margrpo.world import WorldConfig
+
+    return WorldConfig.from_dict(json.loads(Path(path).read_text()))
+
+
+def write_policy(policy, out_dir: Path) -> None:
+    """save_pretrained into a temp folder, then rename: a half-written policy is never left behind."""
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    policy.save_pretrained(tmp)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+
+
+def write_quality(policy, args, sampling, path, extra: dict | None = None, world_cfg=None) -> dict:
+    from margrpo.evaluation.quality import format_report, quality_report
+    from margrpo.io import atomic_write_json
+    from margrpo.world import load_suite
+
+    report, _ = quality_report(policy, load_suite(args.eval_suite), sampling, args.quality_images, world_cfg=world_cfg, precision=args.precision)
+    report.update(extra or {})
+    atomic_write_json(path, report)
+    print(format_report(report))
+    return report
+
+
+def run(args) -> None:
+    from margrpo.policy import ToyMAR, ToyMARConfig
+    from margrpo.policy.toy import count_parameters
+    from margrpo.pretraining import PretrainConfig, train
+    from margrpo.world import prompt_vocabulary
+
+    spec = json_arg(args.policy_json, "--policy-json")
+    if spec["kind"] != "toy":
+        raise SystemExit(f"pretrain builds toy policies only; a {spec['kind']} policy loads from its path")
+    device = setup(args.threads)
+    world_cfg = load_world(args.world)
+    model_cfg = ToyMARConfig(head_type=spec["head"], image_size=world_cfg.image_size, vocab=prompt_vocabulary(), **spec.get("model", {}))
+    pre = spec["pretrain"]
+    cfg = PretrainConfig(steps=pre["steps"], batch_size=pre["batch_size"], lr=pre["lr"], seed=pre["seed"],
+                         head_steps=pre.get("head_steps"), precision=args.precision)
+    torch.manual_seed(cfg.seed)
+    policy = ToyMAR(model_cfg).to(device)
+    print(f"toy MAR ({spec['head']} head): {count_parameters(policy) / 1e6:.2f}M parameters, head {count_parameters(policy.diffloss) / 1e6:.2f}M, {policy.seq_len} tokens x {policy.token_dim}")
+    out = Path(args.out_dir)
+    state = out.parent / "state"
+    train(policy, world_batches(world_cfg), cfg, state, log_path=state / "log.csv")
+    write_policy(policy, out)
+    write_quality(policy, args, sampling_config(spec["sampling"]), args.quality, {"pretrain": vars(cfg) if hasattr(cfg, "__dict__") else {}}, world_cfg)
+
+
+if __name__ == "__main__":
+    from margrpo.cli import main
+
+    main(["pretrain", *__import__("sys").argv[1:]])

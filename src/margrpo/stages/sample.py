@@ -1,0 +1,67 @@
+"""`margrpo sample`: images of a prompt suite in the T2I-CompBench layout, samples/{prompt}_{index:06d}.png."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+from PIL import Image
+
+from margrpo.stages._common import json_arg, sampling_config, setup
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", required=True, help="policy folder, policy.json pointer, or selection.json from `margrpo select`")
+    p.add_argument("--suite", required=True)
+    p.add_argument("--sampling-json", required=True)
+    p.add_argument("--images-per-prompt", type=int, default=1)
+    p.add_argument("--max-prompts", type=int, default=0, help="0 = every prompt of the suite")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--precision", default="bf16", choices=["no", "bf16", "fp16"])
+    p.add_argument("--seed", type=int, default=1234, help="the same seed for every model: paired comparisons")
+    p.add_argument("--out-dir", required=True, help="the samples/ folder")
+    p.add_argument("--threads", type=int, default=None)
+
+
+def resolve_policy(path: str) -> str:
+    """A selection.json (from `margrpo select`) points at the chosen checkpoint's policy folder."""
+    p = Path(path)
+    if p.suffix == ".json" and p.name == "selection.json":
+        chosen = json.loads(p.read_text())["policy"]
+        if chosen is None:
+            raise SystemExit(f"{p}: the selection has no checkpoint folder")
+        return chosen
+    return path
+
+
+def run(args) -> None:
+    from margrpo.evaluation.quality import sample_images
+    from margrpo.policy import load_policy
+    from margrpo.world import load_suite
+
+    device = setup(args.threads)
+    policy = load_policy(resolve_policy(args.policy), device)
+    records = load_suite(args.suite)
+    if args.max_prompts:
+        records = records[: args.max_prompts]
+    prompts = [r.prompt for r in records]
+    images = sample_images(policy, prompts, sampling_config(json_arg(args.sampling_json, "--sampling-json")),
+                           args.images_per_prompt, args.seed, args.batch_size, args.precision)
+    out = Path(args.out_dir)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for i, img in enumerate(images):
+        prompt, index = prompts[i // args.images_per_prompt], i % args.images_per_prompt
+        Image.fromarray(img).save(tmp / f"{prompt}_{index:06d}.png")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    print(f"{len(images)} images of {len(prompts)} prompts -> {out}")
+
+
+if __name__ == "__main__":
+    from margrpo.cli import main
+
+    main(["sample", *__import__("sys").argv[1:]])

@@ -1,0 +1,50 @@
+"""`margrpo uncertainty`: per-token MTE uncertainty of a policy's samples (the data of Fig. 4)."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+
+from margrpo.stages._common import json_arg, sampling_config, setup
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", required=True)
+    p.add_argument("--suite", required=True)
+    p.add_argument("--sampling-json", required=True)
+    p.add_argument("--prompts", type=int, default=6, help="first N prompts of the suite")
+    p.add_argument("--trajectories", type=int, default=4, help="S")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help=".npz: images, uncertainty [P, h, w], prompts, trajectories")
+    p.add_argument("--threads", type=int, default=None)
+
+
+def run(args) -> None:
+    from margrpo.io import atomic_path
+    from margrpo.policy import load_policy
+    from margrpo.rollout import generate
+    from margrpo.world import load_suite
+
+    device = setup(args.threads)
+    policy = load_policy(args.policy, device)
+    prompts = [r.prompt for r in load_suite(args.suite)[: args.prompts]]
+    g = torch.Generator().manual_seed(args.seed)
+    r = generate(policy, prompts, sampling_config(json_arg(args.sampling_json, "--sampling-json")), generator=g,
+                 trajectories=args.trajectories, mte_generator=torch.Generator().manual_seed(args.seed + 1))
+    finals = r.trajectory_finals()  # [S, P, L, D]
+    u = finals.std(dim=0, unbiased=False).mean(-1)  # [P, L], DESIGN 3.9
+    h, w = policy.token_grid
+    to_uint8 = lambda x: (x.clamp(0, 1) * 255).round().byte().permute(0, 2, 3, 1).cpu().numpy()  # noqa: E731
+    trajectories = np.stack([to_uint8(policy.decode(f)) for f in finals], axis=1)  # [P, S, H, W, 3]
+    with atomic_path(args.out) as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, images=to_uint8(r.images), uncertainty=u.view(-1, h, w).cpu().numpy(), prompts=np.array(prompts), trajectories=trajectories)
+    print(f"uncertainty maps of {len(prompts)} prompts (S = {args.trajectories}) -> {args.out}")
+
+
+if __name__ == "__main__":
+    from margrpo.cli import main
+
+    main(["uncertainty", *__import__("sys").argv[1:]])

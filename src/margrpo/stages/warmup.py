@@ -1,0 +1,57 @@
+"""`margrpo warmup`: fine-tune only the diffusion head before RL (Harmon warm-up, DESIGN 3.11).
+
+The quality report records the policy before and after, so the effect of the warm-up is a number.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from margrpo.stages._common import json_arg, sampling_config, setup
+from margrpo.stages.pretrain import load_world, world_batches, write_policy, write_quality
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy-dir", required=True, help="the pre-trained (or loaded) policy")
+    p.add_argument("--world", required=True, help="world.json (head training data)")
+    p.add_argument("--eval-suite", required=True)
+    p.add_argument("--warmup-json", required=True, help='{"steps": 400, "lr": 1e-6, "batch_size": 64}')
+    p.add_argument("--sampling-json", default=None, help="sampling settings for the quality report (default: the policy's pre-training config)")
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--quality", required=True)
+    p.add_argument("--precision", default="bf16", choices=["no", "bf16", "fp16"])
+    p.add_argument("--quality-images", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None)
+
+
+def run(args) -> None:
+    import json
+
+    from margrpo.evaluation.quality import quality_report
+    from margrpo.policy import load_policy
+    from margrpo.pretraining import PretrainConfig, train
+    from margrpo.world import load_suite
+
+    device = setup(args.threads)
+    w = json_arg(args.warmup_json, "--warmup-json")
+    world_cfg = load_world(args.world)
+    policy = load_policy(args.policy_dir, device)
+    sampling = sampling_config(json_arg(args.sampling_json, "--sampling-json") if args.sampling_json else {})
+    before, _ = quality_report(policy, load_suite(args.eval_suite), sampling, args.quality_images, world_cfg=world_cfg, precision=args.precision)
+    cfg = PretrainConfig(steps=w["steps"], lr=w["lr"], batch_size=w.get("batch_size", 64), train_ar=False,
+                         warmup_steps=min(50, w["steps"]), seed=args.seed, precision=args.precision)
+    out = Path(args.out_dir)
+    state = out.parent / "state"
+    train(policy, world_batches(world_cfg), cfg, state, log_path=state / "log.csv")
+    write_policy(policy, out)
+    after = write_quality(policy, args, sampling, args.quality, {"before_warmup": before}, world_cfg)
+    print(f"warm-up: overall strict {before['overall']['strict']:.3f} -> {after['overall']['strict']:.3f}")
+    del json
+
+
+if __name__ == "__main__":
+    from margrpo.cli import main
+
+    main(["warmup", *__import__("sys").argv[1:]])

@@ -1,0 +1,130 @@
+"""DESIGN 3.1, 3.2, 3.6, 3.9: the rollout record reproduces its own log-probs (ratio == 1)."""
+
+import pytest
+import torch
+
+from helpers import PROMPTS, tiny_policy
+from margrpo.policy import load_policy
+from margrpo.rollout import SamplingConfig, generate, recorded, replay, unknown_after_steps
+
+SAMPLING = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=3.0, cfg_schedule="linear", temperature=0.9)
+
+
+def rollout(policy, seed=0, trajectories=1, sampling=SAMPLING, **kw):
+    return generate(policy, PROMPTS[:2], sampling, group_size=2, generator=torch.Generator().manual_seed(seed),
+                    trajectories=trajectories, mte_generator=torch.Generator().manual_seed(seed + 99), **kw)
+
+
+def all_steps(r):
+    K, T = r.sampling.ar_steps, r.sampling.diffusion_steps
+    return torch.arange(K), torch.arange(T - 1)[None].repeat(K, 1)
+
+
+@pytest.mark.parametrize("head", ["flow", "ddpm"])
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_ratio_is_one_on_unchanged_parameters(head, mode):
+    policy = tiny_policy(head, dropout=0.2)  # dropout must not leak into rollout or replay
+    r = rollout(policy, trajectories=3)
+    getattr(policy, mode)()
+    ar, diff = all_steps(r)
+    rp = replay(policy, r, ar, diff, with_mte=True)
+    old, old_mte = recorded(r, ar, diff)
+    assert rp.mask.sum() > 0
+    ratio = torch.exp(rp.log_prob - old)[rp.mask]
+    assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-5, rtol=0), (ratio.min(), ratio.max())
+    committed = r.committed[ar][:, None, None].expand_as(rp.mte_log_prob)
+    mte_ratio = torch.exp(rp.mte_log_prob - old_mte)[committed]
+    assert torch.allclose(mte_ratio, torch.ones_like(mte_ratio), atol=1e-5, rtol=0)
+    assert policy.training == (mode == "train")  # replay restores the caller's mode
+
+
+def test_ratio_is_one_for_a_random_subset_of_steps():
+    policy = tiny_policy("flow")
+    r = rollout(policy)
+    ar = torch.tensor([1, 3])
+    diff = torch.tensor([[0, 2], [1, 3]])
+    rp = replay(policy, r, ar, diff)
+    old, _ = recorded(r, ar, diff)
+    assert torch.allclose(rp.log_prob[rp.mask], old[rp.mask], atol=1e-5, rtol=0)
+
+
+def test_cond_only_logprob_differs_under_cfg():
+    """The official shortcut scores with the conditional branch only: the ratio is then not 1."""
+    policy = tiny_policy("flow")
+    r = rollout(policy)
+    ar, diff = all_steps(r)
+    rp = replay(policy, r, ar, diff, logprob_cfg="cond_only")
+    old, _ = recorded(r, ar, diff)
+    assert (rp.log_prob - old)[rp.mask].abs().max() > 1e-3
+
+
+def test_recorded_log_prob_matches_torch_distributions():
+    policy = tiny_policy("ddpm")
+    r = rollout(policy)
+    ar, diff = all_steps(r)
+    rp = replay(policy, r, ar, diff)
+    x_prev = r.states[ar[:, None], diff + 1]  # [M, U, N, L, D]
+    ref = torch.distributions.Normal(rp.mean, rp.std).log_prob(x_prev).sum(-1)
+    assert torch.allclose(ref[rp.mask], rp.log_prob[rp.mask], atol=1e-4)
+
+
+@pytest.mark.parametrize("mte_sampling", ["in_loop", "post_hoc"])
+def test_extra_trajectories_leave_the_committed_rollout_unchanged(mte_sampling):
+    policy = tiny_policy("flow")
+    plain = rollout(policy, trajectories=1)
+    multi = rollout(policy, trajectories=4, mte_sampling=mte_sampling)
+    assert torch.equal(plain.latents, multi.latents) and torch.equal(plain.log_probs, multi.log_probs)
+    assert multi.trajectory_finals().shape[0] == 4
+    extra = multi.trajectory_finals()[1:]  # only the committed tokens have extra trajectories, and they differ
+    assert not torch.equal(extra[0], plain.latents)
+
+
+def test_record_structure():
+    policy = tiny_policy("flow")
+    r = rollout(policy)
+    K, N, L = r.committed.shape
+    assert torch.equal(r.committed.sum(0), torch.ones(N, L, dtype=torch.long))  # every token committed once
+    for k in range(K):
+        assert torch.equal(r.known[k], r.committed[:k].any(0)) if k else not r.known[0].any()
+        c = r.committed[k]
+        assert torch.equal(r.states[k, -1][c], r.latents[c])  # committed value = that step's final state
+        assert (r.states[k][:, r.known[k]] == 0).all()  # known tokens are not re-generated
+    assert [int(x) for x in r.committed.sum((1, 2)) // N] == [a - b for a, b in zip([L] + unknown_after_steps(L, K)[:-1], unknown_after_steps(L, K))]
+    # each image has its own random order
+    assert not torch.equal(r.orders[0], r.orders[1])
+
+
+def test_cfg_linear_schedule_reaches_scale():
+    policy = tiny_policy("flow")
+    r = rollout(policy)
+    assert r.cfg[-1] == pytest.approx(3.0) and (r.cfg.diff() >= 0).all() and r.cfg[0] > 1
+
+
+def test_save_load_gives_identical_samples(tmp_path):
+    for head in ("flow", "ddpm"):
+        policy = tiny_policy(head)
+        policy.save_pretrained(tmp_path / head)
+        loaded = load_policy(tmp_path / head)
+        assert torch.equal(rollout(policy).images, rollout(loaded).images)
+
+
+def test_missing_and_corrupt_checkpoints_fail_clearly(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_policy(tmp_path)
+    policy = tiny_policy("flow")
+    policy.save_pretrained(tmp_path / "p")
+    (tmp_path / "p" / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="model.safetensors"):
+        load_policy(tmp_path / "p")
+
+
+def test_parameter_groups_partition_the_model():
+    policy = tiny_policy("ddpm")
+    ar, head = set(map(id, policy.ar_parameters())), set(map(id, policy.head_parameters()))
+    assert not ar & head and ar | head == set(map(id, policy.parameters()))
+
+
+def test_codec_round_trip():
+    policy = tiny_policy("flow")
+    images = torch.rand(3, 3, 32, 32)
+    assert torch.allclose(policy.decode(policy.encode(images)), images, atol=1e-6)
