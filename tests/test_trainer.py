@@ -1,0 +1,139 @@
+"""DESIGN 3.3-3.10 at the level of the trainer: one loop, every variant, exact reductions, resume."""
+
+import math
+
+import pytest
+import torch
+
+from helpers import PROMPTS, tiny_policy
+from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, PromptSet, write_outputs
+from margrpo.rollout import SamplingConfig, generate, recorded, replay
+
+SAMPLING = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=2.0)
+PROMPT_SET = PromptSet(PROMPTS, [{}] * len(PROMPTS))
+
+
+def redness(images, prompts, metadata):
+    r = images[:, 0].mean((1, 2)) - images[:, 2].mean((1, 2))  # [B]
+    return r, {"redness": r}
+
+
+def make_trainer(tmp_path, policy=None, **kw):
+    cfg = dict(steps=2, batch_prompts=2, group_size=2, mask_steps=3, diffusion_steps=3, save_every=1, val_every=1,
+               val_prompts=2, precision="no", lr=1e-3)
+    cfg.update(kw)
+    return GRPOTrainer(policy or tiny_policy("flow"), redness, PROMPT_SET, PROMPT_SET, SAMPLING, GRPOConfig(**cfg), tmp_path)
+
+
+@pytest.mark.parametrize("variant", [
+    {}, {"freeze_head": True}, {"freeze_head": True, "trajectories": 3}, {"freeze_head": True, "trajectories": 3, "sim": True},
+    {"reinforce": True}, {"kl": "gaussian"}, {"logprob_cfg": "cond_only"}, {"mte_sampling": "post_hoc", "trajectories": 2},
+    {"updates_per_rollout": 2},
+])
+def test_every_variant_trains_and_logs(tmp_path, variant):
+    trainer = make_trainer(tmp_path, **variant)
+    rows = trainer.train()
+    write_outputs(trainer, {"variant": {"name": "x"}})
+    assert len(rows) == 2 and (tmp_path / "metrics.csv").exists() and (tmp_path / "summary.json").exists()
+    for key in ("reward_mean", "policy_loss", "kl", "grad_norm_ar", "clip_frac", "frac_zero_std", "peak_mem_mb"):
+        assert math.isfinite(rows[-1][key]), key
+    assert math.isfinite(rows[-1]["grad_var_ar"])  # two micro-batches: a variance across them
+
+
+def test_fix_head_gets_no_gradient_and_no_optimizer_state(tmp_path):
+    trainer = make_trainer(tmp_path, freeze_head=True, steps=1)
+    head = list(trainer.policy.head_parameters())
+    before = [p.detach().clone() for p in head]
+    trainer.train()
+    assert all(p.grad is None and not p.requires_grad for p in head)
+    state_ids = set(trainer.optimizer.state)
+    assert not state_ids & set(head)
+    assert all(torch.equal(a, b) for a, b in zip(before, head))
+    assert any(p in trainer.optimizer.state for p in trainer.policy.ar_parameters())
+
+
+def test_positive_advantage_raises_that_samples_log_prob(tmp_path):
+    """One update with sample 0 favoured (A > 0) must raise its recorded trajectory's log-prob."""
+    policy = tiny_policy("flow")
+    r = generate(policy, PROMPTS[:1], SAMPLING, group_size=2, generator=torch.Generator().manual_seed(0))
+    ar, diff = torch.arange(4), torch.arange(4)[None].repeat(4, 1)
+    trainer = make_trainer(tmp_path, policy=policy, beta=0.0, lr=1e-3)
+    adv = torch.tensor([1.0, -1.0])
+    trainer.optimizer.zero_grad()
+    loss, _ = trainer.micro_loss(r, adv, ar, diff, None, None)
+    loss.backward()
+    trainer.optimizer.step()
+    after = replay(policy, r, ar, diff)
+    old, _ = recorded(r, ar, diff)
+    gain = ((after.log_prob - old) * after.mask).sum((0, 1, 3))  # [N]
+    assert gain[0] > 0 and gain[1] < 0
+
+
+def test_reductions_give_the_plain_loss(tmp_path):
+    """S = 1, k = 0 and tau = -inf reduce the MTE / Sim loss to the plain GRPO loss exactly."""
+    policy = tiny_policy("flow")
+    r = generate(policy, PROMPTS[:2], SAMPLING, group_size=2, generator=torch.Generator().manual_seed(3),
+                 trajectories=3, mte_generator=torch.Generator().manual_seed(4))
+    ar, diff = torch.tensor([0, 2, 3]), torch.tensor([[0, 1], [1, 3], [2, 3]])
+    adv = torch.tensor([0.5, -0.5, 1.0, -1.0])
+    plain = make_trainer(tmp_path / "a", policy=policy, beta=0.0)
+    base, _ = plain.micro_loss(r, adv, ar, diff, None, None)
+    k0 = make_trainer(tmp_path / "b", policy=policy, beta=0.0, trajectories=3, top_frac=0.0)
+    mte_mask, _ = k0.masks(r)
+    assert not mte_mask.any()
+    loss_k0, _ = k0.micro_loss(r, adv, ar, diff, mte_mask, None)
+    sim = make_trainer(tmp_path / "c", policy=policy, beta=0.0, sim=True, tau=-math.inf)
+    _, keep = sim.masks(r)
+    assert keep.all()
+    loss_tau, _ = sim.micro_loss(r, adv, ar, diff, None, keep)
+    assert torch.equal(base, loss_k0) and torch.equal(base, loss_tau)
+
+
+def test_resume_reaches_the_same_result(tmp_path):
+    full = make_trainer(tmp_path / "full", policy=tiny_policy("flow", seed=1), steps=3)
+    rows_full = full.train()
+    part = make_trainer(tmp_path / "part", policy=tiny_policy("flow", seed=1), steps=2)
+    part.train()  # "killed" after step 2: state/ holds the step-2 checkpoint
+    resumed = make_trainer(tmp_path / "part", policy=tiny_policy("flow", seed=1), steps=3)
+    rows = resumed.train()
+    assert len(rows) == 3
+    for key in ("reward_mean", "policy_loss", "grad_norm_ar", "val_reward"):
+        assert rows[-1][key] == pytest.approx(rows_full[-1][key], rel=1e-6, abs=1e-9), key
+    for a, b in zip(full.policy.state_dict().values(), resumed.policy.state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-7)
+
+
+def test_non_finite_rewards_are_rejected(tmp_path):
+    def broken(images, prompts, metadata):
+        r = torch.zeros(len(images))
+        r[1] = float("nan")
+        return r, {"broken": r}
+
+    trainer = GRPOTrainer(tiny_policy("flow"), broken, PROMPT_SET, PROMPT_SET, SAMPLING,
+                          GRPOConfig(steps=1, batch_prompts=1, group_size=2, mask_steps=2, diffusion_steps=2, precision="no"), tmp_path)
+    with pytest.raises(ValueError, match="non-finite"):
+        trainer.train_step()
+
+
+def test_config_errors_say_how_to_fix(tmp_path):
+    with pytest.raises(ValueError, match="mask_steps"):
+        make_trainer(tmp_path, mask_steps=9)
+    with pytest.raises(ValueError, match="Unknown kl"):
+        GRPOConfig(kl="forward")
+
+
+def test_non_finite_loss_skips_the_update_then_stops(tmp_path):
+    trainer = make_trainer(tmp_path, max_nonfinite=2, steps=3)
+    real = trainer.micro_loss
+
+    def nan_loss(*args):
+        loss, stats = real(*args)
+        return loss * float("nan"), stats
+
+    trainer.micro_loss = nan_loss
+    before = [p.detach().clone() for p in trainer.policy.parameters()]
+    row = trainer.train_step()
+    assert row["skipped"] == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.policy.parameters()))
+    with pytest.raises(FloatingPointError, match="non-finite"):
+        trainer.train_step()
