@@ -1,0 +1,104 @@
+"""GRPO step costs on the default toy config, measured in one run on this machine.
+
+1. step time of `mte` (S = 4, k = 30%) divided by that of `fix` (target <= 1.10: the paper calls
+   the MTE overhead negligible);
+2. speed-up of recomputing the chosen (AR step, diffusion step) pairs in batched passes over a
+   loop with one pass per pair (target >= 2x);
+3. peak memory of a step.
+
+    python benchmarks/grpo_step.py [--policy results/pretrain/toy-nova/policy] [--steps 4]
+"""
+
+import argparse
+import statistics
+import tempfile
+import time
+
+import torch
+
+from margrpo.config import load_config
+from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, PromptSet, peak_memory_mb
+from margrpo.policy import ToyMAR, ToyMARConfig, load_policy
+from margrpo.pretraining import autocast
+from margrpo.rollout import SamplingConfig, generate, replay
+from margrpo.world import prompt_vocabulary
+
+PROMPTS = ["a red circle", "a blue square and a green triangle", "three yellow circles", "a cyan square above a magenta circle"]
+
+
+def reward(images, prompts, metadata):
+    r = images.mean((1, 2, 3))  # a cheap stand-in: this measures the trainer, not a scorer
+    return r, {"brightness": r}
+
+
+def make_policy(path):
+    return load_policy(path) if path else ToyMAR(ToyMARConfig(vocab=prompt_vocabulary()))
+
+
+def step_times(policy_path, sampling, grpo, variant, steps) -> list[float]:
+    fields = set(GRPOConfig.__dataclass_fields__)
+    cfg = GRPOConfig(**{k: v for k, v in {**grpo, **variant}.items() if k in fields}, steps=steps + 1)
+    ps = PromptSet(PROMPTS, [{}] * len(PROMPTS))
+    trainer = GRPOTrainer(make_policy(policy_path), reward, ps, ps, sampling, cfg, tempfile.mkdtemp())
+    times = []
+    for _ in range(steps + 1):
+        t0 = time.perf_counter()
+        trainer.train_step()
+        times.append(time.perf_counter() - t0)
+    return times[1:]  # the first step warms up allocators
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="config/config.yaml")
+    p.add_argument("--policy", default=None, help="a trained policy folder (default: random init)")
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    config = load_config(args.config)
+    policy_name = config["experiments"]["ladder"]["policies"][0]
+    sampling = SamplingConfig(**config["policies"][policy_name]["sampling"])
+    grpo = dict(config["grpo"], precision=config["mixed_precision"])
+    print(f"config {args.config}: policy {policy_name}, K={sampling.ar_steps}, T={sampling.diffusion_steps}, "
+          f"|M|={grpo['mask_steps']}, |T|={grpo['diffusion_steps']}, {grpo['batch_prompts']}x{grpo['group_size']} images, {args.threads} thread(s)")
+
+    fix = step_times(args.policy, sampling, grpo, {"freeze_head": True}, args.steps)
+    mte = step_times(args.policy, sampling, grpo, {"freeze_head": True, "trajectories": 4, "top_frac": 0.3}, args.steps)
+    f, m = statistics.median(fix), statistics.median(mte)
+    print(f"step time fix: {f:.3f} s, mte (S=4, k=0.3): {m:.3f} s (medians of {args.steps}) -> ratio {m / f:.3f} (target <= 1.10)")
+
+    policy = make_policy(args.policy)
+    with autocast(torch.device("cpu"), grpo["precision"]):
+        r = generate(policy, PROMPTS[: grpo["batch_prompts"]], sampling, group_size=grpo["group_size"], generator=torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(1)
+    ar = torch.randperm(sampling.ar_steps, generator=g)[: grpo["mask_steps"]].sort().values
+    diff = torch.stack([torch.randperm(sampling.diffusion_steps - 1, generator=g)[: grpo["diffusion_steps"]].sort().values for _ in ar])
+
+    def batched():
+        with autocast(torch.device("cpu"), grpo["precision"]):
+            replay(policy, r, ar, diff).log_prob.sum().backward()
+
+    def looped():
+        for m_ in range(len(ar)):
+            for u in range(diff.shape[1]):
+                with autocast(torch.device("cpu"), grpo["precision"]):
+                    replay(policy, r, ar[m_ : m_ + 1], diff[m_ : m_ + 1, u : u + 1]).log_prob.sum().backward()
+
+    def best(fn, n=3):
+        fn()
+        out = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+        return min(out)
+
+    tb, tl = best(batched), best(looped)
+    print(f"log-prob recomputation + backward of {len(ar)}x{diff.shape[1]} chosen steps: batched {tb:.3f} s, "
+          f"one pass per step {tl:.3f} s -> speed-up {tl / tb:.2f}x (target >= 2x)")
+    print(f"peak memory (max RSS of this process): {peak_memory_mb():.0f} MB")
+
+
+if __name__ == "__main__":
+    main()
