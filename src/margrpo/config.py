@@ -88,6 +88,12 @@ def _check_references(config: dict, source: str) -> None:
     for name, policy in config["policies"].items():
         if policy["kind"] != "toy" and not policy.get("path"):
             raise ConfigError(f"{source}: key 'policies.{name}.path': a {policy['kind']} policy loads from a local folder; set its path")
+    for name, policy in config["policies"].items():
+        s, g = policy["sampling"], config["grpo"]
+        if g["mask_steps"] > s["ar_steps"]:
+            raise ConfigError(f"{source}: key 'grpo.mask_steps': |M| = {g['mask_steps']} exceeds policies.{name}.sampling.ar_steps = {s['ar_steps']}")
+        if g["diffusion_steps"] > s["diffusion_steps"] - 1:
+            raise ConfigError(f"{source}: key 'grpo.diffusion_steps': |T| = {g['diffusion_steps']} exceeds the {s['diffusion_steps'] - 1} stochastic steps of policies.{name}.sampling.diffusion_steps")
     for setting, weights in config["rewards"].items():
         if "toyclip" in weights and not config["toyclip"]["enabled"]:
             raise ConfigError(f"{source}: key 'rewards.{setting}.toyclip': the toyclip scorer is disabled (toyclip.enabled: false)")
