@@ -1,0 +1,5 @@
+"""Evaluation over a directory of samples: T2I-CompBench-style categories and preference metrics.
+
+Submodules are imported on use (`margrpo.evaluation.toy_compbench`), so importing this package
+pulls in nothing heavy.
+"""

@@ -1,0 +1,32 @@
+"""ShapesWorld: the toy compositional world (scenes, renderer, captions, suites, exact parser, scorer).
+
+Knows nothing about models or training. Typical use:
+
+    cfg = WorldConfig()
+    scene, prompt, category, spec = sample_captioned(rng, cfg)      # a pre-training pair
+    image = render(scene, cfg)                                      # (32, 32, 3) uint8
+    score(spec, image, category, cfg)["strict"]                     # 1.0 for a faithful render
+"""
+
+from margrpo.world.captions import (
+    caption_scene,
+    canonical_key,
+    heldout_in_spec,
+    prompt_for_spec,
+    prompt_vocabulary,
+    scene_for_spec,
+    validate_spec,
+)
+from margrpo.world.config import CATEGORIES, PALETTE, PRESETS, RELATIONS, SHAPES, TEXTURES, WorldConfig
+from margrpo.world.parser import parse
+from margrpo.world.scene import ObjectSpec, Scene, relation_holds, render, sample_scene
+from margrpo.world.scoring import score, score_objects
+from margrpo.world.suites import PromptRecord, build_suites, load_suite, sample_captioned, write_suite
+
+__all__ = [
+    "CATEGORIES", "PALETTE", "PRESETS", "RELATIONS", "SHAPES", "TEXTURES", "WorldConfig",
+    "ObjectSpec", "Scene", "sample_scene", "render", "relation_holds",
+    "caption_scene", "scene_for_spec", "prompt_for_spec", "prompt_vocabulary", "validate_spec", "canonical_key", "heldout_in_spec",
+    "parse", "score", "score_objects",
+    "PromptRecord", "build_suites", "write_suite", "load_suite", "sample_captioned",
+]
