@@ -29,7 +29,8 @@ STAGES: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(stage: str | None = None) -> argparse.ArgumentParser:
+    """The CLI parser; with `stage` given, only that stage's module is imported (jobs start fast)."""
     parser = argparse.ArgumentParser(
         prog="margrpo",
         description="MAR-GRPO pipeline stages. Normally driven by `snakemake --cores all`; each stage also runs by hand.",
@@ -38,22 +39,16 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module, help_text) in STAGES.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)
-        # Import lazily so `margrpo --help` stays fast; a stage whose module is missing says so.
-        try:
+        if name == stage:
             importlib.import_module(f"margrpo.stages.{module}").add_arguments(p)
-        except ModuleNotFoundError as err:
-            if err.name != f"margrpo.stages.{module}":
-                raise
-            p.set_defaults(_missing=True)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub at run time
-    args = build_parser().parse_args(argv)
-    if getattr(args, "_missing", False):
-        print(f"margrpo {args.stage}: this stage is not implemented in this version", file=sys.stderr)
-        return 2
+    argv = sys.argv[1:] if argv is None else list(argv)
+    stage = argv[0] if argv and argv[0] in STAGES else None
+    args = build_parser(stage).parse_args(argv)
     importlib.import_module(f"margrpo.stages.{args._module}").run(args)
     return 0
 

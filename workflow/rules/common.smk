@@ -20,7 +20,12 @@ RESULTS = "results"
 EXP = config["experiments"]
 GPU = 0 if config["device"] == "cpu" else 1  # `resources: gpu` caps concurrent GPU jobs
 
-ABLATIONS = Paramspace(pd.read_csv(EXP["ablations"]["table"], sep="\t"), filename_params="*")
+def resolve(path):
+    """A config path relative to the working directory, else to the repository (for --directory runs)."""
+    return path if os.path.exists(path) else os.path.join(workflow.basedir, path)
+
+
+ABLATIONS = Paramspace(pd.read_csv(resolve(EXP["ablations"]["table"]), sep="\t"), filename_params="*")
 
 
 wildcard_constraints:
@@ -120,7 +125,10 @@ def variant_for_run(run):
 
 
 def get_report_step(wildcards):
-    step = config["variants"][variant_for_run(wildcards.run)]["report_step"]
+    variant = config["variants"][variant_for_run(wildcards.run)]
+    step = variant["report_step"]
+    if step == "last":
+        step = variant["overrides"].get("steps", config["grpo"]["steps"])
     return "best" if step is None else str(step)
 
 REPORT = f"{RESULTS}/report"

@@ -74,8 +74,11 @@ class ResBlock(nn.Module):
 class SimpleMLPAdaLN(nn.Module):
     """MAR's diffusion head: an MLP over one token, conditioned on z and t through AdaLN."""
 
-    def __init__(self, token_dim: int, cond_dim: int, width: int, depth: int, out_dim: int):
+    def __init__(self, token_dim: int, cond_dim: int, width: int, depth: int, out_dim: int, z_input: bool = False):
         super().__init__()
+        # z_input: also add a projection of z to the input features (not only through AdaLN), which
+        # gives the AR model a gradient from the first step instead of after the adaLN-zero gates open
+        self.z_proj = nn.Linear(cond_dim, width) if z_input else None
         self.time_embed = nn.Sequential(nn.Linear(width, width), nn.SiLU(), nn.Linear(width, width))
         self.cond_embed = nn.Linear(cond_dim, width)
         self.input_proj = nn.Linear(token_dim, width)
@@ -93,6 +96,8 @@ class SimpleMLPAdaLN(nn.Module):
     def forward(self, x: Tensor, t: Tensor, z: Tensor) -> Tensor:
         c = self.time_embed(timestep_embedding(t, self.width).to(x.dtype)) + self.cond_embed(z)  # [N, width]
         h = self.input_proj(x)
+        if self.z_proj is not None:
+            h = h + self.z_proj(z)
         for block in self.blocks:
             h = block(h, c)
         shift, scale = self.final_ada(c).chunk(2, dim=-1)

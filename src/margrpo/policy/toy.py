@@ -45,6 +45,10 @@ class ToyMARConfig:
     max_text_len: int = 24
     dropout: float = 0.0  # pre-training regulariser; every rollout and replay runs with dropout off
     ddpm_variance: str = "learned_range"
+    flow_train_time: str = "uniform"  # training-time distribution of the flow head ("uniform" or "logit_normal")
+    head_z_input: bool = False  # z also enters the head's input (faster to train than AdaLN alone)
+    pooled_text: bool = False  # also add the mean text embedding to every image position (class-token style)
+    token_norm: tuple[float, float] = (0.0, 1.0)  # (mean, std) of pixel-patch values in [-1, 1]; tokens are standardised
     vocab: list[str] = field(default_factory=list)  # prompt words; the tokenizer maps others to [UNK]
 
     def __post_init__(self):
@@ -96,7 +100,7 @@ class ToyMAR(MARPolicy):
         self.text_type = nn.Parameter(torch.zeros(1, 1, c.width))
         self.blocks = nn.ModuleList(Block(c.width, c.heads, c.mlp_ratio, c.dropout) for _ in range(c.depth))
         self.norm = nn.LayerNorm(c.width)
-        self.diffloss = SimpleMLPAdaLN(self.token_dim, c.width, c.head_width, c.head_depth, self.token_dim * out_factor)
+        self.diffloss = SimpleMLPAdaLN(self.token_dim, c.width, c.head_width, c.head_depth, self.token_dim * out_factor, c.head_z_input)
         for p in (self.mask_token, self.pos_embed, self.text_type):
             nn.init.normal_(p, std=0.02)
 
@@ -113,6 +117,9 @@ class ToyMAR(MARPolicy):
         x = torch.where(known_mask[..., None], self.token_proj(tokens), self.mask_token.to(tokens.dtype))  # [B, L, W]
         x = x + self.pos_embed
         text = self.text_proj(cond.hidden) + self.text_type  # [B, Lt, W]
+        if self.config.pooled_text:
+            w = cond.mask[..., None].to(text.dtype)
+            x = x + ((text * w).sum(1) / w.sum(1).clamp(min=1))[:, None].to(x.dtype)  # [B, 1, W]
         h = torch.cat([text.to(x.dtype), x], dim=1)  # [B, Lt + L, W]
         key_mask = torch.cat([cond.mask, torch.ones(B, L, dtype=torch.bool, device=x.device)], dim=1)
         for block in self.blocks:
@@ -125,14 +132,16 @@ class ToyMAR(MARPolicy):
     # --- codec: pixel patches ---------------------------------------------------------------------
     def encode(self, images: Tensor) -> Tensor:
         p, g = self.config.patch_size, self.config.grid
-        x = images * 2 - 1  # [B, 3, H, W] in [-1, 1]
+        mean, std = self.config.token_norm
+        x = (images * 2 - 1 - mean) / std  # [B, 3, H, W], standardised pixel values
         x = x.reshape(-1, 3, g, p, g, p).permute(0, 2, 4, 1, 3, 5)  # [B, g, g, 3, p, p]
         return x.reshape(-1, g * g, 3 * p * p)
 
     def decode(self, tokens: Tensor) -> Tensor:
         p, g = self.config.patch_size, self.config.grid
+        mean, std = self.config.token_norm
         x = tokens.float().reshape(-1, g, g, 3, p, p).permute(0, 3, 1, 4, 2, 5).reshape(-1, 3, g * p, g * p)
-        return ((x.clamp(-1, 1) + 1) / 2)
+        return ((x * std + mean).clamp(-1, 1) + 1) / 2
 
     @property
     def token_grid(self) -> tuple[int, int]:
@@ -140,7 +149,7 @@ class ToyMAR(MARPolicy):
 
     def make_sampler(self, num_steps: int, noise_level: float = 0.7) -> Sampler:
         if self.head_type == "flow":
-            return FlowSDESampler(num_steps=num_steps, noise_level=noise_level)
+            return FlowSDESampler(num_steps=num_steps, noise_level=noise_level, train_time_sampling=self.config.flow_train_time)
         return DDPMSampler(num_steps=num_steps, variance=self.config.ddpm_variance)
 
     # --- parameter groups ---------------------------------------------------------------------------
@@ -169,6 +178,8 @@ class ToyMAR(MARPolicy):
         raw = json.loads((d / CONFIG).read_text())
         if raw.pop("model_type", None) != "toy-mar":
             raise ValueError(f"{d / CONFIG}: model_type is not 'toy-mar'")
+        if "token_norm" in raw:
+            raw["token_norm"] = tuple(raw["token_norm"])
         model = cls(ToyMARConfig(**raw), PreTrainedTokenizerFast.from_pretrained(str(d / TOKENIZER)))
         try:
             state = load_file(str(d / WEIGHTS))

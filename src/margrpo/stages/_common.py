@@ -6,13 +6,12 @@ import json
 import os
 from pathlib import Path
 
-import torch
-
-from margrpo.rollout import SamplingConfig
 
 
-def setup(threads: int | None, device: str = "auto") -> torch.device:
+def setup(threads: int | None, device: str = "auto"):
     """Thread count for CPU jobs (Snakemake runs several in parallel) and the device to use."""
+    import torch
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if threads:
         torch.set_num_threads(threads)
@@ -33,7 +32,9 @@ def json_arg(text: str, what: str) -> dict:
     return value
 
 
-def sampling_config(d: dict) -> SamplingConfig:
+def sampling_config(d: dict):
+    from margrpo.rollout import SamplingConfig
+
     return SamplingConfig(**{k: d[k] for k in ("ar_steps", "diffusion_steps", "cfg_scale", "cfg_schedule", "temperature", "noise_level") if k in d})
 
 
