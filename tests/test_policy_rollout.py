@@ -128,3 +128,16 @@ def test_codec_round_trip():
     policy = tiny_policy("flow")
     images = torch.rand(3, 3, 32, 32)
     assert torch.allclose(policy.decode(policy.encode(images)), images, atol=1e-6)
+
+
+@pytest.mark.parametrize("head", ["flow", "ddpm"])
+def test_x0_head_gives_the_sampler_its_clean_estimate(head):
+    """head_prediction="x0": the sampler's pred_x0 is exactly the MLP's clean-token output."""
+    policy = tiny_policy(head)
+    sampler = policy.make_sampler(10)
+    x_t, z = torch.randn(6, policy.token_dim), torch.randn(6, policy.z_dim)
+    for i in (0, 4, 8):
+        t = sampler.model_time(i).expand(6)
+        x0 = policy.diffloss(x_t, t, z)[:, : policy.token_dim]
+        step = sampler.step(policy.head(x_t, t, z), i, x_t)
+        assert torch.allclose(step.pred_x0, x0, atol=1e-4), i

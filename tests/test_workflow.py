@@ -51,3 +51,34 @@ def test_second_run_has_nothing_to_do_and_a_deleted_figure_reruns_alone(smoke_ru
     out = snakemake(smoke_run, "-n")
     text = out.stdout + out.stderr
     assert "fig2_dynamics" in text and "train " not in text and "pretrain" not in text, text[-3000:]
+
+
+def _numbers(path):
+    df = pd.read_csv(path)
+    return df[[c for c in df.columns if c.endswith("/mean")]].to_numpy(dtype=float)
+
+
+@pytest.mark.slow
+def test_slurm_profile_runs_the_smoke_dag_through_sbatch(smoke_run, tmp_path):
+    """workflow/profiles/slurm against a real single-node SLURM cluster on localhost."""
+    if os.geteuid() != 0 or not Path("/usr/bin/apt-get").exists():
+        pytest.skip("the local SLURM cluster needs root and apt-get (scripts/slurm-local.sh)")
+    start = subprocess.run(["bash", str(REPO / "scripts/slurm-local.sh"), "start"], capture_output=True, text=True)
+    if start.returncode != 0:
+        pytest.skip(f"could not start a local SLURM cluster: {start.stdout[-1500:]}{start.stderr[-1500:]}")
+    jobcomp = Path("/var/log/slurm/jobcomp.log")
+    before = jobcomp.read_text().count("JobId=") if jobcomp.exists() else 0
+    small = ["cpus_per_task=1", "mem_mb=1000", "runtime=30"]
+    rules = ["make_suites", "train_toyclip", "pretrain", "warmup", "train", "train_ablation", "select_checkpoint", "sample",
+             "eval_compbench", "eval_preference", "uncertainty_maps", "table1", "table2", "fig2_dynamics", "fig4_uncertainty",
+             "fig6_samples", "fig7a_samples", "fig7b_reward_curves", "fig7c_final_metric"]
+    out = snakemake(tmp_path, "--workflow-profile", str(REPO / "workflow/profiles/slurm"), "--slurm-status-command", "squeue",
+                    "--jobs", "4", "--latency-wait", "5", "--default-resources", *small,
+                    "--set-resources", *[f"{r}:{kv}" for r in rules for kv in small])
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    submitted = jobcomp.read_text().count("JobId=") - before
+    assert submitted >= len(rules), f"only {submitted} jobs in the SLURM job-completion log"
+    assert "JobState=COMPLETED" in jobcomp.read_text()
+    for table in ("table1", "table2"):
+        a, b = _numbers(smoke_run / f"results/report/{table}.csv"), _numbers(tmp_path / f"results/report/{table}.csv")
+        assert a.shape == b.shape and pd.DataFrame(a).equals(pd.DataFrame(b)) or abs(a - b).max() < 1e-6

@@ -66,8 +66,11 @@ def mar_loss(policy: MARPolicy, sampler, images: Tensor, prompts: list[str], gen
     t = sampler.sample_train_time(len(x0), generator=generator).to(x0.device)
     noise = torch.randn(x0.shape, generator=generator).to(x0.device)
     x_t = sampler.add_noise(x0, noise, t)
-    out = policy.head(x_t, sampler.train_model_time(t), zm)
-    return sampler.training_loss(out.float(), x0, noise, x_t, t).mean()
+    model_time = sampler.train_model_time(t)
+    out = policy.head(x_t, model_time, zm)
+    loss = sampler.training_loss(out.float(), x0, noise, x_t, t)  # [n] in the sampler's parameterisation
+    weight = policy.loss_weight(model_time) if hasattr(policy, "loss_weight") else 1.0
+    return (loss * weight).mean()
 
 
 class EMA:

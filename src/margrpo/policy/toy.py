@@ -45,6 +45,7 @@ class ToyMARConfig:
     max_text_len: int = 24
     dropout: float = 0.0  # pre-training regulariser; every rollout and replay runs with dropout off
     ddpm_variance: str = "learned_range"
+    head_prediction: str = "x0"  # the MLP predicts the clean token; head() converts it to the sampler's v / eps
     flow_train_time: str = "uniform"  # training-time distribution of the flow head ("uniform" or "logit_normal")
     head_z_input: bool = False  # z also enters the head's input (faster to train than AdaLN alone)
     pooled_text: bool = False  # also add the mean text embedding to every image position (class-token style)
@@ -56,6 +57,8 @@ class ToyMARConfig:
             raise ValueError(f"Unknown head_type: {self.head_type!r}; expected 'flow' or 'ddpm'")
         if self.image_size % self.patch_size:
             raise ValueError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
+        if self.head_prediction not in ("x0", "native"):
+            raise ValueError(f"Unknown head_prediction: {self.head_prediction!r}; expected 'x0' or 'native'")
         if self.width % self.heads or self.text_width % self.text_heads:
             raise ValueError("width must be divisible by heads and text_width by text_heads")
 
@@ -103,6 +106,8 @@ class ToyMAR(MARPolicy):
         self.diffloss = SimpleMLPAdaLN(self.token_dim, c.width, c.head_width, c.head_depth, self.token_dim * out_factor, c.head_z_input)
         for p in (self.mask_token, self.pos_embed, self.text_type):
             nn.init.normal_(p, std=0.02)
+        if c.head_type == "ddpm":  # the training schedule, to convert x0 to eps at the original timestep
+            self.register_buffer("alphas_cumprod", DDPMSampler(variance=c.ddpm_variance).train_process.alphas_cumprod.float(), persistent=False)
 
     # --- conditioning ---------------------------------------------------------------------------
     def encode_prompts(self, prompts: list[str]) -> TextCondition:
@@ -127,7 +132,34 @@ class ToyMAR(MARPolicy):
         return self.norm(h[:, -L:])  # z [B, L, W]
 
     def head(self, x_t: Tensor, t: Tensor, z: Tensor) -> Tensor:
-        return self.diffloss(x_t, t, z)
+        """The sampler's native output (flow: velocity; DDPM: eps [+ variance]) for noisy tokens x_t [N, D].
+
+        With `head_prediction="x0"` the MLP predicts the clean token and the noise part is carried
+        analytically from x_t: an MLP narrower than the token (192-768 channels) cannot copy the
+        noise through itself, but it can draw the clean patch, which has few degrees of freedom.
+        """
+        out = self.diffloss(x_t, t, z)
+        if self.config.head_prediction == "native":
+            return out
+        D = self.token_dim
+        x0, rest = out[:, :D], out[:, D:]
+        x_t = x_t.to(x0.dtype)
+        if self.head_type == "flow":  # x_t = (1 - s) x0 + s eps, v = eps - x0 = (x_t - x0) / s, s = t / 1000
+            s = (t.float() / 1000).clamp(min=1e-3)[:, None].to(x0.dtype)
+            native = (x_t - x0) / s
+        else:  # x_t = sqrt(abar) x0 + sqrt(1 - abar) eps
+            abar = self.alphas_cumprod[t.round().long().clamp(0, len(self.alphas_cumprod) - 1)][:, None].to(x0.dtype)
+            native = (x_t - abar.sqrt() * x0) / (1 - abar).clamp(min=1e-6).sqrt()
+        return torch.cat([native, rest], dim=-1)
+
+    def loss_weight(self, t: Tensor) -> Tensor:
+        """Per-row weight that turns the sampler's native MSE into an x0 MSE (x0 prediction)."""
+        if self.config.head_prediction == "native":
+            return torch.ones_like(t, dtype=torch.float32)
+        if self.head_type == "flow":
+            return (t.float() / 1000).clamp(min=1e-3) ** 2
+        abar = self.alphas_cumprod[t.round().long().clamp(0, len(self.alphas_cumprod) - 1)].float()
+        return (1 - abar) / abar
 
     # --- codec: pixel patches ---------------------------------------------------------------------
     def encode(self, images: Tensor) -> Tensor:

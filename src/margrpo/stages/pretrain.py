@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -86,7 +87,7 @@ def run(args) -> None:
     state = out.parent / "state"
     train(policy, world_batches(world_cfg), cfg, state, log_path=state / "log.csv")
     write_policy(policy, out)
-    write_quality(policy, args, sampling_config(spec["sampling"]), args.quality, {"pretrain": vars(cfg) if hasattr(cfg, "__dict__") else {}}, world_cfg)
+    write_quality(policy, args, sampling_config(spec["sampling"]), args.quality, {"pretrain": dataclasses.asdict(cfg)}, world_cfg)
 
 
 if __name__ == "__main__":

@@ -27,8 +27,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> None:
-    import json
-
     from margrpo.evaluation.quality import quality_report
     from margrpo.policy import load_policy
     from margrpo.pretraining import PretrainConfig, train
@@ -48,7 +46,6 @@ def run(args) -> None:
     write_policy(policy, out)
     after = write_quality(policy, args, sampling, args.quality, {"before_warmup": before}, world_cfg)
     print(f"warm-up: overall strict {before['overall']['strict']:.3f} -> {after['overall']['strict']:.3f}")
-    del json
 
 
 if __name__ == "__main__":
