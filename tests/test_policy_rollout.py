@@ -140,4 +140,4 @@ def test_x0_head_gives_the_sampler_its_clean_estimate(head):
         t = sampler.model_time(i).expand(6)
         x0 = policy.diffloss(x_t, t, z)[:, : policy.token_dim]
         step = sampler.step(policy.head(x_t, t, z), i, x_t)
-        assert torch.allclose(step.pred_x0, x0, atol=1e-4), i
+        assert torch.allclose(step.pred_x0, x0, atol=2e-3), i  # DDPM step 0: abar ~ 1e-5 amplifies float32 rounding
