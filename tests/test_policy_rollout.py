@@ -136,8 +136,8 @@ def test_x0_head_gives_the_sampler_its_clean_estimate(head):
     policy = tiny_policy(head)
     sampler = policy.make_sampler(10)
     x_t, z = torch.randn(6, policy.token_dim), torch.randn(6, policy.z_dim)
-    for i in (0, 4, 8):
+    for i in (1, 4, 8):  # not step 0: there abar(999) ~ 1e-9 and eps -> x0 amplifies float32 rounding 3e4 times
         t = sampler.model_time(i).expand(6)
         x0 = policy.diffloss(x_t, t, z)[:, : policy.token_dim]
         step = sampler.step(policy.head(x_t, t, z), i, x_t)
-        assert torch.allclose(step.pred_x0, x0, atol=2e-3), i  # DDPM step 0: abar ~ 1e-5 amplifies float32 rounding
+        assert torch.allclose(step.pred_x0, x0, atol=1e-4), i
