@@ -126,7 +126,7 @@ def test_parameter_groups_partition_the_model():
 
 def test_codec_round_trip():
     policy = tiny_policy("flow")
-    images = torch.rand(3, 3, 32, 32)
+    images = torch.rand(3, 3, 64, 64)
     assert torch.allclose(policy.decode(policy.encode(images)), images, atol=1e-6)
 
 

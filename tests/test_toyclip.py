@@ -223,6 +223,27 @@ def test_training_is_seeded():
     assert [r["loss"] for r in run()] == [r["loss"] for r in run()]
 
 
+@pytest.mark.parametrize("paired", [True, False])
+def test_training_options_run(tmp_path, paired):
+    model, info = train_toyclip(WORLD, steps=2, batch_size=4, width=8, seed=0, log=lambda _: None, progress=False,
+                                precision="bf16", paired=paired, out_dir=tmp_path / "model")
+    assert info["train_cpu_seconds"] > 0 and all(np.isfinite(r["loss"]) for r in info["losses"])
+    images, prompts, _ = captioned_batch(2)
+    torch.testing.assert_close(ToyClip.from_pretrained(tmp_path / "model").score(images, prompts), model.score(images, prompts))
+    with pytest.raises(ValueError, match="Unknown precision"):
+        train_toyclip(WORLD, steps=1, batch_size=4, width=8, precision="fp16", progress=False)
+
+
+def test_paired_batches_hold_partner_scenes():
+    """A partner's caption is a compositional swap of the scene before it, and false of that scene."""
+    from margrpo.rewards.toyclip import sample_batch
+
+    batch = sample_batch(np.random.default_rng(4), WORLD, batch_size=32, k=2, paired=True)
+    assert batch.images.shape == (32, 3, 32, 32) and len(batch.prompts) == 32
+    partners = sum(batch.prompts[i + 1] in batch.negatives[i] for i in range(31))
+    assert partners >= 8
+
+
 # ------------------------------------------------------------------ the stage
 
 

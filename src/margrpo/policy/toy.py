@@ -31,13 +31,13 @@ WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer"
 @dataclass
 class ToyMARConfig:
     head_type: str = "flow"  # "flow" (NOVA-like, velocity) or "ddpm" (Harmon-like, eps + learned-range variance)
-    image_size: int = 32
-    patch_size: int = 8  # 8 -> 4x4 = 16 tokens of 192 channels at 32 px (3x faster to train than 4x4 patches)
+    image_size: int = 64
+    patch_size: int = 16  # 16 -> 4x4 = 16 tokens of 768 channels at 64 px: one token per ShapesWorld grid cell
     width: int = 192  # AR transformer width (= z_dim)
     depth: int = 4
     heads: int = 6
     mlp_ratio: float = 4.0
-    head_width: int = 256
+    head_width: int = 384
     head_depth: int = 3
     text_width: int = 64
     text_depth: int = 2
@@ -47,7 +47,7 @@ class ToyMARConfig:
     ddpm_variance: str = "learned_range"
     head_prediction: str = "x0"  # the MLP predicts the clean token; head() converts it to the sampler's v / eps
     flow_train_time: str = "uniform"  # training-time distribution of the flow head ("uniform" or "logit_normal")
-    head_z_input: bool = False  # z also enters the head's input (faster to train than AdaLN alone)
+    head_z_input: bool = True  # z also enters the head's input (faster to train than AdaLN alone)
     pooled_text: bool = False  # also add the mean text embedding to every image position (class-token style)
     token_norm: tuple[float, float] = (0.0, 1.0)  # (mean, std) of pixel-patch values in [-1, 1]; tokens are standardised
     vocab: list[str] = field(default_factory=list)  # prompt words; the tokenizer maps others to [UNK]

@@ -64,9 +64,8 @@ class ToyClipConfig:
     """Sizes of the dual encoder; the vocabulary is recorded so the tokenizer can be rebuilt."""
 
     image_size: int = 32  # images of another size are resized to this before scoring
-    width: int = 128  # channels of the last CNN stage (earlier stages: width / 4, width / 2)
+    width: int = 64  # channels of the last CNN stage (earlier stages: width / 4, width / 2)
     embed_dim: int = 64  # joint embedding size
-    image_attention: bool = False  # one self-attention layer over the s/8 feature map before pooling (pairwise layout)
     text_width: int = 64  # hidden size of the text transformer
     text_depth: int = 2  # transformer layers
     text_heads: int = 4
@@ -136,10 +135,6 @@ class ImageTower(nn.Module):
             nn.Conv2d(w, w, 1),  # s/8, per position: conjunctions (red AND corner) without mixing neighbouring objects
             nn.SiLU(),
         )
-        self.attn = (
-            nn.TransformerEncoderLayer(w, nhead=4, dim_feedforward=2 * w, dropout=0.0, batch_first=True, norm_first=True)
-            if c.image_attention else None
-        )
         self.proj = nn.Sequential(nn.Linear(w, w), nn.SiLU(), nn.Linear(w, c.embed_dim))
         ramp = torch.linspace(-1.0, 1.0, c.image_size)
         yy, xx = torch.meshgrid(ramp, ramp, indexing="ij")
@@ -149,10 +144,7 @@ class ImageTower(nn.Module):
         x = images * 2 - 1  # [B, 3, s, s] in [-1, 1]
         x = torch.cat([x, self.coords.expand(x.shape[0], -1, -1, -1).to(x.dtype)], dim=1)  # [B, 5, s, s]
         h = self.convs(x)  # [B, width, s/8, s/8]
-        tokens = h.flatten(2).transpose(1, 2)  # [B, (s/8)^2, width]
-        if self.attn is not None:
-            tokens = self.attn(tokens)
-        return self.proj(tokens.mean(dim=1))  # global average pool -> [B, embed_dim]
+        return self.proj(h.mean(dim=(2, 3)))  # global average pool -> [B, embed_dim]
 
 
 class TextTower(nn.Module):
@@ -268,9 +260,11 @@ class ToyClip(nn.Module):
 class ToyClipReward:
     """The `toyclip` reward: cosine similarity of image and prompt embeddings, float32 [B] in [-1, 1].
 
-    Like HPS it is a raw similarity, not a probability: a trained model gives matching pairs
-    roughly 0.3-0.9 and mismatched ones lower; only differences within a group matter to GRPO.
-    `metadata` is accepted for the reward protocol and not used (the scorer sees only the text).
+    Like HPS it is a raw similarity, not a probability. Measured on the default model (clean
+    held-out renders): true captions 0.75 / 0.88 / 0.94 (5th / 50th / 95th percentile), another
+    scene's caption -0.53 / 0.11 / 0.70, a one-attribute swap ~0.85 median, so only differences
+    within a group are meaningful (which is all GRPO uses). `metadata` is accepted for the reward
+    protocol and not used: the scorer sees only the text.
     """
 
     def __init__(self, path: str | Path, device: str | torch.device | None = None, batch_size: int = 256):
@@ -461,8 +455,9 @@ def sample_batch(rng: np.random.Generator, world_cfg, batch_size: int, k: int, p
     With `paired`, every scene is followed by a *partner*: a fresh scene drawn for the scene's first
     compositional hard negative (e.g. "a blue circle and a red square" after "a red circle and a blue
     square"), on which the first caption is false. The in-batch contrast then also has hard
-    negative *images*: the same words, bound differently, and binding cannot be learned from text
-    negatives alone in the budget (measured: binding-swap ranking stayed at chance without).
+    negative *images*: the same words, bound differently, so the image tower gets a direct signal
+    for binding, not only one mediated by the text tower's. Measured at the default settings
+    (held-out binding swaps, 420 triples): 0.57 without partners, 0.84 with.
     """
     from margrpo.world import render, sample_captioned
 
@@ -559,11 +554,11 @@ def train_toyclip(
     steps: int = 1500,
     batch_size: int = 64,
     lr: float = 1e-3,
-    width: int = 128,
+    width: int = 64,
     seed: int = 0,
     out_dir: str | Path | None = None,
     log: Callable[[str], None] = print,
-    n_negatives: int = 4,
+    n_negatives: int = 2,
     hard_weight: float = 1.0,
     weight_decay: float = 0.01,
     precision: str = "fp32",
@@ -575,9 +570,15 @@ def train_toyclip(
 ) -> tuple[ToyClip, dict]:
     """Train a ToyClip from scratch on freshly rendered ShapesWorld scenes; save to `out_dir` if given.
 
-    `model_config` sets other ToyClipConfig fields; `callback(step, model)` runs after every step (e.g. periodic evaluation; restore train mode).
-    Returns (model in eval mode, {"losses": per-step dicts, "train_seconds": float}). Scenes,
-    captions and negatives come from numpy rng SeedSequence([seed, 0]); evaluation uses another stream.
+    Each step draws `batch_size` captioned scenes (half of them partners, see `sample_batch`) with
+    `n_negatives` hard negatives each, from numpy rng SeedSequence([seed, 0]) (evaluation draws from
+    another stream). AdamW, linear warm-up over 5% of the steps then cosine decay, grad-norm clip 1.
+    Defaults reach >= 90% held-out ranking accuracy in about 2.5 CPU-minutes on one thread.
+    `model_config` sets further ToyClipConfig fields; `callback(step, model)` runs after every step
+    (e.g. a periodic evaluation, which must restore train mode).
+
+    Returns (model in eval mode, {"losses": per-step dicts, "train_seconds": wall time,
+    "train_cpu_seconds": this process's CPU time, the fair measure on a shared machine}).
     """
     if steps < 1 or batch_size < 2:
         raise ValueError(f"steps={steps} must be >= 1 and batch_size={batch_size} >= 2 (InfoNCE needs other images)")
@@ -595,7 +596,7 @@ def train_toyclip(
     warmup = max(1, steps // 20)
     device_type = torch.device(device).type
     losses = []
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     bar = tqdm(range(steps), desc="toyclip", disable=not progress, mininterval=5.0)
     for step in bar:
         for group in opt.param_groups:
@@ -615,11 +616,11 @@ def train_toyclip(
             log(f"toyclip step {step}/{steps}: loss {stats['loss']:.4f} (nce {stats['nce']:.4f}, hard {stats['hard']:.4f}), scale {stats['scale']:.1f}")
         if callback is not None:
             callback(step, model)
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - start_cpu
     model.eval()
     if out_dir is not None:
         save_atomic(model, out_dir)
-    return model, {"losses": losses, "train_seconds": seconds}
+    return model, {"losses": losses, "train_seconds": seconds, "train_cpu_seconds": cpu_seconds}
 
 
 def save_atomic(model: ToyClip, out_dir: str | Path) -> Path:
@@ -654,8 +655,9 @@ def evaluate_ranking(model: ToyClip, world_cfg, n: int = 2000, seed: int = 1, ba
     """Held-out ranking accuracy: P(score(image, true caption) > score(image, swapped caption)).
 
     Fresh scenes from SeedSequence([seed, 1]) (training draws from [seed, 0]); each scene gives one
-    triple per swap type that has a false swap for it, until `n` triples. Returns
-    {"overall": float, "n": int, "per_type": {type: {"accuracy", "n"}}, "mean_margin": float}.
+    triple per swap type that has a false swap for it, until `n` triples. Ties count as wrong.
+    Returns {"overall": accuracy over all triples, "macro": mean of the per-type accuracies,
+    "n": int, "per_type": {type: {"accuracy", "n"}}, "mean_margin": mean score(true) - score(swap)}.
     """
     from margrpo.world import render, sample_captioned
 
@@ -689,7 +691,13 @@ def evaluate_ranking(model: ToyClip, world_cfg, n: int = 2000, seed: int = 1, ba
             margins.append(m)
     per_type = {t: {"accuracy": float(np.mean(v)), "n": len(v)} for t, v in correct.items() if v}
     flat = [g for v in correct.values() for g in v]
-    return {"overall": float(np.mean(flat)), "n": len(flat), "per_type": per_type, "mean_margin": float(np.mean(margins))}
+    return {
+        "overall": float(np.mean(flat)),
+        "macro": float(np.mean([v["accuracy"] for v in per_type.values()])),
+        "n": len(flat),
+        "per_type": per_type,
+        "mean_margin": float(np.mean(margins)),
+    }
 
 
 def _one_negative(scene, spec: dict, kind: str, rng: np.random.Generator, world_cfg) -> str | None:

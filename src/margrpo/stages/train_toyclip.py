@@ -1,7 +1,7 @@
 """`margrpo train-toyclip`: train the learned toy reward (the HPS analogue) and measure it.
 
     margrpo train-toyclip --world results/data/suites/world.json \
-        --config-json '{"steps": 1500, "batch_size": 64, "lr": 0.001, "width": 128, "seed": 0}' \
+        --config-json '{"steps": 1500, "batch_size": 64, "lr": 0.001, "width": 64, "seed": 0}' \
         --out-dir results/toyclip/model --metrics results/toyclip/metrics.json --threads 1
 
 Writes the model folder (config.json, model.safetensors, tokenizer/; saved into a temp folder,
@@ -21,7 +21,7 @@ from margrpo.stages._common import json_arg, setup
 log = logging.getLogger("margrpo.train_toyclip")
 
 # --config-json keys (the config schema's `toyclip` block) and their defaults
-CONFIG_DEFAULTS = {"enabled": True, "steps": 1500, "batch_size": 64, "lr": 1e-3, "width": 128, "seed": 0}
+CONFIG_DEFAULTS = {"enabled": True, "steps": 1500, "batch_size": 64, "lr": 1e-3, "width": 64, "seed": 0}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,10 +75,12 @@ def run(args: argparse.Namespace) -> None:
     last = info["losses"][-1]
     metrics = {
         "heldout_ranking_accuracy": ranking["overall"],
+        "heldout_ranking_macro": ranking["macro"],
         "per_swap_type": ranking["per_type"],
         "n_triples": ranking["n"],
         "mean_margin": ranking["mean_margin"],
         "train_seconds": info["train_seconds"],
+        "train_cpu_seconds": info["train_cpu_seconds"],
         "steps": settings["steps"],
         "final_loss": last["loss"],
         "final_hard_loss": last["hard"],
@@ -91,7 +93,7 @@ def run(args: argparse.Namespace) -> None:
     atomic_write_json(args.metrics, metrics)
     per_type = ", ".join(f"{k} {v['accuracy']:.3f}" for k, v in ranking["per_type"].items())
     print(f"toyclip held-out ranking accuracy: {ranking['overall']:.4f} over {ranking['n']} triples ({per_type}); "
-          f"trained {settings['steps']} steps in {info['train_seconds']:.0f} s -> {args.out_dir}")
+          f"trained {settings['steps']} steps in {info['train_seconds']:.0f} s ({info['train_cpu_seconds']:.0f} CPU s) -> {args.out_dir}")
 
 
 if __name__ == "__main__":
