@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test test-fast install evaluators report clean-results lint
+.PHONY: run test test-fast test-slurm install evaluators report clean-results lint
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,10 +24,13 @@ report: $(STAMP)       ## regenerate tables and figures from cached results (no 
 	$(BIN)/snakemake --cores all --rerun-triggers mtime $(SNAKEMAKE_ARGS)
 
 test: $(STAMP)         ## the full test suite, including the end-to-end smoke workflow
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q -m "not slurm" $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(BIN)/pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/pytest -q -m "not slow and not slurm" $(PYTEST_ARGS)
+
+test-slurm: $(STAMP)   ## the smoke workflow through sbatch on a single-node SLURM cluster (installs Debian's slurm; root)
+	$(BIN)/pytest -q -m slurm $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/snakemake --lint

@@ -58,7 +58,7 @@ def _numbers(path):
     return df[[c for c in df.columns if c.endswith("/mean")]].to_numpy(dtype=float)
 
 
-@pytest.mark.slow
+@pytest.mark.slurm
 def test_slurm_profile_runs_the_smoke_dag_through_sbatch(smoke_run, tmp_path):
     """workflow/profiles/slurm against a real single-node SLURM cluster on localhost."""
     if os.geteuid() != 0 or not Path("/usr/bin/apt-get").exists():
