@@ -153,13 +153,15 @@ class ToyMAR(MARPolicy):
         return torch.cat([native, rest], dim=-1)
 
     def loss_weight(self, t: Tensor) -> Tensor:
-        """Per-row weight that turns the sampler's native MSE into an x0 MSE (x0 prediction)."""
+        """Per-row weight on the sampler's native loss for x0 prediction (flow: exactly the x0 MSE)."""
         if self.config.head_prediction == "native":
             return torch.ones_like(t, dtype=torch.float32)
         if self.head_type == "flow":
             return (t.float() / 1000).clamp(min=1e-3) ** 2
+        # eps-MSE * (1 - abar) / abar is the x0 MSE; capped at 1 (min-SNR weighting) because near
+        # pure noise abar ~ 1e-9 would blow up the learned-variance (VLB) term that shares the weight
         abar = self.alphas_cumprod[t.round().long().clamp(0, len(self.alphas_cumprod) - 1)].float()
-        return (1 - abar) / abar
+        return ((1 - abar) / abar).clamp(max=1.0)
 
     # --- codec: pixel patches ---------------------------------------------------------------------
     def encode(self, images: Tensor) -> Tensor:

@@ -2,9 +2,10 @@
 
 A small CLIP-style dual encoder trained from scratch by `margrpo train-toyclip`:
 
-- image tower: CoordConv CNN (4 convs with GroupNorm + SiLU, three of them stride 2, then a 1x1
-  conv) and global average pooling: a bag of per-location features, each seeing about one
-  object; the coordinate channels let a feature record where its object sits ("left of");
+- image tower: CoordConv CNN (4 convs with GroupNorm + SiLU, three of them stride 2 after a
+  stride-2 stem at 64 px, then a 1x1 conv) and global average pooling: a bag of per-location
+  features, each seeing about one object; coordinate channels let a feature record where its
+  object sits ("left of");
 - text tower: a tiny `BertModel` (relative position attention) over a word-level tokenizer of
   the world's vocabulary, mean-pooled: a bag of contextual word states, the text-side analogue;
 - both projected to `embed_dim` and L2-normalised; score = cosine similarity in [-1, 1].
@@ -77,9 +78,18 @@ class ToyClipConfig:
     logit_scale_max: float = math.log(100.0)  # CLIP's clamp
     vocab: list[str] = field(default_factory=list)  # prompt words; others map to [UNK]
 
+    @property
+    def stem_stride(self) -> int:
+        """1 up to 63 px, 2 from 64 px: the CNN runs at <= 32 px after its first conv, so a 64-px
+        world costs about what a 32-px one does and a final position covers one 16-px grid cell."""
+        return max(1, self.image_size // 32)
+
     def __post_init__(self) -> None:
-        if self.image_size % 8:
-            raise ValueError(f"image_size={self.image_size} must be a multiple of 8 (three stride-2 stages)")
+        if self.image_size % (8 * self.stem_stride):
+            raise ValueError(
+                f"image_size={self.image_size} must be a multiple of {8 * self.stem_stride} "
+                f"(a stride-{self.stem_stride} stem and three stride-2 stages)"
+            )
         if self.width % 4 or self.width < 8:
             raise ValueError(f"width={self.width} must be a multiple of 4 and >= 8")
         if self.text_width % self.text_heads:
@@ -128,11 +138,11 @@ class ImageTower(nn.Module):
         super().__init__()
         w = c.width
         self.convs = nn.Sequential(
-            _conv_block(3 + 2, w // 4, 1),  # s, + 2 coordinate channels
-            _conv_block(w // 4, w // 2, 2),  # s/2
-            _conv_block(w // 2, w, 2),  # s/4
-            _conv_block(w, w, 2),  # s/8
-            nn.Conv2d(w, w, 1),  # s/8, per position: conjunctions (red AND corner) without mixing neighbouring objects
+            _conv_block(3 + 2, w // 4, c.stem_stride),  # r = s / stem_stride; + 2 coordinate channels
+            _conv_block(w // 4, w // 2, 2),  # r/2
+            _conv_block(w // 2, w, 2),  # r/4
+            _conv_block(w, w, 2),  # r/8
+            nn.Conv2d(w, w, 1),  # r/8, per position: conjunctions (red AND corner) without mixing neighbouring objects
             nn.SiLU(),
         )
         self.proj = nn.Sequential(nn.Linear(w, w), nn.SiLU(), nn.Linear(w, c.embed_dim))
@@ -143,7 +153,7 @@ class ImageTower(nn.Module):
     def forward(self, images: Tensor) -> Tensor:
         x = images * 2 - 1  # [B, 3, s, s] in [-1, 1]
         x = torch.cat([x, self.coords.expand(x.shape[0], -1, -1, -1).to(x.dtype)], dim=1)  # [B, 5, s, s]
-        h = self.convs(x)  # [B, width, s/8, s/8]
+        h = self.convs(x)  # [B, width, r/8, r/8]
         return self.proj(h.mean(dim=(2, 3)))  # global average pool -> [B, embed_dim]
 
 
@@ -260,10 +270,10 @@ class ToyClip(nn.Module):
 class ToyClipReward:
     """The `toyclip` reward: cosine similarity of image and prompt embeddings, float32 [B] in [-1, 1].
 
-    Like HPS it is a raw similarity, not a probability. Measured on the default model (clean
-    held-out renders): true captions 0.75 / 0.88 / 0.94 (5th / 50th / 95th percentile), another
-    scene's caption -0.53 / 0.11 / 0.70, a one-attribute swap ~0.85 median, so only differences
-    within a group are meaningful (which is all GRPO uses). `metadata` is accepted for the reward
+    Like HPS it is a raw similarity, not a probability. Measured on the default model (64-px
+    world, clean held-out renders): true captions 0.74 / 0.86 / 0.92 (5th / 50th / 95th
+    percentile), another scene's caption -0.61 / 0.09 / 0.67, a one-attribute swap ~0.85 median;
+    so only differences within a group are meaningful (which is all GRPO uses). `metadata` is accepted for the reward
     protocol and not used: the scorer sees only the text.
     """
 
@@ -456,8 +466,8 @@ def sample_batch(rng: np.random.Generator, world_cfg, batch_size: int, k: int, p
     compositional hard negative (e.g. "a blue circle and a red square" after "a red circle and a blue
     square"), on which the first caption is false. The in-batch contrast then also has hard
     negative *images*: the same words, bound differently, so the image tower gets a direct signal
-    for binding, not only one mediated by the text tower's. Measured at the default settings
-    (held-out binding swaps, 420 triples): 0.57 without partners, 0.84 with.
+    for binding, not only one mediated by the text tower's. Measured at the default settings on
+    the 32-px world (held-out binding swaps, 420 triples): 0.57 without partners, 0.84 with.
     """
     from margrpo.world import render, sample_captioned
 
@@ -573,7 +583,8 @@ def train_toyclip(
     Each step draws `batch_size` captioned scenes (half of them partners, see `sample_batch`) with
     `n_negatives` hard negatives each, from numpy rng SeedSequence([seed, 0]) (evaluation draws from
     another stream). AdamW, linear warm-up over 5% of the steps then cosine decay, grad-norm clip 1.
-    Defaults reach >= 90% held-out ranking accuracy in about 2.5 CPU-minutes on one thread.
+    Defaults reach >= 90% held-out ranking accuracy in about 2.5 CPU-minutes on one thread
+    (measured: 0.927 on the 64-px / 4x4-grid world, 0.92 on the 32-px one).
     `model_config` sets further ToyClipConfig fields; `callback(step, model)` runs after every step
     (e.g. a periodic evaluation, which must restore train mode).
 
@@ -624,7 +635,11 @@ def train_toyclip(
 
 
 def save_atomic(model: ToyClip, out_dir: str | Path) -> Path:
-    """save_pretrained into a sibling temp folder, then rename it onto `out_dir` (replacing an old one)."""
+    """save_pretrained into a sibling temp folder, then rename it onto `out_dir` (replacing an old one).
+
+    The folder gets the usual permissions (mkdtemp makes it private): 0777 / 0666 minus the umask.
+    """
+    import os
     import shutil
     import tempfile
 
@@ -633,6 +648,10 @@ def save_atomic(model: ToyClip, out_dir: str | Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         model.save_pretrained(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        for path in [tmp, *tmp.rglob("*")]:
+            path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
         if out.exists():
             old = out.with_name(f".{out.name}.old")
             shutil.rmtree(old, ignore_errors=True)

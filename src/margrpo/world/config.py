@@ -151,6 +151,8 @@ class WorldConfig:
 # Size presets: the 32-px default and a 64-px world in which stripes survive blur (measured).
 PRESETS: dict[str, WorldConfig] = {
     "toy32": WorldConfig(),
+    # the pipeline's default world (workflow schema): 64 px, 4 x 4 cells of 16 px, one toy-MAR token each
+    "grid4": WorldConfig(image_size=64, grid=4),
     "toy64": WorldConfig(
         image_size=64, size_range=(20, 24), min_gap_px=6, jitter_px=2, line_px=4, stripe_period_px=8, textures=TEXTURES
     ),
