@@ -114,6 +114,17 @@ def test_config_checks():
         ToyClipConfig(text_positions="rotary")
 
 
+def test_64px_world_uses_a_strided_stem():
+    """At 64 px the first conv has stride 2, so a final position covers one 16-px grid cell."""
+    cfg = ToyClipConfig(image_size=64, vocab=default_vocabulary(WORLD), **TINY)
+    assert cfg.stem_stride == 2 and ToyClipConfig(image_size=32).stem_stride == 1
+    model = ToyClip(cfg)
+    images = torch.rand(2, 3, 64, 64)
+    coords = model.image_tower.coords.expand(2, -1, -1, -1)
+    assert model.image_tower.convs(torch.cat([images, coords], 1)).shape[-2:] == (4, 4)
+    assert model.score(images, ["a red circle", "two squares"]).shape == (2,)
+
+
 @pytest.mark.parametrize("pool", ["mean", "cls"])
 @pytest.mark.parametrize("positions", ["relative_key", "relative_key_query", "absolute"])
 def test_every_text_variant_scores(pool, positions):
@@ -263,9 +274,10 @@ def test_stage_cli_end_to_end(tmp_path, capsys):
     assert "held-out ranking accuracy" in capsys.readouterr().out
     images, prompts, metadata = captioned_batch(3)
     assert ToyClipReward(out)(images, prompts, metadata).shape == (3,)
-    # a second run replaces the model folder; no temp folders are left behind
+    # a second run replaces the model folder; no temp folders are left behind; usual permissions
     assert main(argv) == 0
     assert sorted(p.name for p in out.parent.iterdir()) == ["metrics.json", "model"]
+    assert out.stat().st_mode & 0o755 == 0o755 and (out / "model.safetensors").stat().st_mode & 0o644 == 0o644
 
 
 def test_stage_rejects_unknown_config_keys(tmp_path):
