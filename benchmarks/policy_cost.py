@@ -21,8 +21,8 @@ from margrpo.world import prompt_vocabulary
 PROMPTS = ["a red circle", "a blue square and a green triangle", "three yellow circles"]
 
 
-def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def matmul_gflops(n: int = 2048, repeats: int = 5, dtype=torch.float32) -> float:
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     a @ b
     t0 = time.perf_counter()
     for _ in range(repeats):
@@ -59,12 +59,14 @@ def main() -> None:
     flops = counter.get_total_flops()
     seconds = min(times)
     achieved = flops / seconds / 1e9
-    peak = matmul_gflops()
+    peak32 = matmul_gflops()
+    peak = matmul_gflops(dtype=torch.bfloat16) if args.precision == "bf16" else peak32
     print(f"policy: {args.policy or 'random init, default ToyMARConfig'} ({sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M params), "
           f"{policy.seq_len} tokens x {policy.token_dim}, K={args.ar_steps}, T={args.diffusion_steps}, CFG 3, {args.precision}, {args.threads} thread(s)")
     print(f"rollout 3 prompts x 4 images: {seconds:.3f} s (best of {args.repeats}; all: {', '.join(f'{t:.3f}' for t in times)})")
     print(f"FLOPs per rollout: {flops / 1e9:.2f} GFLOP -> {achieved:.1f} GFLOP/s achieved")
-    print(f"large float32 matmul (2048^3): {peak:.1f} GFLOP/s -> rollout efficiency {achieved / peak:.1%}")
+    print(f"large matmul (2048^3): float32 {peak32:.1f} GFLOP/s, {args.precision if args.precision == 'bf16' else 'float32'} {peak:.1f} GFLOP/s "
+          f"-> rollout efficiency {achieved / peak:.1%} of the same-precision matmul")
 
 
 if __name__ == "__main__":
