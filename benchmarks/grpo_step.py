@@ -37,7 +37,7 @@ def make_policy(path):
 
 def step_times(policy_path, sampling, grpo, variant, steps) -> list[float]:
     fields = set(GRPOConfig.__dataclass_fields__)
-    cfg = GRPOConfig(**{k: v for k, v in {**grpo, **variant}.items() if k in fields}, steps=steps + 1)
+    cfg = GRPOConfig(**{k: v for k, v in {**grpo, **variant, "steps": steps + 1}.items() if k in fields})
     ps = PromptSet(PROMPTS, [{}] * len(PROMPTS))
     trainer = GRPOTrainer(make_policy(policy_path), reward, ps, ps, sampling, cfg, tempfile.mkdtemp())
     times = []
