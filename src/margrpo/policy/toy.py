@@ -16,15 +16,15 @@ from typing import Iterator
 
 import torch
 from safetensors.torch import load_file, save_file
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from torch import Tensor, nn
 from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
+
+from margrpo.text import SPECIAL_TOKENS, build_tokenizer  # noqa: F401  (re-exported)
 
 from margrpo.diffusion import DDPMSampler, FlowSDESampler, Sampler
 from margrpo.policy.base import MARPolicy, TextCondition
 from margrpo.policy.layers import Block, SimpleMLPAdaLN
 
-SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]"]
 WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer"
 
 
@@ -65,18 +65,6 @@ class ToyMARConfig:
     @property
     def grid(self) -> int:
         return self.image_size // self.patch_size
-
-
-def build_tokenizer(vocab: list[str], max_len: int) -> PreTrainedTokenizerFast:
-    """A word-level tokenizer over the world's vocabulary ([CLS] first, lower-cased, [UNK] for others)."""
-    words = SPECIAL_TOKENS + sorted(set(vocab) - set(SPECIAL_TOKENS))
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A", special_tokens=[("[CLS]", 2)])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", model_max_length=max_len
-    )
 
 
 class ToyMAR(MARPolicy):

@@ -37,9 +37,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from torch import Tensor, nn
 from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
+
+from margrpo.text import SPECIAL_TOKENS, build_tokenizer  # noqa: F401  (re-exported)
 
 __all__ = [
     "ToyClipConfig",
@@ -52,7 +53,6 @@ __all__ = [
 
 MODEL_TYPE = "toyclip"
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_DIR = "config.json", "model.safetensors", "tokenizer"
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]")  # ids 0, 1, 2
 TEXT_POOLS = ("mean", "cls")
 TEXT_POSITIONS = ("relative_key", "relative_key_query", "absolute")  # BertConfig.position_embedding_type
 
@@ -100,18 +100,6 @@ class ToyClipConfig:
             raise ValueError(f"Unknown text_pool: {self.text_pool!r}; expected one of {TEXT_POOLS}")
         if self.max_text_len < 2:
             raise ValueError(f"max_text_len={self.max_text_len} leaves no room after [CLS]; use >= 2")
-
-
-def build_tokenizer(vocab: list[str], max_len: int) -> PreTrainedTokenizerFast:
-    """Word-level tokenizer: lower-cased, split on whitespace / punctuation, [CLS] prepended, [UNK] otherwise."""
-    words = list(SPECIAL_TOKENS) + sorted({w.lower() for w in vocab} - set(SPECIAL_TOKENS))
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A", special_tokens=[("[CLS]", 2)])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", model_max_length=max_len
-    )
 
 
 # ============================================================================ model
