@@ -34,6 +34,8 @@ class PretrainConfig:
     weight_decay: float = 0.02
     diffusion_batch_mul: int = 4  # noise draws per token per step: the head is cheap next to the transformer
     text_dropout: float = 0.1  # replace the prompt by the null prompt, for classifier-free guidance
+    mask_ratio_min: float = 0.7  # MAR: mask ratio ~ normal(1, std) truncated to [min, 1]
+    mask_ratio_std: float = 0.25
     head_steps: int | None = None  # freeze the head after this many steps (under-trained head, Harmon-like)
     train_ar: bool = True  # False = warm-up: only the head learns
     ema_decay: float = 0.995
@@ -43,6 +45,8 @@ class PretrainConfig:
     save_every: int = 250  # resume checkpoints
 
     def __post_init__(self):
+        if not 0 <= self.mask_ratio_min <= 1 or self.mask_ratio_std <= 0:
+            raise ValueError(f"mask_ratio_min must lie in [0, 1] and mask_ratio_std be > 0, got {self.mask_ratio_min}, {self.mask_ratio_std}")
         if self.precision not in ("no", "bf16", "fp16"):
             raise ValueError(f"Unknown precision: {self.precision!r}; expected 'no', 'bf16' or 'fp16'")
 
@@ -133,7 +137,7 @@ def train(policy: MARPolicy, batch_fn: BatchFn, cfg: PretrainConfig, state_dir: 
             group["lr"] = cfg.lr * _lr_factor(step, cfg)
         images, prompts = batch_fn(cfg.batch_size, generator)
         prompts = [("" if torch.rand((), generator=generator).item() < cfg.text_dropout else p) for p in prompts]
-        ratio = mask_ratio_sample(generator)
+        ratio = mask_ratio_sample(generator, cfg.mask_ratio_min, std=cfg.mask_ratio_std)
         with autocast(device, cfg.precision):
             loss = mar_loss(policy, sampler, images.to(device), prompts, generator, cfg.diffusion_batch_mul, ratio)
         optimizer.zero_grad(set_to_none=True)

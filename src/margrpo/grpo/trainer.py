@@ -59,6 +59,11 @@ class GRPOConfig:
     updates_per_rollout: int = 1
     reinforce: bool = False  # official code: no clip, one optimizer step per chosen AR step
     logprob_cfg: str = "exact"  # "exact" or "cond_only"
+    # "recorded": log_prob_old from the rollout record (exact in float32). "recomputed": a no-grad pass
+    # of the training replay before the first update. Under bf16 the rollout and the batched replay
+    # round differently, so recorded log-probs give ratios of 0.9-1.1 at unchanged parameters
+    # (measured on the toy policy); recomputing makes the first update's ratio exactly 1 again.
+    old_logprob: str = "recomputed"
     micro_batches: int = 2  # gradient-variance statistic (and memory chunking)
     save_every: int = 20
     val_every: int = 10
@@ -79,6 +84,8 @@ class GRPOConfig:
             raise ValueError(f"Unknown kl: {self.kl!r}; expected 'paper' or 'gaussian'")
         if self.logprob_cfg not in ("exact", "cond_only"):
             raise ValueError(f"Unknown logprob_cfg: {self.logprob_cfg!r}; expected 'exact' or 'cond_only'")
+        if self.old_logprob not in ("recorded", "recomputed"):
+            raise ValueError(f"Unknown old_logprob: {self.old_logprob!r}; expected 'recorded' or 'recomputed'")
         if self.mte_sampling not in ("in_loop", "post_hoc"):
             raise ValueError(f"Unknown mte_sampling: {self.mte_sampling!r}; expected 'in_loop' or 'post_hoc'")
         if self.trajectories < 1:
@@ -163,13 +170,27 @@ class GRPOTrainer:
             sim = torch.stack(keep)
         return mte, sim
 
+    @torch.no_grad()
+    def old_log_probs(self, rollout: Rollout, ar: torch.Tensor, diff: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """log_prob_old of one micro-batch: from the record, or recomputed by the training replay itself."""
+        if self.cfg.old_logprob == "recorded":
+            return recorded(rollout, ar, diff)
+        with autocast(self.accelerator.device, self.cfg.precision):
+            rp = replay(self.policy, rollout, ar, diff, logprob_cfg=self.cfg.logprob_cfg, with_mte=self.cfg.trajectories > 1)
+        return rp.log_prob, rp.mte_log_prob
+
     def micro_loss(self, rollout: Rollout, adv: torch.Tensor, ar: torch.Tensor, diff: torch.Tensor,
-                   mte_mask: torch.Tensor | None, sim_keep: torch.Tensor | None) -> tuple[torch.Tensor, dict]:
-        """Loss of one micro-batch (already a sub-rollout): mean over chosen AR steps of the token-mean loss."""
+                   mte_mask: torch.Tensor | None, sim_keep: torch.Tensor | None,
+                   old: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> tuple[torch.Tensor, dict]:
+        """Loss of one micro-batch (already a sub-rollout): mean over chosen AR steps of the token-mean loss.
+
+        `old`: (log_prob_old, MTE log_prob_old) of these steps; computed here when not given.
+        """
         cfg = self.cfg
+        old = old if old is not None else self.old_log_probs(rollout, ar, diff)
         with autocast(self.accelerator.device, cfg.precision):
             rp = replay(self.policy, rollout, ar, diff, logprob_cfg=cfg.logprob_cfg, with_mte=cfg.trajectories > 1)
-        old, old_mte = recorded(rollout, ar, diff)
+        old, old_mte = old
         obj = per_token_policy_objective(rp.log_prob, old, adv, cfg.clip_eps)  # [M, U, n, L]
         weight = rp.mask.float()  # completion mask: unknown tokens at stochastic steps
         if sim_keep is not None:
@@ -214,15 +235,22 @@ class GRPOTrainer:
         diffs = [diff[i : i + 1] for i in range(len(ar))] if cfg.reinforce else [diff] * cfg.updates_per_rollout
         N = len(rollout.prompts)
         chunks = torch.arange(N).chunk(cfg.micro_batches)
+        subs = [_subset(rollout, rows) for rows in chunks]
+        # every update's log_prob_old comes from the parameters before the first update
+        olds = {}
+        for ar_u, diff_u in zip(schedule, diffs):
+            key = (tuple(ar_u.tolist()), tuple(diff_u.flatten().tolist()))
+            if key not in olds:
+                olds[key] = [self.old_log_probs(sub, ar_u, diff_u) for sub in subs]
         log = {}
         for ar_u, diff_u in zip(schedule, diffs):
             self.optimizer.zero_grad(set_to_none=True)
             micro_grads, stats_acc, total = [], [], 0.0
-            for rows in chunks:
-                sub = _subset(rollout, rows)
-                loss, stats = self.micro_loss(sub, adv[rows], ar_u, diff_u,
+            old_u = olds[(tuple(ar_u.tolist()), tuple(diff_u.flatten().tolist()))]
+            for c, rows in enumerate(chunks):
+                loss, stats = self.micro_loss(subs[c], adv[rows], ar_u, diff_u,
                                               None if mte_mask is None else mte_mask[rows],
-                                              None if sim_keep is None else sim_keep[:, rows])
+                                              None if sim_keep is None else sim_keep[:, rows], old_u[c])
                 loss = loss * len(rows) / N  # micro-batch losses sum to the batch mean
                 self.accelerator.backward(loss)
                 micro_grads.append(_flat_grad(self.ar_params))

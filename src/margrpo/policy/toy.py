@@ -81,6 +81,7 @@ class ToyMAR(MARPolicy):
                 num_attention_heads=c.text_heads, intermediate_size=4 * c.text_width,
                 max_position_embeddings=c.max_text_len, hidden_dropout_prob=c.dropout,
                 attention_probs_dropout_prob=c.dropout, pad_token_id=0,
+                attn_implementation="eager",  # 24 positions: plain attention beats the fused CPU kernels
             ),
             add_pooling_layer=False,
         )
