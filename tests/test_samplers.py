@@ -350,6 +350,34 @@ def test_ddpm_learned_range_loss_at_t0_is_finite_and_vlb_leaves_the_mean_alone()
 # model time, construction, validation
 
 
+def test_mse_weight_scales_the_mean_loss_only(sampler):
+    """A per-row weight (x0 re-weighting) must not reach the learned-variance VLB term."""
+    x0, noise, t, x_t = training_batch(sampler)
+    out = head_output(sampler, n=64, seed=5)
+    full = sampler.training_loss(out, x0, noise, x_t, t)
+    w = torch.rand(64, generator=gen(7))
+    weighted = sampler.training_loss(out, x0, noise, x_t, t, mse_weight=w)
+    without_mse = sampler.training_loss(out, x0, noise, x_t, t, mse_weight=0.0)
+    if getattr(sampler, "out_channels_factor", 1) == 2:
+        assert bool((without_mse > 0).all())  # the VLB term survives a zero weight
+    else:
+        assert float(without_mse.abs().max()) == 0.0
+    mse = full - without_mse
+    torch.testing.assert_close(weighted, w * mse + without_mse)
+
+
+def test_ddpm_learned_range_variance_stays_inside_its_range():
+    """frac = (v + 1) / 2 is clamped: any head output gives a variance between beta_tilde and beta."""
+    sampler = DDPMSampler(num_steps=T, variance="learned_range")
+    x = noisy_sample(n=3)
+    for v in (-30.0, 0.0, 27.0):
+        out = torch.cat([torch.zeros(3, D), torch.full((3, D), v)], dim=-1)
+        std = sampler.step(out, 2, x, generator=gen()).std
+        small = DDPMSampler(num_steps=T, variance="fixed_small").step(out[:, :D], 2, x, generator=gen()).std
+        large = DDPMSampler(num_steps=T, variance="fixed_large").step(out[:, :D], 2, x, generator=gen()).std
+        assert bool((std >= small * (1 - 1e-6)).all()) and bool((std <= large * (1 + 1e-6)).all())
+
+
 def test_model_time():
     ddpm = DDPMSampler(num_steps=4)
     assert ddpm.model_time(torch.arange(4)).tolist() == [999.0, 666.0, 333.0, 0.0]

@@ -72,9 +72,8 @@ def mar_loss(policy: MARPolicy, sampler, images: Tensor, prompts: list[str], gen
     x_t = sampler.add_noise(x0, noise, t)
     model_time = sampler.train_model_time(t)
     out = policy.head(x_t, model_time, zm)
-    loss = sampler.training_loss(out.float(), x0, noise, x_t, t)  # [n] in the sampler's parameterisation
     weight = policy.loss_weight(model_time) if hasattr(policy, "loss_weight") else 1.0
-    return (loss * weight).mean()
+    return sampler.training_loss(out.float(), x0, noise, x_t, t, mse_weight=weight).mean()  # [n] -> mean
 
 
 class EMA:

@@ -72,7 +72,8 @@ class Sampler(Protocol):
     def add_noise(self, x0: Tensor, noise: Tensor, train_time: Tensor) -> Tensor: ...
 
     def training_loss(
-        self, model_output: Tensor, x0: Tensor, noise: Tensor, x_t: Tensor, train_time: Tensor
+        self, model_output: Tensor, x0: Tensor, noise: Tensor, x_t: Tensor, train_time: Tensor,
+        mse_weight: Tensor | float = 1.0,
     ) -> Tensor: ...
 
     def train_model_time(self, train_time: Tensor) -> Tensor: ...

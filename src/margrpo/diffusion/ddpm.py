@@ -265,14 +265,16 @@ class DDPMSampler:
 
     def _log_variance(self, var_values: Tensor, log_small: Tensor, log_large: Tensor) -> Tensor:
         """log sigma^2: fixed_small = log beta_tilde (clipped), fixed_large = log beta, learned_range =
-        frac log beta + (1 - frac) log beta_tilde with frac = (v + 1) / 2 (Nichol & Dhariwal Eq. 15)."""
+        frac log beta + (1 - frac) log beta_tilde with frac = (v + 1) / 2 (Nichol & Dhariwal Eq. 15),
+        clamped to [0, 1]: outside it the "interpolation" extrapolates to variances no step has (an
+        under-trained toy head drifted to frac ~ 14, i.e. pure-noise samples)."""
         variance = self.config.variance
         if variance == "fixed_small":
             return log_small
         if variance == "fixed_large":
             return log_large
         if variance == "learned_range":
-            frac = (var_values + 1) / 2  # [N, D]
+            frac = ((var_values + 1) / 2).clamp(0, 1)  # [N, D]
             return frac * log_large + (1 - frac) * log_small
         raise ValueError(f"Unknown variance: {variance!r}; expected one of {VARIANCES}")
 
@@ -296,10 +298,13 @@ class DDPMSampler:
         return (sqrt_abar * x0.float() + sqrt_one_minus * noise.float()).to(x0.dtype)
 
     def training_loss(
-        self, model_output: Tensor, x0: Tensor, noise: Tensor, x_t: Tensor, train_time: Tensor
+        self, model_output: Tensor, x0: Tensor, noise: Tensor, x_t: Tensor, train_time: Tensor,
+        mse_weight: Tensor | float = 1.0,
     ) -> Tensor:
-        """Per-row loss [N]: MSE of the prediction (mean over D), plus for learned_range the VLB term
-        of improved-DDPM's hybrid loss L_simple + L_vlb (Nichol & Dhariwal Eq. 16).
+        """Per-row loss [N]: MSE of the prediction (mean over D) times `mse_weight`, plus for
+        learned_range the VLB term of improved-DDPM's hybrid loss L_simple + L_vlb (Nichol & Dhariwal
+        Eq. 16). The weight re-balances the mean's loss only (e.g. to an x0 loss): scaling the VLB
+        with it would silence the variance exactly at the small-noise steps where it matters.
 
         L_vlb at j > 0 is KL(q(x_{j-1} | x_j, x0) || p(x_{j-1} | x_j)) in bits per channel, with the model
         mean built from the stop-gradiented prediction so that only the variance learns from it; at
@@ -320,7 +325,7 @@ class DDPMSampler:
             target = noise
         else:  # v = sqrt(abar) eps - sqrt(1 - abar) x0 (Salimans & Ho 2022)
             target = rows(p.sqrt_alphas_cumprod) * noise - rows(p.sqrt_one_minus_alphas_cumprod) * x0
-        loss = ((pred - target) ** 2).mean(-1)  # [N]
+        loss = mse_weight * ((pred - target) ** 2).mean(-1)  # [N]
         if self.config.variance != "learned_range":
             return loss
 

@@ -193,9 +193,11 @@ class FlowSDESampler:
         return ((1 - t) * x0.float() + t * noise.float()).to(x0.dtype)
 
     def training_loss(
-        self, model_output: Tensor, x0: Tensor, noise: Tensor, x_t: Tensor, train_time: Tensor
+        self, model_output: Tensor, x0: Tensor, noise: Tensor, x_t: Tensor, train_time: Tensor,
+        mse_weight: Tensor | float = 1.0,
     ) -> Tensor:
-        """Conditional flow-matching loss ||v_hat - (eps - x0)||^2, mean over D (Lipman et al. 2023). [N]."""
+        """Conditional flow-matching loss ||v_hat - (eps - x0)||^2, mean over D (Lipman et al. 2023),
+        times `mse_weight` (per row [N] or a scalar). [N]."""
         check_model_output(model_output, x0, 1, "velocity prediction")
         target = noise.float() - x0.float()
-        return ((model_output.float() - target) ** 2).mean(-1)
+        return mse_weight * ((model_output.float() - target) ** 2).mean(-1)

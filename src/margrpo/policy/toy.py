@@ -131,13 +131,13 @@ class ToyMAR(MARPolicy):
         if self.config.head_prediction == "native":
             return out
         D = self.token_dim
-        x0, rest = out[:, :D], out[:, D:]
-        x_t = x_t.to(x0.dtype)
+        x0, rest = out[:, :D].float(), out[:, D:].float()  # the conversion divides by small numbers: float32
+        x_t = x_t.float()
         if self.head_type == "flow":  # x_t = (1 - s) x0 + s eps, v = eps - x0 = (x_t - x0) / s, s = t / 1000
-            s = (t.float() / 1000).clamp(min=1e-3)[:, None].to(x0.dtype)
+            s = (t.float() / 1000).clamp(min=1e-3)[:, None]
             native = (x_t - x0) / s
         else:  # x_t = sqrt(abar) x0 + sqrt(1 - abar) eps
-            abar = self.alphas_cumprod[t.round().long().clamp(0, len(self.alphas_cumprod) - 1)][:, None].to(x0.dtype)
+            abar = self.alphas_cumprod[t.round().long().clamp(0, len(self.alphas_cumprod) - 1)][:, None]
             native = (x_t - abar.sqrt() * x0) / (1 - abar).clamp(min=1e-6).sqrt()
         return torch.cat([native, rest], dim=-1)
 
@@ -147,8 +147,8 @@ class ToyMAR(MARPolicy):
             return torch.ones_like(t, dtype=torch.float32)
         if self.head_type == "flow":
             return (t.float() / 1000).clamp(min=1e-3) ** 2
-        # eps-MSE * (1 - abar) / abar is the x0 MSE; capped at 1 (min-SNR weighting) because near
-        # pure noise abar ~ 1e-9 would blow up the learned-variance (VLB) term that shares the weight
+        # eps-MSE * (1 - abar) / abar is the x0 MSE; capped at 1 (min-SNR weighting): near pure noise
+        # abar ~ 1e-9 and the uncapped weight would swamp every other timestep
         abar = self.alphas_cumprod[t.round().long().clamp(0, len(self.alphas_cumprod) - 1)].float()
         return ((1 - abar) / abar).clamp(max=1.0)
 
