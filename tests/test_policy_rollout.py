@@ -38,6 +38,19 @@ def test_ratio_is_one_on_unchanged_parameters(head, mode):
     assert policy.training == (mode == "train")  # replay restores the caller's mode
 
 
+def test_mte_replay_limited_to_the_uncertainty_mask_matches_the_full_replay():
+    policy = tiny_policy("flow")
+    r = rollout(policy, trajectories=3)
+    ar, diff = all_steps(r)
+    full = replay(policy, r, ar, diff, with_mte=True).mte_log_prob
+    tokens = torch.rand(r.committed.shape[1:], generator=torch.Generator().manual_seed(1)) < 0.4  # [N, L]
+    part = replay(policy, r, ar, diff, with_mte=True, mte_tokens=tokens).mte_log_prob
+    inside = (r.committed[ar] & tokens)[:, None, None].expand_as(full)
+    assert inside.any() and (~inside).any()
+    torch.testing.assert_close(part[inside], full[inside], atol=0, rtol=0)
+    assert bool((part[~inside] == 0).all())
+
+
 def test_ratio_is_one_for_a_random_subset_of_steps():
     policy = tiny_policy("flow")
     r = rollout(policy)

@@ -239,6 +239,7 @@ def replay(
     *,
     logprob_cfg: str = "exact",
     with_mte: bool = False,
+    mte_tokens: Tensor | None = None,
     chunk_rows: int = 1 << 16,
 ) -> Replay:
     """Recompute log-probs of the recorded transitions at the chosen steps, batched (DESIGN 3.3).
@@ -246,6 +247,8 @@ def replay(
     ar_steps: LongTensor [M]; diff_steps: LongTensor [M, U] (stochastic steps only). Gradients flow
     to whatever parameters require them. `logprob_cfg="cond_only"` scores with the conditional branch
     alone (the official shortcut; the ratio is then not 1 at unchanged parameters).
+    `mte_tokens` [N, L] bool limits the extra MTE trajectories to those tokens (the uncertainty
+    mask: Eq. 10 uses no other); their other entries of `mte_log_prob` are left 0.
     """
     if logprob_cfg not in ("exact", "cond_only"):
         raise ValueError(f"Unknown logprob_cfg: {logprob_cfg!r}; expected 'exact' or 'cond_only'")
@@ -276,7 +279,10 @@ def replay(
         groups = [(x_t, x_prev, t_i, m_i, n_i, l_i)]
         S1 = rollout.trajectories - 1
         if with_mte and S1:
-            com = rollout.committed[ar_steps][:, None, None].expand(M, S1, U, N, L)  # [M, S1, U, N, L]
+            com = rollout.committed[ar_steps]  # [M, N, L]
+            if mte_tokens is not None:
+                com = com & mte_tokens.to(com.device)[None]
+            com = com[:, None, None].expand(M, S1, U, N, L)  # [M, S1, U, N, L]
             mm, ss, uu, nn_, ll = com.nonzero(as_tuple=True)
             kk, tt = ar_steps[mm], diff_steps[mm, uu]
             groups.append((rollout.mte_states[kk, ss, tt, nn_, ll], rollout.mte_states[kk, ss, tt + 1, nn_, ll], tt, mm, nn_, ll))
@@ -292,7 +298,9 @@ def replay(
                 out = guided_output(policy, xt[b], time, zc, zu, scale)
                 step = sampler.step(out.float(), tt[b], xt[b], prev_sample=xp[b], temperature=s.temperature)
                 lp.append(step.log_prob), mean.append(step.mean), std.append(step.std.expand(-1, step.mean.shape[-1]) if step.std.dim() == 2 else step.std)
-            outs.append((torch.cat(lp), torch.cat(mean), torch.cat(std)))
+            if not lp:  # no rows (e.g. an empty MTE mask)
+                lp, mean, std = [xt.new_zeros(0)], [xt.new_zeros(0, D)], [xt.new_zeros(0, D)]
+            outs.append((torch.cat(lp).float(), torch.cat(mean).float(), torch.cat(std).float()))
         lp, mean, std = outs[0]
         log_prob = torch.zeros(M, U, N, L, device=device).index_put((m_i, u_i, n_i, l_i), lp)
         means = torch.zeros(M, U, N, L, D, device=device).index_put((m_i, u_i, n_i, l_i), mean)

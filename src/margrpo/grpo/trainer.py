@@ -171,12 +171,14 @@ class GRPOTrainer:
         return mte, sim
 
     @torch.no_grad()
-    def old_log_probs(self, rollout: Rollout, ar: torch.Tensor, diff: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def old_log_probs(self, rollout: Rollout, ar: torch.Tensor, diff: torch.Tensor,
+                      mte_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log_prob_old of one micro-batch: from the record, or recomputed by the training replay itself."""
         if self.cfg.old_logprob == "recorded":
             return recorded(rollout, ar, diff)
         with autocast(self.accelerator.device, self.cfg.precision):
-            rp = replay(self.policy, rollout, ar, diff, logprob_cfg=self.cfg.logprob_cfg, with_mte=self.cfg.trajectories > 1)
+            rp = replay(self.policy, rollout, ar, diff, logprob_cfg=self.cfg.logprob_cfg,
+                        with_mte=self.cfg.trajectories > 1, mte_tokens=mte_mask)
         return rp.log_prob, rp.mte_log_prob
 
     def micro_loss(self, rollout: Rollout, adv: torch.Tensor, ar: torch.Tensor, diff: torch.Tensor,
@@ -187,10 +189,14 @@ class GRPOTrainer:
         `old`: (log_prob_old, MTE log_prob_old) of these steps; computed here when not given.
         """
         cfg = self.cfg
-        old = old if old is not None else self.old_log_probs(rollout, ar, diff)
+        old = old if old is not None else self.old_log_probs(rollout, ar, diff, mte_mask)
         with autocast(self.accelerator.device, cfg.precision):
-            rp = replay(self.policy, rollout, ar, diff, logprob_cfg=cfg.logprob_cfg, with_mte=cfg.trajectories > 1)
+            # the extra trajectories are replayed only where Eq. 10 uses them: the uncertainty mask
+            rp = replay(self.policy, rollout, ar, diff, logprob_cfg=cfg.logprob_cfg, with_mte=cfg.trajectories > 1, mte_tokens=mte_mask)
         old, old_mte = old
+        if mte_mask is not None and old_mte is not None:  # entries not replayed: ratio 1, no gradient, never NaN
+            replayed = (rollout.committed[ar] & mte_mask[None])[:, None, None]  # [M, 1, 1, N, L]
+            old_mte = torch.where(replayed, old_mte, rp.mte_log_prob.detach())
         obj = per_token_policy_objective(rp.log_prob, old, adv, cfg.clip_eps)  # [M, U, n, L]
         weight = rp.mask.float()  # completion mask: unknown tokens at stochastic steps
         if sim_keep is not None:
@@ -241,7 +247,8 @@ class GRPOTrainer:
         for ar_u, diff_u in zip(schedule, diffs):
             key = (tuple(ar_u.tolist()), tuple(diff_u.flatten().tolist()))
             if key not in olds:
-                olds[key] = [self.old_log_probs(sub, ar_u, diff_u) for sub in subs]
+                olds[key] = [self.old_log_probs(sub, ar_u, diff_u, None if mte_mask is None else mte_mask[rows])
+                             for sub, rows in zip(subs, chunks)]
         log = {}
         for ar_u, diff_u in zip(schedule, diffs):
             self.optimizer.zero_grad(set_to_none=True)
