@@ -29,6 +29,7 @@ rule pretrain:
     output:
         policy=directory(f"{RESULTS}/pretrain/{{policy}}/policy"),
         quality=f"{RESULTS}/pretrain/{{policy}}/quality.json",
+        samples=f"{RESULTS}/pretrain/{{policy}}/samples.png",
     params:
         cfg=lambda wc: json.dumps(config["policies"][wc.policy]),
         precision=config["mixed_precision"],
@@ -44,7 +45,7 @@ rule pretrain:
         "benchmarks/pretrain/{policy}.tsv"
     shell:
         "margrpo pretrain --world {input.world} --eval-suite {input.suite} --policy-json {params.cfg:q}"
-        " --out-dir {output.policy} --quality {output.quality} --precision {params.precision}"
+        " --out-dir {output.policy} --quality {output.quality} --samples-png {output.samples} --precision {params.precision}"
         " --threads {threads} > {log} 2>&1"
 
 

@@ -7,6 +7,7 @@ rule warmup:
     output:
         policy=directory(f"{RESULTS}/warmup/{{policy}}/policy"),
         quality=f"{RESULTS}/warmup/{{policy}}/quality.json",
+        samples=f"{RESULTS}/warmup/{{policy}}/samples.png",
     params:
         cfg=lambda wc: json.dumps(config["policies"][wc.policy]["warmup"]),
         sampling=lambda wc: json.dumps(config["policies"][wc.policy]["sampling"]),
@@ -23,5 +24,5 @@ rule warmup:
         "benchmarks/warmup/{policy}.tsv"
     shell:
         "margrpo warmup --policy-dir {input.policy} --world {input.world} --eval-suite {input.suite}"
-        " --warmup-json {params.cfg:q} --sampling-json {params.sampling:q} --out-dir {output.policy} --quality {output.quality}"
+        " --warmup-json {params.cfg:q} --sampling-json {params.sampling:q} --out-dir {output.policy} --quality {output.quality} --samples-png {output.samples}"
         " --precision {params.precision} --threads {threads} > {log} 2>&1"

@@ -2,7 +2,8 @@
 
 Per category strict / lenient scores, the same images scored against shuffled prompts (what a
 policy that ignores the prompt would get), and single-object colour-AND-shape accuracy (the
-"draws recognisable objects" bar).
+"draws recognisable objects" bar), split into (colour, shape) pairs seen in training and the
+held-out pairs of the evaluation split (compositional generalisation, a much harder question).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def quality_report(policy: MARPolicy, records, sampling: SamplingConfig, images_
         if _single_object(rec.spec):
             want = rec.spec["objects"][0]
             row["single_color_shape"] = float(any(o["color"] == want["color"] and o["shape"] == want["shape"] for o in parse(img, world_cfg)))
+            row["single_heldout"] = world_cfg is not None and (want["color"], want["shape"]) in world_cfg.heldout_pairs()
         rows.append(row)
     import pandas as pd
 
@@ -62,8 +64,11 @@ def quality_report(policy: MARPolicy, records, sampling: SamplingConfig, images_
     report = {"n_images": len(df), "overall": df[["strict", "lenient", "shuffled_strict", "shuffled_lenient"]].mean().to_dict(),
               "per_category": per_cat.to_dict(orient="index")}
     if "single_color_shape" in df:
-        single = df["single_color_shape"].dropna()
-        report["single_object_color_and_shape"] = {"accuracy": float(single.mean()), "n_images": int(len(single))}
+        single = df.dropna(subset=["single_color_shape"])
+        entry = {"accuracy": float(single["single_color_shape"].mean()), "n_images": int(len(single))}
+        for name, part in (("seen_pairs", single[~single["single_heldout"].astype(bool)]), ("heldout_pairs", single[single["single_heldout"].astype(bool)])):
+            entry[name] = {"accuracy": float(part["single_color_shape"].mean()) if len(part) else float("nan"), "n_images": int(len(part))}
+        report["single_object_color_and_shape"] = entry
     return report, images
 
 
@@ -76,4 +81,7 @@ def format_report(report: dict) -> str:
     if "single_object_color_and_shape" in report:
         s = report["single_object_color_and_shape"]
         lines.append(f"single-object colour AND shape: {s['accuracy']:.3f} over {s['n_images']} images")
+        for name in ("seen_pairs", "heldout_pairs"):
+            if name in s:
+                lines.append(f"  {name.replace('_', ' '):<14} {s[name]['accuracy']:.3f} over {s[name]['n_images']} images")
     return "\n".join(lines)

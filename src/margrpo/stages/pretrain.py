@@ -20,8 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy-json", required=True, help="the policy's config entry (kind, head, model, pretrain, sampling)")
     p.add_argument("--out-dir", required=True, help="policy folder (save_pretrained); resume state goes beside it")
     p.add_argument("--quality", required=True, help="quality report JSON (per-category scores, shuffled baseline)")
+    p.add_argument("--samples-png", default=None, help="grid of quality-report samples with their prompts")
     p.add_argument("--precision", default="bf16", choices=["no", "bf16", "fp16"])
-    p.add_argument("--quality-images", type=int, default=2, help="images per eval prompt for the quality report")
+    p.add_argument("--quality-images", type=int, default=4, help="images per eval prompt for the quality report")
     p.add_argument("--threads", type=int, default=None)
 
 
@@ -53,16 +54,36 @@ def write_policy(policy, out_dir: Path) -> None:
     tmp.rename(out_dir)
 
 
-def write_quality(policy, args, sampling, path, extra: dict | None = None, world_cfg=None) -> dict:
+def write_quality(policy, args, sampling, path, extra: dict | None = None, world_cfg=None, title: str = "") -> dict:
     from margrpo.evaluation.quality import format_report, quality_report
     from margrpo.io import atomic_write_json
     from margrpo.world import load_suite
 
-    report, _ = quality_report(policy, load_suite(args.eval_suite), sampling, args.quality_images, world_cfg=world_cfg, precision=args.precision)
+    records = load_suite(args.eval_suite)
+    report, images = quality_report(policy, records, sampling, args.quality_images, world_cfg=world_cfg, precision=args.precision)
     report.update(extra or {})
     atomic_write_json(path, report)
+    if getattr(args, "samples_png", None):
+        write_sample_grid(records, images, args.quality_images, args.samples_png, title)
     print(format_report(report))
     return report
+
+
+def write_sample_grid(records, images, per_prompt: int, path, title: str, per_category: int = 2) -> None:
+    """Two prompts of every category, all their quality-report images, prompts as row labels."""
+    from margrpo.reporting.figures import plot_sample_grid
+
+    rows, seen = [], {}
+    for i, r in enumerate(records):
+        if seen.get(r.category, 0) < per_category:
+            seen[r.category] = seen.get(r.category, 0) + 1
+            rows.append(i)
+    cells = [[images[i * per_prompt + j] for j in range(per_prompt)] for i in rows]
+    labels = [f"[{records[i].category}] {records[i].prompt}" for i in rows]
+    fig = plot_sample_grid(cells, labels, [f"sample {j + 1}" for j in range(per_prompt)], title)
+    tmp = Path(path).with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    tmp.replace(path)
 
 
 def run(args) -> None:
@@ -79,7 +100,8 @@ def run(args) -> None:
     model_cfg = ToyMARConfig(head_type=spec["head"], image_size=world_cfg.image_size, vocab=prompt_vocabulary(), **spec.get("model", {}))
     pre = spec["pretrain"]
     cfg = PretrainConfig(steps=pre["steps"], batch_size=pre["batch_size"], lr=pre["lr"], seed=pre["seed"],
-                         head_steps=pre.get("head_steps"), precision=args.precision)
+                         head_steps=pre.get("head_steps"), mask_ratio_min=pre["mask_ratio_min"],
+                         mask_ratio_std=pre["mask_ratio_std"], precision=args.precision)
     torch.manual_seed(cfg.seed)
     policy = ToyMAR(model_cfg).to(device)
     print(f"toy MAR ({spec['head']} head): {count_parameters(policy) / 1e6:.2f}M parameters, head {count_parameters(policy.diffloss) / 1e6:.2f}M, {policy.seq_len} tokens x {policy.token_dim}")
@@ -87,7 +109,8 @@ def run(args) -> None:
     state = out.parent / "state"
     train(policy, world_batches(world_cfg), cfg, state, log_path=state / "log.csv")
     write_policy(policy, out)
-    write_quality(policy, args, sampling_config(spec["sampling"]), args.quality, {"pretrain": dataclasses.asdict(cfg)}, world_cfg)
+    write_quality(policy, args, sampling_config(spec["sampling"]), args.quality, {"pretrain": dataclasses.asdict(cfg)}, world_cfg,
+                  title=f"{out.parent.name}: pre-trained ({cfg.steps} steps)")
 
 
 if __name__ == "__main__":

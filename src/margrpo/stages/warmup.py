@@ -20,8 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sampling-json", default=None, help="sampling settings for the quality report (default: the policy's pre-training config)")
     p.add_argument("--out-dir", required=True)
     p.add_argument("--quality", required=True)
+    p.add_argument("--samples-png", default=None, help="grid of quality-report samples with their prompts")
     p.add_argument("--precision", default="bf16", choices=["no", "bf16", "fp16"])
-    p.add_argument("--quality-images", type=int, default=2)
+    p.add_argument("--quality-images", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
 
@@ -44,7 +45,8 @@ def run(args) -> None:
     state = out.parent / "state"
     train(policy, world_batches(world_cfg), cfg, state, log_path=state / "log.csv")
     write_policy(policy, out)
-    after = write_quality(policy, args, sampling, args.quality, {"before_warmup": before}, world_cfg)
+    after = write_quality(policy, args, sampling, args.quality, {"before_warmup": before}, world_cfg,
+                          title=f"{out.parent.name}: after head warm-up ({cfg.steps} steps)")
     print(f"warm-up: overall strict {before['overall']['strict']:.3f} -> {after['overall']['strict']:.3f}")
 
 
