@@ -6,8 +6,16 @@
    loop with one pass per pair (target >= 2x);
 3. peak memory of a step.
 
+Where the MTE overhead comes from is printed too (rollout with S = 4 vs S = 1): the extra
+trajectories cost head evaluations only, so the ratio depends on the head's share of the
+compute. In the default toy the head does about half the work; at NOVA / Harmon scale it is a
+few percent. `--model` builds a random-init toy of another shape to measure that regime, e.g.
+`--model '{"width": 768, "depth": 12, "heads": 12, "head_width": 256}'`.
+
     python benchmarks/grpo_step.py [--policy results/pretrain/toy-nova/policy] [--steps 4]
 """
+
+import json
 
 import argparse
 import statistics
@@ -31,8 +39,14 @@ def reward(images, prompts, metadata):
     return r, {"brightness": r}
 
 
+MODEL: dict = {}
+
+
 def make_policy(path):
-    return load_policy(path) if path else ToyMAR(ToyMARConfig(vocab=prompt_vocabulary()))
+    if path and MODEL:
+        raise SystemExit("give --policy or --model, not both")
+    torch.manual_seed(0)
+    return load_policy(path) if path else ToyMAR(ToyMARConfig(vocab=prompt_vocabulary(), **MODEL))
 
 
 def step_times(policy_path, sampling, grpo, variant, steps) -> list[float]:
@@ -54,7 +68,9 @@ def main() -> None:
     p.add_argument("--policy", default=None, help="a trained policy folder (default: random init)")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--model", default="{}", help="ToyMARConfig overrides (random init) as JSON")
     args = p.parse_args()
+    MODEL.update(json.loads(args.model))
     torch.set_num_threads(args.threads)
     config = load_config(args.config)
     policy_name = config["experiments"]["ladder"]["policies"][0]
@@ -69,6 +85,16 @@ def main() -> None:
     print(f"step time fix: {f:.3f} s, mte (S=4, k=0.3): {m:.3f} s (medians of {args.steps}) -> ratio {m / f:.3f} (target <= 1.10)")
 
     policy = make_policy(args.policy)
+    head_share = sum(p.numel() for p in policy.head_parameters()) / sum(p.numel() for p in policy.parameters())
+
+    def rollout(S):
+        with autocast(torch.device("cpu"), grpo["precision"]):
+            generate(policy, PROMPTS[: grpo["batch_prompts"]], sampling, group_size=grpo["group_size"], generator=torch.Generator().manual_seed(0),
+                     trajectories=S, mte_generator=torch.Generator().manual_seed(1))
+
+    t1 = min(_timed(lambda: rollout(1)) for _ in range(3))
+    t4 = min(_timed(lambda: rollout(4)) for _ in range(3))
+    print(f"rollout alone: S=1 {t1:.3f} s, S=4 {t4:.3f} s -> {t4 / t1:.2f}x (head = {100 * head_share:.0f}% of the parameters)")
     with autocast(torch.device("cpu"), grpo["precision"]):
         r = generate(policy, PROMPTS[: grpo["batch_prompts"]], sampling, group_size=grpo["group_size"], generator=torch.Generator().manual_seed(0))
     g = torch.Generator().manual_seed(1)
@@ -98,6 +124,12 @@ def main() -> None:
     print(f"log-prob recomputation + backward of {len(ar)}x{diff.shape[1]} chosen steps: batched {tb:.3f} s, "
           f"one pass per step {tl:.3f} s -> speed-up {tl / tb:.2f}x (target >= 2x)")
     print(f"peak memory (max RSS of this process): {peak_memory_mb():.0f} MB")
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 if __name__ == "__main__":

@@ -150,7 +150,7 @@ def train(policy: MARPolicy, batch_fn: BatchFn, cfg: PretrainConfig, state_dir: 
         optimizer.step()
         ema.update(policy)
         log_rows.append({"step": step + 1, "loss": loss.item(), "grad_norm": float(grad_norm), "lr": optimizer.param_groups[0]["lr"], "wall_time_s": time.time() - t0})
-        bar.set_postfix(loss=f"{loss.item():.4f}")
+        bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
             _append_log(log_path, log_rows)
             log_rows = []

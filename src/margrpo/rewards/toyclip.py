@@ -610,7 +610,7 @@ def train_toyclip(
         opt.step()
         losses.append({"step": step, **stats})
         if step % 50 == 0 or step == steps - 1:
-            bar.set_postfix(loss=f"{stats['loss']:.3f}", hard=f"{stats['hard']:.3f}")
+            bar.set_postfix(loss=f"{stats['loss']:.3f}", hard=f"{stats['hard']:.3f}", refresh=False)
         if step % max(1, steps // 10) == 0 or step == steps - 1:
             log(f"toyclip step {step}/{steps}: loss {stats['loss']:.4f} (nce {stats['nce']:.4f}, hard {stats['hard']:.4f}), scale {stats['scale']:.1f}")
         if callback is not None:
