@@ -73,6 +73,7 @@ def test_slurm_profile_runs_the_smoke_dag_through_sbatch(smoke_run, tmp_path):
              "eval_compbench", "eval_preference", "uncertainty_maps", "table1", "table2", "fig2_dynamics", "fig4_uncertainty",
              "fig6_samples", "fig7a_samples", "fig7b_reward_curves", "fig7c_final_metric"]
     out = snakemake(tmp_path, "--workflow-profile", str(REPO / "workflow/profiles/slurm"), "--slurm-status-command", "squeue",
+                    "--slurm-init-seconds-before-status-checks", "2",  # polls every 2 s after a job ends (default 40)
                     "--jobs", "4", "--latency-wait", "5", "--default-resources", *small,
                     "--set-resources", *[f"{r}:{kv}" for r in rules for kv in small])
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
