@@ -2,8 +2,11 @@
 
 import math
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -13,10 +16,10 @@ REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
 
-def snakemake(workdir, *args):
+def snakemake(workdir, *args, configfile=REPO / "config/smoke.yaml"):
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", HF_HUB_OFFLINE="1")
     cmd = [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-           "--configfile", str(REPO / "config/smoke.yaml"), "--cores", "2", *args]
+           "--configfile", str(configfile), "--cores", "2", *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=env)
 
 
@@ -51,6 +54,43 @@ def test_second_run_has_nothing_to_do_and_a_deleted_figure_reruns_alone(smoke_ru
     out = snakemake(smoke_run, "-n")
     text = out.stdout + out.stderr
     assert "fig2_dynamics" in text and "train " not in text and "pretrain" not in text, text[-3000:]
+
+
+@pytest.mark.slow
+def test_changing_a_plot_option_reruns_plots_only(smoke_run, tmp_path):
+    config = tmp_path / "smoke-plots.yaml"
+    config.write_text((REPO / "config/smoke.yaml").read_text() + "\nreport: {grid_prompts: 2, confidence: 0.9}\n")
+    out = snakemake(smoke_run, "-n", configfile=config)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    assert "fig6_samples" in text and "table2" in text, text[-3000:]  # they use the changed options
+    for rule in ("rule train:", "rule pretrain:", "rule sample:", "rule eval_compbench:", "rule train_ablation:"):
+        assert rule not in text, text[-3000:]
+
+
+@pytest.mark.slow
+def test_a_killed_training_job_resumes_with_rerun_incomplete(smoke_run, tmp_path):
+    """SIGKILL the whole snakemake process group after the first GRPO checkpoint; the rerun resumes it."""
+    config = tmp_path / "smoke-long.yaml"  # more steps, so that the kill lands mid-run
+    config.write_text((REPO / "config/smoke.yaml").read_text().replace("grpo: {steps: 2,", "grpo: {steps: 40,"))
+    work = tmp_path / "work"  # a copy: the other tests keep the smoke run as it was
+    shutil.copytree(smoke_run, work, symlinks=True)
+    run = work / "results/train/toy-nova/toyclip/fix/seed0"
+    target = str(run.relative_to(work) / "summary.json")
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", HF_HUB_OFFLINE="1")
+    cmd = [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(work), "--configfile", str(config),
+           "--cores", "1", "--forcerun", "train", target]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    while not (run / "state/trainer.pt").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert (run / "state/trainer.pt").exists() and not (run / "summary.json").exists(), "the kill did not land mid-run"
+    out = snakemake(work, "--rerun-incomplete", target, configfile=config)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    log = (work / "logs/train/toy-nova/toyclip/fix/seed0.log").read_text()
+    assert "resumed from" in log and (run / "summary.json").exists(), log[-2000:]
 
 
 def _numbers(path):

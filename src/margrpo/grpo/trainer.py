@@ -322,6 +322,7 @@ class GRPOTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.rows, self.checkpoints = state["step"], state["rows"], state["checkpoints"]
         self.nonfinite_run = state["nonfinite_run"]
+        print(f"resumed from {path} at step {self.step} of {self.cfg.steps}", flush=True)
         return True
 
     def train(self) -> dict:
