@@ -76,10 +76,11 @@ def test_a_killed_training_job_resumes_with_rerun_incomplete(smoke_run, tmp_path
     work = tmp_path / "work"  # a copy: the other tests keep the smoke run as it was
     shutil.copytree(smoke_run, work, symlinks=True)
     run = work / "results/train/toy-nova/toyclip/fix/seed0"
+    shutil.rmtree(run)  # outputs and state of the short run: this one starts from nothing
     target = str(run.relative_to(work) / "summary.json")
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", HF_HUB_OFFLINE="1")
     cmd = [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(work), "--configfile", str(config),
-           "--cores", "1", "--forcerun", "train", target]
+           "--cores", "1", target]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 300
     while not (run / "state/trainer.pt").exists() and time.time() < deadline and proc.poll() is None:
@@ -87,6 +88,7 @@ def test_a_killed_training_job_resumes_with_rerun_incomplete(smoke_run, tmp_path
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert (run / "state/trainer.pt").exists() and not (run / "summary.json").exists(), "the kill did not land mid-run"
+    assert snakemake(work, "--unlock", configfile=config).returncode == 0  # a hard kill leaves snakemake's lock
     out = snakemake(work, "--rerun-incomplete", target, configfile=config)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     log = (work / "logs/train/toy-nova/toyclip/fix/seed0.log").read_text()
