@@ -149,3 +149,16 @@ def test_first_update_ratio_is_one_under_bf16_with_recomputed_old_log_probs(tmp_
 def test_unknown_old_logprob_is_rejected():
     with pytest.raises(ValueError, match="old_logprob"):
         GRPOConfig(old_logprob="fresh")
+
+
+def test_later_updates_use_log_probs_from_before_the_first_update(tmp_path):
+    """updates_per_rollout = 2: the second update's log_prob_old is the pre-update pass; in float32
+    that equals the record (to DESIGN 3.2's 1e-5), so `recomputed` and `recorded` log the same ratios."""
+    rows = {}
+    for old in ("recorded", "recomputed"):
+        trainer = make_trainer(tmp_path / old, policy=tiny_policy("flow", seed=2), steps=1, updates_per_rollout=2,
+                               trajectories=2, old_logprob=old)
+        rows[old] = trainer.train()[0]
+    assert rows["recorded"]["ratio_max"] > 1.0  # the second update sees moved parameters
+    for key in ("ratio_min", "ratio_max", "ratio_mean", "clip_frac", "policy_loss"):
+        assert rows["recomputed"][key] == pytest.approx(rows["recorded"][key], rel=1e-5, abs=1e-7), key

@@ -47,6 +47,7 @@ def quality_report(policy: MARPolicy, records, sampling: SamplingConfig, images_
     while len(records) > 1 and np.any(perm == np.arange(len(records))):  # a derangement: every prompt mismatched
         perm = rng.permutation(len(records))
     shuffled = [records[j] for j in perm for _ in range(images_per_prompt)]
+    heldout = world_cfg.heldout_pairs() if world_cfg is not None else frozenset()
     rows = []
     for img, rec, other in zip(images, recs, shuffled):
         s = score(rec.spec, img, rec.category, world_cfg)
@@ -55,7 +56,7 @@ def quality_report(policy: MARPolicy, records, sampling: SamplingConfig, images_
         if _single_object(rec.spec):
             want = rec.spec["objects"][0]
             row["single_color_shape"] = float(any(o["color"] == want["color"] and o["shape"] == want["shape"] for o in parse(img, world_cfg)))
-            row["single_heldout"] = world_cfg is not None and (want["color"], want["shape"]) in world_cfg.heldout_pairs()
+            row["single_heldout"] = (want["color"], want["shape"]) in heldout
         rows.append(row)
     import pandas as pd
 

@@ -173,7 +173,8 @@ class GRPOTrainer:
     @torch.no_grad()
     def old_log_probs(self, rollout: Rollout, ar: torch.Tensor, diff: torch.Tensor,
                       mte_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """log_prob_old of one micro-batch: from the record, or recomputed by the training replay itself."""
+        """log_prob_old of one micro-batch at the current parameters: the record's, or a no-grad pass of
+        the training replay (the same arithmetic as the update's own pass)."""
         if self.cfg.old_logprob == "recorded":
             return recorded(rollout, ar, diff)
         with autocast(self.accelerator.device, self.cfg.precision):
@@ -186,13 +187,19 @@ class GRPOTrainer:
                    old: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> tuple[torch.Tensor, dict]:
         """Loss of one micro-batch (already a sub-rollout): mean over chosen AR steps of the token-mean loss.
 
-        `old`: (log_prob_old, MTE log_prob_old) of these steps; computed here when not given.
+        `old`: (log_prob_old, MTE log_prob_old) of these steps, from `old_log_probs` before the
+        first optimizer step. None when the parameters are still those of the rollout: then this
+        pass's own log-probs (detached) are log_prob_old for `recomputed`, the record's for `recorded`.
         """
         cfg = self.cfg
-        old = old if old is not None else self.old_log_probs(rollout, ar, diff, mte_mask)
         with autocast(self.accelerator.device, cfg.precision):
             # the extra trajectories are replayed only where Eq. 10 uses them: the uncertainty mask
             rp = replay(self.policy, rollout, ar, diff, logprob_cfg=cfg.logprob_cfg, with_mte=cfg.trajectories > 1, mte_tokens=mte_mask)
+        if old is None:
+            if cfg.old_logprob == "recorded":
+                old = recorded(rollout, ar, diff)
+            else:
+                old = (rp.log_prob.detach(), None if rp.mte_log_prob is None else rp.mte_log_prob.detach())
         old, old_mte = old
         if mte_mask is not None and old_mte is not None:  # entries not replayed: ratio 1, no gradient, never NaN
             replayed = (rollout.committed[ar] & mte_mask[None])[:, None, None]  # [M, 1, 1, N, L]
@@ -242,18 +249,20 @@ class GRPOTrainer:
         N = len(rollout.prompts)
         chunks = torch.arange(N).chunk(cfg.micro_batches)
         subs = [_subset(rollout, rows) for rows in chunks]
-        # every update's log_prob_old comes from the parameters before the first update
-        olds = {}
-        for ar_u, diff_u in zip(schedule, diffs):
+        # log_prob_old of every update comes from the parameters before the first optimizer step. The
+        # first update runs on exactly those and reads them off its own pass (None); later updates
+        # (updates_per_rollout > 1, REINFORCE's later AR steps) need a no-grad pass before any step.
+        olds, cache = [[None] * len(chunks)], {}
+        for ar_u, diff_u in zip(schedule[1:], diffs[1:]):
             key = (tuple(ar_u.tolist()), tuple(diff_u.flatten().tolist()))
-            if key not in olds:
-                olds[key] = [self.old_log_probs(sub, ar_u, diff_u, None if mte_mask is None else mte_mask[rows])
-                             for sub, rows in zip(subs, chunks)]
+            if key not in cache:
+                cache[key] = [self.old_log_probs(sub, ar_u, diff_u, None if mte_mask is None else mte_mask[rows])
+                              for sub, rows in zip(subs, chunks)]
+            olds.append(cache[key])
         log = {}
-        for ar_u, diff_u in zip(schedule, diffs):
+        for ar_u, diff_u, old_u in zip(schedule, diffs, olds):
             self.optimizer.zero_grad(set_to_none=True)
             micro_grads, stats_acc, total = [], [], 0.0
-            old_u = olds[(tuple(ar_u.tolist()), tuple(diff_u.flatten().tolist()))]
             for c, rows in enumerate(chunks):
                 loss, stats = self.micro_loss(subs[c], adv[rows], ar_u, diff_u,
                                               None if mte_mask is None else mte_mask[rows],

@@ -63,7 +63,7 @@ def write_quality(policy, args, sampling, path, extra: dict | None = None, world
     report, images = quality_report(policy, records, sampling, args.quality_images, world_cfg=world_cfg, precision=args.precision)
     report.update(extra or {})
     atomic_write_json(path, report)
-    if getattr(args, "samples_png", None):
+    if args.samples_png:
         write_sample_grid(records, images, args.quality_images, args.samples_png, title)
     print(format_report(report))
     return report
