@@ -6,11 +6,13 @@
    loop with one pass per pair (target >= 2x);
 3. peak memory of a step.
 
-Where the MTE overhead comes from is printed too (rollout with S = 4 vs S = 1): the extra
-trajectories cost head evaluations only, so the ratio depends on the head's share of the
-compute. In the default toy the head does about half the work; at NOVA / Harmon scale it is a
-few percent. `--model` builds a random-init toy of another shape to measure that regime, e.g.
-`--model '{"width": 768, "depth": 12, "heads": 12, "head_width": 256}'`.
+Where the MTE overhead comes from is printed too (rollout with S = 4 vs S = 1). The extra
+trajectories cost head evaluations only: (S - 1) * L rows per image (each token once, at the step
+that commits it) on top of the committed trajectory's sum over AR steps of the still-unknown
+tokens. With K = 8 steps over 16 tokens that sum is small (the head then does most of the
+rollout's work and S = 4 adds ~60% head rows); with the paper's K = 64 steps over 1024 tokens it
+is large and S = 4 adds a few percent. `--sampling '{"ar_steps": 64}' --model '{"patch_size": 8}'`
+measures a toy with that schedule (64 tokens, K = 64); `--model` alone changes the toy's shape.
 
     python benchmarks/grpo_step.py [--policy results/pretrain/toy-nova/policy] [--steps 4]
 """
@@ -28,7 +30,7 @@ from margrpo.config import load_config
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, PromptSet, peak_memory_mb
 from margrpo.policy import ToyMAR, ToyMARConfig, load_policy
 from margrpo.pretraining import autocast
-from margrpo.rollout import SamplingConfig, generate, replay
+from margrpo.rollout import SamplingConfig, generate, replay, unknown_after_steps
 from margrpo.world import prompt_vocabulary
 
 PROMPTS = ["a red circle", "a blue square and a green triangle", "three yellow circles", "a cyan square above a magenta circle"]
@@ -69,12 +71,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--model", default="{}", help="ToyMARConfig overrides (random init) as JSON")
+    p.add_argument("--sampling", default="{}", help="SamplingConfig overrides as JSON, e.g. '{\"ar_steps\": 64}'")
     args = p.parse_args()
     MODEL.update(json.loads(args.model))
     torch.set_num_threads(args.threads)
     config = load_config(args.config)
     policy_name = config["experiments"]["ladder"]["policies"][0]
-    sampling = SamplingConfig(**config["policies"][policy_name]["sampling"])
+    sampling = SamplingConfig(**{**config["policies"][policy_name]["sampling"], **json.loads(args.sampling)})
     grpo = dict(config["grpo"], precision=config["mixed_precision"])
     print(f"config {args.config}: policy {policy_name}, K={sampling.ar_steps}, T={sampling.diffusion_steps}, "
           f"|M|={grpo['mask_steps']}, |T|={grpo['diffusion_steps']}, {grpo['batch_prompts']}x{grpo['group_size']} images, {args.threads} thread(s)")
@@ -94,7 +97,10 @@ def main() -> None:
 
     t1 = min(_timed(lambda: rollout(1)) for _ in range(3))
     t4 = min(_timed(lambda: rollout(4)) for _ in range(3))
-    print(f"rollout alone: S=1 {t1:.3f} s, S=4 {t4:.3f} s -> {t4 / t1:.2f}x (head = {100 * head_share:.0f}% of the parameters)")
+    L = policy.seq_len
+    main_rows = sum([L] + unknown_after_steps(L, sampling.ar_steps)[:-1])  # unknown tokens before each AR step
+    print(f"rollout alone: S=1 {t1:.3f} s, S=4 {t4:.3f} s -> {t4 / t1:.2f}x (head = {100 * head_share:.0f}% of the parameters; "
+          f"head rows per image: {main_rows} committed trajectory + {3 * L} extra = +{300 * L / main_rows:.0f}%)")
     with autocast(torch.device("cpu"), grpo["precision"]):
         r = generate(policy, PROMPTS[: grpo["batch_prompts"]], sampling, group_size=grpo["group_size"], generator=torch.Generator().manual_seed(0))
     g = torch.Generator().manual_seed(1)

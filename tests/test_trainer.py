@@ -160,5 +160,7 @@ def test_later_updates_use_log_probs_from_before_the_first_update(tmp_path):
                                trajectories=2, old_logprob=old)
         rows[old] = trainer.train()[0]
     assert rows["recorded"]["ratio_max"] > 1.0  # the second update sees moved parameters
+    # per-token log-probs here are sums over 768 channels of magnitude ~400-900, where one float32 ulp
+    # is 3e-5-6e-5: the record and the pre-update pass may differ by an ulp (different batch shapes)
     for key in ("ratio_min", "ratio_max", "ratio_mean", "clip_frac", "policy_loss"):
-        assert rows["recomputed"][key] == pytest.approx(rows["recorded"][key], rel=1e-5, abs=1e-7), key
+        assert rows["recomputed"][key] == pytest.approx(rows["recorded"][key], rel=2e-4, abs=1e-7), key

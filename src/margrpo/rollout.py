@@ -110,17 +110,28 @@ def guided_output(policy: MARPolicy, x: Tensor, t: Tensor, z_c: Tensor, z_u: Ten
     return torch.cat([pred, out_c[:, D:]], dim=-1)
 
 
-def _denoise(policy, sampler: Sampler, x: Tensor, z_c, z_u, scale, temperature, generator):
-    """Run the T-step reverse process on rows x [R, D]; returns states [T+1, R, D] and log-probs [T, R]."""
-    states, log_probs = [x.float()], []
+def _denoise_groups(policy, sampler: Sampler, groups, scale, temperature):
+    """Denoise several row groups (x [R, D], z_c, z_u, generator) with one head call per diffusion step.
+
+    Each group draws its noise from its own generator, so batching MTE's extra trajectories with the
+    committed one changes no sample; it only saves head calls (tiny matmuls are overhead-bound).
+    Returns [(states [T+1, R, D], log-probs [T, R])] per group.
+    """
+    sizes = [g[0].shape[0] for g in groups]
+    xs = [g[0] for g in groups]
+    z_c = torch.cat([g[1] for g in groups])
+    z_u = None if groups[0][2] is None else torch.cat([g[2] for g in groups])
+    states, log_probs = [[x.float()] for x in xs], [[] for _ in groups]
     for i in range(sampler.num_steps):
+        x = torch.cat(xs)
         t = sampler.model_time(i).expand(x.shape[0]).to(x.device)
-        out = guided_output(policy, x, t, z_c, z_u, scale)
-        step = sampler.step(out.float(), i, x, generator=generator, temperature=temperature)
-        x = step.prev_sample
-        states.append(x.float())
-        log_probs.append(step.log_prob if step.log_prob is not None else torch.zeros(x.shape[0], device=x.device))
-    return torch.stack(states), torch.stack(log_probs)
+        outs = guided_output(policy, x, t, z_c, z_u, scale).float().split(sizes)
+        for g, (out, (_, _, _, generator)) in enumerate(zip(outs, groups)):
+            step = sampler.step(out, i, xs[g], generator=generator, temperature=temperature)
+            xs[g] = step.prev_sample
+            states[g].append(xs[g].float())
+            log_probs[g].append(step.log_prob if step.log_prob is not None else torch.zeros(sizes[g], device=x.device))
+    return [(torch.stack(st), torch.stack(lp)) for st, lp in zip(states, log_probs)]
 
 
 def _conditions(policy: MARPolicy, prompts: list[str], group_size: int, guided: bool):
@@ -188,19 +199,25 @@ def generate(
             rows = unknown.nonzero(as_tuple=True)
             x = sampler.init_noise((len(rows[0]), D), generator=generator, device=device)
             s_k = float(scales[k])
-            traj, lp = _denoise(policy, sampler, x, z_c[rows], None if z_u is None else z_u[rows], s_k, sampling.temperature, generator)
+            groups = [(x, z_c[rows], None if z_u is None else z_u[rows], generator)]
+            if S1 and mte_sampling == "in_loop":  # same z_k, batched into the committed trajectory's head calls
+                groups.append(_extra_group(sampler, commit, z_c, z_u, S1, D, mte_generator))
+            elif S1:
+                zs.append((z_c, z_u))
+            results = _denoise_groups(policy, sampler, groups, s_k, sampling.temperature)
+            traj, lp = results[0]
             states[k][:, rows[0], rows[1]] = traj
             log_probs[k][:, rows[0], rows[1]] = lp
             tokens = torch.where(commit[..., None], states[k, -1], tokens)
-            if S1 and mte_sampling == "in_loop":
-                _extra_trajectories(policy, sampler, sampling, k, commit, z_c, z_u, s_k, S1, mte_states, mte_log_probs, mte_generator)
-            elif S1:
-                zs.append((z_c, z_u))
+            if len(results) > 1:
+                _store_extra(k, commit, S1, *results[1], mte_states, mte_log_probs)
             known = known | commit
             n_known = L - left
         if S1 and mte_sampling == "post_hoc":  # the official code's order: after the loop, from stored z_k
             for k, (z_c, z_u) in enumerate(zs):
-                _extra_trajectories(policy, sampler, sampling, k, rec_committed[k], z_c, z_u, float(scales[k]), S1, mte_states, mte_log_probs, mte_generator)
+                group = _extra_group(sampler, rec_committed[k], z_c, z_u, S1, D, mte_generator)
+                (traj, lp), = _denoise_groups(policy, sampler, [group], float(scales[k]), sampling.temperature)
+                _store_extra(k, rec_committed[k], S1, traj, lp, mte_states, mte_log_probs)
         image_prompts = [p for p in prompts for _ in range(group_size)]
         return Rollout(
             prompts=image_prompts, latents=tokens, images=policy.decode(tokens), orders=orders, known=rec_known,
@@ -209,13 +226,17 @@ def generate(
         )
 
 
-def _extra_trajectories(policy, sampler, sampling, k, commit, z_c, z_u, scale, S1, mte_states, mte_log_probs, generator):
-    """S - 1 more trajectories of step k's committed tokens from the same z_k (DESIGN 3.9)."""
+def _extra_group(sampler, commit, z_c, z_u, S1, D, generator):
+    """S - 1 more trajectories of step k's committed tokens from the same z_k (DESIGN 3.9): the rows to denoise."""
     rows = commit.nonzero(as_tuple=True)
-    R, D = len(rows[0]), policy.token_dim
-    x = sampler.init_noise((S1 * R, D), generator=generator, device=commit.device)
+    x = sampler.init_noise((S1 * len(rows[0]), D), generator=generator, device=commit.device)
     rep = lambda z: None if z is None else z[rows].repeat(S1, 1)  # noqa: E731  [S1*R, W]
-    traj, lp = _denoise(policy, sampler, x, rep(z_c), rep(z_u), scale, sampling.temperature, generator)
+    return x, rep(z_c), rep(z_u), generator
+
+
+def _store_extra(k, commit, S1, traj, lp, mte_states, mte_log_probs):
+    rows = commit.nonzero(as_tuple=True)
+    R, D = len(rows[0]), traj.shape[-1]
     mte_states[k][:, :, rows[0], rows[1]] = traj.view(-1, S1, R, D).transpose(0, 1)
     mte_log_probs[k][:, :, rows[0], rows[1]] = lp.view(-1, S1, R).transpose(0, 1)
 
@@ -286,21 +307,22 @@ def replay(
             mm, ss, uu, nn_, ll = com.nonzero(as_tuple=True)
             kk, tt = ar_steps[mm], diff_steps[mm, uu]
             groups.append((rollout.mte_states[kk, ss, tt, nn_, ll], rollout.mte_states[kk, ss, tt + 1, nn_, ll], tt, mm, nn_, ll))
-        outs = []
-        for xt, xp, tt, mm_, nn_, ll_ in groups:
-            lp, mean, std = [], [], []
-            for a in range(0, len(tt), chunk_rows):
-                b = slice(a, a + chunk_rows)
-                time = sampler.model_time(tt[b]).to(device)
-                scale = rollout.cfg[ar_steps[mm_[b]].cpu()].to(device)
-                zc = z_c[mm_[b], nn_[b], ll_[b]]
-                zu = None if z_u is None else z_u[mm_[b], nn_[b], ll_[b]]
-                out = guided_output(policy, xt[b], time, zc, zu, scale)
-                step = sampler.step(out.float(), tt[b], xt[b], prev_sample=xp[b], temperature=s.temperature)
-                lp.append(step.log_prob), mean.append(step.mean), std.append(step.std.expand(-1, step.mean.shape[-1]) if step.std.dim() == 2 else step.std)
-            if not lp:  # no rows (e.g. an empty MTE mask)
-                lp, mean, std = [xt.new_zeros(0)], [xt.new_zeros(0, D)], [xt.new_zeros(0, D)]
-            outs.append((torch.cat(lp).float(), torch.cat(mean).float(), torch.cat(std).float()))
+        # 3. every row (committed and MTE trajectories alike) through the head in as few passes as memory allows
+        sizes = [len(g[2]) for g in groups]
+        r_xt, r_xp, r_t, r_m, r_n, r_l = (torch.cat(parts) for parts in zip(*groups))
+        lp, mean, std = [], [], []
+        for a in range(0, len(r_t), chunk_rows):
+            b = slice(a, a + chunk_rows)
+            time = sampler.model_time(r_t[b]).to(device)
+            scale = rollout.cfg[ar_steps[r_m[b]].cpu()].to(device)
+            zc = z_c[r_m[b], r_n[b], r_l[b]]
+            zu = None if z_u is None else z_u[r_m[b], r_n[b], r_l[b]]
+            out = guided_output(policy, r_xt[b], time, zc, zu, scale)
+            step = sampler.step(out.float(), r_t[b], r_xt[b], prev_sample=r_xp[b], temperature=s.temperature)
+            lp.append(step.log_prob), mean.append(step.mean), std.append(step.std.expand(-1, step.mean.shape[-1]) if step.std.dim() == 2 else step.std)
+        if not lp:  # no rows at all
+            lp, mean, std = [r_xt.new_zeros(0)], [r_xt.new_zeros(0, D)], [r_xt.new_zeros(0, D)]
+        outs = list(zip(*(torch.cat(v).float().split(sizes) for v in (lp, mean, std))))
         lp, mean, std = outs[0]
         log_prob = torch.zeros(M, U, N, L, device=device).index_put((m_i, u_i, n_i, l_i), lp)
         means = torch.zeros(M, U, N, L, D, device=device).index_put((m_i, u_i, n_i, l_i), mean)
