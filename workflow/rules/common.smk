@@ -1,5 +1,6 @@
 # Schema validation and the get_* functions that keep the rules declarative.
 import json
+import shlex
 from pathlib import PurePosixPath
 
 import pandas as pd
@@ -174,3 +175,16 @@ def get_final_outputs():
         figs += ["fig7a_samples", "fig7b_reward_curves", "fig7c_final_metric"]
     outs += expand(f"{R}/{{fig}}.{{ext}}", fig=figs, ext=fmts)
     return outs
+
+
+def suite_source_args():
+    """make-suites arguments: ShapesWorld knobs (toy) or the real prompt files (prompts.source: files)."""
+    p = config["prompts"]
+    if p["source"] == "shapesworld":
+        return " ".join(f"--{k.replace('_', '-')} {str(v).lower()}" for k, v in config["world"].items())
+    args = ["--source files", f"--train-file {shlex.quote(p['train_file'] or '')}", f"--eval-dir {shlex.quote(p['eval_dir'] or '')}",
+            f"--categories {','.join(p['eval_categories'])}"]
+    if p["val_file"]:
+        args.append(f"--val-file {shlex.quote(p['val_file'])}")
+    return " ".join(args)
+

@@ -4,7 +4,7 @@ rule make_suites:
         get_suites(),
         world=f"{RESULTS}/data/suites/world.json",
     params:
-        world=lambda wc: " ".join(f"--{k.replace('_', '-')} {str(v).lower()}" for k, v in config["world"].items()),
+        world=lambda wc: suite_source_args(),
         prompts=config["prompts"],
         out_dir=lambda wc, output: os.path.dirname(output.world),
     conda:

@@ -1,4 +1,4 @@
-"""MAR policies behind one interface: the toy model now; NOVA and Harmon plug in the same way."""
+"""MAR policies behind one interface: the toy model, NOVA and Harmon."""
 
 from margrpo.policy.base import MARPolicy, TextCondition, deterministic
 from margrpo.policy.toy import ToyMAR, ToyMARConfig
@@ -14,6 +14,10 @@ def load_policy(path, device="cpu") -> MARPolicy:
     p = Path(path)
     if p.suffix == ".json":
         p = Path(json.loads(p.read_text())["path"])
+    from margrpo.policy.nova import NovaPolicy  # cheap: heavy imports happen inside from_pretrained
+
+    if NovaPolicy.is_checkpoint(p):  # diffusers-style folder: model_index.json naming the NOVA pipeline
+        return NovaPolicy.from_pretrained(p, device)
     config = p / "config.json"
     if not config.exists():
         raise FileNotFoundError(f"{p}: no config.json; expected a policy folder written by save_pretrained")

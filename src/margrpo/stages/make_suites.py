@@ -38,6 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-train", type=int, default=600)
     parser.add_argument("--n-val", type=int, default=48)
     parser.add_argument("--n-eval", type=int, default=210)
+    parser.add_argument("--source", choices=("shapesworld", "files"), default="shapesworld",
+                        help="files: real prompts (--train-file, --eval-dir); --n-eval then caps prompts per category")
+    parser.add_argument("--train-file", help="files source: RL prompts (T2I-R1 JSON Lines or .txt)")
+    parser.add_argument("--val-file", help="files source: validation prompts (default: drawn from <category>_train.txt)")
+    parser.add_argument("--eval-dir", help="files source: T2I-CompBench folder with <category>_val.txt")
+    parser.add_argument("--categories", type=_names, default=("color", "shape", "texture", "spatial", "numeracy", "complex"),
+                        help="files source: comma-separated evaluation categories")
     world = parser.add_argument_group("world", "ShapesWorld knobs (WorldConfig fields); unset ones come from --preset")
     world.add_argument("--preset", choices=sorted(PRESETS), default="toy32")
     world.add_argument("--image-size", type=int)
@@ -71,6 +78,8 @@ def world_config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.source == "files":
+        return run_files(args)
     cfg = world_config(args)
     out = Path(args.out_dir)
     suites = build_suites(cfg, args.seed, args.n_train, args.n_val, args.n_eval)
@@ -84,6 +93,24 @@ def run(args: argparse.Namespace) -> None:
         counts = dict(collections.Counter(r.category for r in records))
         unseen = sum(heldout_in_spec(r.spec, heldout) for r in records)
         print(f"{split}: {len(records)} prompts {counts}; binding a held-out pair: {unseen}")
+
+
+def run_files(args: argparse.Namespace) -> None:
+    from margrpo.prompt_files import build_file_suites
+
+    if not args.train_file or not args.eval_dir:
+        raise SystemExit("make-suites --source files needs --train-file and --eval-dir (prompts.train_file / prompts.eval_dir)")
+    try:
+        suites = build_file_suites(args.train_file, args.eval_dir, list(args.categories), args.n_val, args.seed, args.val_file, args.n_eval)
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"make-suites: {err}") from err
+    out = Path(args.out_dir)
+    for split, records in suites.items():
+        write_suite(records, out / f"{split}.jsonl")
+    sources = {"train_file": args.train_file, "val_file": args.val_file, "eval_dir": args.eval_dir, "categories": list(args.categories)}
+    atomic_write_json(out / "world.json", {"source": "files", **sources})
+    for split, records in suites.items():
+        print(f"{split}: {len(records)} prompts {dict(collections.Counter(r.category for r in records))}")
 
 
 if __name__ == "__main__":

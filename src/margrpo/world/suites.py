@@ -128,12 +128,19 @@ def load_suite(path: str | Path) -> list[PromptRecord]:
             prompt, category = rec["prompt"], rec["category"]
             if not isinstance(prompt, str) or not prompt or "_" in prompt:
                 raise ValueError(f"{where}: prompt must be a non-empty string without '_' (file names end in _<index>); got {prompt!r}")
-            if category not in CATEGORIES:
-                raise ValueError(f"{where}: unknown category {category!r}; expected one of {CATEGORIES}")
-            try:
-                validate_spec(rec["spec"])
-            except ValueError as err:
-                raise ValueError(f"{where}: {err}") from None
+            if isinstance(rec["spec"], dict) and "source" in rec["spec"]:  # a real-prompt suite (margrpo.prompt_files)
+                from margrpo.prompt_files import FILE_CATEGORIES, SOURCES
+
+                if rec["spec"]["source"] not in SOURCES or category not in FILE_CATEGORIES:
+                    raise ValueError(f"{where}: spec source {rec['spec']['source']!r} / category {category!r}; "
+                                     f"expected a source in {SOURCES} and a category in {FILE_CATEGORIES}")
+            else:
+                if category not in CATEGORIES:
+                    raise ValueError(f"{where}: unknown category {category!r}; expected one of {CATEGORIES}")
+                try:
+                    validate_spec(rec["spec"])
+                except ValueError as err:
+                    raise ValueError(f"{where}: {err}") from None
             if prompt in prompts:
                 raise ValueError(f"{where}: prompt {prompt!r} repeats line {prompts[prompt]}; prompts must be unique")
             prompts[prompt] = lineno

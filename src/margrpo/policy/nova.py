@@ -1,0 +1,589 @@
+"""NOVA text-to-image (BAAI/nova-d48w1024-sd512) as a MAR policy, state-dict compatible with the release.
+
+NOVA generates a video frame by frame (a "video encoder" ViT over [text; previous frames]) and each
+frame set by set (an "image encoder" ViT doing MAR over the frame's latent tokens), and draws every
+token with a small flow-matching MLP. For text-to-image there is a single frame, so the video encoder
+only turns [text; BOS frame] into the frame condition c; the image encoder then maps c and the known
+tokens to z, and the MLP denoises each unknown token given its z. Everything below is that one-frame
+path; parts of the checkpoint only video uses are kept as parameters (frozen) so loading is strict.
+
+Layout (NOVA's `PatchEmbed.patchify`): the 4 x 64 x 64 SD latent is cut into 2 x 2 patches, giving
+L = 32 * 32 = 1024 tokens in row-major order, each of D = 2 * 2 * 4 = 16 channels ordered (dy, dx, c).
+Tokens are VAE latents already scaled as NOVA scales them: (z - shift_factor) * scaling_factor.
+
+The text encoder (Phi-2, `transformers.PhiModel`) and the VAE (`diffusers.AutoencoderKL`) are frozen
+(requires_grad False) and belong to neither parameter group: GRPO trains the transformer only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from margrpo.diffusion import FlowSDESampler, Sampler
+from margrpo.policy.base import MARPolicy, TextCondition
+from margrpo.policy.layers import Attention, timestep_embedding
+
+TRANSFORMER_WEIGHTS = "diffusion_pytorch_model.safetensors"
+TEXT_POSITIONS = 512  # rows of TextEmbed's filler table (NOVA's "maximum positions")
+HEADS_BY_WIDTH = {768: 12, 1024: 16, 1536: 16}  # NOVA's registered ViT presets (transformer_nova.py)
+
+
+# --- configuration ------------------------------------------------------------------------------
+@dataclass
+class NovaConfig:
+    """The transformer's configuration; defaults are the published nova-d48w1024-sd512 values.
+
+    NOVA's own `transformer/config.json` encodes the sizes in `arch` names (`vit_d16w1024`,
+    `vit_d32w1024`, `mlp_d3w1280`); `from_nova_json` / `to_nova_json` convert.
+    """
+
+    image_size: tuple[int, int] = (512, 512)  # pixels (H, W)
+    image_dim: int = 4  # VAE latent channels (SD VAE)
+    image_stride: int = 8  # VAE downsampling; NOVA's patch size is 15 // stride + 1 = 2
+    text_token_dim: int = 2560  # Phi-2 hidden size
+    text_token_len: int = 256  # prompt positions; tokens past the prompt take TextEmbed's filler rows
+    video_base_size: tuple[int, int, int] = (1, 16, 16)  # (frames, h, w) of the video encoder's 4x4-patch grid
+    image_base_size: tuple[int, int] = (32, 32)  # token grid of the image encoder (2x2 patches)
+    width: int = 1024  # both ViTs (arch[0], arch[1])
+    num_heads: int = 16
+    video_depth: int = 16  # arch[0] = vit_d16w1024
+    image_depth: int = 32  # arch[1] = vit_d32w1024; its first half sees only the known tokens (MAE-style)
+    mlp_ratio: float = 4.0
+    head_depth: int = 3  # arch[2] = mlp_d3w1280 (the diffusion MLP)
+    head_width: int = 1280
+    flow_shift: float = 1.0  # sampling-grid shift of the flow scheduler (scheduler/scheduler_config.json)
+
+    def __post_init__(self):
+        self.image_size = _pair(self.image_size)
+        self.image_base_size = tuple(self.image_base_size)
+        self.video_base_size = tuple(self.video_base_size)
+        if self.width % self.num_heads:
+            raise ValueError(f"width {self.width} is not divisible by num_heads {self.num_heads}")
+        latent = tuple(s // self.image_stride for s in self.image_size)
+        if any(s % self.image_stride for s in self.image_size) or any(s % (2 * self.patch_size) for s in latent):
+            raise ValueError(f"image_size {self.image_size} must be a multiple of image_stride * 2 * patch_size "
+                             f"= {self.image_stride * 2 * self.patch_size}")
+        grid = tuple(s // self.patch_size for s in latent)
+        if self.image_base_size != grid:
+            raise ValueError(f"image_base_size {self.image_base_size} must equal the token grid {grid}; "
+                             f"set image_base_size={list(grid)}")
+        if self.video_base_size[1:] != tuple(s // 2 for s in grid):
+            raise ValueError(f"video_base_size[1:] {self.video_base_size[1:]} must equal the video patch grid "
+                             f"{tuple(s // 2 for s in grid)}; set video_base_size=[1, {grid[0] // 2}, {grid[1] // 2}]")
+        if self.text_token_len > TEXT_POSITIONS:
+            raise ValueError(f"text_token_len {self.text_token_len} exceeds the {TEXT_POSITIONS} filler positions")
+
+    @classmethod
+    def full_size(cls) -> NovaConfig:
+        """nova-d48w1024-sd512: 16 + 32 ViT blocks of width 1024, a 3 x 1280 diffusion MLP, 512 px."""
+        return cls()
+
+    @property
+    def patch_size(self) -> int:
+        return 15 // self.image_stride + 1  # NOVA's rule (transformer_nova.py): stride 8 -> 2
+
+    @property
+    def token_dim(self) -> int:
+        return self.patch_size**2 * self.image_dim
+
+    def to_nova_json(self) -> dict:
+        """NOVA's transformer/config.json fields (plus num_heads / mlp_ratio, which NOVA's arch presets imply)."""
+        return {
+            "_class_name": "NOVATransformer3DModel", "image_dim": self.image_dim, "image_size": list(self.image_size),
+            "image_stride": self.image_stride, "text_token_dim": self.text_token_dim, "text_token_len": self.text_token_len,
+            "video_base_size": list(self.video_base_size), "image_base_size": list(self.image_base_size),
+            "rotary_pos_embed": False, "num_heads": self.num_heads, "mlp_ratio": self.mlp_ratio,
+            "arch": [f"vit_d{self.video_depth}w{self.width}", f"vit_d{self.image_depth}w{self.width}",
+                     f"mlp_d{self.head_depth}w{self.head_width}"],
+        }
+
+    @classmethod
+    def from_nova_json(cls, raw: dict, flow_shift: float = 1.0) -> NovaConfig:
+        if raw.get("rotary_pos_embed") or raw.get("video_mixer_rank"):
+            raise ValueError("rotary_pos_embed / video_mixer_rank checkpoints are not supported; "
+                             "nova-d48w1024-sd512 uses absolute positions and no video mixer")
+        if not raw.get("text_token_dim"):
+            raise ValueError("text_token_dim is missing: class-conditional NOVA (LabelEmbed) is not supported")
+        parsed = [re.fullmatch(r"(vit|mlp)_d(\d+)w(\d+)", a) for a in raw["arch"]]
+        if not all(parsed) or [p.group(1) for p in parsed] != ["vit", "vit", "mlp"]:
+            raise ValueError(f"arch {raw['arch']!r}: expected [vit_d<depth>w<width>, vit_d<depth>w<width>, mlp_d<depth>w<width>]")
+        (_, vd, vw), (_, idp, iw), (_, hd, hw) = (p.groups() for p in parsed)
+        if vw != iw:
+            raise ValueError(f"arch {raw['arch']!r}: the video and image encoders must have the same width")
+        width = int(iw)
+        return cls(
+            image_size=_pair(raw["image_size"]), image_dim=raw["image_dim"], image_stride=raw["image_stride"],
+            text_token_dim=raw["text_token_dim"], text_token_len=raw["text_token_len"],
+            video_base_size=tuple(raw["video_base_size"]), image_base_size=tuple(raw["image_base_size"]),
+            width=width, num_heads=raw.get("num_heads") or HEADS_BY_WIDTH.get(width, max(1, width // 64)),
+            video_depth=int(vd), image_depth=int(idp), mlp_ratio=raw.get("mlp_ratio", 4.0),
+            head_depth=int(hd), head_width=int(hw), flow_shift=flow_shift,
+        )
+
+
+def _pair(x) -> tuple[int, int]:
+    return (int(x), int(x)) if isinstance(x, (int, float)) else tuple(int(v) for v in x)
+
+
+def sincos_2d(dim: int, h: int, w: int) -> Tensor:
+    """Fixed position code [h * w, dim], row-major: [sin(x f), cos(x f), sin(y f), cos(y f)] (NOVA's PosEmbed)."""
+    freq = 1.0 / 10000 ** (torch.arange(dim // 4, dtype=torch.float32) / (dim // 4))
+    y, x = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32), indexing="ij")
+    fx, fy = x.reshape(-1, 1) * freq, y.reshape(-1, 1) * freq
+    return torch.cat([fx.sin(), fx.cos(), fy.sin(), fy.cos()], dim=-1)
+
+
+# --- the transformer ------------------------------------------------------------------------------
+class PatchEmbed(nn.Module):
+    """A p x p stride-p convolution (kept as Conv2d for the checkpoint) applied to patchified tokens."""
+
+    def __init__(self, in_dim: int, out_dim: int, patch: int):
+        super().__init__()
+        self.proj = nn.Conv2d(in_dim, out_dim, patch, patch)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """tokens [..., p * p * C] in (dy, dx, c) order -> [..., out_dim]: the convolution as one matmul."""
+        w = self.proj.weight.permute(0, 2, 3, 1).flatten(1)  # [out, p*p*C], (dy, dx, c) like the tokens
+        return F.linear(tokens, w, self.proj.bias)
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class Block(nn.Module):
+    """NOVA's ViT block: LayerNorm on each branch's *output* (x + LN(attn(x)), then x + LN(mlp(x)))."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: float):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+
+    def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
+        x = x + self.norm1(self.attn(x, key_mask))
+        return x + self.norm2(self.mlp(x))
+
+
+class ViT(nn.Module):
+    """`video_encoder` / `image_encoder`: patch projection, blocks, final LayerNorm (positions are added outside)."""
+
+    def __init__(self, depth: int, dim: int, heads: int, mlp_ratio: float, patch: int, image_dim: int):
+        super().__init__()
+        self.patch_embed = PatchEmbed(image_dim, dim, patch)
+        self.blocks = nn.ModuleList(Block(dim, heads, mlp_ratio) for _ in range(depth))
+        self.norm = nn.LayerNorm(dim)
+
+
+class TextEmbed(nn.Module):
+    """Projects Phi features to the model width. `weight` is a fixed random filler (a persistent buffer in
+    the checkpoint) for positions past the prompt; the empty prompt is all filler, NOVA's CFG null text."""
+
+    def __init__(self, text_dim: int, dim: int):
+        super().__init__()
+        self.proj, self.norm = nn.Linear(text_dim, dim), nn.LayerNorm(dim)
+        self.register_buffer("weight", torch.randn(TEXT_POSITIONS, text_dim) * 0.02)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.norm(self.proj(hidden))
+
+
+class MaskEmbed(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.bos_token = nn.Parameter(torch.randn(1, dim) * 0.02)  # the frame before the first one
+        self.mask_token = nn.Parameter(torch.randn(1, dim) * 0.02)  # an unknown image token
+
+
+def _time_mlp(dim: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(256, dim), nn.SiLU(), nn.Linear(dim, dim))
+
+
+class VideoPosEmbed(nn.Module):
+    """Frame-index embedding (an MLP of a 256-d sinusoid, then LayerNorm) plus the fixed 2-D code."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.norm, self.time_proj = nn.LayerNorm(dim), _time_mlp(dim)
+
+    def first_frame(self) -> Tensor:
+        """[1, dim] embedding of frame 0: its sinusoid is sin(0) = 0 at 128 frequencies, cos(0) = 1 at 128."""
+        w = self.time_proj[0].weight
+        sincos = torch.cat([w.new_zeros(128), w.new_ones(128)])[None]
+        return self.norm(self.time_proj(sincos))
+
+
+class MotionEmbed(nn.Module):
+    """Video-only (motion-flow and fps conditions): never used for images, present for strict loading."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.flow_proj, self.fps_proj = _time_mlp(dim), _time_mlp(dim)
+
+
+class AdaLNZero(nn.Module):
+    """LayerNorm (no affine) modulated by (scale, shift[, gate]) = proj(SiLU(c))."""
+
+    def __init__(self, dim: int, num_stats: int):
+        super().__init__()
+        self.proj = nn.Linear(dim, num_stats * dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6, elementwise_affine=False)
+        self.num_stats = num_stats
+
+    def forward(self, x: Tensor, c: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        scale, shift, *rest = self.proj(F.silu(c)).chunk(self.num_stats, dim=-1)
+        return self.norm(x) * (1 + scale) + shift, tuple(rest)
+
+
+class Projector(nn.Module):
+    def __init__(self, dim: int, hidden: int, out: int):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(dim, hidden), nn.Linear(hidden, out)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(F.silu(self.fc1(x)))
+
+
+class DiffusionBlock(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.norm1 = AdaLNZero(dim, 3)
+        self.proj, self.norm2 = Projector(dim, dim, dim), nn.LayerNorm(dim)
+
+    def forward(self, x: Tensor, c: Tensor) -> Tensor:
+        h, (gate,) = self.norm1(x, c)
+        return x + self.norm2(self.proj(h)) * gate
+
+
+class TimeCondEmbed(nn.Module):
+    def __init__(self, cond_dim: int, dim: int):
+        super().__init__()
+        self.timestep_proj = Projector(256, dim, dim)
+        self.condition_proj = Projector(cond_dim, dim, dim)
+
+    def forward(self, t: Tensor, z: Tensor) -> Tensor:
+        return self.condition_proj(z) + self.timestep_proj(timestep_embedding(t, 256).to(z.dtype))
+
+
+class DiffusionMLP(nn.Module):
+    """`image_decoder`: v = MLP(x_t, t, z) for one token. Flow matching with x_t = (1 - s) x0 + s eps,
+    t = 1000 s, target v = eps - x0 (NOVA's get_losses) — our FlowSDESampler's convention as is."""
+
+    def __init__(self, depth: int, dim: int, cond_dim: int, patch: int, image_dim: int):
+        super().__init__()
+        self.patch_embed = PatchEmbed(image_dim, dim, patch)
+        self.time_cond_embed = TimeCondEmbed(cond_dim, dim)
+        self.blocks = nn.ModuleList(DiffusionBlock(dim) for _ in range(depth))
+        self.norm = AdaLNZero(dim, 2)
+        self.head = nn.Linear(dim, patch**2 * image_dim)
+
+    def forward(self, x: Tensor, t: Tensor, z: Tensor) -> Tensor:
+        """x [N, D] noisy tokens, t [N] model time in (0, 1000], z [N, cond_dim] -> velocity [N, D]."""
+        c = self.time_cond_embed(t, z)
+        h = self.patch_embed(x)
+        for block in self.blocks:
+            h = block(h, c)
+        return self.head(self.norm(h, c)[0])
+
+
+class NovaTransformer(nn.Module):
+    """NOVA's transformer; `state_dict()` has exactly the keys of transformer/diffusion_pytorch_model.safetensors."""
+
+    def __init__(self, config: NovaConfig):
+        super().__init__()
+        c, p = config, config.patch_size
+        self.config = config
+        self.video_encoder = ViT(c.video_depth, c.width, c.num_heads, c.mlp_ratio, 2 * p, c.image_dim)
+        self.image_encoder = ViT(c.image_depth, c.width, c.num_heads, c.mlp_ratio, p, c.image_dim)
+        self.image_decoder = DiffusionMLP(c.head_depth, c.head_width, c.width, p, c.image_dim)
+        self.mask_embed = MaskEmbed(c.width)
+        self.text_embed = TextEmbed(c.text_token_dim, c.width)
+        self.video_pos_embed = VideoPosEmbed(c.width)
+        if c.video_base_size[0] > 1:  # video checkpoints only (NOVA adds it when the clip has > 1 frame)
+            self.motion_embed = MotionEmbed(c.width)
+        self.register_buffer("video_pos", sincos_2d(c.width, *c.video_base_size[1:]), persistent=False)
+        self.register_buffer("image_pos", sincos_2d(c.width, *c.image_base_size), persistent=False)
+        # Frozen as in NOVA's T2I recipe (pipeline_train_t2i.configure_model): the text LayerNorm and the
+        # frame-time embedding; the video patch projection and motion embedding are unused for images.
+        frozen = [self.text_embed.norm, self.video_pos_embed, self.video_encoder.patch_embed]
+        for m in frozen + ([self.motion_embed] if hasattr(self, "motion_embed") else []):
+            m.requires_grad_(False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.mask_embed.bos_token.dtype
+
+    def frame_condition(self, text_hidden: Tensor) -> Tensor:
+        """c [B, Lv, W]: the video encoder over [text; BOS frame], the condition of the (only) frame."""
+        text = self.text_embed(text_hidden)  # [B, Lt, W]
+        frame = self.mask_embed.bos_token + self.video_pos_embed.first_frame()  # [1, W]
+        frame = (frame + self.video_pos.to(frame.dtype)).expand(text.shape[0], -1, -1)  # [B, Lv, W]
+        h = torch.cat([text, frame.to(text.dtype)], dim=1)
+        for block in self.video_encoder.blocks:
+            h = block(h)
+        return self.video_encoder.norm(h[:, text.shape[1]:])
+
+    def image_condition(self, tokens: Tensor, known: Tensor, c: Tensor) -> Tensor:
+        """z [B, L, W] from known tokens [B, L, D] (mask [B, L]) and the frame condition c [B, Lc, W].
+
+        NOVA's image encoder is an MAE inside one ViT: the first half of the blocks sees only c and the
+        known tokens; the second half sees c and every position (unknown ones as mask_token). Rows may
+        know different numbers of tokens (GRPO replays several AR steps at once), so the known tokens are
+        gathered to the front and the shorter rows padded, with padding masked out of the attention keys.
+        """
+        enc, Lc, W = self.image_encoder, c.shape[1], c.shape[2]
+        x = enc.patch_embed(tokens)  # [B, L, W]
+        x = torch.where(known[..., None], x, self.mask_embed.mask_token.to(x.dtype))
+        x = x + self.image_pos.to(x.dtype)
+        split = len(enc.blocks) // 2
+        # 1. encoder half over [c; known tokens]
+        n = int(known.sum(1).max())
+        order = torch.argsort((~known).to(torch.int8), dim=1, stable=True)[:, :n]  # known positions first
+        valid = known.gather(1, order)  # [B, n], False = padding
+        idx = order[..., None].expand(-1, -1, W)
+        seen = x.gather(1, idx)
+        h = torch.cat([c.to(x.dtype), seen], dim=1)
+        # always masked (even when no row is padded) so rollout and replay use the same attention kernel
+        key_mask = torch.cat([valid.new_ones(valid.shape[0], Lc), valid], dim=1)
+        for block in enc.blocks[:split]:
+            h = block(h, key_mask)
+        c, h = h[:, :Lc], h[:, Lc:]
+        x = x.scatter(1, idx, torch.where(valid[..., None], h, seen).to(x.dtype))
+        # 2. decoder half over [c; all positions]
+        h = torch.cat([c, x], dim=1)
+        for block in enc.blocks[split:]:
+            h = block(h)
+        return enc.norm(h[:, Lc:])
+
+
+# --- the policy -------------------------------------------------------------------------------------
+class NovaPolicy(MARPolicy):
+    """NOVA text-to-image behind the MAR policy interface (flow head, CFG null prompt "")."""
+
+    head_type = "flow"
+    null_prompt = ""  # NOVA's default negative prompt: Phi features of no tokens, i.e. all filler rows
+    model_type = "nova"
+
+    def __init__(self, config: NovaConfig, text_encoder: nn.Module, vae: nn.Module, tokenizer, vae_batch: int = 8):
+        super().__init__()
+        self.config = config
+        self.transformer = NovaTransformer(config)  # first: MARPolicy.device reads the first parameter
+        self.text_encoder = text_encoder.requires_grad_(False).eval()
+        self.vae = vae.requires_grad_(False).eval()
+        self.tokenizer = tokenizer
+        if tokenizer.pad_token is None:  # padding to text_token_len needs one; its features are replaced anyway
+            tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+        tokenizer.padding_side = "right"  # NOVA keeps the first len(prompt) features
+        self.vae_batch = vae_batch
+        self.source_dir: Path | None = None  # the folder this policy was loaded from (its frozen parts are reused)
+        rows, cols = config.image_base_size
+        self.seq_len, self.token_dim, self.z_dim = rows * cols, config.token_dim, config.width
+        vae_down = 2 ** (len(vae.config.block_out_channels) - 1)
+        if vae_down != config.image_stride or vae.config.latent_channels != config.image_dim:
+            raise ValueError(f"the VAE (stride {vae_down}, {vae.config.latent_channels} channels) does not match the "
+                             f"transformer (image_stride {config.image_stride}, image_dim {config.image_dim})")
+
+    def train(self, mode: bool = True) -> NovaPolicy:
+        super().train(mode)
+        self.text_encoder.eval(), self.vae.eval()  # frozen: never dropout
+        return self
+
+    # --- conditioning ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str]) -> TextCondition:
+        """Phi's last hidden state (after its final LayerNorm) for the prompt tokens, filler rows after.
+
+        Padded to text_token_len as NOVA does; Phi is causal, so padding never changes the prompt's
+        features and every prompt encodes the same whatever else is in the batch. The mask is all True:
+        NOVA attends to all text_token_len positions.
+        """
+        Lt = self.config.text_token_len
+        batch = self.tokenizer(list(prompts), padding="max_length", truncation=True, max_length=Lt, return_tensors="pt")
+        ids, lengths = batch["input_ids"].to(self.device), batch["attention_mask"].sum(1).to(self.device)
+        filler = self.transformer.text_embed.weight[:Lt]  # [Lt, text_dim]
+        hidden = self.text_encoder(input_ids=ids, use_cache=False).last_hidden_state.to(filler.dtype)  # [B, Lt, text_dim]
+        prompt = torch.arange(Lt, device=ids.device)[None] < lengths[:, None]  # [B, Lt]
+        hidden = torch.where(prompt[..., None], hidden, filler)
+        return TextCondition(hidden, torch.ones_like(prompt))
+
+    # --- the two halves -----------------------------------------------------------------------------
+    def ar_forward(self, tokens: Tensor, known_mask: Tensor, cond: TextCondition) -> Tensor:
+        """z [B, L, width]. cond.mask is not used: NOVA attends to all text_token_len positions."""
+        dtype = self.transformer.dtype
+        c = self.transformer.frame_condition(cond.hidden.to(dtype))
+        return self.transformer.image_condition(tokens.to(dtype), known_mask, c)
+
+    def head(self, x_t: Tensor, t: Tensor, z: Tensor) -> Tensor:
+        """Velocity v = eps - x0 at model time t = 1000 s (NOVA's native output; no conversion needed)."""
+        dtype = self.transformer.dtype
+        return self.transformer.image_decoder(x_t.to(dtype), t, z.to(dtype))
+
+    # --- codec: SD VAE + 2x2 patches ------------------------------------------------------------------
+    def patchify(self, latents: Tensor) -> Tensor:
+        """[B, C, H, W] -> [B, (H/p)(W/p), p*p*C], row-major tokens of (dy, dx, c) channels."""
+        p, C = self.config.patch_size, self.config.image_dim
+        B, _, H, W = latents.shape
+        x = latents.reshape(B, C, H // p, p, W // p, p).permute(0, 2, 4, 3, 5, 1)
+        return x.reshape(B, (H // p) * (W // p), p * p * C)
+
+    def unpatchify(self, tokens: Tensor) -> Tensor:
+        p, C = self.config.patch_size, self.config.image_dim
+        (h, w), B = self.config.image_base_size, tokens.shape[0]
+        x = tokens.reshape(B, h, w, p, p, C).permute(0, 5, 1, 3, 2, 4)
+        return x.reshape(B, C, h * p, w * p)
+
+    def _latent_affine(self) -> tuple[float, float]:
+        return float(self.vae.config.scaling_factor), float(self.vae.config.shift_factor or 0.0)
+
+    @torch.no_grad()
+    def encode(self, images: Tensor) -> Tensor:
+        """Images in [0, 1] -> tokens of the posterior mean latent, scaled like NOVA: (z - shift) * scale."""
+        scale, shift = self._latent_affine()
+        x = (images * 2 - 1).to(self.vae.device, self.vae.dtype)
+        z = torch.cat([self.vae.encode(b).latent_dist.mode() for b in x.split(self.vae_batch)])
+        return self.patchify((z.float() - shift) * scale)
+
+    @torch.no_grad()
+    def decode(self, tokens: Tensor) -> Tensor:
+        scale, shift = self._latent_affine()
+        z = (self.unpatchify(tokens.float()) / scale + shift).to(self.vae.device, self.vae.dtype)
+        x = torch.cat([self.vae.decode(b).sample for b in z.split(self.vae_batch)])
+        return ((x.float() + 1) / 2).clamp(0, 1)
+
+    @property
+    def token_grid(self) -> tuple[int, int]:
+        return tuple(self.config.image_base_size)
+
+    def make_sampler(self, num_steps: int, noise_level: float = 0.7) -> Sampler:
+        """NOVA's process: t = 1 noise, v = eps - x0, model time 1000 t, logit-normal training times.
+
+        The grid is ours (linspace(1, 0, T + 1), shifted by flow_shift); NOVA's Euler scheduler
+        evaluates at linspace(1, 1/1000, T) and steps to 0 from there.
+        """
+        return FlowSDESampler(num_steps=num_steps, noise_level=noise_level, shift=self.config.flow_shift,
+                              train_time_sampling="logit_normal")
+
+    # --- parameter groups ---------------------------------------------------------------------------
+    def ar_parameters(self) -> Iterator[nn.Parameter]:
+        """The transformer but its diffusion MLP (text encoder and VAE are frozen and in neither group)."""
+        return (p for n, p in self.transformer.named_parameters() if not n.startswith("image_decoder."))
+
+    def head_parameters(self) -> Iterator[nn.Parameter]:
+        return self.transformer.image_decoder.parameters()
+
+    # --- diffusers-style folder -----------------------------------------------------------------------
+    def save_pretrained(self, directory: str | Path, copy_frozen: bool = False) -> None:
+        """Write the diffusers layout NOVA is published in (tiny test models round-trip through it).
+
+        The frozen vae/, text_encoder/ and tokenizer/ never change, so for a policy loaded from a folder
+        they become symlinks to that folder's (Phi-2 alone is 5-11 GB per GRPO checkpoint otherwise);
+        `copy_frozen=True`, or a policy built in memory, writes them out.
+        """
+        d = Path(directory)
+        (d / "transformer").mkdir(parents=True, exist_ok=True)
+        (d / "scheduler").mkdir(exist_ok=True)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.transformer.state_dict().items()}
+        save_file(state, str(d / "transformer" / TRANSFORMER_WEIGHTS), metadata={"format": "pt"})
+        _write_json(d / "transformer" / "config.json", self.config.to_nova_json())
+        _write_json(d / "scheduler" / "scheduler_config.json",
+                    {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000,
+                     "shift": self.config.flow_shift})
+        for name, part in (("vae", self.vae), ("text_encoder", self.text_encoder), ("tokenizer", self.tokenizer)):
+            target = d / name
+            if target.is_symlink():
+                target.unlink()
+            if self.source_dir is not None and not copy_frozen and not target.exists():
+                target.symlink_to(self.source_dir / name, target_is_directory=True)
+            else:
+                part.save_pretrained(str(target))
+        _write_json(d / "model_index.json", {
+            "_class_name": "NOVAPipeline", "_margrpo_model_type": self.model_type,
+            "transformer": ["margrpo", "NovaTransformer"], "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+            "vae": ["diffusers", "AutoencoderKL"], "text_encoder": ["transformers", "PhiModel"],
+            "tokenizer": ["transformers", type(self.tokenizer).__name__],
+        })
+
+    @staticmethod
+    def is_checkpoint(directory: str | Path) -> bool:
+        """True for a NOVA pipeline folder (published or written by save_pretrained)."""
+        index = Path(directory) / "model_index.json"
+        return index.is_file() and json.loads(index.read_text()).get("_class_name") == "NOVAPipeline"
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, device: str | torch.device = "cpu",
+                        dtype: torch.dtype | None = None) -> NovaPolicy:
+        """Load a local diffusers-style NOVA folder (never downloads, never runs checkpoint code).
+
+        Missing files raise FileNotFoundError naming every expected path; a corrupt or mismatching
+        transformer checkpoint raises ValueError naming the file. dtype defaults to float32.
+        """
+        from diffusers import AutoencoderKL
+        from transformers import AutoTokenizer, PhiModel
+
+        d = Path(directory)
+        _require(d)
+        shift = 1.0
+        if (d / "scheduler" / "scheduler_config.json").is_file():
+            shift = float(json.loads((d / "scheduler" / "scheduler_config.json").read_text()).get("shift", 1.0))
+        config = NovaConfig.from_nova_json(json.loads((d / "transformer" / "config.json").read_text()), flow_shift=shift)
+        dtype = dtype or torch.float32
+        text_encoder = PhiModel.from_pretrained(str(d / "text_encoder"), torch_dtype=dtype, attn_implementation="sdpa",
+                                                local_files_only=True)
+        vae = AutoencoderKL.from_pretrained(str(d / "vae"), torch_dtype=dtype, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(d / "tokenizer"), local_files_only=True)
+        policy = cls(config, text_encoder, vae, tokenizer)
+        _load_strict(policy.transformer, d / "transformer" / TRANSFORMER_WEIGHTS)
+        policy.source_dir = d.resolve()
+        return policy.to(device=device, dtype=dtype)
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def _require(d: Path) -> None:
+    """Every file the loader needs, each alternative group satisfied by any one of its names."""
+    groups = [
+        ["model_index.json"], ["transformer/config.json"], [f"transformer/{TRANSFORMER_WEIGHTS}"],
+        ["vae/config.json"], ["vae/diffusion_pytorch_model.safetensors", "vae/diffusion_pytorch_model.bin"],
+        ["text_encoder/config.json"],
+        ["text_encoder/model.safetensors", "text_encoder/model.safetensors.index.json", "text_encoder/pytorch_model.bin"],
+        ["tokenizer/tokenizer_config.json", "tokenizer/tokenizer.json"],
+    ]
+    missing = [" or ".join(str(d / n) for n in g) for g in groups if not any((d / n).is_file() for n in g)]
+    if missing:
+        raise FileNotFoundError(f"{d}: not a NOVA pipeline folder; missing {'; '.join(missing)}")
+
+
+def _load_strict(module: nn.Module, path: Path) -> None:
+    try:
+        state = load_file(str(path))
+    except Exception as err:  # safetensors raises its own error types for truncated or junk files
+        raise ValueError(f"{path}: corrupt or unreadable safetensors file ({err})") from err
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    shapes = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}"
+              for k, v in expected.items() if k in state and state[k].shape != v.shape]
+    if missing or unexpected or shapes:
+        parts = [f"{name} ({len(keys)}): {', '.join(keys[:5])}{', ...' if len(keys) > 5 else ''}"
+                 for name, keys in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", shapes)) if keys]
+        raise ValueError(f"{path}: does not match transformer/config.json; " + "; ".join(parts))
+    module.load_state_dict(state, strict=True)
+
+
+__all__ = ["NovaConfig", "NovaPolicy", "NovaTransformer", "sincos_2d"]

@@ -1,0 +1,146 @@
+"""Prompt suites from real prompt files (real scale): the RL prompts and the T2I-CompBench splits.
+
+The toy world draws its suites from ShapesWorld (`margrpo.world.build_suites`); at real scale the
+suites come from files instead, in the same three-split JSONL layout (prompt, category, spec):
+
+- train: the RL prompts, JSON Lines in the T2I-R1 format (`prompt`, `task_type`, `nouns`,
+  `spatial_info` / `numeracy_info` / `attr_nouns`) as in `../shared/data/mar-grpo/train_prompts.jsonl`,
+  or a .txt file with one prompt per line;
+- eval: `<category>_val.txt` of the T2I-CompBench folder for each evaluation category (the paper's
+  300-prompt splits);
+- val (checkpoint selection, DESIGN 3.12): `val_file` if given, else `n_val` RL prompts held out
+  (drawn with `seed`, spread over the task types) and removed from train. The CompBench
+  `<category>_train.txt` splits cannot serve: the RL prompts already contain almost all of them.
+
+Evaluation prompts that also occur in the RL file (2 spatial prompts of the paper's file) are
+removed from train, so the three suites are disjoint.
+
+A record's spec carries `"source"` ("t2i-r1", "t2i-compbench" or "text") and the file's metadata,
+so detection- and VQA-based rewards can use the nouns and relations the prompt file states.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from margrpo.world.suites import PromptRecord
+
+COMPBENCH_CATEGORIES = ("color", "shape", "texture", "spatial", "3d_spatial", "non_spatial", "numeracy", "complex")
+TASK_TYPES = {"non": "non_spatial", "object": "object"}  # T2I-R1 task_type -> our category (others map to themselves)
+FILE_CATEGORIES = (*COMPBENCH_CATEGORIES, "object")
+SOURCES = ("t2i-r1", "t2i-compbench", "text")
+
+
+def _check_prompt(prompt, where: str) -> str:
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError(f"{where}: empty or non-string prompt {prompt!r}")
+    prompt = prompt.strip()
+    if "_" in prompt or "/" in prompt:
+        raise ValueError(f"{where}: prompt {prompt!r} contains '_' or '/'; sample file names are {{prompt}}_{{index:06d}}.png")
+    return prompt
+
+
+def read_prompt_file(path: str | Path, category: str | None = None) -> list[PromptRecord]:
+    """Records of one prompt file: T2I-R1 JSON Lines (.jsonl) or plain text, one prompt per line (.txt).
+
+    A malformed line raises ValueError naming the file and line; a repeated prompt keeps its first line.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"prompt file {path} not found")
+    records: dict[str, PromptRecord] = {}
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            if path.suffix == ".jsonl":
+                try:
+                    raw = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
+                if not isinstance(raw, dict) or "prompt" not in raw:
+                    raise ValueError(f"{where}: expected an object with a 'prompt' key (T2I-R1 format)")
+                task = raw.get("task_type", category)
+                cat = TASK_TYPES.get(task, task)
+                if cat not in FILE_CATEGORIES:
+                    raise ValueError(f"{where}: unknown task_type {task!r}; expected one of {sorted({*FILE_CATEGORIES, *TASK_TYPES})}")
+                spec = {"source": "t2i-r1", **{k: v for k, v in raw.items() if k not in ("prompt", "task_type")}}
+                record = PromptRecord(_check_prompt(raw["prompt"], where), cat, spec)
+            else:
+                if category not in FILE_CATEGORIES:
+                    raise ValueError(f"{path}: a .txt prompt file needs a category (one of {FILE_CATEGORIES}), got {category!r}")
+                source = "t2i-compbench" if category in COMPBENCH_CATEGORIES else "text"
+                record = PromptRecord(_check_prompt(line, where), category, {"source": source})
+            records.setdefault(record.prompt, record)
+    if not records:
+        raise ValueError(f"prompt file {path} holds no prompts")
+    return list(records.values())
+
+
+def compbench_file(eval_dir: str | Path, category: str, split: str) -> Path:
+    if category not in COMPBENCH_CATEGORIES:
+        raise ValueError(f"unknown T2I-CompBench category {category!r}; expected one of {COMPBENCH_CATEGORIES}")
+    path = Path(eval_dir) / f"{category}_{split}.txt"
+    if not path.is_file():
+        raise FileNotFoundError(f"T2I-CompBench split {path} not found (prompts.eval_dir should hold <category>_{split}.txt)")
+    return path
+
+
+def build_file_suites(
+    train_file: str | Path,
+    eval_dir: str | Path,
+    categories: list[str],
+    n_val: int,
+    seed: int = 0,
+    val_file: str | Path | None = None,
+    n_eval: int | None = None,
+) -> dict[str, list[PromptRecord]]:
+    """train / val / eval suites from files; val and eval are disjoint from each other and from train.
+
+    `n_eval` caps the evaluation prompts per category (None: the whole 300-prompt split).
+    """
+    train = read_prompt_file(train_file)
+    evaluation: list[PromptRecord] = []
+    for cat in categories:
+        evaluation += read_prompt_file(compbench_file(eval_dir, cat, "val"), cat)[:n_eval]
+    evaluation = list({r.prompt: r for r in reversed(evaluation)}.values())[::-1]  # a prompt in two categories: first wins
+    eval_prompts = {r.prompt for r in evaluation}
+    overlap = [r for r in train if r.prompt in eval_prompts]
+    if overlap:
+        print(f"{train_file}: {len(overlap)} prompt(s) are evaluation prompts too; removed from train, e.g. {overlap[0].prompt!r}")
+        train = [r for r in train if r.prompt not in eval_prompts]
+    if val_file is not None:
+        val = read_prompt_file(val_file, _category_of(val_file))
+        clash = sorted({r.prompt for r in val} & (eval_prompts | {r.prompt for r in train}))
+        if clash:
+            raise ValueError(f"{val_file}: {len(clash)} validation prompt(s) are also training or evaluation prompts, e.g. {clash[0]!r}; "
+                             "checkpoint selection needs disjoint prompts (DESIGN 3.12)")
+    else:
+        if len(train) <= n_val:
+            raise ValueError(f"{train_file}: {len(train)} prompts cannot spare {n_val} for validation; lower prompts.n_val")
+        by_task: dict[str, list[PromptRecord]] = {}
+        for r in train:
+            by_task.setdefault(r.category, []).append(r)
+        rng = random.Random(seed)
+        for records in by_task.values():
+            rng.shuffle(records)
+        val = []  # round-robin over task types: every type is represented
+        while len(val) < n_val:
+            for records in by_task.values():
+                if records and len(val) < n_val:
+                    val.append(records.pop())
+        held = {r.prompt for r in val}
+        train = [r for r in train if r.prompt not in held]
+    return {"train": train, "val": val, "eval": evaluation}
+
+
+def _category_of(path: str | Path) -> str:
+    """`complex_val_spatial.txt` -> complex; `3d_spatial_train.txt` -> 3d_spatial; unknown -> 'object'."""
+    stem = Path(path).stem
+    for cat in sorted(COMPBENCH_CATEGORIES, key=len, reverse=True):
+        if stem.startswith(cat):
+            return cat
+    return "object"

@@ -1,0 +1,191 @@
+"""NOVA policy on a tiny random config: the rollout invariant, a GRPO step, persistence, checkpoint layout."""
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from diffusers import AutoencoderKL
+from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+from transformers import PhiConfig, PhiModel, PreTrainedTokenizerFast
+
+from helpers import PROMPTS, VOCAB
+from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, PromptSet
+from margrpo.policy.nova import NovaConfig, NovaPolicy, NovaTransformer
+from margrpo.policy import load_policy
+from margrpo.rollout import SamplingConfig, generate, recorded, replay
+
+SAMPLING = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=3.0, cfg_schedule="linear", temperature=0.9)
+TSV = Path(__file__).resolve().parents[1] / "src/margrpo/policy/params/nova-d48w1024-sd512.tsv"
+WEIGHTS = Path("transformer") / "diffusion_pytorch_model.safetensors"
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """Word-level, no special tokens added: like Phi's tokenizer, the empty prompt has no tokens."""
+    words = ["[PAD]", "[UNK]"] + sorted({w.lower() for w in VOCAB + " ".join(PROMPTS).split()})
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.normalizer, tok.pre_tokenizer = normalizers.Lowercase(), pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]")
+
+
+def tiny_nova(seed: int = 0) -> NovaPolicy:
+    """64 px -> 8 x 8 x 4 latent (4 VAE levels, stride 8 as in NOVA) -> 4 x 4 = 16 tokens of 16 channels."""
+    torch.manual_seed(seed)
+    config = NovaConfig(image_size=(64, 64), text_token_dim=16, text_token_len=8, video_base_size=(1, 2, 2),
+                        image_base_size=(4, 4), width=32, num_heads=4, video_depth=1, image_depth=2,
+                        head_depth=2, head_width=32, flow_shift=1.5)
+    tokenizer = tiny_tokenizer()
+    phi = PhiModel(PhiConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                             num_attention_heads=2, max_position_embeddings=16, partial_rotary_factor=0.5))
+    vae = AutoencoderKL(down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+                        block_out_channels=(8, 8, 8, 8), layers_per_block=1, latent_channels=4, norm_num_groups=4,
+                        sample_size=64)
+    return NovaPolicy(config, phi, vae, tokenizer)
+
+
+def rollout(policy, seed=0, trajectories=1):
+    return generate(policy, PROMPTS[:2], SAMPLING, group_size=2, generator=torch.Generator().manual_seed(seed),
+                    trajectories=trajectories, mte_generator=torch.Generator().manual_seed(seed + 99))
+
+
+def test_ratio_is_one_on_unchanged_parameters():
+    policy = tiny_nova()
+    r = rollout(policy, trajectories=2)
+    assert r.images.shape == (4, 3, 64, 64) and r.latents.shape == (4, 16, 16)
+    K, T = SAMPLING.ar_steps, SAMPLING.diffusion_steps
+    ar, diff = torch.arange(K), torch.arange(T - 1)[None].repeat(K, 1)
+    rp = replay(policy, r, ar, diff, with_mte=True)
+    old, old_mte = recorded(r, ar, diff)
+    assert rp.mask.sum() > 0
+    ratio = torch.exp(rp.log_prob - old)[rp.mask]
+    assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-5, rtol=0), (ratio.min(), ratio.max())
+    committed = r.committed[ar][:, None, None].expand_as(rp.mte_log_prob)
+    mte_ratio = torch.exp(rp.mte_log_prob - old_mte)[committed]
+    assert torch.allclose(mte_ratio, torch.ones_like(mte_ratio), atol=1e-5, rtol=0)
+
+
+def test_ar_forward_with_different_known_counts_matches_rows_alone():
+    """Replay batches rows from different AR steps: padding the known tokens must not change any row's z."""
+    policy = tiny_nova().eval()
+    tokens = torch.randn(3, 16, 16)
+    known = torch.zeros(3, 16, dtype=torch.bool)
+    known[0, [1, 5, 9]] = True
+    known[2, :11] = True  # row 1 knows nothing (the first AR step)
+    cond = policy.encode_prompts(PROMPTS[:3])
+    with torch.no_grad():
+        batched = policy.ar_forward(tokens, known, cond)
+        alone = torch.cat([policy.ar_forward(tokens[i:i + 1], known[i:i + 1], cond.index(slice(i, i + 1))) for i in range(3)])
+    torch.testing.assert_close(batched, alone, atol=1e-5, rtol=1e-5)
+
+
+def test_null_prompt_is_the_filler_table():
+    """NOVA's CFG null text is the empty prompt: no Phi features, only TextEmbed's filler rows."""
+    policy = tiny_nova()
+    null = policy.null_condition(2)
+    filler = policy.transformer.text_embed.weight[: policy.config.text_token_len]
+    assert torch.equal(null.hidden, filler.expand(2, -1, -1)) and null.mask.all()
+    cond = policy.encode_prompts(["a red circle"])
+    assert not torch.equal(cond.hidden[0, :3], filler[:3]) and torch.equal(cond.hidden[0, 3:], filler[3:])
+
+
+def test_token_layout_matches_the_patch_convolution():
+    """Tokens are NOVA's patchify order, so the per-token projection equals the Conv2d on the latent."""
+    policy = tiny_nova()
+    latent = torch.randn(2, 4, 8, 8)
+    tokens = policy.patchify(latent)
+    assert torch.equal(policy.unpatchify(tokens), latent)
+    pe = policy.transformer.image_encoder.patch_embed
+    conv = pe.proj(latent).flatten(2).transpose(1, 2)  # [B, L, W], row-major
+    torch.testing.assert_close(pe(tokens), conv, atol=1e-5, rtol=1e-5)
+    images = policy.decode(policy.encode(torch.rand(2, 3, 64, 64)))
+    assert images.shape == (2, 3, 64, 64) and 0 <= images.min() and images.max() <= 1
+
+
+def test_parameter_groups_exclude_the_frozen_encoders():
+    policy = tiny_nova()
+    ar, head = set(map(id, policy.ar_parameters())), set(map(id, policy.head_parameters()))
+    assert not ar & head and ar | head == set(map(id, policy.transformer.parameters()))
+    frozen = list(policy.text_encoder.parameters()) + list(policy.vae.parameters())
+    assert not any(p.requires_grad for p in frozen) and not {id(p) for p in frozen} & (ar | head)
+    sampler = policy.make_sampler(25)
+    assert sampler.config.shift == 1.5 and float(sampler.model_time(0)) == pytest.approx(1000.0)
+
+
+def redness(images, prompts, metadata):
+    r = images[:, 0].mean((1, 2)) - images[:, 2].mean((1, 2))  # [B]
+    return r, {"redness": r}
+
+
+def test_one_grpo_step_updates_the_ar_parameters(tmp_path):
+    policy = tiny_nova()
+    prompts = PromptSet(PROMPTS, [{}] * len(PROMPTS))
+    cfg = GRPOConfig(steps=1, batch_prompts=2, group_size=2, mask_steps=3, diffusion_steps=3, save_every=1, val_every=1,
+                     val_prompts=2, precision="no", lr=1e-3)
+    sampling = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=2.0)
+    trainer = GRPOTrainer(policy, redness, prompts, prompts, sampling, cfg, tmp_path)
+    trainable = {n: p.detach().clone() for n, p in policy.transformer.named_parameters()
+                 if p.requires_grad and not n.startswith("image_decoder.")}
+    rows = trainer.train()
+    for key in ("reward_mean", "policy_loss", "kl", "grad_norm_ar"):
+        assert math.isfinite(rows[-1][key]), key
+    params = dict(policy.transformer.named_parameters())
+    unchanged = [n for n, before in trainable.items() if torch.equal(before, params[n])]
+    assert not unchanged, unchanged
+
+
+def test_save_load_gives_identical_samples(tmp_path):
+    policy = tiny_nova()
+    policy.save_pretrained(tmp_path / "nova")
+    assert NovaPolicy.is_checkpoint(tmp_path / "nova")
+    loaded = load_policy(tmp_path / "nova")  # the workflow's entry point dispatches on model_index.json
+    assert isinstance(loaded, NovaPolicy) and loaded.config == policy.config
+    assert torch.equal(rollout(policy).images, rollout(loaded).images)
+    loaded.save_pretrained(tmp_path / "again")  # a loaded policy links its frozen parts instead of copying them
+    assert (tmp_path / "again" / "text_encoder").is_symlink() and (tmp_path / "again" / "vae").is_symlink()
+    assert torch.equal(rollout(NovaPolicy.from_pretrained(tmp_path / "again")).images, rollout(policy).images)
+
+
+def test_missing_and_corrupt_checkpoints_fail_clearly(tmp_path):
+    with pytest.raises(FileNotFoundError, match="model_index.json"):
+        NovaPolicy.from_pretrained(tmp_path / "absent")
+    d = tmp_path / "nova"
+    tiny_nova().save_pretrained(d)
+    state = load_file(str(d / WEIGHTS))
+    (d / WEIGHTS).unlink()
+    with pytest.raises(FileNotFoundError, match=re.escape(str(d / WEIGHTS))):
+        NovaPolicy.from_pretrained(d)
+    (d / WEIGHTS).write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match=re.escape(str(d / WEIGHTS))):
+        NovaPolicy.from_pretrained(d)
+    state["extra.weight"] = torch.zeros(1)
+    del state["mask_embed.bos_token"]
+    save_file(state, str(d / WEIGHTS))
+    with pytest.raises(ValueError, match=r"missing \(1\): mask_embed\.bos_token.*unexpected \(1\): extra\.weight"):
+        NovaPolicy.from_pretrained(d)
+
+
+def test_full_size_transformer_matches_the_published_parameter_list():
+    expected = {}
+    for line in TSV.read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, shape = line.split("\t")
+            expected[name] = tuple(int(s) for s in shape.split(","))
+    with torch.device("meta"):
+        model = NovaTransformer(NovaConfig.full_size())
+    assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == expected
+    head = sum(p.numel() for p in model.image_decoder.parameters())
+    assert 0.6e9 < sum(v.numel() for v in model.state_dict().values()) < 0.7e9 and head < 0.05e9
+
+
+def test_published_config_json_parses_to_the_full_size_config():
+    published = {"_class_name": "NOVATransformer3DModel", "image_dim": 4, "image_size": 512, "image_stride": 8,
+                 "text_token_dim": 2560, "text_token_len": 256, "video_base_size": [1, 16, 16],
+                 "image_base_size": [32, 32], "arch": ["vit_d16w1024", "vit_d32w1024", "mlp_d3w1280"]}
+    config = NovaConfig.from_nova_json(published)
+    assert config == NovaConfig.full_size() and NovaConfig.from_nova_json(config.to_nova_json()) == config
+    with pytest.raises(ValueError, match="rotary_pos_embed"):
+        NovaConfig.from_nova_json({**published, "rotary_pos_embed": True})
+    with pytest.raises(ValueError, match="image_base_size"):
+        NovaConfig(image_base_size=(64, 64))
