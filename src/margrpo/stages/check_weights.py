@@ -11,7 +11,7 @@ from pathlib import Path
 # Files each kind of checkpoint folder must hold (diffusers-style layout for NOVA, Harmon's release layout).
 EXPECTED = {
     "nova": ["model_index.json", "transformer/config.json", "vae/config.json", "text_encoder/config.json", "tokenizer"],
-    "harmon": ["config.json", "vae", "llm"],
+    "harmon": ["harmon_1.5b.pth", "kl16.ckpt", "Qwen2.5-1.5B-Instruct/config.json", "Qwen2.5-1.5B-Instruct/tokenizer.json"],
     "toy": ["config.json", "model.safetensors", "tokenizer"],
 }
 

@@ -1,0 +1,216 @@
+"""Harmon-1.5B (ours) on a tiny random config: DESIGN 3.2 ratio == 1, a GRPO step, checkpoints, key table."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from helpers import PROMPTS, VOCAB
+from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, PromptSet
+from margrpo.policy import load_policy
+from margrpo.policy.base import TextCondition
+from margrpo.policy.harmon import HarmonConfig, HarmonPolicy
+from margrpo.rollout import SamplingConfig, generate, recorded, replay
+
+PARAMS = Path(__file__).resolve().parents[1] / "src/margrpo/policy/params/harmon-1.5b.tsv"
+SAMPLING = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=3.0, cfg_schedule="linear", temperature=0.9)
+TINY_LLM = dict(model_type="qwen2", hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=256, rope_theta=10000.0, tie_word_embeddings=True)
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """Word-level stand-in for Qwen's tokenizer, with its chat special tokens."""
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    words = ["[UNK]", *special, "user", "assistant", "Generate", "an", "image", ".", ":", *VOCAB, "triangles"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(dict.fromkeys(words))}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(special)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="<|endoftext|>", eos_token="<|im_end|>")
+
+
+def tiny_config(**overrides) -> HarmonConfig:
+    """32 px through a 3-level VAE (stride 4): 8x8 = 64 tokens of 4 channels; positional embeddings
+    learned on a 4x4 grid and resized, as Harmon-1.5B resizes its 16x16 ones to 32x32."""
+    cfg = dict(llm=dict(TINY_LLM, vocab_size=len(tiny_tokenizer())), attn_implementation="eager",
+               encoder_width=32, encoder_depth=1, encoder_heads=4, decoder_width=32, decoder_depth=1, decoder_heads=4,
+               buffer_size=4, num_classes=10, dropout=0.1, pos_embed_size=16, image_size=32, head_width=32, head_depth=2,
+               vae_channels=(8, 8, 16), vae_layers_per_block=1, vae_latent_channels=4, vae_norm_groups=4)
+    return HarmonConfig(**{**cfg, **overrides})
+
+
+def tiny_harmon(seed: int = 0, **overrides) -> HarmonPolicy:
+    torch.manual_seed(seed)
+    policy = HarmonPolicy(tiny_config(**overrides), tiny_tokenizer())
+    with torch.no_grad():  # the head starts as zero (adaLN-zero): give it an output that depends on z
+        for p in policy.head_parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return policy
+
+
+def rollout(policy, seed=0, trajectories=1):
+    return generate(policy, PROMPTS[:2], SAMPLING, group_size=2, generator=torch.Generator().manual_seed(seed),
+                    trajectories=trajectories, mte_generator=torch.Generator().manual_seed(seed + 99))
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_ratio_is_one_on_unchanged_parameters(attn):
+    policy = tiny_harmon(attn_implementation=attn)
+    r = rollout(policy, trajectories=2)
+    policy.train()  # dropout 0.1 in the config must not leak into the replay
+    K, T = SAMPLING.ar_steps, SAMPLING.diffusion_steps
+    ar, diff = torch.arange(K), torch.arange(T - 1)[None].repeat(K, 1)
+    rp = replay(policy, r, ar, diff, with_mte=True)
+    old, old_mte = recorded(r, ar, diff)
+    assert rp.mask.sum() > 0 and r.images.shape == (4, 3, 32, 32)
+    ratio = torch.exp(rp.log_prob - old)[rp.mask]
+    assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-5, rtol=0), (ratio.min(), ratio.max())
+    committed = r.committed[ar][:, None, None].expand_as(rp.mte_log_prob)
+    mte_ratio = torch.exp(rp.mte_log_prob - old_mte)[committed]
+    assert torch.allclose(mte_ratio, torch.ones_like(mte_ratio), atol=1e-5, rtol=0)
+
+
+def test_bf16_rollouts_run():
+    """Under the trainer's bf16 autocast, and with bf16 weights (`from_pretrained(dtype=...)`)."""
+    policy = tiny_harmon()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        images = rollout(policy).images
+    assert torch.isfinite(images).all()
+    assert torch.isfinite(rollout(policy.to(torch.bfloat16)).images).all()
+
+
+def test_prompt_and_null_prompt_use_harmons_chat_template():
+    policy = tiny_harmon()
+    seen = []
+    tokenizer = policy.tokenizer
+    policy.tokenizer = lambda texts, **kw: seen.extend(texts) or tokenizer(texts, **kw)
+    policy.encode_prompts(["a red circle"])
+    policy.null_condition(1)
+    turn = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+    assert seen == [turn.format("Generate an image: a red circle"), turn.format("Generate an image.")]
+
+
+def test_unknown_tokens_do_not_influence_z():
+    """Harmon drops the unknown tokens before the encoder: their values cannot matter."""
+    policy = tiny_harmon().eval()
+    known = torch.rand(2, policy.seq_len, generator=torch.Generator().manual_seed(0)) < 0.4
+    tokens = torch.randn(2, policy.seq_len, policy.token_dim)
+    cond = policy.encode_prompts(PROMPTS[:2])
+    with torch.no_grad():
+        z = policy.ar_forward(tokens, known, cond)
+        z2 = policy.ar_forward(torch.where(known[..., None], tokens, torch.randn_like(tokens)), known, cond)
+    assert z.shape == (2, policy.seq_len, policy.z_dim) and torch.equal(z, z2)
+
+
+def test_rows_with_different_known_counts_match_their_own_pass():
+    """The replay batches AR steps with different numbers of known tokens; padding must not change a row."""
+    policy = tiny_harmon().eval()
+    L = policy.seq_len
+    known = torch.zeros(3, L, dtype=torch.bool)
+    known[1, ::3] = True
+    known[2, : L - 5] = True
+    tokens = torch.randn(3, L, policy.token_dim)
+    cond = TextCondition.cat([policy.encode_prompts(PROMPTS[:2]), policy.null_condition(1)])
+    with torch.no_grad():
+        z = policy.ar_forward(tokens, known, cond)
+        single = [policy.ar_forward(tokens[i : i + 1], known[i : i + 1], cond.index(slice(i, i + 1))) for i in range(3)]
+    torch.testing.assert_close(z, torch.cat(single), atol=1e-5, rtol=1e-5)
+
+
+def redness(images, prompts, metadata):
+    r = images[:, 0].mean((1, 2)) - images[:, 2].mean((1, 2))  # [B]
+    return r, {"redness": r}
+
+
+def test_one_grpo_step_trains_the_ar_parameters(tmp_path):
+    policy = tiny_harmon()
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    prompts = PromptSet(PROMPTS, [{}] * len(PROMPTS))
+    cfg = GRPOConfig(steps=1, batch_prompts=2, group_size=2, mask_steps=3, diffusion_steps=3, save_every=1, val_every=1,
+                     val_prompts=2, precision="no", lr=1e-3)
+    rows = GRPOTrainer(policy, redness, prompts, prompts, SAMPLING, cfg, tmp_path).train()
+    for key in ("reward_mean", "policy_loss", "kl", "grad_norm_ar", "ratio_min", "ratio_max"):
+        assert torch.isfinite(torch.tensor(rows[-1][key])), key
+    assert rows[-1]["grad_norm_ar"] > 0
+    ar = {n for n, p in policy.named_parameters() if any(p is q for q in policy.ar_parameters())}
+    unchanged = sorted(n for n in ar if torch.equal(before[n], policy.get_parameter(n)))
+    assert unchanged == ["mar.class_emb.weight"]  # MAR's class table is not used for text-to-image
+    assert all(torch.equal(before[n], p) for n, p in policy.named_parameters() if n.startswith("vae."))
+
+
+def test_parameter_groups_partition_all_but_the_frozen_vae():
+    policy = tiny_harmon()
+    ar, head = set(map(id, policy.ar_parameters())), set(map(id, policy.head_parameters()))
+    vae = set(map(id, policy.vae.parameters()))
+    assert not ar & head and ar | head | vae == set(map(id, policy.parameters())) and not (ar | head) & vae
+    assert not any(p.requires_grad for p in policy.vae.parameters())
+
+
+def test_codec_shapes_and_range():
+    policy = tiny_harmon()
+    with torch.no_grad():
+        tokens = policy.encode(torch.rand(2, 3, 32, 32))
+        images = policy.decode(tokens)
+    assert tokens.shape == (2, 64, 4) and policy.token_grid == (8, 8)
+    assert images.shape == (2, 3, 32, 32) and images.min() >= 0 and images.max() <= 1
+
+
+def test_save_load_gives_identical_samples(tmp_path):
+    policy = tiny_harmon()
+    policy.save_pretrained(tmp_path)
+    for name in ("harmon_1.5b.pth", "kl16.ckpt", "config.json", "Qwen2.5-1.5B-Instruct/config.json",
+                 "Qwen2.5-1.5B-Instruct/tokenizer.json"):
+        assert (tmp_path / name).is_file(), name
+    assert "encoder.down.2.attn.0.q.weight" in torch.load(tmp_path / "kl16.ckpt", weights_only=True)["model"]  # LDM names
+    loaded = load_policy(tmp_path)  # the workflow's entry point dispatches on the Harmon files
+    assert isinstance(loaded, HarmonPolicy) and torch.equal(rollout(policy).images, rollout(loaded).images)
+    half = HarmonPolicy.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    assert half.mar.z_proj.weight.dtype == torch.bfloat16
+
+
+def test_is_checkpoint_recognises_saved_and_published_folders(tmp_path):
+    tiny_harmon().save_pretrained(tmp_path / "saved")
+    (tmp_path / "published").mkdir()
+    (tmp_path / "published" / "harmon_1.5b.pth").write_bytes(b"")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text('{"model_type": "toy-mar"}')
+    assert HarmonPolicy.is_checkpoint(tmp_path / "saved") and HarmonPolicy.is_checkpoint(tmp_path / "published")
+    assert not HarmonPolicy.is_checkpoint(tmp_path / "other") and not HarmonPolicy.is_checkpoint(tmp_path)
+
+
+def test_missing_files_are_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="harmon_1.5b.pth.*kl16.ckpt"):
+        HarmonPolicy.from_pretrained(tmp_path)
+    tiny_harmon().save_pretrained(tmp_path / "p")
+    (tmp_path / "p" / "kl16.ckpt").unlink()
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "p" / "kl16.ckpt")):
+        HarmonPolicy.from_pretrained(tmp_path / "p")
+
+
+@pytest.mark.parametrize("name", ["harmon_1.5b.pth", "kl16.ckpt"])
+def test_corrupt_weights_are_named(tmp_path, name):
+    tiny_harmon().save_pretrained(tmp_path)
+    (tmp_path / name).write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match=name.replace(".", r"\.")):
+        HarmonPolicy.from_pretrained(tmp_path)
+
+
+def test_key_mismatch_lists_the_keys(tmp_path):
+    policy = tiny_harmon()
+    policy.save_pretrained(tmp_path)
+    state = policy.harmon_state_dict()
+    state["mar.extra"] = state.pop("proj_out.2.bias")
+    torch.save(state, tmp_path / "harmon_1.5b.pth")
+    with pytest.raises(ValueError, match=r"harmon_1\.5b\.pth.*missing: \['proj_out\.2\.bias'\].*unexpected: \['mar\.extra'\]"):
+        HarmonPolicy.from_pretrained(tmp_path)
+
+
+def test_full_size_matches_the_checked_in_parameter_table():
+    with torch.device("meta"):
+        policy = HarmonPolicy(HarmonConfig.full_size())
+    got = {k: str(list(v.shape)) for k, v in policy.harmon_state_dict().items()}
+    rows = [line.split("\t") for line in PARAMS.read_text().splitlines() if line and not line.startswith("#")]
+    want = dict(rows)
+    assert len(want) == len(rows) and got == want
+    assert (policy.seq_len, policy.token_dim, policy.z_dim, policy.token_grid) == (1024, 16, 1280, (32, 32))
