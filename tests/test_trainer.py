@@ -164,3 +164,22 @@ def test_later_updates_use_log_probs_from_before_the_first_update(tmp_path):
     # is 3e-5-6e-5: the record and the pre-update pass may differ by an ulp (different batch shapes)
     for key in ("ratio_min", "ratio_max", "ratio_mean", "clip_frac", "policy_loss"):
         assert rows["recomputed"][key] == pytest.approx(rows["recorded"][key], rel=2e-4, abs=1e-7), key
+
+
+def test_micro_batch_gradient_variance_matches_the_explicit_computation():
+    """The streaming statistic equals stacking each micro-batch's gradient (scaled to the batch mean)."""
+    from margrpo.grpo.trainer import MicroBatchGradStats
+
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.zeros(3, 4)), torch.nn.Parameter(torch.zeros(5))]
+    n = 3
+    per_micro = [[torch.randn_like(p) for p in params] for _ in range(n)]  # g_c, as accumulated by backward
+    stats = MicroBatchGradStats(params, n)
+    for c, grads in enumerate(per_micro):
+        for p, g in zip(params, grads):
+            p.grad = g.clone() if p.grad is None else p.grad + g
+        stats.after_backward(last=c == n - 1)
+    norm, var = stats.result()
+    flat = torch.stack([torch.cat([g.flatten() for g in grads]) for grads in per_micro]) * n  # [n, P]
+    assert var == pytest.approx(flat.var(dim=0).mean().item(), rel=1e-5)
+    assert norm == pytest.approx(flat.mean(0).norm().item(), rel=1e-6)
