@@ -26,13 +26,18 @@ rule sample:
 
 
 rule eval_compbench:
-    """CompBench-style per-category scores (the ShapesWorld parser on the toy world)."""
+    """CompBench-style per-category scores (the ShapesWorld parser on the toy world; T2I-CompBench's metrics at real scale)."""
     input:
         samples=f"{RESULTS}/samples/{{run}}/samples",
         suite=f"{RESULTS}/data/suites/eval.jsonl",
     output:
         per_category=f"{RESULTS}/eval/{{run}}/compbench.csv",
         per_image=f"{RESULTS}/eval/{{run}}/compbench_per_image.csv",
+    params:
+        evaluator=config["evaluation"]["compbench"],
+        models=json.dumps(config["evaluation"]["compbench_models"]),
+    resources:
+        gpu=GPU if config["evaluation"]["compbench"] == "t2i-compbench" else 0,
     conda:
         "../../envs/margrpo.yaml"
     log:
@@ -41,6 +46,7 @@ rule eval_compbench:
         "benchmarks/eval_compbench/{run}.tsv"
     shell:
         "margrpo eval-compbench --samples-dir {input.samples} --suite {input.suite}"
+        " --evaluator {params.evaluator} --models-json {params.models:q}"
         " --out-per-image {output.per_image} --out-per-category {output.per_category} > {log} 2>&1"
 
 

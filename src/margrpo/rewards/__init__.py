@@ -9,6 +9,7 @@ from margrpo.rewards.registry import (
     check_scores,
     register_reward,
 )
+from margrpo.rewards import real as _real  # noqa: F401,E402  (registers the real-scale scorers; imports models lazily)
 
 __all__ = [
     "RewardFunction",

@@ -1,7 +1,10 @@
-"""`margrpo eval-compbench`: CompBench-style scores of a samples directory (ShapesWorld parser).
+"""`margrpo eval-compbench`: CompBench-style scores of a samples directory.
 
+Two evaluators behind one output format: `shapesworld` (the toy world's exact scene parser) and
+`t2i-compbench` (real images: BLIP-VQA, Grounding DINO and CLIP, margrpo.evaluation.compbench).
 Writes a per-image CSV (every score term) and a per-category CSV (category, n_images, strict,
-lenient), both atomically. The world is read from world.json beside the suite unless --world.
+lenient), both atomically. T2I-CompBench has one score per category: strict and lenient then hold
+the same number. The toy world is read from world.json beside the suite unless --world.
 """
 
 from __future__ import annotations
@@ -19,9 +22,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-per-image", required=True, help="CSV, one row per image")
     parser.add_argument("--out-per-category", required=True, help="CSV, one row per category")
     parser.add_argument("--world", default=None, help="world.json (default: next to --suite)")
+    parser.add_argument("--evaluator", choices=("shapesworld", "t2i-compbench"), default="shapesworld")
+    parser.add_argument("--models-json", default="{}",
+                        help="t2i-compbench: {vqa: {path, ...}, detector: {path, ...}, clip: {path, ...}, prompts_dir, device, batch_size}")
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.evaluator == "t2i-compbench":
+        return run_real(args)
     from margrpo.evaluation.toy_compbench import evaluate_samples
     from margrpo.world import WorldConfig
 
@@ -30,6 +38,54 @@ def run(args: argparse.Namespace) -> None:
     atomic_write_csv(per_image, args.out_per_image)
     atomic_write_csv(per_category, args.out_per_category)
     print(per_category.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+
+
+def run_real(args: argparse.Namespace) -> None:
+    """Score each evaluation category with its T2I-CompBench metric; one model of each kind, built once."""
+    import pandas as pd
+
+    from margrpo.evaluation.compbench import CompBenchEvaluator, canonical_category, list_samples
+    from margrpo.rewards.real import BlipVQAReward, ClipScoreReward, GroundingDinoReward
+    from margrpo.stages._common import json_arg
+    from margrpo.world import load_suite
+
+    models = json_arg(args.models_json, "--models-json")
+    category_of = {r.prompt: canonical_category(r.category) for r in load_suite(args.suite)}
+    samples = list_samples(args.samples_dir)
+    stray = sorted({s.prompt for s in samples} - set(category_of))
+    if stray:
+        raise SystemExit(f"{args.samples_dir}: {len(stray)} sample prompt(s) not in {args.suite}, e.g. {stray[0]!r}")
+    common = {"device": models.get("device", "cpu"), "batch_size": int(models.get("batch_size", 8))}
+
+    def build(kind, cls, **fixed):
+        if kind not in models:
+            return None
+        opts = dict(models[kind])
+        if "path" not in opts:
+            raise SystemExit(f"evaluation.compbench_models.{kind} needs a 'path' (a local model folder)")
+        return cls(opts.pop("path"), **fixed, **common, **opts)
+
+    cats = sorted(set(category_of[s.prompt] for s in samples))
+    need = {"vqa": {"color", "shape", "texture", "complex"}, "detector": {"spatial", "numeracy", "complex"},
+            "clip": {"non_spatial", "complex"}}
+    missing = [k for k, used in need.items() if used & set(cats) and k not in models]
+    if missing:
+        raise SystemExit(f"evaluating {cats} needs evaluation.compbench_models entries {missing} (local model folders)")
+    spatial, action = (), ()
+    if models.get("prompts_dir") and "complex" in cats:
+        from margrpo.evaluation.compbench import COMPLEX_SPLITS, read_prompt_file
+
+        spatial, action = (read_prompt_file(f"{models['prompts_dir']}/{COMPLEX_SPLITS[k]}") for k in ("spatial", "action"))
+    evaluator = CompBenchEvaluator(build("vqa", BlipVQAReward, reduce="product"), build("detector", GroundingDinoReward),
+                                   build("clip", ClipScoreReward, form="cosine"), spatial, action, common["batch_size"])
+    per_image, per_category = [], []
+    for cat in cats:
+        table, summary = evaluator.evaluate_samples([s for s in samples if category_of[s.prompt] == cat], cat)
+        per_image.append(table)
+        per_category.append({"category": cat, "n_images": summary["n_images"], "strict": summary["mean"], "lenient": summary["mean"]})
+        print(f"{cat}: {summary['mean']:.4f} over {summary['n_images']} images ({summary['metric']})", flush=True)
+    atomic_write_csv(pd.concat(per_image, ignore_index=True), args.out_per_image)
+    atomic_write_csv(pd.DataFrame(per_category), args.out_per_category)
 
 
 if __name__ == "__main__":
