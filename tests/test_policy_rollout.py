@@ -131,10 +131,11 @@ def test_missing_and_corrupt_checkpoints_fail_clearly(tmp_path):
         load_policy(tmp_path / "p")
 
 
-def test_parameter_groups_partition_the_model():
+def test_parameter_groups_split_the_model_and_leave_the_text_encoder_out():
     policy = tiny_policy("ddpm")
     ar, head = set(map(id, policy.ar_parameters())), set(map(id, policy.head_parameters()))
-    assert not ar & head and ar | head == set(map(id, policy.parameters()))
+    text = set(map(id, policy.text_encoder.parameters()))
+    assert not ar & head and not (ar | head) & text and ar | head | text == set(map(id, policy.parameters()))
 
 
 def test_codec_round_trip():

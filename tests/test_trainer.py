@@ -183,3 +183,28 @@ def test_micro_batch_gradient_variance_matches_the_explicit_computation():
     flat = torch.stack([torch.cat([g.flatten() for g in grads]) for grads in per_micro]) * n  # [n, P]
     assert var == pytest.approx(flat.var(dim=0).mean().item(), rel=1e-5)
     assert norm == pytest.approx(flat.mean(0).norm().item(), rel=1e-6)
+
+
+def test_committed_loss_tokens_average_over_the_tokens_each_step_commits(tmp_path):
+    """loss_tokens="committed": per chosen AR step, the surrogate's mean over the tokens committed there only
+    (compared through the gradients: at ratio 1 every token mask gives the loss value mean(A))."""
+    from margrpo.grpo import masked_mean, per_token_policy_objective
+
+    policy = tiny_policy("flow", seed=1)
+    r = generate(policy, PROMPTS[:2], SAMPLING, group_size=2, generator=torch.Generator().manual_seed(5))
+    ar, diff = torch.tensor([0, 1, 3]), torch.tensor([[0, 2], [1, 3], [0, 3]])
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    params = [p for p in policy.ar_parameters()]
+
+    def grads(loss):
+        return torch.cat([g.flatten() for g in torch.autograd.grad(loss, params, allow_unused=True, materialize_grads=True)])
+
+    trainer = make_trainer(tmp_path, policy=policy, beta=0.0, loss_tokens="committed")
+    got = grads(trainer.micro_loss(r, adv, ar, diff, None, None)[0])
+    rp = replay(policy, r, ar, diff)
+    obj = per_token_policy_objective(rp.log_prob, rp.log_prob.detach(), adv, 0.2)
+    tokens = rp.mask & r.committed[ar][:, None]  # [M, U, N, L]
+    expected = grads(torch.stack([-masked_mean(obj[m], tokens[m].float()) for m in range(len(ar))]).mean())
+    assert torch.allclose(got, expected, rtol=1e-4, atol=1e-7) and expected.abs().max() > 0
+    completion = grads(make_trainer(tmp_path / "c", policy=policy, beta=0.0).micro_loss(r, adv, ar, diff, None, None)[0])
+    assert not torch.allclose(got, completion, rtol=1e-3)  # the completion mask also holds tokens committed later

@@ -112,9 +112,10 @@ def train(policy: MARPolicy, batch_fn: BatchFn, cfg: PretrainConfig, state_dir: 
     device = policy.device
     sampler = policy.make_sampler(num_steps=25)  # only the training-time methods are used
     params = list(policy.head_parameters()) if not cfg.train_ar else list(policy.parameters())
-    if not cfg.train_ar:
-        for p in policy.ar_parameters():
-            p.requires_grad_(False)
+    if not cfg.train_ar:  # head warm-up: everything else frozen
+        head = set(map(id, params))
+        for p in policy.parameters():
+            p.requires_grad_(id(p) in head)
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     ema = EMA(policy, cfg.ema_decay)
     generator = torch.Generator().manual_seed(cfg.seed)

@@ -64,6 +64,11 @@ class GRPOConfig:
     # round differently, so recorded log-probs give ratios of 0.9-1.1 at unchanged parameters
     # (measured on the toy policy); recomputing makes the first update's ratio exactly 1 again.
     old_logprob: str = "recomputed"
+    # Which tokens of a chosen AR step enter the loss. "completion" (paper / official code): every
+    # still-unknown token. "committed": only the tokens committed at that step, the ones whose
+    # samples reach the image; the others' samples are discarded, so their terms have zero mean
+    # and only add variance (an unbiased variance reduction; it leaves +Sim nothing to filter).
+    loss_tokens: str = "completion"
     micro_batches: int = 2  # gradient-variance statistic (and memory chunking)
     save_every: int = 20
     val_every: int = 10
@@ -84,6 +89,8 @@ class GRPOConfig:
             raise ValueError(f"Unknown kl: {self.kl!r}; expected 'paper' or 'gaussian'")
         if self.logprob_cfg not in ("exact", "cond_only"):
             raise ValueError(f"Unknown logprob_cfg: {self.logprob_cfg!r}; expected 'exact' or 'cond_only'")
+        if self.loss_tokens not in ("completion", "committed"):
+            raise ValueError(f"Unknown loss_tokens: {self.loss_tokens!r}; expected 'completion' or 'committed'")
         if self.old_logprob not in ("recorded", "recomputed"):
             raise ValueError(f"Unknown old_logprob: {self.old_logprob!r}; expected 'recorded' or 'recomputed'")
         if self.mte_sampling not in ("in_loop", "post_hoc"):
@@ -139,6 +146,10 @@ class GRPOTrainer:
         if config.beta > 0:  # the frozen pre-RL policy
             self.ref = copy.deepcopy(self.policy).requires_grad_(False).eval()
         head = set(map(id, self.policy.head_parameters()))
+        trained = head | set(map(id, self.policy.ar_parameters()))
+        for p in self.policy.parameters():  # frozen encoders (text, VAE): no gradient computed at all
+            if id(p) not in trained:
+                p.requires_grad_(False)
         if config.freeze_head:  # +Fix: no gradient and no optimizer state for the head
             for p in self.policy.head_parameters():
                 p.requires_grad_(False)
@@ -205,7 +216,10 @@ class GRPOTrainer:
             replayed = (rollout.committed[ar] & mte_mask[None])[:, None, None]  # [M, 1, 1, N, L]
             old_mte = torch.where(replayed, old_mte, rp.mte_log_prob.detach())
         obj = per_token_policy_objective(rp.log_prob, old, adv, cfg.clip_eps)  # [M, U, n, L]
-        weight = rp.mask.float()  # completion mask: unknown tokens at stochastic steps
+        tokens = rp.mask.float()  # completion mask: unknown tokens at stochastic steps
+        if cfg.loss_tokens == "committed":
+            tokens = tokens * rollout.committed[ar][:, None].float()
+        weight = tokens
         if sim_keep is not None:
             weight = weight * sim_keep[ar][:, None].float()
         kl = None
@@ -222,7 +236,7 @@ class GRPOTrainer:
                 o = mte_loss(both, mte_mask & rollout.committed[k])  # Eq. 10, on the tokens that have S trajectories
             losses.append(-masked_mean(o, weight[m]))
             if kl is not None:
-                kls.append(masked_mean(kl[m], rp.mask[m].float()))
+                kls.append(masked_mean(kl[m], tokens[m]))
         policy_term = torch.stack(losses).mean()
         kl_term = torch.stack(kls).mean() if kls else torch.zeros((), device=policy_term.device)
         stats = policy_ratio_stats(rp.log_prob, old, adv, rp.mask, cfg.clip_eps)
