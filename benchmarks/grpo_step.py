@@ -12,7 +12,8 @@ that commits it) on top of the committed trajectory's sum over AR steps of the s
 tokens. With K = 8 steps over 16 tokens that sum is small (the head then does most of the
 rollout's work and S = 4 adds ~60% head rows); with the paper's K = 64 steps over 1024 tokens it
 is large and S = 4 adds a few percent. `--sampling '{"ar_steps": 64}' --model '{"patch_size": 8}'`
-measures a toy with that schedule (64 tokens, K = 64); `--model` alone changes the toy's shape.
+measures a toy with that schedule (64 tokens, K = 64; add `--grpo '{"batch_prompts": 2}'` to keep it
+short); `--model` alone changes the toy's shape.
 
     python benchmarks/grpo_step.py [--policy results/pretrain/toy-nova/policy] [--steps 4]
 """
@@ -71,6 +72,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--model", default="{}", help="ToyMARConfig overrides (random init) as JSON")
+    p.add_argument("--grpo", default="{}", help="grpo config overrides as JSON, e.g. '{\"batch_prompts\": 2}'")
     p.add_argument("--sampling", default="{}", help="SamplingConfig overrides as JSON, e.g. '{\"ar_steps\": 64}'")
     args = p.parse_args()
     MODEL.update(json.loads(args.model))
@@ -78,7 +80,7 @@ def main() -> None:
     config = load_config(args.config)
     policy_name = config["experiments"]["ladder"]["policies"][0]
     sampling = SamplingConfig(**{**config["policies"][policy_name]["sampling"], **json.loads(args.sampling)})
-    grpo = dict(config["grpo"], precision=config["mixed_precision"])
+    grpo = dict(config["grpo"], precision=config["mixed_precision"], **json.loads(args.grpo))
     print(f"config {args.config}: policy {policy_name}, K={sampling.ar_steps}, T={sampling.diffusion_steps}, "
           f"|M|={grpo['mask_steps']}, |T|={grpo['diffusion_steps']}, {grpo['batch_prompts']}x{grpo['group_size']} images, {args.threads} thread(s)")
 

@@ -18,3 +18,22 @@ def tiny_policy(head: str = "flow", seed: int = 0, dropout: float = 0.0, **overr
         for p in policy.diffloss.parameters():
             p.add_(0.05 * torch.randn_like(p))
     return policy
+
+
+def assert_ratio_is_one(policy, r, atol=1e-5):
+    """DESIGN 3.2: replaying every (AR step, diffusion step) of rollout `r` with unchanged parameters
+    reproduces the recorded log-probs — committed trajectory and MTE trajectories alike."""
+    from margrpo.rollout import recorded, replay
+
+    K, T = r.sampling.ar_steps, r.sampling.diffusion_steps
+    ar, diff = torch.arange(K), torch.arange(T - 1)[None].repeat(K, 1)
+    rp = replay(policy, r, ar, diff, with_mte=r.trajectories > 1)
+    old, old_mte = recorded(r, ar, diff)
+    assert rp.mask.sum() > 0
+    ratio = torch.exp(rp.log_prob - old)[rp.mask]
+    assert torch.allclose(ratio, torch.ones_like(ratio), atol=atol, rtol=0), (ratio.min(), ratio.max())
+    if r.trajectories > 1:
+        committed = r.committed[ar][:, None, None].expand_as(rp.mte_log_prob)
+        mte_ratio = torch.exp(rp.mte_log_prob - old_mte)[committed]
+        assert torch.allclose(mte_ratio, torch.ones_like(mte_ratio), atol=atol, rtol=0), (mte_ratio.min(), mte_ratio.max())
+    return rp

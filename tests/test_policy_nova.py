@@ -11,11 +11,11 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from transformers import PhiConfig, PhiModel, PreTrainedTokenizerFast
 
-from helpers import PROMPTS, VOCAB
+from helpers import PROMPTS, VOCAB, assert_ratio_is_one
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, PromptSet
 from margrpo.policy.nova import NovaConfig, NovaPolicy, NovaTransformer
 from margrpo.policy import load_policy
-from margrpo.rollout import SamplingConfig, generate, recorded, replay
+from margrpo.rollout import SamplingConfig, generate
 
 SAMPLING = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=3.0, cfg_schedule="linear", temperature=0.9)
 TSV = Path(__file__).resolve().parents[1] / "src/margrpo/policy/params/nova-d48w1024-sd512.tsv"
@@ -54,16 +54,7 @@ def test_ratio_is_one_on_unchanged_parameters():
     policy = tiny_nova()
     r = rollout(policy, trajectories=2)
     assert r.images.shape == (4, 3, 64, 64) and r.latents.shape == (4, 16, 16)
-    K, T = SAMPLING.ar_steps, SAMPLING.diffusion_steps
-    ar, diff = torch.arange(K), torch.arange(T - 1)[None].repeat(K, 1)
-    rp = replay(policy, r, ar, diff, with_mte=True)
-    old, old_mte = recorded(r, ar, diff)
-    assert rp.mask.sum() > 0
-    ratio = torch.exp(rp.log_prob - old)[rp.mask]
-    assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-5, rtol=0), (ratio.min(), ratio.max())
-    committed = r.committed[ar][:, None, None].expand_as(rp.mte_log_prob)
-    mte_ratio = torch.exp(rp.mte_log_prob - old_mte)[committed]
-    assert torch.allclose(mte_ratio, torch.ones_like(mte_ratio), atol=1e-5, rtol=0)
+    assert_ratio_is_one(policy, r)
 
 
 def test_ar_forward_with_different_known_counts_matches_rows_alone():

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from helpers import PROMPTS, tiny_policy
+from helpers import PROMPTS, assert_ratio_is_one, tiny_policy
 from margrpo.policy import load_policy
 from margrpo.rollout import SamplingConfig, generate, recorded, replay, unknown_after_steps
 
@@ -26,15 +26,7 @@ def test_ratio_is_one_on_unchanged_parameters(head, mode):
     policy = tiny_policy(head, dropout=0.2)  # dropout must not leak into rollout or replay
     r = rollout(policy, trajectories=3)
     getattr(policy, mode)()
-    ar, diff = all_steps(r)
-    rp = replay(policy, r, ar, diff, with_mte=True)
-    old, old_mte = recorded(r, ar, diff)
-    assert rp.mask.sum() > 0
-    ratio = torch.exp(rp.log_prob - old)[rp.mask]
-    assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-5, rtol=0), (ratio.min(), ratio.max())
-    committed = r.committed[ar][:, None, None].expand_as(rp.mte_log_prob)
-    mte_ratio = torch.exp(rp.mte_log_prob - old_mte)[committed]
-    assert torch.allclose(mte_ratio, torch.ones_like(mte_ratio), atol=1e-5, rtol=0)
+    assert_ratio_is_one(policy, r)
     assert policy.training == (mode == "train")  # replay restores the caller's mode
 
 

@@ -25,9 +25,7 @@ complex's non-spatial part scores the whole prompt (T2I-CompBench drops adjectiv
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +34,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from margrpo.evaluation.samples import Sample, list_samples, parse_sample_name
 from margrpo.rewards.real import (
     BlipVQAReward,
     ClipScoreReward,
@@ -70,7 +69,6 @@ METRICS = {
 }
 _ALIASES = {"2d_spatial": "spatial", "2d-spatial": "spatial", "non-spatial": "non_spatial", "nonspatial": "non_spatial"}
 _UNSUPPORTED = {"3d_spatial": "3d_spatial needs a depth model (T2I-CompBench: UniDet + DPT); it is not supported"}
-_NAME = re.compile(r"^(?P<prompt>.+)_(?P<index>\d{6})\.png$")
 COMPLEX_SPLITS = {"spatial": "complex_val_spatial.txt", "action": "complex_val_action.txt"}
 
 
@@ -82,40 +80,6 @@ def canonical_category(category: str) -> str:
     if name not in CATEGORIES:
         raise ValueError(f"Unknown category: {category!r}; expected one of {CATEGORIES}")
     return name
-
-
-# ============================================================================ samples
-
-
-@dataclass(frozen=True)
-class Sample:
-    path: Path
-    prompt: str
-    index: int
-
-
-def parse_sample_name(name: str) -> tuple[str, int]:
-    """`{prompt}_{index:06d}.png` -> (prompt, index); ValueError naming the file otherwise."""
-    m = _NAME.match(name)
-    if m is None:
-        raise ValueError(f"{name!r}: sample file name is not {{prompt}}_{{index:06d}}.png")
-    return m["prompt"], int(m["index"])
-
-
-def list_samples(samples_dir: str | Path) -> list[Sample]:
-    """The PNG samples of `samples_dir` (or of its `samples/` subfolder), sorted by file name."""
-    root = Path(samples_dir)
-    if (root / "samples").is_dir():
-        root = root / "samples"
-    if not root.is_dir():
-        raise FileNotFoundError(f"samples directory {root} does not exist")
-    files = sorted(root.glob("*.png"))
-    if not files:
-        raise ValueError(f"no PNG samples in {root}; expected files named {{prompt}}_{{index:06d}}.png")
-    bad = [f.name for f in files if _NAME.match(f.name) is None]
-    if bad:
-        raise ValueError(f"{root}: {len(bad)} file name(s) are not {{prompt}}_{{index:06d}}.png, e.g. {bad[0]!r}")
-    return [Sample(f, *parse_sample_name(f.name)) for f in files]
 
 
 def read_prompt_file(path: str | Path) -> list[str]:

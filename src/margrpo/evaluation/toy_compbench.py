@@ -8,16 +8,15 @@ scored against (`margrpo.world.score`).
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from PIL import Image
 
+from margrpo.evaluation.samples import list_samples
 from margrpo.world import CATEGORIES, WorldConfig, heldout_in_spec, load_suite, score
 
-_NAME = re.compile(r"^(?P<prompt>.+)_(?P<index>\d{6})\.png$")
 PER_IMAGE_COLUMNS = [
     "file", "prompt", "index", "category", "unseen", "strict", "lenient", "binding", "relation", "count",
     "n_objects", "n_expected", "extra_objects", "fragments",
@@ -28,19 +27,6 @@ def world_for_suite(suite_path: str | Path) -> WorldConfig:
     """The WorldConfig saved beside a suite (world.json, written by make-suites), else the default."""
     world = Path(suite_path).with_name("world.json")
     return WorldConfig.from_dict(json.loads(world.read_text())) if world.exists() else WorldConfig()
-
-
-def sample_files(samples_dir: str | Path) -> list[Path]:
-    """PNG files of `samples_dir`, or of its `samples/` subfolder when it has one."""
-    root = Path(samples_dir)
-    if (root / "samples").is_dir():
-        root = root / "samples"
-    if not root.is_dir():
-        raise FileNotFoundError(f"samples directory {root} does not exist")
-    files = sorted(root.glob("*.png"))
-    if not files:
-        raise ValueError(f"no PNG samples in {root}; expected files named {{prompt}}_{{index:06d}}.png")
-    return files
 
 
 def evaluate_samples(
@@ -55,17 +41,15 @@ def evaluate_samples(
     records = {r.prompt: r for r in load_suite(suite_path)}
     heldout = cfg.heldout_pairs()
     rows = []
-    for path in sample_files(samples_dir):
-        m = _NAME.match(path.name)
-        if m is None:
-            raise ValueError(f"{path}: file name is not {{prompt}}_{{index:06d}}.png")
-        record = records.get(m["prompt"])
+    for sample in list_samples(samples_dir):  # names checked: {prompt}_{index:06d}.png
+        path = sample.path
+        record = records.get(sample.prompt)
         if record is None:
-            raise ValueError(f"{path}: prompt {m['prompt']!r} is not in the suite {suite_path}")
+            raise ValueError(f"{path}: prompt {sample.prompt!r} is not in the suite {suite_path}")
         with Image.open(path) as im:
             image = np.asarray(im.convert("RGB"))  # (H, W, 3) uint8
         result = score(record.spec, image, record.category, cfg)
-        rows.append({"file": path.name, "prompt": record.prompt, "index": int(m["index"]), "category": record.category,
+        rows.append({"file": path.name, "prompt": record.prompt, "index": sample.index, "category": record.category,
                      "unseen": heldout_in_spec(record.spec, heldout), **result})
     per_image = pd.DataFrame(rows, columns=PER_IMAGE_COLUMNS)
     per_category = (

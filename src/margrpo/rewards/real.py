@@ -1190,49 +1190,15 @@ class ImageRewardReward:
 # ============================================================================ registry
 
 
-@register_reward("pickscore")
-def _build_pickscore(**kwargs: Any) -> PickScoreReward:
-    """PickScore_v1 (`path`) with its CLIP-H processor (`processor_path`)."""
-    return PickScoreReward(**kwargs)
-
-
-@register_reward("clipscore")
-def _build_clipscore(**kwargs: Any) -> ClipScoreReward:
-    """CLIP cosine (`form="cosine"`) or 100 * max(cos, 0) (`form="clipscore_100"`)."""
-    return ClipScoreReward(**kwargs)
-
-
-@register_reward("aesthetic")
-def _build_aesthetic(**kwargs: Any) -> AestheticReward:
-    """LAION improved-aesthetic MLP (`path`) on CLIP ViT-L/14 (`clip_path`)."""
-    return AestheticReward(**kwargs)
-
-
-@register_reward("vqa")
-def _build_vqa(**kwargs: Any) -> BlipVQAReward:
-    """BLIP-VQA: product over noun phrases of P(yes) (T2I-CompBench)."""
-    return BlipVQAReward(**kwargs)
-
-
-@register_reward("git_vqa")
-def _build_git_vqa(**kwargs: Any) -> GitVQAReward:
-    """GIT VQA: mean over (attribute) nouns of P(yes) (T2I-R1)."""
-    return GitVQAReward(**kwargs)
-
-
-@register_reward("grounding_dino")
-def _build_grounding_dino(**kwargs: Any) -> GroundingDinoReward:
-    """Grounding DINO relation / count / presence reward (T2I-R1)."""
-    return GroundingDinoReward(**kwargs)
-
-
-@register_reward("hpsv2")
-def _build_hpsv2(**kwargs: Any) -> HPSv2Reward:
-    """HPS v2.1 (needs the evaluator stack: hpsv2)."""
-    return HPSv2Reward(**kwargs)
-
-
-@register_reward("imagereward")
-def _build_imagereward(**kwargs: Any) -> ImageRewardReward:
-    """ImageReward-v1.0 (needs the evaluator stack: image-reward)."""
-    return ImageRewardReward(**kwargs)
+# Each class takes its options (local paths, device, batch_size) as keywords: the class is the factory.
+for _name, _scorer in {
+    "pickscore": PickScoreReward,  # PickScore_v1 (`path`) with its CLIP-H processor (`processor_path`)
+    "clipscore": ClipScoreReward,  # CLIP cosine (`form="cosine"`) or 100 * max(cos, 0) (`form="clipscore_100"`)
+    "aesthetic": AestheticReward,  # LAION improved-aesthetic MLP (`path`) on CLIP ViT-L/14 (`clip_path`)
+    "vqa": BlipVQAReward,  # BLIP-VQA: product over noun phrases of P(yes) (T2I-CompBench)
+    "git_vqa": GitVQAReward,  # GIT VQA: mean over (attribute) nouns of P(yes) (T2I-R1)
+    "grounding_dino": GroundingDinoReward,  # relation / count / presence reward (T2I-R1)
+    "hpsv2": HPSv2Reward,  # HPS v2.1 (needs the evaluator stack: hpsv2)
+    "imagereward": ImageRewardReward,  # ImageReward-v1.0 (needs the evaluator stack: image-reward)
+}.items():
+    register_reward(_name)(_scorer)
