@@ -147,3 +147,11 @@ def test_x0_head_gives_the_sampler_its_clean_estimate(head):
         x0 = policy.diffloss(x_t, t, z)[:, : policy.token_dim]
         step = sampler.step(policy.head(x_t, t, z), i, x_t)
         assert torch.allclose(step.pred_x0, x0, atol=1e-4), i
+
+
+def test_shared_order_gives_each_group_one_generation_order():
+    policy = tiny_policy("flow")
+    r = generate(policy, PROMPTS[:2], SAMPLING, group_size=3, generator=torch.Generator().manual_seed(0), shared_order=True)
+    assert (r.orders[:3] == r.orders[0]).all() and (r.orders[3:] == r.orders[3]).all()
+    assert not (r.orders[0] == r.orders[3]).all()
+    assert_ratio_is_one(policy, r)

@@ -159,11 +159,13 @@ def generate(
     trajectories: int = 1,
     mte_sampling: str = "in_loop",
     mte_generator: torch.Generator | None = None,
+    shared_order: bool = False,
 ) -> Rollout:
     """Generate group_size images per prompt and record the trajectory (DESIGN 3.2).
 
     MTE trajectories draw their noise from `mte_generator`, so the committed trajectory — and the
-    images — are identical for every S given the same `generator`.
+    images — are identical for every S given the same `generator`. `shared_order`: the images of
+    a group share one generation order (common random numbers for the group baseline).
     """
     if mte_sampling not in ("in_loop", "post_hoc"):
         raise ValueError(f"Unknown mte_sampling: {mte_sampling!r}; expected 'in_loop' or 'post_hoc'")
@@ -177,7 +179,10 @@ def generate(
         guided = sampling.cfg_scale != 1.0
         cond, uncond = _conditions(policy, prompts, group_size, guided)
         N = len(cond)
-        orders = torch.argsort(torch.rand(N, L, generator=generator), dim=1).to(device)  # [N, L]
+        if shared_order:  # one random order per prompt, repeated over its group
+            orders = torch.argsort(torch.rand(len(prompts), L, generator=generator), dim=1).repeat_interleave(group_size, 0).to(device)
+        else:
+            orders = torch.argsort(torch.rand(N, L, generator=generator), dim=1).to(device)  # [N, L]
         rank = torch.argsort(orders, dim=1)  # rank[n, j] = when token j is generated
         tokens = torch.zeros(N, L, D, device=device)
         known = torch.zeros(N, L, dtype=torch.bool, device=device)
