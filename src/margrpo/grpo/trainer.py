@@ -390,8 +390,8 @@ def _subset(r: Rollout, rows: torch.Tensor) -> Rollout:
     return Rollout(
         prompts=[r.prompts[i] for i in rows.tolist()], latents=pick(r.latents, 0), images=pick(r.images, 0),
         orders=pick(r.orders, 0), known=pick(r.known, 1), committed=pick(r.committed, 1), states=pick(r.states, 2),
-        log_probs=pick(r.log_probs, 2), cfg=r.cfg, sampling=r.sampling, mte_states=pick(r.mte_states, 3),
-        mte_log_probs=pick(r.mte_log_probs, 3),
+        log_probs=pick(r.log_probs, 2), cfg=r.cfg, sampling=r.sampling, mte_states=pick(r.mte_states, 2),
+        mte_log_probs=pick(r.mte_log_probs, 2),
     )
 
 
