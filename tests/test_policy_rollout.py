@@ -155,3 +155,15 @@ def test_shared_order_gives_each_group_one_generation_order():
     assert (r.orders[:3] == r.orders[0]).all() and (r.orders[3:] == r.orders[3]).all()
     assert not (r.orders[0] == r.orders[3]).all()
     assert_ratio_is_one(policy, r)
+
+
+def test_final_step_noise_gives_the_last_step_a_log_prob_that_replays():
+    policy = tiny_policy("flow")
+    sampling = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=2.0, final_step_noise=True)
+    r = generate(policy, PROMPTS[:2], sampling, group_size=2, generator=torch.Generator().manual_seed(0), trajectories=2,
+                 mte_generator=torch.Generator().manual_seed(1))
+    assert (r.log_probs[:, -1] != 0).any()  # the last step is scored
+    rp = assert_ratio_is_one(policy, r)
+    assert rp.mask[:, -1].any()
+    with pytest.raises(ValueError, match="needs a flow head"):
+        generate(tiny_policy("ddpm"), PROMPTS[:1], sampling)

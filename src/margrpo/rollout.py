@@ -28,12 +28,28 @@ class SamplingConfig:
     cfg_schedule: str = "linear"  # "constant" or MAR's "linear" ramp over the committed fraction
     temperature: float = 1.0
     noise_level: float = 0.7  # flow SDE only
+    final_step_noise: bool = False  # flow SDE only: the last step is stochastic too (FlowConfig.stochastic_final)
 
     def __post_init__(self):
         if self.cfg_schedule not in ("constant", "linear"):
             raise ValueError(f"Unknown cfg_schedule: {self.cfg_schedule!r}; expected 'constant' or 'linear'")
         if self.ar_steps < 1 or self.diffusion_steps < 2:
             raise ValueError("ar_steps must be >= 1 and diffusion_steps >= 2")
+
+
+def make_sampler(policy: MARPolicy, sampling: SamplingConfig) -> Sampler:
+    """The policy's head sampler for these settings (rollout and replay build the same one)."""
+    sampler = policy.make_sampler(sampling.diffusion_steps, sampling.noise_level)
+    if sampling.final_step_noise:
+        if not hasattr(sampler, "config") or not hasattr(sampler.config, "stochastic_final"):
+            raise ValueError(f"final_step_noise needs a flow head; {type(sampler).__name__} has no stochastic final step")
+        sampler = type(sampler)(sampler.config, stochastic_final=True)
+    return sampler
+
+
+def stochastic_steps(sampling: SamplingConfig) -> int:
+    """How many diffusion steps carry a log-prob (the training subset is drawn from these)."""
+    return sampling.diffusion_steps if sampling.final_step_noise else sampling.diffusion_steps - 1
 
 
 def unknown_after_steps(seq_len: int, ar_steps: int) -> list[int]:
@@ -175,7 +191,7 @@ def generate(
     with deterministic(policy):
         device = policy.device
         K, T, L, D = sampling.ar_steps, sampling.diffusion_steps, policy.seq_len, policy.token_dim
-        sampler = policy.make_sampler(T, sampling.noise_level)
+        sampler = make_sampler(policy, sampling)
         scales = cfg_scales(sampling, L)
         guided = sampling.cfg_scale != 1.0
         cond, uncond = _conditions(policy, prompts, group_size, guided)
@@ -282,7 +298,7 @@ def replay(
         raise ValueError(f"Unknown logprob_cfg: {logprob_cfg!r}; expected 'exact' or 'cond_only'")
     with deterministic(policy):
         s = rollout.sampling
-        sampler = policy.make_sampler(s.diffusion_steps, s.noise_level)
+        sampler = make_sampler(policy, s)
         M, U = diff_steps.shape
         N, L, D = rollout.latents.shape
         device = rollout.latents.device

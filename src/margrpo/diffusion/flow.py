@@ -48,6 +48,11 @@ class FlowConfig:
     noise_level: float = 0.7  # a in sigma_t = a sqrt(t / (1 - t)) (Flow-GRPO, paper's NOVA runs: 0.7); 0 = ODE
     shift: float = 1.0  # time shift t' = s t / (1 + (s - 1) t) of the sampling grid (SD3); 1 = linear grid
     train_time_sampling: str = "logit_normal"  # training t: "logit_normal" (sigmoid of N(0, 1), SD3) or "uniform"
+    # The last step t_{T-1} -> 0 draws noise too (sigma_t of t_{T-1}), so every step has a log-prob.
+    # With a deterministic last step its dependence on the parameters is missing from the policy
+    # gradient; for a head that predicts x0 that step *is* the token (x_0 = x0_hat(x_{t_{T-1}})), and
+    # the likelihood-ratio estimate then pointed against the true gradient of E[R] (measured, README).
+    stochastic_final: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_steps, int) or self.num_steps < 1:
@@ -85,7 +90,8 @@ class FlowSDESampler:
         # value of the next grid point, as Flow-GRPO does), which only changes the very first step.
         one_minus = (1 - self.sigmas[:-1]).clamp(min=float(1 - self.sigmas[1]))
         self.noise_std = self.config.noise_level * torch.sqrt(self.sigmas[:-1] / one_minus)  # [T] sigma_t per step
-        self.noise_std[-1] = 0.0  # the final step is the deterministic Euler step
+        if not self.config.stochastic_final:
+            self.noise_std[-1] = 0.0  # the final step is the deterministic Euler step
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config})"
@@ -102,7 +108,8 @@ class FlowSDESampler:
         """True where the step draws noise: every step but the last (s = T - 1), and none at all when
         noise_level = 0 (the ODE has no log-probability). Bool, shape of step_index."""
         step_index = check_step_index(step_index, self.num_steps)
-        return (torch.as_tensor(step_index) < self.num_steps - 1) & (self.config.noise_level > 0)
+        last = self.num_steps if self.config.stochastic_final else self.num_steps - 1
+        return (torch.as_tensor(step_index) < last) & (self.config.noise_level > 0)
 
     def init_noise(
         self,

@@ -35,7 +35,7 @@ from margrpo.grpo.functions import (
 )
 from margrpo.policy.base import MARPolicy
 from margrpo.pretraining import autocast
-from margrpo.rollout import Rollout, SamplingConfig, generate, recorded, replay
+from margrpo.rollout import Rollout, SamplingConfig, generate, recorded, replay, stochastic_steps
 
 VAL_SEED = 20_251_121  # the same validation noise for every run, so checkpoints compare fairly
 RewardFn = Callable[[torch.Tensor, list[str], list[dict]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -147,8 +147,8 @@ class GRPOTrainer:
         self.state_dir = self.out_dir / "state"
         if config.mask_steps > sampling.ar_steps:
             raise ValueError(f"mask_steps |M| = {config.mask_steps} exceeds the {sampling.ar_steps} AR steps; lower grpo.mask_steps")
-        if config.diffusion_steps > sampling.diffusion_steps - 1:
-            raise ValueError(f"diffusion_steps |T| = {config.diffusion_steps} exceeds the {sampling.diffusion_steps - 1} stochastic steps; lower grpo.diffusion_steps")
+        if config.diffusion_steps > stochastic_steps(sampling):
+            raise ValueError(f"diffusion_steps |T| = {config.diffusion_steps} exceeds the {stochastic_steps(sampling)} stochastic steps; lower grpo.diffusion_steps")
         self.ref = None
         if config.beta > 0:  # the frozen pre-RL policy
             self.ref = copy.deepcopy(self.policy).requires_grad_(False).eval()
@@ -170,7 +170,7 @@ class GRPOTrainer:
         """|M| AR steps and, for each, |T| stochastic diffusion steps, uniformly (DESIGN 3.3)."""
         K, T = self.sampling.ar_steps, self.sampling.diffusion_steps
         ar = torch.randperm(K, generator=g)[: self.cfg.mask_steps].sort().values
-        diff = torch.stack([torch.randperm(T - 1, generator=g)[: self.cfg.diffusion_steps].sort().values for _ in ar])
+        diff = torch.stack([torch.randperm(stochastic_steps(self.sampling), generator=g)[: self.cfg.diffusion_steps].sort().values for _ in ar])
         return ar, diff
 
     def masks(self, rollout: Rollout) -> tuple[torch.Tensor | None, torch.Tensor | None]:
