@@ -167,3 +167,13 @@ def test_final_step_noise_gives_the_last_step_a_log_prob_that_replays():
     assert rp.mask[:, -1].any()
     with pytest.raises(ValueError, match="needs a flow head"):
         generate(tiny_policy("ddpm"), PROMPTS[:1], sampling)
+
+
+def test_stage_sampling_config_keeps_every_field():
+    """The stages build SamplingConfig from the config section: no field may be dropped on the way."""
+    import dataclasses
+
+    from margrpo.stages._common import sampling_config
+
+    section = {f.name: f.default for f in dataclasses.fields(SamplingConfig)} | {"final_step_noise": True, "ar_steps": 3}
+    assert dataclasses.asdict(sampling_config(section)) == section

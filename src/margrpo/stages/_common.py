@@ -33,9 +33,13 @@ def json_arg(text: str, what: str) -> dict:
 
 
 def sampling_config(d: dict):
+    """SamplingConfig from a config's `sampling` section (every field it knows; other keys ignored)."""
+    import dataclasses
+
     from margrpo.rollout import SamplingConfig
 
-    return SamplingConfig(**{k: d[k] for k in ("ar_steps", "diffusion_steps", "cfg_scale", "cfg_schedule", "temperature", "noise_level") if k in d})
+    names = {f.name for f in dataclasses.fields(SamplingConfig)}
+    return SamplingConfig(**{k: v for k, v in d.items() if k in names})
 
 
 def prompt_set(path: str | Path):
