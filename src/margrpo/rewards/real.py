@@ -114,6 +114,14 @@ def _require_pretrained(
     return p
 
 
+def _model_and_processor(path, processor_path, reward: str, source: str, processor_source: str | None = None) -> tuple[Path, Path]:
+    """The model folder (`path`) and its processor folder (`processor_path`, default: the model's)."""
+    model_dir = _require_pretrained(path, reward, "path", source)
+    proc_dir = _require_pretrained(processor_path or path, reward, "processor_path" if processor_path else "path",
+                                   processor_source or source, kind="processor")
+    return model_dir, proc_dir
+
+
 def _prepare_transformers() -> None:
     """transformers' image processors import torchvision when it is installed; in the evaluator
     environment that is the CUDA build, which needs the CPU-torch workaround first (compat.py)."""
@@ -649,9 +657,7 @@ class _HFClip:
         _prepare_transformers()
         from transformers import AutoProcessor, CLIPModel
 
-        model_dir = _require_pretrained(path, reward, "path", source)
-        proc_dir = _require_pretrained(processor_path or path, reward, "processor_path" if processor_path else "path",
-                                       processor_source, kind="processor")
+        model_dir, proc_dir = _model_and_processor(path, processor_path, reward, source, processor_source)
         self.device = torch.device(device)
         self.batch_size = _check_batch_size(batch_size)
         self.model = CLIPModel.from_pretrained(model_dir, local_files_only=True).eval().to(self.device)
@@ -893,9 +899,7 @@ class BlipVQAReward(_PhraseVQA):
         from transformers import AutoProcessor, BlipForQuestionAnswering
 
         source = "https://huggingface.co/Salesforce/blip-vqa-capfilt-large"
-        model_dir = _require_pretrained(path, self.reward, "path", source)
-        proc_dir = _require_pretrained(processor_path or path, self.reward, "processor_path" if processor_path else "path",
-                                       source, kind="processor")
+        model_dir, proc_dir = _model_and_processor(path, processor_path, self.reward, source)
         self.model = BlipForQuestionAnswering.from_pretrained(model_dir, local_files_only=True).eval().to(self.device)
         self.processor = AutoProcessor.from_pretrained(proc_dir, local_files_only=True)
         self.yes_id = self._token_id(self.processor.tokenizer, "yes")
@@ -953,9 +957,7 @@ class GitVQAReward(_PhraseVQA):
         from transformers import AutoModelForCausalLM, AutoProcessor
 
         source = "https://huggingface.co/microsoft/git-large-vqav2"
-        model_dir = _require_pretrained(path, self.reward, "path", source)
-        proc_dir = _require_pretrained(processor_path or path, self.reward, "processor_path" if processor_path else "path",
-                                       source, kind="processor")
+        model_dir, proc_dir = _model_and_processor(path, processor_path, self.reward, source)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).eval().to(self.device)
         if type(self.model).__name__ != "GitForCausalLM":
             raise ValueError(f"git_vqa: {model_dir} holds a {type(self.model).__name__}, expected GitForCausalLM")
@@ -1010,9 +1012,7 @@ class GroundingDinoReward:
         from transformers import AutoModelForZeroShotObjectDetection, AutoProcessor
 
         source = "https://huggingface.co/IDEA-Research/grounding-dino-base"
-        model_dir = _require_pretrained(path, "grounding_dino", "path", source)
-        proc_dir = _require_pretrained(processor_path or path, "grounding_dino",
-                                       "processor_path" if processor_path else "path", source, kind="processor")
+        model_dir, proc_dir = _model_and_processor(path, processor_path, "grounding_dino", source)
         self.device = torch.device(device)
         self.batch_size = _check_batch_size(batch_size)
         self.box_threshold, self.nms_iou = float(box_threshold), float(nms_iou)
