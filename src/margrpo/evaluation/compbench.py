@@ -41,7 +41,7 @@ from margrpo.rewards.real import (
     Detections,
     GroundingDinoReward,
     Relation,
-    count_boxes,
+    count_match_score,
     parse_counts,
     parse_relation,
     relation_score,
@@ -69,6 +69,8 @@ METRICS = {
 }
 _ALIASES = {"2d_spatial": "spatial", "2d-spatial": "spatial", "non-spatial": "non_spatial", "nonspatial": "non_spatial"}
 _UNSUPPORTED = {"3d_spatial": "3d_spatial needs a depth model (T2I-CompBench: UniDet + DPT); it is not supported"}
+MODEL_METRICS = {"vqa": ("blip_vqa", "3_in_1"), "detector": ("detection_2d", "detection_count", "3_in_1"),
+                 "clip": ("clip", "3_in_1")}  # which metrics each model serves
 COMPLEX_SPLITS = {"spatial": "complex_val_spatial.txt", "action": "complex_val_action.txt"}
 
 
@@ -80,6 +82,16 @@ def canonical_category(category: str) -> str:
     if name not in CATEGORIES:
         raise ValueError(f"Unknown category: {category!r}; expected one of {CATEGORIES}")
     return name
+
+
+def needed_models(categories: Sequence[str]) -> dict[str, str]:
+    """Model kind ("vqa", "detector", "clip") -> the first of `categories` whose metric uses it."""
+    needed: dict[str, str] = {}
+    for category in map(canonical_category, categories):
+        for kind, metrics in MODEL_METRICS.items():
+            if METRICS[category] in metrics:
+                needed.setdefault(kind, category)
+    return needed
 
 
 def read_prompt_file(path: str | Path) -> list[str]:
@@ -140,14 +152,7 @@ def compbench_numeracy_score(
     dets: dict[str, Detections], counts: Sequence[tuple[str, int]], nms_iou: float = 0.5
 ) -> float:
     """T2I-CompBench's numeracy score: mean over objects of 0.5 (detected) + 0.5 (count after NMS == asked)."""
-    if not counts:
-        return 0.0
-    total = 0.0
-    for name, expected in counts:
-        det = dets.get(name, Detections())
-        if len(det):
-            total += 0.5 + 0.5 * (count_boxes(det, nms_iou) == expected)
-    return total / len(counts)
+    return count_match_score(dets, counts, nms_iou, wrong=0.5) if counts else 0.0
 
 
 # ============================================================================ evaluator
@@ -180,7 +185,7 @@ class CompBenchEvaluator:
     @classmethod
     def from_paths(
         cls,
-        category: str,
+        category: str | Sequence[str],
         vqa_path: str | None = None,
         detector_path: str | None = None,
         clip_path: str | None = None,
@@ -191,27 +196,24 @@ class CompBenchEvaluator:
         detector_options: dict | None = None,
         clip_options: dict | None = None,
     ) -> CompBenchEvaluator:
-        """Build only the models `category` needs from local folders (see real.py for their files).
+        """Build only the models `category` (one or several) needs from local folders (see real.py for their files).
 
         `*_options`: further keyword options of BlipVQAReward / GroundingDinoReward / ClipScoreReward
         (e.g. processor_path, box_threshold).
         """
-        category = canonical_category(category)
-        metric = METRICS[category]
-        need_vqa = metric in ("blip_vqa", "3_in_1")
-        need_det = metric in ("detection_2d", "detection_count", "3_in_1")
-        need_clip = metric in ("clip", "3_in_1")
-        for needed, path, what in ((need_vqa, vqa_path, "vqa_path (BLIP-VQA)"),
-                                   (need_det, detector_path, "detector_path (Grounding DINO)"),
-                                   (need_clip, clip_path, "clip_path (CLIP)")):
-            if needed and path is None:
-                raise ValueError(f"category {category!r} needs {what}")
+        categories = [category] if isinstance(category, str) else list(category)
+        need = needed_models(categories)
+        for kind, path, what in (("vqa", vqa_path, "vqa_path (BLIP-VQA)"),
+                                 ("detector", detector_path, "detector_path (Grounding DINO)"),
+                                 ("clip", clip_path, "clip_path (CLIP)")):
+            if kind in need and path is None:
+                raise ValueError(f"category {need[kind]!r} needs {what}")
         common = {"device": device, "batch_size": batch_size}
-        vqa = BlipVQAReward(vqa_path, reduce="product", **common, **(vqa_options or {})) if need_vqa else None
-        det = GroundingDinoReward(detector_path, **common, **(detector_options or {})) if need_det else None
-        clip = ClipScoreReward(clip_path, form="cosine", **common, **(clip_options or {})) if need_clip else None
+        vqa = BlipVQAReward(vqa_path, reduce="product", **common, **(vqa_options or {})) if "vqa" in need else None
+        det = GroundingDinoReward(detector_path, **common, **(detector_options or {})) if "detector" in need else None
+        clip = ClipScoreReward(clip_path, form="cosine", **common, **(clip_options or {})) if "clip" in need else None
         spatial, action = (), ()
-        if category == "complex" and prompts_dir is not None:
+        if "complex" in map(canonical_category, categories) and prompts_dir is not None:
             spatial = read_prompt_file(Path(prompts_dir) / COMPLEX_SPLITS["spatial"])
             action = read_prompt_file(Path(prompts_dir) / COMPLEX_SPLITS["action"])
         return cls(vqa, det, clip, spatial, action, batch_size)

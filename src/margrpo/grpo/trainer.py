@@ -411,18 +411,20 @@ class MicroBatchGradStats:
         self.sq_sum = torch.zeros((), dtype=torch.float64)
 
     def after_backward(self, last: bool) -> None:
-        sq = torch.zeros((), dtype=torch.float64)
+        squares = []  # one sum per parameter, kept on its device: a single host sync per micro-batch
         for i, p in enumerate(self.params):
             if p.grad is None:
                 continue
             g = p.grad.detach().float() if self.prev[i] is None else p.grad.detach().float() - self.prev[i].float()
-            sq = sq + g.square().sum().double().cpu()
+            squares.append(g.square().sum(dtype=torch.float64))
             self.prev[i] = None if last else p.grad.detach().clone()
-        self.sq_sum += sq
+        if squares:
+            self.sq_sum += torch.stack(squares).sum().cpu()
 
     def result(self) -> tuple[float, float]:
         """(||G||, mean per-element variance across micro-batches; NaN with one micro-batch)."""
-        total = sum(float(p.grad.detach().float().square().sum()) for p in self.params if p.grad is not None)
+        squares = [p.grad.detach().float().square().sum(dtype=torch.float64) for p in self.params if p.grad is not None]
+        total = float(torch.stack(squares).sum()) if squares else 0.0
         count = sum(p.numel() for p in self.params)
         if self.n < 2:
             return math.sqrt(total), float("nan")

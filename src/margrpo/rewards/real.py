@@ -57,6 +57,7 @@ __all__ = [
     "Relation",
     "box_iou",
     "count_boxes",
+    "count_match_score",
     "detection_task",
     "nms",
     "noun_phrases",
@@ -628,16 +629,20 @@ def t2i_r1_spatial_score(
     return score
 
 
-def t2i_r1_numeracy_score(dets: dict[str, Detections], counts: Sequence[tuple[str, int]], nms_iou: float = 0.5) -> float:
-    """T2I-R1: mean over objects of 1 if the NMS count equals the asked number, 0.2 if wrong, 0 if absent."""
-    if not counts:
-        return 1.0
+def count_match_score(dets: dict[str, Detections], counts: Sequence[tuple[str, int]], nms_iou: float, wrong: float) -> float:
+    """Mean over the asked (name, count) of 1 if the NMS count is right, `wrong` if detected with another
+    count, 0 if absent. The shared form of T2I-R1's reward and T2I-CompBench's numeracy metric."""
     total = 0.0
     for name, expected in counts:
         det = dets.get(name, Detections())
         if len(det):
-            total += 1.0 if count_boxes(det, nms_iou) == expected else 0.2
+            total += 1.0 if count_boxes(det, nms_iou) == expected else wrong
     return total / len(counts)
+
+
+def t2i_r1_numeracy_score(dets: dict[str, Detections], counts: Sequence[tuple[str, int]], nms_iou: float = 0.5) -> float:
+    """T2I-R1: mean over objects of 1 if the NMS count equals the asked number, 0.2 if wrong, 0 if absent."""
+    return count_match_score(dets, counts, nms_iou, wrong=0.2) if counts else 1.0
 
 
 def t2i_r1_presence_score(dets: dict[str, Detections], nouns: Sequence[str]) -> float:

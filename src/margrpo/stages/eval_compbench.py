@@ -44,8 +44,7 @@ def run_real(args: argparse.Namespace) -> None:
     """Score each evaluation category with its T2I-CompBench metric; one model of each kind, built once."""
     import pandas as pd
 
-    from margrpo.evaluation.compbench import CompBenchEvaluator, canonical_category, list_samples
-    from margrpo.rewards.real import BlipVQAReward, ClipScoreReward, GroundingDinoReward
+    from margrpo.evaluation.compbench import MODEL_METRICS, CompBenchEvaluator, canonical_category, list_samples, needed_models
     from margrpo.stages._common import json_arg
     from margrpo.world import load_suite
 
@@ -55,29 +54,18 @@ def run_real(args: argparse.Namespace) -> None:
     stray = sorted({s.prompt for s in samples} - set(category_of))
     if stray:
         raise SystemExit(f"{args.samples_dir}: {len(stray)} sample prompt(s) not in {args.suite}, e.g. {stray[0]!r}")
-    common = {"device": models.get("device", "cpu"), "batch_size": int(models.get("batch_size", 8))}
-
-    def build(kind, cls, **fixed):
-        if kind not in models:
-            return None
-        opts = dict(models[kind])
-        if "path" not in opts:
-            raise SystemExit(f"evaluation.compbench_models.{kind} needs a 'path' (a local model folder)")
-        return cls(opts.pop("path"), **fixed, **common, **opts)
-
     cats = sorted(set(category_of[s.prompt] for s in samples))
-    need = {"vqa": {"color", "shape", "texture", "complex"}, "detector": {"spatial", "numeracy", "complex"},
-            "clip": {"non_spatial", "complex"}}
-    missing = [k for k, used in need.items() if used & set(cats) and k not in models]
+    missing = [k for k in needed_models(cats) if k not in models]
     if missing:
         raise SystemExit(f"evaluating {cats} needs evaluation.compbench_models entries {missing} (local model folders)")
-    spatial, action = (), ()
-    if models.get("prompts_dir") and "complex" in cats:
-        from margrpo.evaluation.compbench import COMPLEX_SPLITS, read_prompt_file
-
-        spatial, action = (read_prompt_file(f"{models['prompts_dir']}/{COMPLEX_SPLITS[k]}") for k in ("spatial", "action"))
-    evaluator = CompBenchEvaluator(build("vqa", BlipVQAReward, reduce="product"), build("detector", GroundingDinoReward),
-                                   build("clip", ClipScoreReward, form="cosine"), spatial, action, common["batch_size"])
+    options = {k: dict(models[k]) for k in MODEL_METRICS if k in models}
+    for kind, opts in options.items():
+        if "path" not in opts:
+            raise SystemExit(f"evaluation.compbench_models.{kind} needs a 'path' (a local model folder)")
+    paths = {f"{kind}_path": opts.pop("path") for kind, opts in options.items()}
+    evaluator = CompBenchEvaluator.from_paths(
+        cats, **paths, prompts_dir=models.get("prompts_dir"), device=models.get("device", "cpu"),
+        batch_size=int(models.get("batch_size", 8)), **{f"{kind}_options": opts for kind, opts in options.items()})
     per_image, per_category = [], []
     for cat in cats:
         table, summary = evaluator.evaluate_samples([s for s in samples if category_of[s.prompt] == cat], cat)

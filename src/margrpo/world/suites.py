@@ -112,6 +112,8 @@ def write_suite(records: list[PromptRecord], path: str | Path) -> Path:
 
 def load_suite(path: str | Path) -> list[PromptRecord]:
     """Read a suite file; a malformed line raises ValueError naming the file and line number."""
+    from margrpo.prompt_files import FILE_CATEGORIES, SOURCES  # here: prompt_files imports this module
+
     path = Path(path)
     records, prompts = [], {}
     with open(path, encoding="utf-8") as fh:
@@ -129,8 +131,6 @@ def load_suite(path: str | Path) -> list[PromptRecord]:
             if not isinstance(prompt, str) or not prompt or "_" in prompt:
                 raise ValueError(f"{where}: prompt must be a non-empty string without '_' (file names end in _<index>); got {prompt!r}")
             if isinstance(rec["spec"], dict) and "source" in rec["spec"]:  # a real-prompt suite (margrpo.prompt_files)
-                from margrpo.prompt_files import FILE_CATEGORIES, SOURCES
-
                 if rec["spec"]["source"] not in SOURCES or category not in FILE_CATEGORIES:
                     raise ValueError(f"{where}: spec source {rec['spec']['source']!r} / category {category!r}; "
                                      f"expected a source in {SOURCES} and a category in {FILE_CATEGORIES}")
