@@ -157,6 +157,23 @@ def test_shared_order_gives_each_group_one_generation_order():
     assert_ratio_is_one(policy, r)
 
 
+def test_shared_noise_starts_each_group_from_one_noise_draw():
+    policy = tiny_policy("flow")
+    r = generate(policy, PROMPTS[:2], SAMPLING, group_size=3, generator=torch.Generator().manual_seed(0), shared_order=True,
+                 shared_noise=True)
+    start = r.states[:, 0]  # [K, N, L, D]: each step's initial noise (zeros at tokens already known)
+    unknown = ~r.known  # [K, N, L]
+    for k in range(start.shape[0]):
+        for n in (1, 2, 4, 5):
+            first = n - n % 3
+            assert torch.equal(start[k, n][unknown[k, n]], start[k, first][unknown[k, first]])
+    assert not torch.equal(start[0, 0], start[0, 3])  # another prompt: another draw
+    assert not torch.equal(r.latents[0], r.latents[1])  # the scored SDE noise still differs
+    assert_ratio_is_one(policy, r)
+    indep = generate(policy, PROMPTS[:2], SAMPLING, group_size=3, generator=torch.Generator().manual_seed(0), shared_order=True)
+    assert not torch.equal(indep.states[0, 0, 0], indep.states[0, 0, 1])
+
+
 def test_final_step_noise_gives_the_last_step_a_log_prob_that_replays():
     policy = tiny_policy("flow")
     sampling = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=2.0, final_step_noise=True)

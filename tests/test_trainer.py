@@ -120,6 +120,23 @@ def test_config_errors_say_how_to_fix(tmp_path):
         make_trainer(tmp_path, mask_steps=9)
     with pytest.raises(ValueError, match="Unknown kl"):
         GRPOConfig(kl="forward")
+    for key in ("group_order", "group_noise", "loss_tokens"):
+        with pytest.raises(ValueError, match=f"Unknown {key}"):
+            GRPOConfig(**{key: "per_token"})
+
+
+def test_shared_group_noise_reaches_the_rollout(tmp_path, monkeypatch):
+    import margrpo.grpo.trainer as trainer_module
+    seen = {}
+    real = trainer_module.generate
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "generate", spy)
+    make_trainer(tmp_path, steps=1, group_order="shared", group_noise="shared").train_step()
+    assert seen["shared_order"] and seen["shared_noise"]
 
 
 def test_non_finite_loss_skips_the_update_then_stops(tmp_path):

@@ -177,12 +177,15 @@ def generate(
     mte_sampling: str = "in_loop",
     mte_generator: torch.Generator | None = None,
     shared_order: bool = False,
+    shared_noise: bool = False,
 ) -> Rollout:
     """Generate group_size images per prompt and record the trajectory (DESIGN 3.2).
 
     MTE trajectories draw their noise from `mte_generator`, so the committed trajectory — and the
     images — are identical for every S given the same `generator`. `shared_order`: the images of
-    a group share one generation order (common random numbers for the group baseline).
+    a group share one generation order (common random numbers for the group baseline);
+    `shared_noise`: they share each token's initial diffusion noise (per prompt and position), so
+    what differs within a group is the scored SDE noise (and the order, unless shared too).
     """
     if mte_sampling not in ("in_loop", "post_hoc"):
         raise ValueError(f"Unknown mte_sampling: {mte_sampling!r}; expected 'in_loop' or 'post_hoc'")
@@ -219,7 +222,10 @@ def generate(
             z_c, z_u = _ar(policy, tokens, known, cond, uncond)  # [N, L, W]
             unknown = ~known
             rows = unknown.nonzero(as_tuple=True)
-            x = sampler.init_noise((len(rows[0]), D), generator=generator, device=device)
+            if shared_noise:  # one draw per (prompt, position), indexed by each unknown row's prompt
+                x = sampler.init_noise((len(prompts), L, D), generator=generator, device=device)[rows[0] // group_size, rows[1]]
+            else:
+                x = sampler.init_noise((len(rows[0]), D), generator=generator, device=device)
             s_k = float(scales[k])
             groups = [(x, z_c[rows], None if z_u is None else z_u[rows], generator)]
             if S1 and mte_sampling == "in_loop":  # same z_k, batched into the committed trajectory's head calls

@@ -74,6 +74,11 @@ class GRPOConfig:
     # (~40% of the within-prompt variance of toyclip on toy-nova, measured); the policy gradient
     # stays unbiased (the order is not an action of the policy).
     group_order: str = "independent"
+    # "independent" (paper): every token's initial diffusion noise is drawn per image. "shared": the
+    # G images of a group start each token from the same noise (per prompt and position), so the
+    # group baseline also removes the reward variance the unscored initial noise causes; what is left
+    # within a group comes from the scored SDE steps (and the order, unless group_order is shared).
+    group_noise: str = "independent"
     micro_batches: int = 2  # gradient-variance statistic (and memory chunking)
     save_every: int = 20
     val_every: int = 10
@@ -96,6 +101,8 @@ class GRPOConfig:
             raise ValueError(f"Unknown logprob_cfg: {self.logprob_cfg!r}; expected 'exact' or 'cond_only'")
         if self.group_order not in ("independent", "shared"):
             raise ValueError(f"Unknown group_order: {self.group_order!r}; expected 'independent' or 'shared'")
+        if self.group_noise not in ("independent", "shared"):
+            raise ValueError(f"Unknown group_noise: {self.group_noise!r}; expected 'independent' or 'shared'")
         if self.loss_tokens not in ("completion", "committed"):
             raise ValueError(f"Unknown loss_tokens: {self.loss_tokens!r}; expected 'completion' or 'committed'")
         if self.old_logprob not in ("recorded", "recomputed"):
@@ -260,7 +267,7 @@ class GRPOTrainer:
         with autocast(self.accelerator.device, cfg.precision):
             rollout = generate(self.policy, prompts, self.sampling, group_size=cfg.group_size, generator=g_roll,
                                trajectories=cfg.trajectories, mte_sampling=cfg.mte_sampling, mte_generator=g_mte,
-                               shared_order=cfg.group_order == "shared")
+                               shared_order=cfg.group_order == "shared", shared_noise=cfg.group_noise == "shared")
         rewards, components = self.reward_fn(rollout.images, rollout.prompts, meta)
         adv, frac_zero = group_advantages(rewards, cfg.group_size)
         mte_mask, sim_keep = self.masks(rollout)
