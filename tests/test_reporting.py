@@ -28,6 +28,7 @@ VARIANTS = ["grpo", "fix", "mte", "sim"]
 SEEDS = [0, 1, 2]
 CATEGORIES = ["color", "shape", "2d-spatial"]
 PROMPTS = ["a red circle", "two blue squares", "a green_striped triangle"]  # `_` inside a prompt
+BASE_VAL = 0.33
 ABLATION_POINTS = [(0.0, 0.0, 4), (0.3, 0.0, 4), (0.5, 0.0, 4), (0.3, 0.1, 4), (0.3, 0.0, 2)]
 
 
@@ -85,6 +86,7 @@ def tree(tmp_path_factory):
             runs.append(run)
             _write_eval(root, run, [_strict(v, s, c) for c in range(3)], 0.2 + 0.1 * VARIANTS.index(v) + 0.01 * s)
             _write_metrics(root, run, 1.0 + VARIANTS.index(v) + 0.1 * s, drop=("clip_frac",) if v == "mte" else ())
+            atomic_write_json(root / run / "summary.json", {"base_val_reward": BASE_VAL, "checkpoints": []})
             rule, step = ("best", 8) if v in ("grpo", "fix") else ("fixed", 12)
             atomic_write_json(root / "select" / run / "selection.json",
                               {"policy": f"{run}/ckpt/policy", "step": step, "rule": rule, "val_reward": 0.4, "candidates": []})
@@ -200,6 +202,33 @@ def test_tables_write_three_formats(tree, tmp_path):
         assert "**0.7" in md and "±" in md  # +Sim (best) bold; CI present
         assert r"\toprule" in tex and r"\bottomrule" in tex and r"\mathbf{" in tex and r"\pm" in tex
     assert pd.read_csv(tmp_path / "table1.csv")["method"].tolist() == ["Base", "+GRPO*", "Ours"]
+
+
+def test_val_gain_pairs_each_run_with_its_base(tree, tmp_path):
+    t = tables.val_gain(tree["root"], {"runs": tree["runs"], "variants": VARIANTS}, 0.95)
+    df = t.data
+    assert df["method"].tolist() == ["Base", "GRPO", "+Fix", "+MTE", "+Sim"]
+    assert t.metrics == [("val", "base"), ("gain", "step 4"), ("gain", "step 8"), ("gain", "step 12"), ("gain", "best")]
+    assert df.at[0, "val/base/mean"] == BASE_VAL and math.isnan(df.at[0, "gain/best/mean"])
+    for v, method in zip(VARIANTS, df["method"][1:]):
+        row = df[df["method"] == method].iloc[0]
+        scales = [1.0 + VARIANTS.index(v) + 0.1 * s for s in SEEDS]  # _write_metrics: val = 0.3 + 0.01 * step * scale
+        for step in (4, 8, 12):
+            x = [0.3 + 0.01 * step * sc - BASE_VAL for sc in scales]
+            lo, hi = stats.t.interval(0.95, df=2, loc=np.mean(x), scale=stats.sem(x))
+            assert math.isclose(row[f"gain/step {step}/mean"], np.mean(x), rel_tol=1e-9)
+            assert math.isclose(row[f"gain/step {step}/ci"], (hi - lo) / 2, rel_tol=1e-9)
+        assert math.isclose(row["gain/best/mean"], np.mean([0.3 + 0.12 * sc - BASE_VAL for sc in scales]), rel_tol=1e-9)
+    paths = tables.write_table(t, tmp_path / "val_gain")
+    assert "Gain over the base policy" in paths[2].read_text() and "step 12" in paths[1].read_text()
+
+
+def test_val_gain_without_a_base_reward_names_the_file(tmp_path):
+    run = "train/p/r/grpo/seed0"
+    _write_metrics(tmp_path, run, 1.0)
+    atomic_write_json(tmp_path / run / "summary.json", {"checkpoints": []})
+    with pytest.raises(ValueError, match="summary.json has no finite base_val_reward"):
+        tables.val_gain(tmp_path, {"runs": [run]})
 
 
 def test_bold_marks_the_best_mean_per_column(tree):

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -41,6 +42,10 @@ def test_smoke_dag_writes_every_table_and_figure(smoke_run):
         means = df[[c for c in df.columns if c.endswith("/mean")]]
         assert len(means.columns) and means.notna().all().all()
         assert all(math.isfinite(v) for v in means.to_numpy().ravel())
+    gain = pd.read_csv(report / "val_gain.csv")  # the Base row holds the base reward, the others their gains
+    assert math.isfinite(gain.loc[gain["variant"] == "base", "val/base/mean"].iloc[0])
+    trained = gain[gain["variant"] != "base"]
+    assert len(trained) and np.isfinite(trained[[c for c in gain.columns if c.startswith("gain/") and c.endswith("/mean")]].to_numpy()).all()
     for fig in ("fig2_dynamics", "fig4_uncertainty", "fig6_samples", "fig7a_samples", "fig7b_reward_curves", "fig7c_final_metric"):
         for ext in ("png", "pdf"):
             assert (report / f"{fig}.{ext}").stat().st_size > 1000
@@ -112,7 +117,7 @@ def test_slurm_profile_runs_the_smoke_dag_through_sbatch(smoke_run, tmp_path):
     before = jobcomp.read_text().count("JobId=") if jobcomp.exists() else 0
     small = ["cpus_per_task=1", "mem_mb=1000", "runtime=30"]
     rules = ["make_suites", "train_toyclip", "pretrain", "warmup", "train", "train_ablation", "select_checkpoint", "sample",
-             "eval_compbench", "eval_preference", "uncertainty_maps", "table1", "table2", "fig2_dynamics", "fig4_uncertainty",
+             "eval_compbench", "eval_preference", "uncertainty_maps", "table1", "table2", "val_gain", "fig2_dynamics", "fig4_uncertainty",
              "fig6_samples", "fig7a_samples", "fig7b_reward_curves", "fig7c_final_metric"]
     out = snakemake(tmp_path, "--workflow-profile", str(REPO / "workflow/profiles/slurm"), "--slurm-status-command", "squeue",
                     "--slurm-init-seconds-before-status-checks", "2",  # polls every 2 s after a job ends (default 40)

@@ -42,6 +42,26 @@ rule table2:
         report_cmd("table2")
 
 
+rule val_gain:
+    """Each variant's validation-reward gain over the base policy, per validation step (did RL lift the reward?)."""
+    input:
+        expand(f"{RESULTS}/{{run}}/{{f}}", run=ladder_runs(), f=["metrics.csv", "summary.json"]),
+    output:
+        multiext(f"{REPORT}/val_gain", ".csv", ".md", ".tex"),
+    params:
+        runs=json.dumps({"runs": ladder_runs(), "variants": EXP["ladder"]["variants"]}),
+        prefix=lambda wc, output: report_prefix(output),
+        **REPORT_PARAMS,
+    conda:
+        "../../envs/margrpo.yaml"
+    log:
+        "logs/report/val_gain.log",
+    benchmark:
+        "benchmarks/report/val_gain.tsv"
+    shell:
+        report_cmd("val-gain")
+
+
 rule fig2_dynamics:
     """Fig. 2a/2b and Fig. 5: AR gradient norm and variance, validation reward and KL over steps."""
     input:

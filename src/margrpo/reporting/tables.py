@@ -23,13 +23,15 @@ from pathlib import Path
 import pandas as pd
 
 from margrpo.io import atomic_write_csv, atomic_write_text
-from margrpo.reporting.results import RunId, eval_scores, load_selection, mean_ci, parse_run
+from margrpo.reporting.results import RunId, eval_scores, load_metrics, load_selection, load_summary, mean_ci, parse_run
 
-__all__ = ["VARIANT_LABELS", "Table", "RowSpec", "build_table", "table1", "table2", "write_table", "to_markdown", "to_latex"]
+__all__ = ["VARIANT_LABELS", "Table", "RowSpec", "build_table", "table1", "table2", "val_gain", "write_table", "to_markdown",
+           "to_latex"]
 
 # Variant name -> the paper's row label (Table 2). Unknown variants keep their name.
 VARIANT_LABELS = {"grpo": "GRPO", "fix": "+Fix", "mte": "+MTE", "sim": "+Sim"}
-METRIC_GROUPS = {"pref": "Preference (mean score)", "compbench": "T2I-CompBench (strict)"}
+METRIC_GROUPS = {"pref": "Preference (mean score)", "compbench": "T2I-CompBench (strict)",
+                 "val": "Validation reward", "gain": "Gain over the base policy"}
 
 
 @dataclass(frozen=True)
@@ -171,6 +173,72 @@ def table2(root: str | Path, spec: dict, confidence: float = 0.95, digits: int =
                "per category. " + _ci_note(confidence) + " *: best checkpoint by validation reward; "
                "other variants report the step fixed in the config.")
     return build_table(root, rows, confidence, "table2", "Table 2", caption, digits)
+
+
+def _run_gains(root: str | Path, run: str) -> tuple[float, dict[int, float]]:
+    """(base validation reward, {step: validation reward - base}) of one run."""
+    base = load_summary(root, run).get("base_val_reward")
+    if base is None or not math.isfinite(float(base)):
+        raise ValueError(f"{Path(root) / run / 'summary.json'} has no finite base_val_reward (written by `margrpo train`)")
+    val = load_metrics(root, run)[["step", "val_reward"]].dropna()
+    return float(base), {int(step): float(v) - float(base) for step, v in zip(val["step"], val["val_reward"])}
+
+
+def val_gain(root: str | Path, spec: dict, confidence: float = 0.95, digits: int = 3) -> Table:
+    """Did RL lift the validation reward? Each variant's gain over the base policy at every validation step.
+
+    ``spec = {"runs": [train/... runs], "variants": [grpo, fix, ...]}``. A run's gain at step s is
+    its validation reward at s minus the base policy's on the same prompts and seeds (its
+    ``summary.json``), so every seed is paired with its own baseline. ``best`` is the maximum
+    over steps — what checkpoint selection sees, biased upwards by taking a maximum of noisy values.
+    """
+    runs = [parse_run(r) for r in spec["runs"]]
+    if not runs:
+        raise ValueError("val_gain: no runs given")
+    variants = list(spec.get("variants") or dict.fromkeys(r.variant for r in runs))
+    gains = {r.run: _run_gains(root, r.run) for r in runs}
+    steps = sorted({s for _, g in gains.values() for s in g})
+    metrics = [("val", "base")] + [("gain", f"step {s}") for s in steps] + [("gain", "best")]
+    policies, rewards = _policies_rewards(runs)
+    records = []
+
+    def record(policy, reward, method, variant, picked, values):
+        rec = {"policy": policy, "reward": reward, "method": method, "variant": variant,
+               "runs": ";".join(picked), "n_runs": len(picked)}
+        for m in metrics:
+            rec[f"{m[0]}/{m[1]}/mean"], rec[f"{m[0]}/{m[1]}/ci"], rec[f"{m[0]}/{m[1]}/n"] = mean_ci(values(m), confidence)
+        records.append(rec)
+
+    for policy in policies:
+        for reward in rewards:
+            block = [r.run for r in runs if (r.policy, r.reward) == (policy, reward)]
+            if not block:
+                continue
+            record(policy, reward, "Base", "base", block,
+                   lambda m: [gains[r][0] for r in block] if m == ("val", "base") else [])
+            for variant in variants:
+                picked = [r.run for r in runs if (r.policy, r.reward, r.variant) == (policy, reward, variant)]
+                if not picked:
+                    continue
+
+                def values(m, picked=picked):
+                    if m == ("val", "base"):  # shown once, on the Base row
+                        return []
+                    if m == ("gain", "best"):
+                        return [max(gains[r][1].values()) for r in picked if gains[r][1]]
+                    step = int(m[1].split()[1])
+                    return [gains[r][1][step] for r in picked if step in gains[r][1]]
+
+                record(policy, reward, VARIANT_LABELS.get(variant, variant), variant, picked, values)
+    data = pd.DataFrame.from_records(records)
+    label_columns = [c for c in ("policy", "reward") if data[c].nunique() > 1] + ["method"]
+    caption = ("Validation reward of the base policy and each variant's gain over it (validation reward minus the "
+               "base policy's on the same prompts and seeds), per validation step and at the best step. "
+               + _ci_note(confidence))
+    for col in ("policy", "reward"):
+        if data[col].nunique() == 1:
+            caption += f" {col.capitalize()}: {data[col].iloc[0]}."
+    return Table("val_gain", "Validation gain", caption, data, metrics, label_columns, digits)
 
 
 # --------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ log = logging.getLogger("margrpo.report")
 REPORTS: dict[str, tuple[str, str, str]] = {
     "table1": ("table", "tables", "table1"),
     "table2": ("table", "tables", "table2"),
+    "val-gain": ("table", "tables", "val_gain"),
     "dynamics": ("figure", "figures", "dynamics"),
     "uncertainty": ("figure", "figures", "uncertainty"),
     "samples": ("figure", "figures", "samples"),
