@@ -34,7 +34,7 @@ def smoke_run(tmp_path_factory):
 
 @pytest.mark.slow
 def test_smoke_dag_writes_every_table_and_figure(smoke_run):
-    report = smoke_run / "results/report"
+    report = smoke_run / "results/smoke/report"
     for table in ("table1", "table2"):
         for ext in ("csv", "md", "tex"):
             assert (report / f"{table}.{ext}").stat().st_size > 0
@@ -55,7 +55,7 @@ def test_smoke_dag_writes_every_table_and_figure(smoke_run):
 def test_second_run_has_nothing_to_do_and_a_deleted_figure_reruns_alone(smoke_run):
     out = snakemake(smoke_run, "-n")
     assert out.returncode == 0 and "Nothing to be done" in out.stdout + out.stderr, out.stdout[-2000:]
-    (smoke_run / "results/report/fig2_dynamics.png").unlink()
+    (smoke_run / "results/smoke/report/fig2_dynamics.png").unlink()
     out = snakemake(smoke_run, "-n")
     text = out.stdout + out.stderr
     assert "fig2_dynamics" in text and "train " not in text and "pretrain" not in text, text[-3000:]
@@ -74,13 +74,26 @@ def test_changing_a_plot_option_reruns_plots_only(smoke_run, tmp_path):
 
 
 @pytest.mark.slow
+def test_another_experiment_name_shares_base_stages_and_keeps_its_own_runs(smoke_run, tmp_path):
+    config = tmp_path / "smoke-other.yaml"
+    config.write_text((REPO / "config/smoke.yaml").read_text().replace("name: smoke", "name: smoke-other"))
+    out = snakemake(smoke_run, "-n", configfile=config)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    assert "results/smoke-other/train/" in text and "results/smoke-other/report/table2.csv" in text, text[-3000:]
+    for rule in ("rule pretrain:", "rule train_toyclip:", "rule make_suites:", "rule warmup:"):  # shared: reused
+        assert rule not in text, text[-3000:]
+    assert "results/smoke/" not in text  # the first experiment's outputs are not touched
+
+
+@pytest.mark.slow
 def test_a_killed_training_job_resumes_with_rerun_incomplete(smoke_run, tmp_path):
     """SIGKILL the whole snakemake process group after the first GRPO checkpoint; the rerun resumes it."""
     config = tmp_path / "smoke-long.yaml"  # more steps, so that the kill lands mid-run
     config.write_text((REPO / "config/smoke.yaml").read_text().replace("grpo: {steps: 2,", "grpo: {steps: 40,"))
     work = tmp_path / "work"  # a copy: the other tests keep the smoke run as it was
     shutil.copytree(smoke_run, work, symlinks=True)
-    run = work / "results/train/toy-nova/toyclip/fix/seed0"
+    run = work / "results/smoke/train/toy-nova/toyclip/fix/seed0"
     shutil.rmtree(run)  # outputs and state of the short run: this one starts from nothing
     target = str(run.relative_to(work) / "summary.json")
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", HF_HUB_OFFLINE="1")
@@ -96,7 +109,7 @@ def test_a_killed_training_job_resumes_with_rerun_incomplete(smoke_run, tmp_path
     assert snakemake(work, "--unlock", configfile=config).returncode == 0  # a hard kill leaves snakemake's lock
     out = snakemake(work, "--rerun-incomplete", target, configfile=config)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    log = (work / "logs/train/toy-nova/toyclip/fix/seed0.log").read_text()
+    log = (work / "logs/smoke/train/toy-nova/toyclip/fix/seed0.log").read_text()
     assert "resumed from" in log and (run / "summary.json").exists(), log[-2000:]
 
 
@@ -128,5 +141,5 @@ def test_slurm_profile_runs_the_smoke_dag_through_sbatch(smoke_run, tmp_path):
     assert submitted >= len(rules), f"only {submitted} jobs in the SLURM job-completion log"
     assert "JobState=COMPLETED" in jobcomp.read_text()
     for table in ("table1", "table2"):
-        a, b = _numbers(smoke_run / f"results/report/{table}.csv"), _numbers(tmp_path / f"results/report/{table}.csv")
+        a, b = _numbers(smoke_run / f"results/smoke/report/{table}.csv"), _numbers(tmp_path / f"results/smoke/report/{table}.csv")
         assert a.shape == b.shape and pd.DataFrame(a).equals(pd.DataFrame(b)) or abs(a - b).max() < 1e-6

@@ -17,7 +17,9 @@ from margrpo.config import validate_config, train_spec  # noqa: E402  (cross-ref
 
 validate_config(config, "config")
 
-RESULTS = "results"
+RESULTS = "results"  # stages every experiment on this world shares: data, toyclip, pre-training, warm-up
+NAME = config["name"]
+RUNS = f"{RESULTS}/{NAME}"  # this experiment's runs, evaluations and report: configs never overwrite each other
 EXP = config["experiments"]
 GPU = 0 if config["device"] == "cpu" else 1  # `resources: gpu` caps concurrent GPU jobs
 
@@ -106,18 +108,18 @@ def all_eval_runs():
 
 
 def get_eval_outputs(runs):
-    return [f"{RESULTS}/eval/{run}/{name}.csv" for run in runs for name in ("compbench", "preference")]
+    return [f"{RUNS}/eval/{run}/{name}.csv" for run in runs for name in ("compbench", "preference")]
 
 
 def get_selection_input(wildcards):
-    return f"{RESULTS}/{wildcards.run}/summary.json"
+    return f"{RUNS}/{wildcards.run}/summary.json"
 
 
 def get_sample_policy(wildcards):
     """Base runs sample the base policy; trained runs sample the checkpoint chosen by `select`."""
     if wildcards.run.startswith("base/"):
         return get_base_policy(type("W", (), {"policy": run_policy(wildcards.run)}))
-    return f"{RESULTS}/select/{wildcards.run}/selection.json"
+    return f"{RUNS}/select/{wildcards.run}/selection.json"
 
 
 def variant_for_run(run):
@@ -132,7 +134,7 @@ def get_report_step(wildcards):
         step = variant["overrides"].get("steps", config["grpo"]["steps"])
     return "best" if step is None else str(step)
 
-REPORT = f"{RESULTS}/report"
+REPORT = f"{RUNS}/report"
 
 
 def report_cmd(what):
@@ -142,18 +144,17 @@ def report_cmd(what):
     )
 
 
-REPORT_PARAMS = dict(results=lambda wc, input: results_root(input), formats=",".join(config["report"]["formats"]), confidence=config["report"]["confidence"])
+REPORT_PARAMS = dict(results=lambda wc, input: experiment_root(input), formats=",".join(config["report"]["formats"]), confidence=config["report"]["confidence"])
 
 
 
-def results_root(input):
-    """The results folder, derived from an input (`<root>/eval/...`, `<root>/train/...`)."""
-    first = PurePosixPath(input[0])
-    return str(first.parents[len(first.parts) - 2])
+def experiment_root(input):
+    """`results/<name>`, derived from an input under it (`results/<name>/eval/...`): lint wants derived prefixes."""
+    return str(PurePosixPath(*PurePosixPath(input[0]).parts[: len(PurePosixPath(RUNS).parts)]))
 
 
 def report_prefix(output):
-    """`results/report/table1.csv` -> `results/report/table1` (every output shares the stem)."""
+    """`results/toy/report/table1.csv` -> `results/toy/report/table1` (every output shares the stem)."""
     return os.path.splitext(output[0])[0]
 
 

@@ -4,7 +4,7 @@ rule sample:
         policy=get_sample_policy,
         suite=f"{RESULTS}/data/suites/eval.jsonl",
     output:
-        directory(f"{RESULTS}/samples/{{run}}/samples"),
+        directory(f"{RUNS}/samples/{{run}}/samples"),
     params:
         n=config["evaluation"]["images_per_prompt"],
         max_prompts=config["evaluation"]["max_prompts"] or 0,
@@ -16,9 +16,9 @@ rule sample:
     conda:
         "../../envs/margrpo.yaml"
     log:
-        "logs/sample/{run}.log",
+        f"logs/{NAME}/sample/{{run}}.log",
     benchmark:
-        "benchmarks/sample/{run}.tsv"
+        f"benchmarks/{NAME}/sample/{{run}}.tsv"
     shell:
         "margrpo sample --policy {input.policy} --suite {input.suite} --sampling-json {params.sampling:q}"
         " --images-per-prompt {params.n} --max-prompts {params.max_prompts} --batch-size {params.batch}"
@@ -28,11 +28,11 @@ rule sample:
 rule eval_compbench:
     """CompBench-style per-category scores (the ShapesWorld parser on the toy world; T2I-CompBench's metrics at real scale)."""
     input:
-        samples=f"{RESULTS}/samples/{{run}}/samples",
+        samples=f"{RUNS}/samples/{{run}}/samples",
         suite=f"{RESULTS}/data/suites/eval.jsonl",
     output:
-        per_category=f"{RESULTS}/eval/{{run}}/compbench.csv",
-        per_image=f"{RESULTS}/eval/{{run}}/compbench_per_image.csv",
+        per_category=f"{RUNS}/eval/{{run}}/compbench.csv",
+        per_image=f"{RUNS}/eval/{{run}}/compbench_per_image.csv",
     params:
         evaluator=config["evaluation"]["compbench"],
         models=json.dumps(config["evaluation"]["compbench_models"]),
@@ -41,9 +41,9 @@ rule eval_compbench:
     conda:
         "../../envs/margrpo.yaml"
     log:
-        "logs/eval_compbench/{run}.log",
+        f"logs/{NAME}/eval_compbench/{{run}}.log",
     benchmark:
-        "benchmarks/eval_compbench/{run}.tsv"
+        f"benchmarks/{NAME}/eval_compbench/{{run}}.tsv"
     shell:
         "margrpo eval-compbench --samples-dir {input.samples} --suite {input.suite}"
         " --evaluator {params.evaluator} --models-json {params.models:q}"
@@ -53,11 +53,11 @@ rule eval_compbench:
 rule eval_preference:
     """Preference-model scores (toyclip on the toy world; HPS/ImageReward/PickScore at real scale)."""
     input:
-        samples=f"{RESULTS}/samples/{{run}}/samples",
+        samples=f"{RUNS}/samples/{{run}}/samples",
         suite=f"{RESULTS}/data/suites/eval.jsonl",
         rewards=get_reward_inputs,
     output:
-        f"{RESULTS}/eval/{{run}}/preference.csv",
+        f"{RUNS}/eval/{{run}}/preference.csv",
     params:
         scorers=",".join(config["evaluation"]["preference"]),
         options=json.dumps(config["reward_models"]),
@@ -68,9 +68,9 @@ rule eval_preference:
     conda:
         "../../envs/evaluators.yaml"
     log:
-        "logs/eval_preference/{run}.log",
+        f"logs/{NAME}/eval_preference/{{run}}.log",
     benchmark:
-        "benchmarks/eval_preference/{run}.tsv"
+        f"benchmarks/{NAME}/eval_preference/{{run}}.tsv"
     shell:
         "margrpo eval-preference --samples-dir {input.samples} --suite {input.suite} --scorers {params.scorers}"
         " --options-json {params.options:q} --toyclip-dir {params.toyclip} --out {output} > {log} 2>&1"

@@ -14,9 +14,9 @@ rule table1:
     conda:
         "../../envs/margrpo.yaml"
     log:
-        "logs/report/table1.log",
+        f"logs/{NAME}/report/table1.log",
     benchmark:
-        "benchmarks/report/table1.tsv"
+        f"benchmarks/{NAME}/report/table1.tsv"
     shell:
         report_cmd("table1")
 
@@ -25,7 +25,7 @@ rule table2:
     """Table 2: base, GRPO*, +Fix*, +MTE, +Sim (mean and 95% CI over seeds; * = best checkpoint)."""
     input:
         get_eval_outputs(base_runs() + ladder_runs()),
-        expand(f"{RESULTS}/select/{{run}}/selection.json", run=ladder_runs()),
+        expand(f"{RUNS}/select/{{run}}/selection.json", run=ladder_runs()),
     output:
         multiext(f"{REPORT}/table2", ".csv", ".md", ".tex"),
     params:
@@ -35,9 +35,9 @@ rule table2:
     conda:
         "../../envs/margrpo.yaml"
     log:
-        "logs/report/table2.log",
+        f"logs/{NAME}/report/table2.log",
     benchmark:
-        "benchmarks/report/table2.tsv"
+        f"benchmarks/{NAME}/report/table2.tsv"
     shell:
         report_cmd("table2")
 
@@ -45,7 +45,7 @@ rule table2:
 rule val_gain:
     """Each variant's validation-reward gain over the base policy, per validation step (did RL lift the reward?)."""
     input:
-        expand(f"{RESULTS}/{{run}}/{{f}}", run=ladder_runs(), f=["metrics.csv", "summary.json"]),
+        expand(f"{RUNS}/{{run}}/{{f}}", run=ladder_runs(), f=["metrics.csv", "summary.json"]),
     output:
         multiext(f"{REPORT}/val_gain", ".csv", ".md", ".tex"),
     params:
@@ -55,9 +55,9 @@ rule val_gain:
     conda:
         "../../envs/margrpo.yaml"
     log:
-        "logs/report/val_gain.log",
+        f"logs/{NAME}/report/val_gain.log",
     benchmark:
-        "benchmarks/report/val_gain.tsv"
+        f"benchmarks/{NAME}/report/val_gain.tsv"
     shell:
         report_cmd("val-gain")
 
@@ -65,7 +65,7 @@ rule val_gain:
 rule fig2_dynamics:
     """Fig. 2a/2b and Fig. 5: AR gradient norm and variance, validation reward and KL over steps."""
     input:
-        expand(f"{RESULTS}/{{run}}/metrics.csv", run=ladder_runs()),
+        expand(f"{RUNS}/{{run}}/metrics.csv", run=ladder_runs()),
     output:
         expand(f"{REPORT}/fig2_dynamics.{{ext}}", ext=config["report"]["formats"]),
     params:
@@ -75,9 +75,9 @@ rule fig2_dynamics:
     conda:
         "../../envs/margrpo.yaml"
     log:
-        "logs/report/fig2_dynamics.log",
+        f"logs/{NAME}/report/fig2_dynamics.log",
     benchmark:
-        "benchmarks/report/fig2_dynamics.tsv"
+        f"benchmarks/{NAME}/report/fig2_dynamics.tsv"
     shell:
         report_cmd("dynamics")
 
@@ -88,7 +88,7 @@ rule uncertainty_maps:
         policy=lambda wc: get_base_policy(type("W", (), {"policy": EXP["ladder"]["policies"][0]})),
         suite=f"{RESULTS}/data/suites/eval.jsonl",
     output:
-        f"{RESULTS}/uncertainty/maps.npz",
+        f"{RUNS}/uncertainty/maps.npz",
     params:
         sampling=json.dumps(config["policies"][EXP["ladder"]["policies"][0]]["sampling"]),
         n=config["report"]["grid_prompts"],
@@ -98,9 +98,9 @@ rule uncertainty_maps:
     conda:
         "../../envs/margrpo.yaml"
     log:
-        "logs/uncertainty_maps/maps.log",
+        f"logs/{NAME}/uncertainty_maps/maps.log",
     benchmark:
-        "benchmarks/uncertainty_maps/maps.tsv"
+        f"benchmarks/{NAME}/uncertainty_maps/maps.tsv"
     shell:
         "margrpo uncertainty --policy {input.policy} --suite {input.suite} --sampling-json {params.sampling:q}"
         " --prompts {params.n} --trajectories 4 --out {output} --threads {threads} > {log} 2>&1"
@@ -109,19 +109,19 @@ rule uncertainty_maps:
 rule fig4_uncertainty:
     """Fig. 4: samples beside their per-token uncertainty maps."""
     input:
-        f"{RESULTS}/uncertainty/maps.npz",
+        f"{RUNS}/uncertainty/maps.npz",
     output:
         expand(f"{REPORT}/fig4_uncertainty.{{ext}}", ext=config["report"]["formats"]),
     params:
-        runs=json.dumps({"maps": f"{RESULTS}/uncertainty/maps.npz"}),
+        runs=json.dumps({"maps": f"{RUNS}/uncertainty/maps.npz"}),
         prefix=lambda wc, output: report_prefix(output),
         **REPORT_PARAMS,
     conda:
         "../../envs/margrpo.yaml"
     log:
-        "logs/report/fig4_uncertainty.log",
+        f"logs/{NAME}/report/fig4_uncertainty.log",
     benchmark:
-        "benchmarks/report/fig4_uncertainty.tsv"
+        f"benchmarks/{NAME}/report/fig4_uncertainty.tsv"
     shell:
         report_cmd("uncertainty")
 
@@ -129,7 +129,7 @@ rule fig4_uncertainty:
 rule fig6_samples:
     """Fig. 6: the same prompts sampled by the base policy and every variant of the ladder (seed 0)."""
     input:
-        expand(f"{RESULTS}/samples/{{run}}/samples", run=base_runs() + ladder_runs()),
+        expand(f"{RUNS}/samples/{{run}}/samples", run=base_runs() + ladder_runs()),
     output:
         expand(f"{REPORT}/fig6_samples.{{ext}}", ext=config["report"]["formats"]),
     params:
@@ -139,9 +139,9 @@ rule fig6_samples:
     conda:
         "../../envs/margrpo.yaml"
     log:
-        "logs/report/fig6_samples.log",
+        f"logs/{NAME}/report/fig6_samples.log",
     benchmark:
-        "benchmarks/report/fig6_samples.tsv"
+        f"benchmarks/{NAME}/report/fig6_samples.tsv"
     shell:
         report_cmd("samples")
 
@@ -149,7 +149,7 @@ rule fig6_samples:
 rule fig7a_samples:
     """Fig. 7a: sample grid per masking ratio k and threshold tau."""
     input:
-        expand(f"{RESULTS}/samples/{{run}}/samples", run=ablation_runs()),
+        expand(f"{RUNS}/samples/{{run}}/samples", run=ablation_runs()),
     output:
         expand(f"{REPORT}/fig7a_samples.{{ext}}", ext=config["report"]["formats"]),
     params:
@@ -159,9 +159,9 @@ rule fig7a_samples:
     conda:
         "../../envs/margrpo.yaml"
     log:
-        "logs/report/fig7a_samples.log",
+        f"logs/{NAME}/report/fig7a_samples.log",
     benchmark:
-        "benchmarks/report/fig7a_samples.tsv"
+        f"benchmarks/{NAME}/report/fig7a_samples.tsv"
     shell:
         report_cmd("ablation-samples")
 
@@ -169,7 +169,7 @@ rule fig7a_samples:
 rule fig7b_reward_curves:
     """Fig. 7b: training reward curves per masking ratio k."""
     input:
-        expand(f"{RESULTS}/{{run}}/metrics.csv", run=ablation_runs()),
+        expand(f"{RUNS}/{{run}}/metrics.csv", run=ablation_runs()),
     output:
         expand(f"{REPORT}/fig7b_reward_curves.{{ext}}", ext=config["report"]["formats"]),
     params:
@@ -179,9 +179,9 @@ rule fig7b_reward_curves:
     conda:
         "../../envs/margrpo.yaml"
     log:
-        "logs/report/fig7b_reward_curves.log",
+        f"logs/{NAME}/report/fig7b_reward_curves.log",
     benchmark:
-        "benchmarks/report/fig7b_reward_curves.tsv"
+        f"benchmarks/{NAME}/report/fig7b_reward_curves.tsv"
     shell:
         report_cmd("ablation-curves")
 
@@ -199,8 +199,8 @@ rule fig7c_final_metric:
     conda:
         "../../envs/margrpo.yaml"
     log:
-        "logs/report/fig7c_final_metric.log",
+        f"logs/{NAME}/report/fig7c_final_metric.log",
     benchmark:
-        "benchmarks/report/fig7c_final_metric.tsv"
+        f"benchmarks/{NAME}/report/fig7c_final_metric.tsv"
     shell:
         report_cmd("ablation-final")

@@ -3,14 +3,14 @@ rule select_checkpoint:
     input:
         get_selection_input,
     output:
-        f"{RESULTS}/select/{{run}}/selection.json",
+        f"{RUNS}/select/{{run}}/selection.json",
     params:
         step=get_report_step,
     conda:
         "../../envs/margrpo.yaml"
     log:
-        "logs/select_checkpoint/{run}.log",
+        f"logs/{NAME}/select_checkpoint/{{run}}.log",
     benchmark:
-        "benchmarks/select_checkpoint/{run}.tsv"
+        f"benchmarks/{NAME}/select_checkpoint/{{run}}.tsv"
     shell:
         "margrpo select --summary {input} --step {params.step} --out {output} > {log} 2>&1"

@@ -9,8 +9,8 @@ rule train:
         suites=get_suites(),
         rewards=get_reward_inputs,
     output:
-        summary=f"{RESULTS}/train/{{policy}}/{{reward}}/{{variant}}/seed{{seed}}/summary.json",
-        metrics=f"{RESULTS}/train/{{policy}}/{{reward}}/{{variant}}/seed{{seed}}/metrics.csv",
+        summary=f"{RUNS}/train/{{policy}}/{{reward}}/{{variant}}/seed{{seed}}/summary.json",
+        metrics=f"{RUNS}/train/{{policy}}/{{reward}}/{{variant}}/seed{{seed}}/metrics.csv",
     params:
         spec=get_train_spec,
         run_dir=lambda wc, output: os.path.dirname(output.summary),
@@ -23,9 +23,9 @@ rule train:
     conda:
         "../../envs/margrpo.yaml"
     log:
-        "logs/train/{policy}/{reward}/{variant}/seed{seed}.log",
+        f"logs/{NAME}/train/{{policy}}/{{reward}}/{{variant}}/seed{{seed}}.log",
     benchmark:
-        "benchmarks/train/{policy}/{reward}/{variant}/seed{seed}.tsv"
+        f"benchmarks/{NAME}/train/{{policy}}/{{reward}}/{{variant}}/seed{{seed}}.tsv"
     shell:
         "margrpo train --policy-dir {input.policy} --suites-dir {params.suites_dir} --spec-json {params.spec:q}"
         " --toyclip-dir {params.toyclip} --seed {wildcards.seed} --out-dir {params.run_dir}"
@@ -39,8 +39,8 @@ rule train_ablation:
         suites=get_suites(),
         rewards=get_reward_inputs,
     output:
-        summary=f"{RESULTS}/ablation/{{policy}}/{{reward}}/{ABLATIONS.wildcard_pattern}/seed{{seed}}/summary.json",
-        metrics=f"{RESULTS}/ablation/{{policy}}/{{reward}}/{ABLATIONS.wildcard_pattern}/seed{{seed}}/metrics.csv",
+        summary=f"{RUNS}/ablation/{{policy}}/{{reward}}/{ABLATIONS.wildcard_pattern}/seed{{seed}}/summary.json",
+        metrics=f"{RUNS}/ablation/{{policy}}/{{reward}}/{ABLATIONS.wildcard_pattern}/seed{{seed}}/metrics.csv",
     params:
         spec=get_ablation_spec,
         run_dir=lambda wc, output: os.path.dirname(output.summary),
@@ -53,9 +53,9 @@ rule train_ablation:
     conda:
         "../../envs/margrpo.yaml"
     log:
-        f"logs/train_ablation/{{policy}}/{{reward}}/{ABLATIONS.wildcard_pattern}/seed{{seed}}.log",
+        f"logs/{NAME}/train_ablation/{{policy}}/{{reward}}/{ABLATIONS.wildcard_pattern}/seed{{seed}}.log",
     benchmark:
-        f"benchmarks/train_ablation/{{policy}}/{{reward}}/{ABLATIONS.wildcard_pattern}/seed{{seed}}.tsv"
+        f"benchmarks/{NAME}/train_ablation/{{policy}}/{{reward}}/{ABLATIONS.wildcard_pattern}/seed{{seed}}.tsv"
     shell:
         "margrpo train --policy-dir {input.policy} --suites-dir {params.suites_dir} --spec-json {params.spec:q}"
         " --toyclip-dir {params.toyclip} --seed {wildcards.seed} --out-dir {params.run_dir}"

@@ -6,7 +6,7 @@ cell is the mean over the row's runs and the half-width of the t-based confidenc
 CompBench category's strict score with ``overall`` last (``compbench.csv``), in file order.
 
     table = table2(root, {"base": [...], "runs": [...], "variants": [...]}, confidence=0.95)
-    write_table(table, "results/report/table2")   # -> table2.csv, table2.md, table2.tex
+    write_table(table, "results/toy/report/table2")   # -> table2.csv, table2.md, table2.tex
 
 Rows are grouped into blocks (one per policy and reward setting); the best mean of each column
 within a block is set in bold in the Markdown and LaTeX versions (all metrics: higher is better).

@@ -1,7 +1,7 @@
 """`margrpo report <what>`: a paper table or figure from result files (never from models).
 
     margrpo report table2 --runs-json '{"base": [...], "runs": [...], "variants": [...]}' \
-        --results results --out-prefix results/report/table2 --formats png,pdf --confidence 0.95
+        --results results/toy --out-prefix results/toy/report/table2 --formats png,pdf --confidence 0.95
 
 Tables write ``<prefix>.csv`` (every number: mean / ci / n columns), ``<prefix>.md`` and
 ``<prefix>.tex``; figures write ``<prefix>.<fmt>`` for each of ``--formats``. The JSON each

@@ -1,6 +1,6 @@
 """`margrpo select`: write the checkpoint a run reports (DESIGN 3.12).
 
-    margrpo select --summary results/train/.../seed0/summary.json --step best --out results/select/.../selection.json
+    margrpo select --summary results/toy/train/.../seed0/summary.json --step best --out results/toy/select/.../selection.json
 
 ``--step best`` (baselines, marked * in the tables) takes the best validation reward, ties to the
 earliest step; ``--step <int>`` (the full method) takes the step fixed in the config in advance.
