@@ -200,36 +200,30 @@ def val_gain(root: str | Path, spec: dict, confidence: float = 0.95, digits: int
     steps = sorted({s for _, g in gains.values() for s in g})
     metrics = [("val", "base")] + [("gain", f"step {s}") for s in steps] + [("gain", "best")]
     policies, rewards = _policies_rewards(runs)
-    records = []
 
-    def record(policy, reward, method, variant, picked, values):
-        rec = {"policy": policy, "reward": reward, "method": method, "variant": variant,
-               "runs": ";".join(picked), "n_runs": len(picked)}
-        for m in metrics:
-            rec[f"{m[0]}/{m[1]}/mean"], rec[f"{m[0]}/{m[1]}/ci"], rec[f"{m[0]}/{m[1]}/n"] = mean_ci(values(m), confidence)
-        records.append(rec)
+    def cells(picked: list[str]) -> dict[tuple[str, str], list[float]]:
+        """A variant row's values per metric: one gain per run (seed); the base reward is on the Base row."""
+        out = {("gain", f"step {s}"): [gains[r][1][s] for r in picked if s in gains[r][1]] for s in steps}
+        out[("gain", "best")] = [max(gains[r][1].values()) for r in picked if gains[r][1]]
+        return out
 
+    rows = []  # (labels, values per metric)
     for policy in policies:
         for reward in rewards:
             block = [r.run for r in runs if (r.policy, r.reward) == (policy, reward)]
-            if not block:
-                continue
-            record(policy, reward, "Base", "base", block,
-                   lambda m: [gains[r][0] for r in block] if m == ("val", "base") else [])
+            if block:
+                rows.append(((policy, reward, "Base", "base", block), {("val", "base"): [gains[r][0] for r in block]}))
             for variant in variants:
                 picked = [r.run for r in runs if (r.policy, r.reward, r.variant) == (policy, reward, variant)]
-                if not picked:
-                    continue
-
-                def values(m, picked=picked):
-                    if m == ("val", "base"):  # shown once, on the Base row
-                        return []
-                    if m == ("gain", "best"):
-                        return [max(gains[r][1].values()) for r in picked if gains[r][1]]
-                    step = int(m[1].split()[1])
-                    return [gains[r][1][step] for r in picked if step in gains[r][1]]
-
-                record(policy, reward, VARIANT_LABELS.get(variant, variant), variant, picked, values)
+                if picked:
+                    rows.append(((policy, reward, VARIANT_LABELS.get(variant, variant), variant, picked), cells(picked)))
+    records = []
+    for (policy, reward, method, variant, picked), values in rows:
+        rec = {"policy": policy, "reward": reward, "method": method, "variant": variant,
+               "runs": ";".join(picked), "n_runs": len(picked)}
+        for m in metrics:
+            rec[f"{m[0]}/{m[1]}/mean"], rec[f"{m[0]}/{m[1]}/ci"], rec[f"{m[0]}/{m[1]}/n"] = mean_ci(values.get(m, []), confidence)
+        records.append(rec)
     data = pd.DataFrame.from_records(records)
     label_columns = [c for c in ("policy", "reward") if data[c].nunique() > 1] + ["method"]
     caption = ("Validation reward of the base policy and each variant's gain over it (validation reward minus the "
