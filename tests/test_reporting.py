@@ -219,6 +219,9 @@ def test_val_gain_pairs_each_run_with_its_base(tree, tmp_path):
             assert math.isclose(row[f"gain/step {step}/mean"], np.mean(x), rel_tol=1e-9)
             assert math.isclose(row[f"gain/step {step}/ci"], (hi - lo) / 2, rel_tol=1e-9)
         assert math.isclose(row["gain/best/mean"], np.mean([0.3 + 0.12 * sc - BASE_VAL for sc in scales]), rel_tol=1e-9)
+    best = tables._best(t)
+    assert (0, ("val", "base")) not in best  # the lone base value is not "best" of anything
+    assert {i for i, m in best if m[0] == "gain"} == {4}  # +Sim has the largest gains
     paths = tables.write_table(t, tmp_path / "val_gain")
     assert "Gain over the base policy" in paths[2].read_text() and "step 12" in paths[1].read_text()
 

@@ -41,6 +41,18 @@ VAL_SEED = 20_251_121  # the same validation noise for every run, so checkpoints
 RewardFn = Callable[[torch.Tensor, list[str], list[dict]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
+# The string-valued knobs of GRPOConfig and their allowed values (the first is the paper's).
+_CHOICES = {
+    "kl": ("paper", "gaussian"),
+    "logprob_cfg": ("exact", "cond_only"),
+    "old_logprob": ("recorded", "recomputed"),
+    "loss_tokens": ("completion", "committed"),
+    "group_order": ("independent", "shared"),
+    "group_noise": ("independent", "shared"),
+    "mte_sampling": ("in_loop", "post_hoc"),
+}
+
+
 @dataclass
 class GRPOConfig:
     """Every knob of DESIGN 3. Defaults are the paper's where it states them."""
@@ -95,20 +107,9 @@ class GRPOConfig:
     seed: int = 0
 
     def __post_init__(self):
-        if self.kl not in ("paper", "gaussian"):
-            raise ValueError(f"Unknown kl: {self.kl!r}; expected 'paper' or 'gaussian'")
-        if self.logprob_cfg not in ("exact", "cond_only"):
-            raise ValueError(f"Unknown logprob_cfg: {self.logprob_cfg!r}; expected 'exact' or 'cond_only'")
-        if self.group_order not in ("independent", "shared"):
-            raise ValueError(f"Unknown group_order: {self.group_order!r}; expected 'independent' or 'shared'")
-        if self.group_noise not in ("independent", "shared"):
-            raise ValueError(f"Unknown group_noise: {self.group_noise!r}; expected 'independent' or 'shared'")
-        if self.loss_tokens not in ("completion", "committed"):
-            raise ValueError(f"Unknown loss_tokens: {self.loss_tokens!r}; expected 'completion' or 'committed'")
-        if self.old_logprob not in ("recorded", "recomputed"):
-            raise ValueError(f"Unknown old_logprob: {self.old_logprob!r}; expected 'recorded' or 'recomputed'")
-        if self.mte_sampling not in ("in_loop", "post_hoc"):
-            raise ValueError(f"Unknown mte_sampling: {self.mte_sampling!r}; expected 'in_loop' or 'post_hoc'")
+        for name, allowed in _CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"Unknown {name}: {getattr(self, name)!r}; expected one of {', '.join(map(repr, allowed))}")
         if self.trajectories < 1:
             raise ValueError("trajectories (S) must be >= 1; S = 1 turns MTE off")
         if not 0 <= self.top_frac <= 1:

@@ -256,12 +256,12 @@ def _blocks(table: Table) -> list[list[int]]:
 
 
 def _best(table: Table) -> set[tuple[int, tuple[str, str]]]:
-    """(row, metric) cells holding the best (maximal) mean of their column within their block."""
+    """(row, metric) cells holding the best (maximal) mean of their column within their block; a lone value is not marked."""
     best = set()
     for block in _blocks(table):
         for m in table.metrics:
             means = table.data.loc[block, table.column(m, "mean")]
-            if means.notna().any():
+            if means.notna().sum() > 1:
                 top = means.max()
                 best |= {(i, m) for i in block if means[i] == top}
     return best
