@@ -20,8 +20,8 @@ from margrpo.evaluation.compbench import (
     evaluate_directory,
     list_samples,
     parse_sample_name,
-    read_prompt_file,
 )
+from margrpo.prompt_files import read_prompt_file
 from margrpo.rewards.real import Detections, Relation, parse_counts, parse_relation
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "t2i-compbench"  # ../shared/data from the repo
@@ -85,8 +85,8 @@ def test_categories():
 
 def test_prompt_files_parse():
     """Every 2-D spatial and numeracy evaluation prompt is understood by the rules."""
-    spatial = read_prompt_file(f"{DATA}/spatial_val.txt")
-    numeracy = read_prompt_file(f"{DATA}/numeracy_val.txt")
+    spatial = [r.prompt for r in read_prompt_file(f"{DATA}/spatial_val.txt", "spatial")]
+    numeracy = [r.prompt for r in read_prompt_file(f"{DATA}/numeracy_val.txt", "numeracy")]
     assert len(spatial) >= 299 and len(numeracy) >= 299
     assert all(parse_relation(p) is not None for p in spatial)
     assert all(parse_counts(p) for p in numeracy)
@@ -177,7 +177,7 @@ def test_end_to_end_on_pngs(tmp_path, models, category, prompts):
 
 
 def test_end_to_end_complex_with_subsplits(tmp_path, models):
-    prompts = read_prompt_file(f"{DATA}/complex_val_spatial.txt")[:1] + read_prompt_file(f"{DATA}/complex_val_action.txt")[:1]
+    prompts = [read_prompt_file(f"{DATA}/complex_val_{kind}.txt", "complex")[0].prompt for kind in ("spatial", "action")]
     write_samples(tmp_path / "samples", prompts, per_prompt=1)
     evaluator = CompBenchEvaluator.from_paths("complex", prompts_dir=DATA, **models)
     per_image, summary = evaluator.evaluate(tmp_path / "samples", "complex")
@@ -199,7 +199,6 @@ def test_scores_do_not_depend_on_batch_size(tmp_path, models):
 def test_eval_compbench_stage_scores_a_mixed_suite_per_category(tmp_path, models):
     """`margrpo eval-compbench --evaluator t2i-compbench`: the workflow's entry point, one row per category."""
     from margrpo.cli import main
-    from margrpo.prompt_files import read_prompt_file as read_suite_file
     from margrpo.world import write_suite
 
     suite = tmp_path / "eval.jsonl"
@@ -207,7 +206,7 @@ def test_eval_compbench_stage_scores_a_mixed_suite_per_category(tmp_path, models
     color.write_text("a green bench and a blue bowl\n")
     numeracy = tmp_path / "numeracy_val.txt"
     numeracy.write_text("two dogs\n")
-    write_suite(read_suite_file(color, "color") + read_suite_file(numeracy, "numeracy"), suite)
+    write_suite(read_prompt_file(color, "color") + read_prompt_file(numeracy, "numeracy"), suite)
     write_samples(tmp_path / "samples", ["a green bench and a blue bowl", "two dogs"], per_prompt=2)
     spec = {"vqa": {"path": models["vqa_path"]}, "detector": {"path": models["detector_path"], "box_threshold": 0.0},
             "clip": {"path": models["clip_path"]}}

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from margrpo.evaluation.samples import Sample, list_samples, parse_sample_name
+from margrpo.prompt_files import read_prompt_file
 from margrpo.rewards.real import (
     BlipVQAReward,
     ClipScoreReward,
@@ -58,7 +59,6 @@ __all__ = [
     "evaluate_directory",
     "list_samples",
     "parse_sample_name",
-    "read_prompt_file",
     "write_results",
 ]
 
@@ -92,14 +92,6 @@ def needed_models(categories: Sequence[str]) -> dict[str, str]:
             if METRICS[category] in metrics:
                 needed.setdefault(kind, category)
     return needed
-
-
-def read_prompt_file(path: str | Path) -> list[str]:
-    """One prompt per line (blank lines skipped), as the T2I-CompBench prompt files."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"prompt file {p} not found")
-    return [line.strip() for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def _prompt_key(prompt: str) -> str:
@@ -214,8 +206,8 @@ class CompBenchEvaluator:
         clip = ClipScoreReward(clip_path, form="cosine", **common, **(clip_options or {})) if "clip" in need else None
         spatial, action = (), ()
         if "complex" in map(canonical_category, categories) and prompts_dir is not None:
-            spatial = read_prompt_file(Path(prompts_dir) / COMPLEX_SPLITS["spatial"])
-            action = read_prompt_file(Path(prompts_dir) / COMPLEX_SPLITS["action"])
+            spatial, action = ([r.prompt for r in read_prompt_file(Path(prompts_dir) / COMPLEX_SPLITS[kind], "complex")]
+                               for kind in ("spatial", "action"))
         return cls(vqa, det, clip, spatial, action, batch_size)
 
     # ------------------------------------------------------------------ per metric
