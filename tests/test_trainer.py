@@ -123,6 +123,24 @@ def test_config_errors_say_how_to_fix(tmp_path):
             GRPOConfig(**{key: "per_token"})
 
 
+@pytest.mark.parametrize("freeze_head", [False, True])
+def test_reference_shares_what_rl_never_changes(tmp_path, freeze_head):
+    """The reference is a copy of the trained parts only: frozen encoders (and the +Fix head) are the same tensors."""
+    trainer = make_trainer(tmp_path, freeze_head=freeze_head)
+    policy, ref = trainer.policy, trainer.ref
+    text = {n for n, _ in policy.named_parameters() if n.startswith("text_encoder.")}
+    head = {n for n, _ in policy.named_parameters() if n.startswith("diffloss.")}
+    assert text and head
+    ref_params = dict(ref.named_parameters())
+    for name, p in policy.named_parameters():
+        assert (ref_params[name] is p) == (name in text or (freeze_head and name in head)), name
+        assert torch.equal(ref_params[name], p)
+    assert {id(p) for p in trainer.params} == {id(p) for p in policy.parameters() if p.requires_grad}
+    trainer.train_step()
+    moved = [n for n, p in policy.named_parameters() if not torch.equal(p, ref_params[n])]
+    assert moved and not set(moved) & text and (not freeze_head or not set(moved) & head)
+
+
 def test_shared_group_noise_reaches_the_rollout(tmp_path, monkeypatch):
     import margrpo.grpo.trainer as trainer_module
     seen = {}

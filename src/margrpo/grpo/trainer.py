@@ -157,19 +157,17 @@ class GRPOTrainer:
             raise ValueError(f"mask_steps |M| = {config.mask_steps} exceeds the {sampling.ar_steps} AR steps; lower grpo.mask_steps")
         if config.diffusion_steps > stochastic_steps(sampling):
             raise ValueError(f"diffusion_steps |T| = {config.diffusion_steps} exceeds the {stochastic_steps(sampling)} stochastic steps; lower grpo.diffusion_steps")
-        self.ref = None
-        if config.beta > 0:  # the frozen pre-RL policy
-            self.ref = copy.deepcopy(self.policy).requires_grad_(False).eval()
         head = set(map(id, self.policy.head_parameters()))
-        trained = head | set(map(id, self.policy.ar_parameters()))
-        for p in self.policy.parameters():  # frozen encoders (text, VAE): no gradient computed at all
-            if id(p) not in trained:
+        trained = set(map(id, self.policy.ar_parameters())) | (set() if config.freeze_head else head)
+        for p in self.policy.parameters():  # frozen encoders (text, VAE) and, under +Fix, the head:
+            if id(p) not in trained:  # no gradient computed and no optimizer state
                 p.requires_grad_(False)
-        if config.freeze_head:  # +Fix: no gradient and no optimizer state for the head
-            for p in self.policy.head_parameters():
-                p.requires_grad_(False)
+        self.ref = None
+        if config.beta > 0:  # the frozen pre-RL policy; what RL never changes is shared, not copied
+            shared = {id(p): p for p in self.policy.parameters() if not p.requires_grad}  # deepcopy's memo
+            self.ref = copy.deepcopy(self.policy, shared).requires_grad_(False).eval()
         self.ar_params = [p for p in self.policy.ar_parameters() if p.requires_grad]
-        self.params = [p for p in self.policy.parameters() if p.requires_grad and (id(p) not in head or not config.freeze_head)]
+        self.params = [p for p in self.policy.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, betas=(0.9, 0.999), weight_decay=config.weight_decay)
         self.step, self.rows, self.checkpoints, self.nonfinite_run = 0, [], [], 0
 
