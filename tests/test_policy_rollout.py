@@ -1,5 +1,7 @@
 """DESIGN 3.1, 3.2, 3.6, 3.9: the rollout record reproduces its own log-probs (ratio == 1)."""
 
+import types
+
 import pytest
 import torch
 
@@ -174,16 +176,18 @@ def test_shared_noise_starts_each_group_from_one_noise_draw():
     assert not torch.equal(indep.states[0, 0, 0], indep.states[0, 0, 1])
 
 
-def test_final_step_noise_gives_the_last_step_a_log_prob_that_replays():
-    policy = tiny_policy("flow")
+@pytest.mark.parametrize("head", ["flow", "ddpm"])
+def test_final_step_noise_gives_the_last_step_a_log_prob_that_replays(head, monkeypatch):
+    policy = tiny_policy(head)
     sampling = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=2.0, final_step_noise=True)
     r = generate(policy, PROMPTS[:2], sampling, group_size=2, generator=torch.Generator().manual_seed(0), trajectories=2,
                  mte_generator=torch.Generator().manual_seed(1))
     assert (r.log_probs[:, -1] != 0).any()  # the last step is scored
     rp = assert_ratio_is_one(policy, r)
     assert rp.mask[:, -1].any()
-    with pytest.raises(ValueError, match="needs a flow head"):
-        generate(tiny_policy("ddpm"), PROMPTS[:1], sampling)
+    monkeypatch.setattr(policy, "make_sampler", lambda *args: types.SimpleNamespace(config=None))
+    with pytest.raises(ValueError, match="final_step_noise: SimpleNamespace has no stochastic final step"):
+        generate(policy, PROMPTS[:1], sampling)
 
 
 def test_stage_sampling_config_keeps_every_field():

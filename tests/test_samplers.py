@@ -434,42 +434,63 @@ def test_invalid_step_inputs_raise(sampler):
         sampler.step(out, 0, x, prev_sample=x[:2])
 
 
-def _likelihood_ratio_vs_pathwise(stochastic_final: bool, n: int = 20000) -> float:
+def _likelihood_ratio_vs_pathwise(head: str, stochastic_final: bool, n: int = 20000) -> float:
     """cos between the policy-gradient (likelihood-ratio) estimate of grad E[R] and the pathwise gradient,
-    for a small x0-predicting network driving the flow SDE (the toy head's parameterisation)."""
+    for a small x0-predicting network driving the head's sampler (the toy heads' parameterisation)."""
     torch.manual_seed(0)
-    sampler = FlowSDESampler(num_steps=5, noise_level=0.7, stochastic_final=stochastic_final)
+    if head == "flow":
+        sampler = FlowSDESampler(num_steps=5, noise_level=0.7, stochastic_final=stochastic_final)
+    else:
+        sampler = DDPMSampler(num_steps=5, variance="fixed_small", stochastic_final=stochastic_final)
+        abar = sampler.process.alphas_cumprod.float()
     net = torch.nn.Sequential(torch.nn.Linear(5, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
 
-    def velocity(x, i):
+    def model_output(x, i):
         t = sampler.model_time(i).expand(len(x))[:, None] / 1000
-        return (x - net(torch.cat([x, t], -1))) / t  # x0 prediction -> velocity
+        x0 = net(torch.cat([x, t], -1))
+        if head == "flow":
+            return (x - x0) / t  # x0 prediction -> velocity
+        a = abar[sampler.num_steps - 1 - i]
+        return (x - a.sqrt() * x0) / (1 - a).sqrt()  # x0 prediction -> eps
 
     def trajectory(seed, grad):
         g = torch.Generator().manual_seed(seed)
         xs = [sampler.init_noise((n, 4), generator=g)]
         with torch.set_grad_enabled(grad):
             for i in range(sampler.num_steps):
-                xs.append(sampler.step(velocity(xs[-1], i), i, xs[-1], generator=g).prev_sample)
+                xs.append(sampler.step(model_output(xs[-1], i), i, xs[-1], generator=g).prev_sample)
         return xs
 
     reward = lambda x: x.sum(-1)  # noqa: E731
     pathwise = torch.autograd.grad(reward(trajectory(0, True)[-1]).mean(), list(net.parameters()))
     xs = [x.detach() for x in trajectory(1, False)]
     adv = reward(xs[-1]) - reward(xs[-1]).mean()
-    surrogate = sum((adv * sampler.step(velocity(xs[i], i), i, xs[i], prev_sample=xs[i + 1]).log_prob).mean()
+    surrogate = sum((adv * sampler.step(model_output(xs[i], i), i, xs[i], prev_sample=xs[i + 1]).log_prob).mean()
                     for i in range(sampler.num_steps) if bool(sampler.is_stochastic(i)))
     lr = torch.autograd.grad(surrogate, list(net.parameters()))
     flat = lambda gs: torch.cat([g.flatten() for g in gs])  # noqa: E731
     return torch.nn.functional.cosine_similarity(flat(lr), flat(pathwise), dim=0).item()
 
 
-def test_policy_gradient_matches_the_pathwise_gradient_only_with_a_stochastic_final_step():
+@pytest.mark.parametrize("head", ["flow", "ddpm"])
+def test_policy_gradient_matches_the_pathwise_gradient_only_with_a_stochastic_final_step(head):
     """With a deterministic last step the likelihood-ratio estimate misses that step's dependence on the
-    parameters — for an x0 head, the whole token — and is biased (cos ~0.38 here, independent of n);
-    with `stochastic_final` every step has a log-prob and the two estimates agree."""
-    assert _likelihood_ratio_vs_pathwise(stochastic_final=True) > 0.98
-    assert _likelihood_ratio_vs_pathwise(stochastic_final=False) < 0.6
+    parameters — for an x0 head, the whole token — and is biased (cos ~0.38 for the flow head, independent
+    of n); with `stochastic_final` every step has a log-prob and the two estimates agree."""
+    assert _likelihood_ratio_vs_pathwise(head, stochastic_final=True) > 0.98
+    assert _likelihood_ratio_vs_pathwise(head, stochastic_final=False) < 0.6
+
+
+def test_ddpm_stochastic_final_step_has_the_clipped_variance_and_a_log_prob():
+    sampler = DDPMSampler(num_steps=4, variance="fixed_small", stochastic_final=True)
+    assert bool(sampler.is_stochastic(3)) and not bool(DDPMSampler(num_steps=4, variance="fixed_small").is_stochastic(3))
+    x, eps = torch.randn(6, 3), torch.randn(6, 3)
+    out = sampler.step(eps, 3, x, generator=torch.Generator().manual_seed(0))
+    expected_std = math.exp(0.5 * float(sampler.process.posterior_log_variance_clipped[0]))
+    torch.testing.assert_close(out.std.expand_as(out.mean), torch.full_like(out.mean, expected_std))
+    expected = torch.distributions.Normal(out.mean, out.std.expand_as(out.mean)).log_prob(out.prev_sample).sum(-1)
+    torch.testing.assert_close(out.log_prob, expected, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(out.mean, out.pred_x0)  # at j = 0 the posterior mean is x0_hat
 
 
 def test_stochastic_final_step_has_the_sde_std_and_a_log_prob():

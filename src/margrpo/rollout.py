@@ -28,7 +28,7 @@ class SamplingConfig:
     cfg_schedule: str = "linear"  # "constant" or MAR's "linear" ramp over the committed fraction
     temperature: float = 1.0
     noise_level: float = 0.7  # flow SDE only
-    final_step_noise: bool = False  # flow SDE only: the last step is stochastic too (FlowConfig.stochastic_final)
+    final_step_noise: bool = False  # the head's last step is stochastic too (stochastic_final of its sampler)
 
     def __post_init__(self):
         if self.cfg_schedule not in ("constant", "linear"):
@@ -42,7 +42,7 @@ def make_sampler(policy: MARPolicy, sampling: SamplingConfig) -> Sampler:
     sampler = policy.make_sampler(sampling.diffusion_steps, sampling.noise_level)
     if sampling.final_step_noise:
         if not hasattr(sampler, "config") or not hasattr(sampler.config, "stochastic_final"):
-            raise ValueError(f"final_step_noise needs a flow head; {type(sampler).__name__} has no stochastic final step")
+            raise ValueError(f"final_step_noise: {type(sampler).__name__} has no stochastic final step (stochastic_final)")
         sampler = type(sampler)(sampler.config, stochastic_final=True)
     return sampler
 

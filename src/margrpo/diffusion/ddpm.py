@@ -44,6 +44,10 @@ class DDPMConfig:
     num_steps: int = 100  # T sampling steps, evenly respaced over the training process (MAR: 100, Harmon: 25)
     variance: str = "learned_range"  # "learned_range" (MAR: head outputs [eps, v]), "fixed_small", "fixed_large"
     prediction: str = "eps"  # what the head predicts: "eps" (MAR) or "v" (v = sqrt(abar) eps - sqrt(1-abar) x0)
+    # The last step draws noise too, with the clipped variance of j = 0 (improved-DDPM's table), so every
+    # step has a log-prob. Deterministic, that step returns x0_hat itself (c0 = 1, ct = 0 at j = 0), so
+    # the token's dependence on the parameters through it is missing from the policy gradient.
+    stochastic_final: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_train_steps, int) or self.num_train_steps < 2:
@@ -179,9 +183,10 @@ class DDPMSampler:
         return self.timesteps.to(device)[step_index].float()
 
     def is_stochastic(self, step_index: StepIndex) -> Tensor:
-        """True where the step draws noise (every step but the last, s = T - 1). Bool, shape of step_index."""
+        """True where the step draws noise: every step but the last (s = T - 1), unless `stochastic_final`.
+        Bool, shape of step_index."""
         step_index = check_step_index(step_index, self.num_steps)
-        return torch.as_tensor(step_index) < self.num_steps - 1
+        return torch.as_tensor(step_index) < (self.num_steps if self.config.stochastic_final else self.num_steps - 1)
 
     def init_noise(
         self,
@@ -232,7 +237,7 @@ class DDPMSampler:
         # 4. Posterior mean mu = c0 x0_hat + ct x_t (Ho et al. Eq. 7).
         mean = rows(p.posterior_coef_x0) * pred_x0 + rows(p.posterior_coef_xt) * x_t  # [N, D]
 
-        # 5. Log-variance of the step, std = exp(log_var / 2) * temperature; 0 on the final step.
+        # 5. Log-variance of the step, std = exp(log_var / 2) * temperature; 0 on a deterministic final step.
         log_var = self._log_variance(var_values, rows(p.posterior_log_variance_clipped), rows(p.log_betas_large))
         stochastic = self.is_stochastic(step_index).to(x_t.device)  # 0-dim or [N]
         row_stochastic = stochastic.view(-1, *([1] * (x_t.dim() - 1)))
