@@ -31,7 +31,7 @@ from margrpo.config import load_config
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, PromptSet, peak_memory_mb
 from margrpo.policy import ToyMAR, ToyMARConfig, load_policy
 from margrpo.pretraining import autocast
-from margrpo.rollout import SamplingConfig, generate, replay, unknown_after_steps
+from margrpo.rollout import SamplingConfig, ar_schedule, generate, replay
 from margrpo.world import prompt_vocabulary
 
 PROMPTS = ["a red circle", "a blue square and a green triangle", "three yellow circles", "a cyan square above a magenta circle"]
@@ -100,13 +100,13 @@ def main() -> None:
     t1 = min(_timed(lambda: rollout(1)) for _ in range(3))
     t4 = min(_timed(lambda: rollout(4)) for _ in range(3))
     L = policy.seq_len
-    main_rows = sum([L] + unknown_after_steps(L, sampling.ar_steps)[:-1])  # unknown tokens before each AR step
+    main_rows = sum([L] + ar_schedule(policy, sampling)[:-1])  # unknown tokens before each AR step
     print(f"rollout alone: S=1 {t1:.3f} s, S=4 {t4:.3f} s -> {t4 / t1:.2f}x (head = {100 * head_share:.0f}% of the parameters; "
           f"head rows per image: {main_rows} committed trajectory + {3 * L} extra = +{300 * L / main_rows:.0f}%)")
     with autocast(torch.device("cpu"), grpo["precision"]):
         r = generate(policy, PROMPTS[: grpo["batch_prompts"]], sampling, group_size=grpo["group_size"], generator=torch.Generator().manual_seed(0))
     g = torch.Generator().manual_seed(1)
-    ar = torch.randperm(sampling.ar_steps, generator=g)[: grpo["mask_steps"]].sort().values
+    ar = torch.randperm(r.committed.shape[0], generator=g)[: grpo["mask_steps"]].sort().values
     diff = torch.stack([torch.randperm(sampling.diffusion_steps - 1, generator=g)[: grpo["diffusion_steps"]].sort().values for _ in ar])
 
     def batched():

@@ -4,6 +4,7 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from diffusers import AutoencoderKL
@@ -15,7 +16,7 @@ from helpers import PROMPTS, VOCAB, assert_ratio_is_one
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, PromptSet
 from margrpo.policy.nova import NovaConfig, NovaPolicy, NovaTransformer
 from margrpo.policy import load_policy
-from margrpo.rollout import SamplingConfig, generate
+from margrpo.rollout import SamplingConfig, generate, unknown_after_steps
 
 SAMPLING = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=3.0, cfg_schedule="linear", temperature=0.9)
 TSV = Path(__file__).resolve().parents[1] / "src/margrpo/policy/params/nova-d48w1024-sd512.tsv"
@@ -102,6 +103,28 @@ def test_parameter_groups_exclude_the_frozen_encoders():
     assert not any(p.requires_grad for p in frozen) and not {id(p) for p in frozen} & (ar | head)
     sampler = policy.make_sampler(25)
     assert sampler.config.shift == 1.5 and float(sampler.model_time(0)) == pytest.approx(1000.0)
+
+
+def test_sampling_schedule_is_novas():
+    """NOVA's pipeline: per-step token counts from np.round of the cosine mask lengths, and its Euler
+    scheduler's time grid (set_timesteps: linspace(1000, 1, T) / 1000, shifted, then 0)."""
+    policy = tiny_nova()
+    def novas(L, K):  # num_preds as NOVA's pipeline computes them; generate_frame skips the zeros
+        lengths = np.round(np.cos(0.5 * np.pi * np.arange(K + 1) / K) * L).astype("int64")
+        return [int(n) for n in lengths[:-1] - lengths[1:] if n > 0]
+
+    for L, K, steps in ((1024, 64, 63), (4096, 64, 64), (256, 16, 16), (64, 8, 8), (16, 16, 13)):
+        left = unknown_after_steps(L, K, policy.mask_rounding)
+        assert [a - b for a, b in zip([L] + left[:-1], left)] == novas(L, K) and len(left) == steps, (L, K)
+    T, shift = 25, policy.config.flow_shift
+    sigmas = np.linspace(1000.0, 1.0, T) / 1000
+    sigmas = np.append(shift * sigmas / (1 + (shift - 1) * sigmas), 0.0)
+    sampler = policy.make_sampler(T)
+    np.testing.assert_allclose(sampler.sigmas.numpy(), sigmas, rtol=1e-12)
+    np.testing.assert_allclose(sampler.model_time(torch.arange(T)).numpy(), sigmas[:-1] * 1000, rtol=1e-6)
+    r = generate(policy, PROMPTS[:1], SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=2.0),
+                 generator=torch.Generator().manual_seed(0))
+    assert r.committed.sum((1, 2)).tolist() == novas(policy.seq_len, 4)
 
 
 def redness(images, prompts, metadata):

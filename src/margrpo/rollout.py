@@ -52,10 +52,21 @@ def stochastic_steps(sampling: SamplingConfig) -> int:
     return sampling.diffusion_steps if sampling.final_step_noise else sampling.diffusion_steps - 1
 
 
-def unknown_after_steps(seq_len: int, ar_steps: int) -> list[int]:
-    """MAR's cosine schedule: tokens still unknown after each AR step (ends at 0; >= 1 committed per step)."""
+def unknown_after_steps(seq_len: int, ar_steps: int, rounding: str = "floor") -> list[int]:
+    """The cosine mask schedule: tokens still unknown after each AR step (ends at 0).
+
+    "floor" (MAR's mask_by_order): floor(L cos(pi/2 (k+1)/K)), clamped so that every step commits
+    >= 1 token and leaves >= 1 for each later one: exactly K steps. "round" (NOVA's pipeline): the
+    lengths round(L cos(pi/2 k/K)); a step that would commit nothing is dropped, as NOVA drops it, so
+    there may be fewer than K steps (63 of 64 at L = 1024). The rollout's K is the length of this list.
+    """
     if ar_steps > seq_len:
         raise ValueError(f"ar_steps ({ar_steps}) cannot exceed the number of tokens ({seq_len})")
+    if rounding == "round":
+        lengths = [round(seq_len * math.cos(math.pi / 2 * k / ar_steps)) for k in range(1, ar_steps + 1)]
+        return [left for before, left in zip([seq_len] + lengths, lengths) if left < before]
+    if rounding != "floor":
+        raise ValueError(f"Unknown rounding: {rounding!r}; expected 'floor' or 'round'")
     counts, unknown = [], seq_len
     for k in range(ar_steps):
         if k == ar_steps - 1:
@@ -68,11 +79,17 @@ def unknown_after_steps(seq_len: int, ar_steps: int) -> list[int]:
     return counts
 
 
-def cfg_scales(sampling: SamplingConfig, seq_len: int) -> list[float]:
+def ar_schedule(policy: MARPolicy, sampling: SamplingConfig) -> list[int]:
+    """The policy's mask schedule for these settings: tokens unknown after each of the rollout's K AR steps."""
+    return unknown_after_steps(policy.seq_len, sampling.ar_steps, policy.mask_rounding)
+
+
+def cfg_scales(sampling: SamplingConfig, seq_len: int, schedule: list[int]) -> list[float]:
+    """CFG scale per AR step of `schedule` (unknown_after_steps): constant, or MAR's linear ramp in the committed fraction."""
     s = sampling.cfg_scale
     if sampling.cfg_schedule == "constant":
-        return [s] * sampling.ar_steps
-    return [1 + (s - 1) * (seq_len - left) / seq_len for left in unknown_after_steps(seq_len, sampling.ar_steps)]
+        return [s] * len(schedule)
+    return [1 + (s - 1) * (seq_len - left) / seq_len for left in schedule]
 
 
 @dataclass
@@ -193,9 +210,10 @@ def generate(
         raise ValueError("trajectories (S) must be >= 1")
     with deterministic(policy):
         device = policy.device
-        K, T, L, D = sampling.ar_steps, sampling.diffusion_steps, policy.seq_len, policy.token_dim
+        schedule = ar_schedule(policy, sampling)
+        K, T, L, D = len(schedule), sampling.diffusion_steps, policy.seq_len, policy.token_dim
         sampler = make_sampler(policy, sampling)
-        scales = cfg_scales(sampling, L)
+        scales = cfg_scales(sampling, L, schedule)
         guided = sampling.cfg_scale != 1.0
         cond, uncond = _conditions(policy, prompts, group_size, guided)
         N = len(cond)
@@ -215,7 +233,7 @@ def generate(
         mte_log_probs = torch.zeros(S1, T, N, L, device=device) if S1 else None
         zs = []
         n_known = 0
-        for k, left in enumerate(unknown_after_steps(L, K)):
+        for k, left in enumerate(schedule):
             rec_known[k] = known
             commit = (rank >= n_known) & (rank < L - left)  # [N, L]
             rec_committed[k] = commit

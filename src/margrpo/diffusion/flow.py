@@ -53,10 +53,15 @@ class FlowConfig:
     # gradient; for a head that predicts x0 that step *is* the token (x_0 = x0_hat(x_{t_{T-1}})), and
     # the likelihood-ratio estimate then pointed against the true gradient of E[R] (measured, README).
     stochastic_final: bool = False
+    # The last grid time before 0. 0: the grid is linspace(1, 0, T + 1). NOVA's Euler scheduler uses
+    # 1 / num_train_timesteps = 0.001: linspace(1, t_min, T), then 0, so its last step is a tiny one.
+    t_min: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_steps, int) or self.num_steps < 1:
             raise ValueError(f"num_steps must be an int >= 1, got {self.num_steps!r}")
+        if not 0 <= self.t_min < 1 or (self.t_min > 0 and self.num_steps < 2):
+            raise ValueError(f"t_min must be in [0, 1) (and > 0 only with num_steps >= 2), got {self.t_min!r}")
         if not math.isfinite(self.noise_level) or self.noise_level < 0:
             raise ValueError(
                 f"noise_level must be finite and >= 0 (0 gives the deterministic ODE), got {self.noise_level!r}"
@@ -69,9 +74,15 @@ class FlowConfig:
             )
 
 
-def shifted_time_grid(num_steps: int, shift: float) -> Tensor:
-    """t_0 = 1 > t_1 > ... > t_T = 0: a linear grid mapped by t' = s t / (1 + (s - 1) t). [T+1] float64."""
-    t = torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float64)
+def shifted_time_grid(num_steps: int, shift: float, t_min: float = 0.0) -> Tensor:
+    """t_0 = 1 > t_1 > ... > t_T = 0: a linear grid mapped by t' = s t / (1 + (s - 1) t). [T+1] float64.
+
+    t_min = 0: linspace(1, 0, T + 1). t_min > 0: linspace(1, t_min, T) followed by 0 (NOVA's scheduler).
+    """
+    if t_min > 0:
+        t = torch.cat([torch.linspace(1.0, t_min, num_steps, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)])
+    else:
+        t = torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float64)
     return shift * t / (1 + (shift - 1) * t)
 
 
@@ -85,7 +96,7 @@ class FlowSDESampler:
         self.config = dataclasses.replace(config or FlowConfig(), **overrides)
         self.num_steps = self.config.num_steps
         self.out_channels_factor = 1
-        self.sigmas = shifted_time_grid(self.num_steps, self.config.shift)  # [T+1] float64, sigmas[i] = t_i
+        self.sigmas = shifted_time_grid(self.num_steps, self.config.shift, self.config.t_min)  # [T+1] float64, sigmas[i] = t_i
         # sigma_t = a sqrt(t / (1 - t)) is infinite at t_0 = 1: there 1 - t is clamped at 1 - t_1 (the
         # value of the next grid point, as Flow-GRPO does), which only changes the very first step.
         one_minus = (1 - self.sigmas[:-1]).clamp(min=float(1 - self.sigmas[1]))

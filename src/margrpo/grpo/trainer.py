@@ -35,7 +35,7 @@ from margrpo.grpo.functions import (
 )
 from margrpo.policy.base import MARPolicy
 from margrpo.pretraining import autocast
-from margrpo.rollout import Rollout, SamplingConfig, generate, recorded, replay, stochastic_steps
+from margrpo.rollout import Rollout, SamplingConfig, ar_schedule, generate, recorded, replay, stochastic_steps
 
 VAL_SEED = 20_251_121  # the same validation noise for every run, so checkpoints compare fairly
 RewardFn = Callable[[torch.Tensor, list[str], list[dict]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -153,8 +153,9 @@ class GRPOTrainer:
         self.reward_fn, self.train_prompts, self.val_prompts = reward_fn, train_prompts, val_prompts
         self.out_dir = Path(out_dir)
         self.state_dir = self.out_dir / "state"
-        if config.mask_steps > sampling.ar_steps:
-            raise ValueError(f"mask_steps |M| = {config.mask_steps} exceeds the {sampling.ar_steps} AR steps; lower grpo.mask_steps")
+        self.ar_steps = len(ar_schedule(policy, sampling))  # K of every rollout (NOVA's rounding may drop steps)
+        if config.mask_steps > self.ar_steps:
+            raise ValueError(f"mask_steps |M| = {config.mask_steps} exceeds the {self.ar_steps} AR steps; lower grpo.mask_steps")
         if config.diffusion_steps > stochastic_steps(sampling):
             raise ValueError(f"diffusion_steps |T| = {config.diffusion_steps} exceeds the {stochastic_steps(sampling)} stochastic steps; lower grpo.diffusion_steps")
         head = set(map(id, self.policy.head_parameters()))
@@ -174,7 +175,7 @@ class GRPOTrainer:
     # --- one GRPO step ----------------------------------------------------------------------------
     def choose_steps(self, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """|M| AR steps and, for each, |T| stochastic diffusion steps, uniformly (DESIGN 3.3)."""
-        K, T = self.sampling.ar_steps, self.sampling.diffusion_steps
+        K, T = self.ar_steps, self.sampling.diffusion_steps
         ar = torch.randperm(K, generator=g)[: self.cfg.mask_steps].sort().values
         diff = torch.stack([torch.randperm(stochastic_steps(self.sampling), generator=g)[: self.cfg.diffusion_steps].sort().values for _ in ar])
         return ar, diff

@@ -55,6 +55,9 @@ class MARPolicy(nn.Module, ABC):
     token_dim: int
     z_dim: int
     head_type: str  # "flow" or "ddpm": which sampler the head was trained for
+    # How the cosine mask schedule turns L cos(pi/2 (k+1)/K) into a token count: "floor" (MAR's
+    # mask_by_order, also Harmon) or "round" (NOVA's pipeline). See rollout.unknown_after_steps.
+    mask_rounding: str = "floor"
 
     # --- conditioning -------------------------------------------------------------------------
     @abstractmethod

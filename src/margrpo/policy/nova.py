@@ -374,6 +374,8 @@ class NovaTransformer(nn.Module):
 class NovaPolicy(MARPolicy):
     """NOVA text-to-image behind the MAR policy interface (flow head, CFG null prompt "")."""
 
+    mask_rounding = "round"  # NOVA's pipeline: num_preds from np.round of the cosine mask lengths
+
     head_type = "flow"
     null_prompt = ""  # NOVA's default negative prompt: Phi features of no tokens, i.e. all filler rows
     model_type = "nova"
@@ -469,13 +471,10 @@ class NovaPolicy(MARPolicy):
         return tuple(self.config.image_base_size)
 
     def make_sampler(self, num_steps: int, noise_level: float = 0.7) -> Sampler:
-        """NOVA's process: t = 1 noise, v = eps - x0, model time 1000 t, logit-normal training times.
-
-        The grid is ours (linspace(1, 0, T + 1), shifted by flow_shift); NOVA's Euler scheduler
-        evaluates at linspace(1, 1/1000, T) and steps to 0 from there.
-        """
+        """NOVA's process: t = 1 noise, v = eps - x0, model time 1000 t, logit-normal training times,
+        and NOVA's grid: linspace(1, 1/1000, T) shifted by flow_shift, then 0 (its Euler scheduler's)."""
         return FlowSDESampler(num_steps=num_steps, noise_level=noise_level, shift=self.config.flow_shift,
-                              train_time_sampling="logit_normal")
+                              train_time_sampling="logit_normal", t_min=1 / 1000)
 
     # --- parameter groups ---------------------------------------------------------------------------
     def ar_parameters(self) -> Iterator[nn.Parameter]:
