@@ -131,6 +131,25 @@ def test_one_grpo_step_trains_the_ar_parameters(tmp_path):
     assert all(torch.equal(before[n], p) for n, p in policy.named_parameters() if n.startswith("vae."))
 
 
+def test_official_scope_trains_mar_only_and_shares_the_llm_with_the_reference(tmp_path):
+    """MAR-GRPO's Harmon runs train mar.* alone: `frozen` keeps the LLM and its projectors fixed and
+    the reference policy holds them once, not as a copy."""
+    policy = tiny_harmon()
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    prompts = PromptSet(PROMPTS, [{}] * len(PROMPTS))
+    cfg = GRPOConfig(steps=1, batch_prompts=2, group_size=2, mask_steps=3, diffusion_steps=3, save_every=1, val_every=1,
+                     val_prompts=2, precision="no", lr=1e-3, frozen=["llm.", "proj_in.", "proj_out."])
+    trainer = GRPOTrainer(policy, redness, prompts, prompts, SAMPLING, cfg, tmp_path)
+    ref = dict(trainer.ref.named_parameters())
+    outside = [n for n, _ in policy.named_parameters() if not n.startswith("mar.")]
+    assert all(ref[n] is policy.get_parameter(n) for n in outside)
+    assert not any(ref[n] is p for n, p in policy.named_parameters() if n.startswith("mar."))
+    trainer.train()
+    moved = {n for n, p in policy.named_parameters() if not torch.equal(before[n], p)}
+    assert moved and all(n.startswith("mar.") for n in moved)
+    assert any(n.startswith("mar.diffloss.") for n in moved) and any(not n.startswith("mar.diffloss.") for n in moved)
+
+
 def test_parameter_groups_partition_all_but_the_frozen_vae():
     policy = tiny_harmon()
     ar, head = set(map(id, policy.ar_parameters())), set(map(id, policy.head_parameters()))

@@ -141,6 +141,18 @@ def test_reference_shares_what_rl_never_changes(tmp_path, freeze_head):
     assert moved and not set(moved) & text and (not freeze_head or not set(moved) & head)
 
 
+def test_frozen_prefixes_keep_those_parameters_and_name_a_bad_prefix(tmp_path):
+    trainer = make_trainer(tmp_path, frozen=["blocks.0."])
+    before = {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
+    trainer.train_step()
+    for n, p in trainer.policy.named_parameters():
+        if n.startswith("blocks.0."):
+            assert torch.equal(before[n], p) and not p.requires_grad, n
+    assert any(not torch.equal(before[n], p) for n, p in trainer.policy.named_parameters() if n.startswith("blocks.1."))
+    with pytest.raises(ValueError, match=r"frozen: no parameter name of ToyMAR starts with 'llm\.'.*'blocks'"):
+        make_trainer(tmp_path / "bad", frozen=["llm."])
+
+
 def test_shared_group_noise_reaches_the_rollout(tmp_path, monkeypatch):
     import margrpo.grpo.trainer as trainer_module
     seen = {}

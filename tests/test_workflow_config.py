@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from margrpo.config import ConfigError, load_config
+from margrpo.config import ConfigError, load_config, train_spec
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -86,3 +86,12 @@ def test_defaults_fill_and_do_not_mutate_input():
     cfg = load_config(delta)
     assert delta == {"grpo": {"steps": 7}}
     assert cfg["grpo"]["steps"] == 7 and cfg["grpo"]["mask_steps"] == 12 and cfg["grpo"]["beta"] == 0.01
+
+
+def test_rl_frozen_reaches_the_run_spec_only_where_set():
+    """paper-harmon trains mar.* alone (MAR-GRPO's Harmon runs); the toy runs' specs do not change."""
+    harmon = load_config(REPO / "config/paper-harmon.yaml")
+    spec = train_spec(harmon, "harmon", "hps", "sim")
+    assert spec["grpo"]["frozen"] == ["llm.", "proj_in.", "proj_out."]
+    toy = load_config(REPO / "config/config.yaml")
+    assert "frozen" not in train_spec(toy, "toy-nova", "toyclip", "fix")["grpo"]

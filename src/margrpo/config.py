@@ -134,6 +134,8 @@ def train_spec(config: dict, policy: str, reward: str, variant: str, variant_ove
     var.update(variant_overrides or {})
     grpo = dict(config["grpo"])
     grpo.update(var.pop("overrides", {}) or {})
+    if config["policies"][policy].get("rl_frozen"):  # only when set: other runs keep their cached spec
+        grpo["frozen"] = list(config["policies"][policy]["rl_frozen"])
     weights = config["rewards"][reward]
     return {
         "grpo": grpo,

@@ -105,8 +105,12 @@ class GRPOConfig:
     tau: float = 0.0
     precision: str = "bf16"
     seed: int = 0
+    # Parameter-name prefixes RL leaves frozen besides the encoders (no gradient, no optimizer state,
+    # shared with the reference). MAR-GRPO's Harmon runs train mar.* only: (llm., proj_in., proj_out.).
+    frozen: tuple[str, ...] = ()
 
     def __post_init__(self):
+        self.frozen = tuple(self.frozen)  # from JSON: a list
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"Unknown {name}: {getattr(self, name)!r}; expected one of {', '.join(map(repr, allowed))}")
@@ -160,6 +164,12 @@ class GRPOTrainer:
             raise ValueError(f"diffusion_steps |T| = {config.diffusion_steps} exceeds the {stochastic_steps(sampling)} stochastic steps; lower grpo.diffusion_steps")
         head = set(map(id, self.policy.head_parameters()))
         trained = set(map(id, self.policy.ar_parameters())) | (set() if config.freeze_head else head)
+        names = [n for n, _ in self.policy.named_parameters()]
+        for prefix in config.frozen:
+            if not any(n.startswith(prefix) for n in names):
+                raise ValueError(f"frozen: no parameter name of {type(policy).__name__} starts with {prefix!r} "
+                                 f"(top-level modules: {sorted({n.split('.')[0] for n in names})})")
+        trained -= {id(p) for n, p in self.policy.named_parameters() if n.startswith(tuple(config.frozen))}
         for p in self.policy.parameters():  # frozen encoders (text, VAE) and, under +Fix, the head:
             if id(p) not in trained:  # no gradient computed and no optimizer state
                 p.requires_grad_(False)
