@@ -74,6 +74,18 @@ def test_changing_a_plot_option_reruns_plots_only(smoke_run, tmp_path):
 
 
 @pytest.mark.slow
+def test_changing_what_rl_freezes_reruns_training_but_not_pretraining(smoke_run, tmp_path):
+    config = tmp_path / "smoke-frozen.yaml"
+    config.write_text((REPO / "config/smoke.yaml").read_text().replace(
+        "    sampling: {ar_steps: 4, diffusion_steps: 4}\n", "    sampling: {ar_steps: 4, diffusion_steps: 4}\n    rl_frozen: [blocks.0.]\n", 1))
+    out = snakemake(smoke_run, "-n", configfile=config)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    assert "rule train:" in text and "policy=toy-nova" in text, text[-3000:]
+    assert "rule pretrain:" not in text and "rule warmup:" not in text, text[-3000:]
+
+
+@pytest.mark.slow
 def test_another_experiment_name_shares_base_stages_and_keeps_its_own_runs(smoke_run, tmp_path):
     config = tmp_path / "smoke-other.yaml"
     config.write_text((REPO / "config/smoke.yaml").read_text().replace("name: smoke", "name: smoke-other"))

@@ -43,6 +43,12 @@ def is_toy(policy):
     return config["policies"][policy]["kind"] == "toy"
 
 
+def pretrain_settings(policy):
+    """What pre-training reads of a policy's config, and nothing else: editing its warm-up, RL or
+    weights settings never reruns pre-training."""
+    return json.dumps({k: config["policies"][policy][k] for k in ("kind", "head", "model", "pretrain", "sampling")})
+
+
 def uses_toyclip():
     return config["toyclip"]["enabled"]
 

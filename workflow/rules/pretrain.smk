@@ -31,7 +31,7 @@ rule pretrain:
         quality=f"{RESULTS}/pretrain/{{policy}}/quality.json",
         samples=f"{RESULTS}/pretrain/{{policy}}/samples.png",
     params:
-        cfg=lambda wc: json.dumps(config["policies"][wc.policy]),
+        cfg=lambda wc: pretrain_settings(wc.policy),
         precision=config["mixed_precision"],
     threads: config["threads"]
     resources:
