@@ -541,20 +541,41 @@ def test_hpsv2_tiny_open_clip(tmp_path):
         build_reward("hpsv2", path=options["path"], model_name="ViT-Z-99")
 
 
-@pytest.mark.slow
-def test_imagereward_random_weights(tmp_path, monkeypatch):
-    """ImageReward's BLIP is hard-coded to ViT-L (300M parameters) and to the bert-base-uncased
-    tokenizer from the HF cache: with a local tiny tokenizer patched in, a tiny text config and an
-    empty checkpoint (the package loads with strict=False), the batched path runs on random
-    weights (about 15 s on one CPU thread, hence slow)."""
-    pytest.importorskip("ImageReward", reason="image-reward is not installed (it lives in .venv-eval: make evaluators)")
+def test_imagereward_tokenizer_request_is_answered_from_a_local_folder(tmp_path, monkeypatch):
+    """ImageReward's BLIP calls BertTokenizer.from_pretrained('bert-base-uncased'); with `tokenizer_path`
+    that call reads the local folder during the load, offline, and the module is restored after."""
+    import sys
+    import types
+
     from transformers import BertTokenizer
 
+    from margrpo.rewards.real import _bert_base_uncased_from
+
+    blip = types.ModuleType("ImageReward.models.BLIP.blip")
+    blip.BertTokenizer = BertTokenizer
+    for name in ("ImageReward", "ImageReward.models", "ImageReward.models.BLIP"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "ImageReward.models.BLIP.blip", blip)
+    sys.modules["ImageReward.models.BLIP"].blip = blip
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    bert_tokenizer(tmp_path / "tok")
+    with _bert_base_uncased_from(str(tmp_path / "tok")):
+        tok = blip.BertTokenizer.from_pretrained("bert-base-uncased")  # what the package's init_tokenizer does
+    assert tok.convert_tokens_to_ids("[DEC]") == 5 and blip.BertTokenizer is BertTokenizer
+
+
+@pytest.mark.slow
+def test_imagereward_random_weights(tmp_path, monkeypatch):
+    """ImageReward's BLIP is hard-coded to ViT-L (300M parameters) and asks for the bert-base-uncased
+    tokenizer by hub name: with a local tiny tokenizer folder as `tokenizer_path`, a tiny text config
+    and an empty checkpoint (the package loads with strict=False), the batched path runs on random
+    weights (about 15 s on one CPU thread, hence slow), and nothing is looked up on the hub."""
+    pytest.importorskip("ImageReward", reason="image-reward is not installed (it lives in .venv-eval: make evaluators)")
     import ImageReward.models.BLIP.blip as blip
 
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     bert_tokenizer(tmp_path / "tok")
-    monkeypatch.setattr(blip.BertTokenizer, "from_pretrained",
-                        classmethod(lambda cls, *a, **k: BertTokenizer(vocab_file=str(tmp_path / "tok" / "vocab.txt"))))
+    original = blip.BertTokenizer
     med = {"architectures": ["BertModel"], "hidden_act": "gelu", "hidden_size": 768, "intermediate_size": 64,
            "layer_norm_eps": 1e-12, "max_position_embeddings": 64, "model_type": "bert", "num_attention_heads": 2,
            "num_hidden_layers": 1, "pad_token_id": 0, "type_vocab_size": 2, "vocab_size": len(WORDS) + 16,
@@ -563,8 +584,13 @@ def test_imagereward_random_weights(tmp_path, monkeypatch):
     (tmp_path / "med_config.json").write_text(json.dumps(med))
     torch.save({}, tmp_path / "ImageReward.pt")
     torch.manual_seed(0)
+    with pytest.raises(FileNotFoundError, match=r"vocab\.txt not found.*reward_models\.imagereward\.tokenizer_path"):
+        build_reward("imagereward", path=str(tmp_path / "ImageReward.pt"), med_config=str(tmp_path / "med_config.json"),
+                     tokenizer_path=str(tmp_path / "nowhere"))
     scorer = build_reward("imagereward", path=str(tmp_path / "ImageReward.pt"),
-                          med_config=str(tmp_path / "med_config.json"), batch_size=2)
+                          med_config=str(tmp_path / "med_config.json"), batch_size=2, tokenizer_path=str(tmp_path / "tok"))
+    assert blip.BertTokenizer is original  # the redirect lasts for the load only
+    assert scorer.model.blip.tokenizer.vocab_size == len((tmp_path / "tok" / "vocab.txt").read_text().split())
     x, prompts = images(2), PROMPTS[:2]
     s = scorer(x, prompts, [{}, {}])
     assert s.shape == (2,) and torch.isfinite(s).all()

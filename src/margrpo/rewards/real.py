@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1158,25 +1159,54 @@ class HPSv2Reward:
         return torch.cat(out).to(torch.float32)
 
 
+@contextmanager
+def _bert_base_uncased_from(folder: str | None):
+    """While loading ImageReward, answer its BLIP's hub-name request for 'bert-base-uncased' from `folder`."""
+    if folder is None:
+        yield
+        return
+    import ImageReward.models.BLIP.blip as blip
+
+    original = blip.BertTokenizer
+
+    class LocalBertTokenizer(original):
+        @classmethod
+        def from_pretrained(cls, name, *args, **kwargs):
+            return original.from_pretrained(str(folder) if name == "bert-base-uncased" else name, *args, **kwargs)
+
+    blip.BertTokenizer = LocalBertTokenizer
+    try:
+        yield
+    finally:
+        blip.BertTokenizer = original
+
+
 class ImageRewardReward:
     """ImageReward-v1.0: (MLP(BLIP [CLS] of the prompt cross-attending the image) - mean) / std.
 
     Loaded with the package's own `ImageReward.load(path, device, med_config=...)` from local
-    files (ImageReward.pt and med_config.json of THUDM/ImageReward); the package's BLIP loads
-    the `bert-base-uncased` tokenizer from the Hugging Face cache, which must hold it (offline).
-    Scoring is batched through the model's `score_gard` (prompt tokens padded to 35, as `score`).
+    files (ImageReward.pt and med_config.json of THUDM/ImageReward). The package's BLIP asks for
+    the `bert-base-uncased` tokenizer by hub name: `tokenizer_path` (a local folder with its
+    vocab.txt) answers that request, for compute nodes with no hub cache; without it the Hugging
+    Face cache must hold the tokenizer. Scoring is batched through the model's `score_gard`
+    (prompt tokens padded to 35, as `score`).
     """
 
-    def __init__(self, path: str, med_config: str, device: str = "cpu", batch_size: int = 16):
+    def __init__(self, path: str, med_config: str, device: str = "cpu", batch_size: int = 16,
+                 tokenizer_path: str | None = None):
         source = "https://huggingface.co/THUDM/ImageReward"
         ckpt = _require_file(path, "imagereward", "path", "the ImageReward checkpoint ImageReward.pt", source)
         med = _require_file(med_config, "imagereward", "med_config", "the BLIP text config med_config.json", source)
+        if tokenizer_path is not None:
+            _require_file(Path(tokenizer_path) / "vocab.txt", "imagereward", "tokenizer_path",
+                          "the vocab.txt of a bert-base-uncased tokenizer folder", "https://huggingface.co/bert-base-uncased")
         _import_evaluator_package("imagereward", "ImageReward", "image-reward")
         import ImageReward as RM
 
         self.device = torch.device(device)
         self.batch_size = _check_batch_size(batch_size)
-        self.model = RM.load(str(ckpt), device=str(self.device), med_config=str(med)).eval()
+        with _bert_base_uncased_from(tokenizer_path):
+            self.model = RM.load(str(ckpt), device=str(self.device), med_config=str(med)).eval()
 
     @torch.no_grad()
     def __call__(self, images: Tensor, prompts: list[str], metadata: list[dict]) -> Tensor:
