@@ -278,6 +278,21 @@ def test_ladder_figures(tree, tmp_path, what):
     _check_figure(fig, tmp_path, what)
 
 
+def test_dynamics_with_several_policies_or_rewards_gets_one_row_each(tmp_path):
+    frames = [pd.DataFrame({"step": [1, 2, 3], "grad_norm_ar": [0.2, 0.1 * s, 0.3], "grad_var_ar": [1e-7] * 3,
+                            "val_reward": [0.5, float("nan"), 0.6], "reward_mean": [0.4, 0.5, 0.6], "kl": [0.0, 1e-4, 2e-4]})
+              for s in range(3)]
+    blocks = [(f"{p}, mixed reward", [("GRPO*", figures.variant_color("grpo"), frames), ("+Sim", figures.variant_color("sim"), frames)])
+              for p in ("toy-nova", "toy-harmon")]
+    fig = figures.plot_dynamics(blocks, 0.95)
+    assert len(fig.axes) == 2 * len(figures.DYNAMICS_PANELS)
+    assert fig.axes[5].get_title() == "AR gradient norm\ntoy-harmon, mixed reward"
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["GRPO*", "+Sim"]
+    band = fig.axes[0].collections[0].get_paths()[0].vertices[:, 1]
+    assert band.min() >= 0  # a norm's CI band stops at 0
+    _check_figure(fig, tmp_path, "dynamics_blocks")
+
+
 @pytest.mark.parametrize("what", ["ablation_samples", "ablation_curves", "ablation_final"])
 def test_ablation_figures(tree, tmp_path, what):
     fig = getattr(figures, what)(tree["root"], {"runs": tree["ablation"], "prompts": 2}, confidence=0.95)

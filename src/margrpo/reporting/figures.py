@@ -62,7 +62,6 @@ __all__ = [
 # Okabe–Ito colour-blind-safe palette; base grey.
 VARIANT_COLORS = {"base": "#7f7f7f", "grpo": "#D55E00", "fix": "#0072B2", "mte": "#009E73", "sim": "#CC79A7"}
 _EXTRA_COLORS = ["#E69F00", "#56B4E9", "#F0E442", "#000000"]
-_LINESTYLES = ["-", "--", ":", "-."]
 
 
 def variant_color(variant: str) -> str:
@@ -90,13 +89,15 @@ def _wrap(text: str, width: int) -> str:
     return "\n".join(textwrap.wrap(str(text), width=width)) or str(text)
 
 
-def _band(ax, agg: pd.DataFrame, x: str, color: str, label: str, linestyle: str = "-", marker: str | None = None):
-    """Mean line with a shaded CI band (where the CI is defined)."""
+def _band(ax, agg: pd.DataFrame, x: str, color: str, label: str, linestyle: str = "-", marker: str | None = None,
+          floor: float | None = None):
+    """Mean line with a shaded CI band (where the CI is defined), cut at `floor` for quantities that cannot go below it."""
     ax.plot(agg[x], agg["mean"], color=color, label=label, linestyle=linestyle, marker=marker, lw=1.6, ms=3)
     ci = agg["ci"].to_numpy(dtype=float)
     ok = np.isfinite(ci)
     if ok.any():
-        ax.fill_between(agg[x][ok], (agg["mean"] - agg["ci"])[ok], (agg["mean"] + agg["ci"])[ok],
+        low = (agg["mean"] - agg["ci"])[ok]
+        ax.fill_between(agg[x][ok], low if floor is None else low.clip(lower=floor), (agg["mean"] + agg["ci"])[ok],
                         color=color, alpha=0.18, lw=0)
 
 
@@ -108,49 +109,67 @@ def _no_data(ax, what: str) -> None:
 # Fig. 2 / Fig. 5: training dynamics
 # --------------------------------------------------------------------------------------------
 
-# metrics.csv column, panel title, y label, log y
+# metrics.csv column, panel title, y label, log y, lower bound of the quantity (for the CI band)
 DYNAMICS_PANELS = [
-    ("grad_norm_ar", "AR gradient norm", "L2 norm of AR-parameter gradient", False),
-    ("grad_var_ar", "AR gradient variance", "variance across micro-batches (log)", True),
-    ("val_reward", "Validation reward", "mean reward, validation prompts", False),
-    ("reward_mean", "Training reward", "mean reward, rollout batch", False),
-    ("kl", "KL to reference policy", "KL estimate (per element)", False),
+    ("grad_norm_ar", "AR gradient norm", "L2 norm of AR-parameter gradient", False, 0.0),
+    ("grad_var_ar", "AR gradient variance", "variance across micro-batches (log)", True, None),
+    ("val_reward", "Validation reward", "mean reward, validation prompts", False, None),
+    ("reward_mean", "Training reward", "mean reward, rollout batch", False, None),
+    ("kl", "KL to reference policy", "KL estimate (per element)", False, 0.0),
 ]
+Series = tuple[str, str, Sequence[pd.DataFrame]]  # legend label, colour, per-seed metrics frames
 
 
-def plot_dynamics(series: Sequence[tuple[str, str, str, Sequence[pd.DataFrame]]], confidence: float) -> Figure:
-    """``series``: (legend label, colour, linestyle, per-seed metrics frames) -> 2x3 panel figure."""
-    fig = Figure(figsize=(13, 7.2), layout="constrained")
-    axes = fig.subplots(2, 3).ravel()
-    n_seeds = max(len(frames) for *_, frames in series)
-    for ax, (col, title, ylabel, logy) in zip(axes, DYNAMICS_PANELS):
-        drawn = False
-        for label, color, ls, frames in series:
-            agg = aggregate_seeds(frames, col, confidence)
-            if logy:
-                agg = agg[agg["mean"] > 0]
-            if len(agg):
-                _band(ax, agg, "step", color, label, ls, marker="o" if col == "val_reward" else None)
-                drawn = True
-        if not drawn:
-            _no_data(ax, col)
-        if logy and drawn:
-            ax.set_yscale("log")
-        ax.set_title(title)
-        ax.set_xlabel("training step (optimizer updates)")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-    handles, labels = [], []
-    for ax in axes[: len(DYNAMICS_PANELS)]:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    legend_ax = axes[-1]
-    legend_ax.axis("off")
+def _dynamics_panel(ax, panel: tuple, series: Sequence[Series], confidence: float, title: str) -> None:
+    col, _, ylabel, logy, floor = panel
+    drawn = False
+    for label, color, frames in series:
+        agg = aggregate_seeds(frames, col, confidence)
+        if logy:
+            agg = agg[agg["mean"] > 0]
+        if len(agg):
+            _band(ax, agg, "step", color, label, marker="o" if col == "val_reward" else None, floor=floor)
+            drawn = True
+    if not drawn:
+        _no_data(ax, col)
+    if logy and drawn:
+        ax.set_yscale("log")
+    ax.set_title(title)
+    ax.set_xlabel("training step (optimizer updates)")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+
+
+def plot_dynamics(blocks: Sequence[tuple[str, Sequence[Series]]], confidence: float) -> Figure:
+    """``blocks``: (policy / reward title, its series). One block: the 2x3 panels of Fig. 2 / Fig. 5;
+    several: one row of the five panels per block, so each block's variants are compared on their own."""
+    n_seeds = max(len(frames) for _, series in blocks for *_, frames in series)
     band = f"shaded: {confidence:.0%} t-interval over seeds" if n_seeds > 1 else "one seed per variant"
-    legend_ax.legend(handles, labels, loc="center", title=f"variant\n(mean over seeds; {band})", frameon=False)
-    fig.suptitle("Training dynamics: end-to-end (GRPO) vs frozen head (+Fix), with and without MTE")
+    legend_title = f"variant (mean over seeds; {band})"
+    if len(blocks) == 1:
+        fig = Figure(figsize=(13, 7.2), layout="constrained")
+        axes = fig.subplots(2, 3).ravel()
+        for ax, panel in zip(axes, DYNAMICS_PANELS):
+            _dynamics_panel(ax, panel, blocks[0][1], confidence, panel[1])
+        legend_ax = axes[-1]
+        legend_ax.axis("off")
+        handles, labels = axes[0].get_legend_handles_labels()
+        legend_ax.legend(handles, labels, loc="center", title=legend_title.replace(" (", "\n("), frameon=False)
+    else:
+        fig = Figure(figsize=(3.3 * len(DYNAMICS_PANELS), 2.7 * len(blocks) + 0.9), layout="constrained")
+        axes = fig.subplots(len(blocks), len(DYNAMICS_PANELS), squeeze=False)
+        for row, (block, series) in zip(axes, blocks):
+            for ax, panel in zip(row, DYNAMICS_PANELS):
+                _dynamics_panel(ax, panel, series, confidence, f"{panel[1]}\n{block}")
+        handles, labels = [], []
+        for ax in axes[:, 0]:
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                if lab not in labels:
+                    handles.append(h)
+                    labels.append(lab)
+        fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), title=legend_title, frameon=False)
+    title = "Training dynamics: end-to-end (GRPO) vs frozen head (+Fix), with and without MTE"
+    fig.suptitle(title + (f" ({blocks[0][0]})" if len(blocks) == 1 and blocks[0][0] else ""))
     return fig
 
 
@@ -159,16 +178,15 @@ def dynamics(root: str | Path, spec: dict, confidence: float = 0.95) -> Figure:
     runs = _require_runs(spec, "dynamics")
     combos = list(dict.fromkeys((r.policy, r.reward) for r in runs))
     variants = list(dict.fromkeys(r.variant for r in runs))
-    series = []
-    for ci, combo in enumerate(combos):
+    blocks = []
+    for policy, reward in combos:
+        series = []
         for v in variants:
-            picked = [r.run for r in runs if (r.policy, r.reward, r.variant) == (*combo, v)]
-            if not picked:
-                continue
-            label = _label(v, root, picked) + (f" ({combo[0]}, {combo[1]})" if len(combos) > 1 else "")
-            series.append((label, variant_color(v), _LINESTYLES[ci % len(_LINESTYLES)],
-                           [load_metrics(root, r) for r in picked]))
-    return plot_dynamics(series, confidence)
+            picked = [r.run for r in runs if (r.policy, r.reward, r.variant) == (policy, reward, v)]
+            if picked:
+                series.append((_label(v, root, picked), variant_color(v), [load_metrics(root, r) for r in picked]))
+        blocks.append((f"{policy}, {reward} reward", series))
+    return plot_dynamics(blocks, confidence)
 
 
 # --------------------------------------------------------------------------------------------
