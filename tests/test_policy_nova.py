@@ -105,6 +105,23 @@ def test_parameter_groups_exclude_the_frozen_encoders():
     assert sampler.config.shift == 1.5 and float(sampler.model_time(0)) == pytest.approx(1000.0)
 
 
+def test_frame_condition_is_computed_once_per_rollout_and_changes_nothing(monkeypatch):
+    """The video encoder depends on the prompt alone: one pass per branch per rollout (and per replay),
+    not one per AR step, with the same samples and log-probs as recomputing it every step."""
+    policy = tiny_nova()
+    calls = []
+    real = policy.transformer.frame_condition
+    monkeypatch.setattr(policy.transformer, "frame_condition", lambda h: calls.append(len(h)) or real(h))
+    cached = generate(policy, PROMPTS[:2], SAMPLING, group_size=2, generator=torch.Generator().manual_seed(0))
+    assert calls == [2, 4]  # the conditional branch per prompt, the unconditional one per image
+    monkeypatch.setattr(policy, "prepare_condition", lambda cond: cond)  # the per-step path
+    calls.clear()
+    per_step = generate(policy, PROMPTS[:2], SAMPLING, group_size=2, generator=torch.Generator().manual_seed(0))
+    assert len(calls) == SAMPLING.ar_steps
+    torch.testing.assert_close(cached.latents, per_step.latents, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cached.log_probs, per_step.log_probs, rtol=1e-5, atol=1e-5)
+
+
 def test_sampling_schedule_is_novas():
     """NOVA's pipeline: per-step token counts from np.round of the cosine mask lengths, and its Euler
     scheduler's time grid (set_timesteps: linspace(1000, 1, T) / 1000, shifted, then 0)."""

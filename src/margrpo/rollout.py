@@ -169,8 +169,8 @@ def _denoise_groups(policy, sampler: Sampler, groups, scale, temperature):
 
 
 def _conditions(policy: MARPolicy, prompts: list[str], group_size: int, guided: bool):
-    cond = policy.encode_prompts(prompts).repeat(group_size)
-    uncond = policy.null_condition(len(cond)) if guided else None
+    cond = policy.prepare_condition(policy.encode_prompts(prompts)).repeat(group_size)
+    uncond = policy.prepare_condition(policy.null_condition(len(cond))) if guided else None
     return cond, uncond
 
 
@@ -328,13 +328,13 @@ def replay(
         device = rollout.latents.device
         guided = s.cfg_scale != 1.0 and logprob_cfg == "exact"
         prompts = rollout.prompts
-        cond = policy.encode_prompts(prompts)
-        uncond = policy.null_condition(N) if guided else None
+        cond = policy.prepare_condition(policy.encode_prompts(prompts))  # with gradients: once per image
+        uncond = policy.prepare_condition(policy.null_condition(N)) if guided else None
         # 1. z for every chosen AR step in one transformer pass: [M*N, L, W]
         known = rollout.known[ar_steps]  # [M, N, L]
         tokens = torch.where(known[..., None], rollout.latents[None], torch.zeros_like(rollout.latents[None]))
-        rep = lambda c: None if c is None else TextCondition(c.hidden.repeat(M, 1, 1), c.mask.repeat(M, 1))  # noqa: E731
-        z_c, z_u = _ar(policy, tokens.reshape(M * N, L, D), known.reshape(M * N, L), rep(cond), rep(uncond))
+        z_c, z_u = _ar(policy, tokens.reshape(M * N, L, D), known.reshape(M * N, L), cond.tile(M),
+                       None if uncond is None else uncond.tile(M))
         z_c = z_c.view(M, N, L, -1)
         z_u = None if z_u is None else z_u.view(M, N, L, -1)
         # 2. rows: (m, u, n, l) for every unknown token at every chosen diffusion step

@@ -21,31 +21,43 @@ from margrpo.diffusion import Sampler
 
 @dataclass
 class TextCondition:
-    """Encoded prompts: hidden states [B, Lt, W] and a key-padding mask [B, Lt] (True = real token)."""
+    """Encoded prompts: hidden states [B, Lt, W], a key-padding mask [B, Lt] (True = real token), and
+    optionally `context` [B, ...]: what the policy derives from the prompt alone (NOVA: the frame
+    condition), computed once per prompt by `MARPolicy.prepare_condition` instead of once per AR step."""
 
     hidden: Tensor
     mask: Tensor
+    context: Tensor | None = None
 
     def __len__(self) -> int:
         return self.hidden.shape[0]
 
+    def _map(self, fn) -> TextCondition:
+        return TextCondition(fn(self.hidden), fn(self.mask), None if self.context is None else fn(self.context))
+
     def index(self, idx: Tensor | slice) -> TextCondition:
-        return TextCondition(self.hidden[idx], self.mask[idx])
+        return self._map(lambda t: t[idx])
 
     def repeat(self, n: int) -> TextCondition:
         """Repeat every row n times consecutively (prompt p -> rows p*n .. p*n+n-1, the GRPO group layout)."""
-        return TextCondition(self.hidden.repeat_interleave(n, 0), self.mask.repeat_interleave(n, 0))
+        return self._map(lambda t: t.repeat_interleave(n, 0))
+
+    def tile(self, n: int) -> TextCondition:
+        """The whole batch n times over (row b -> rows b, B + b, ...): one copy per replayed AR step."""
+        return self._map(lambda t: t.repeat(n, *([1] * (t.dim() - 1))))
 
     @staticmethod
     def cat(conds: list[TextCondition]) -> TextCondition:
-        """Concatenate along the batch, padding the text length to the longest."""
+        """Concatenate along the batch, padding the text length to the longest (contexts kept if all have one)."""
         length = max(c.hidden.shape[1] for c in conds)
         hidden, mask = [], []
         for c in conds:
             pad = length - c.hidden.shape[1]
             hidden.append(nn.functional.pad(c.hidden, (0, 0, 0, pad)))
             mask.append(nn.functional.pad(c.mask, (0, pad), value=False))
-        return TextCondition(torch.cat(hidden), torch.cat(mask))
+        contexts = [c.context for c in conds]
+        context = None if any(x is None for x in contexts) else torch.cat(contexts)
+        return TextCondition(torch.cat(hidden), torch.cat(mask), context)
 
 
 class MARPolicy(nn.Module, ABC):
@@ -62,6 +74,11 @@ class MARPolicy(nn.Module, ABC):
     # --- conditioning -------------------------------------------------------------------------
     @abstractmethod
     def encode_prompts(self, prompts: list[str]) -> TextCondition: ...
+
+    def prepare_condition(self, cond: TextCondition) -> TextCondition:
+        """Attach what `ar_forward` needs from the prompt alone (`TextCondition.context`), so a rollout
+        computes it once per prompt rather than once per AR step. Default: nothing to precompute."""
+        return cond
 
     def null_condition(self, batch: int) -> TextCondition:
         """The unconditional branch of classifier-free guidance."""

@@ -423,11 +423,15 @@ class NovaPolicy(MARPolicy):
         return TextCondition(hidden, torch.ones_like(prompt))
 
     # --- the two halves -----------------------------------------------------------------------------
+    def prepare_condition(self, cond: TextCondition) -> TextCondition:
+        """The frame condition (video encoder over [text; BOS frame]) depends on the prompt alone."""
+        return TextCondition(cond.hidden, cond.mask, self.transformer.frame_condition(cond.hidden.to(self.transformer.dtype)))
+
     def ar_forward(self, tokens: Tensor, known_mask: Tensor, cond: TextCondition) -> Tensor:
         """z [B, L, width]. cond.mask is not used: NOVA attends to all text_token_len positions."""
         dtype = self.transformer.dtype
-        c = self.transformer.frame_condition(cond.hidden.to(dtype))
-        return self.transformer.image_condition(tokens.to(dtype), known_mask, c)
+        c = cond.context if cond.context is not None else self.transformer.frame_condition(cond.hidden.to(dtype))
+        return self.transformer.image_condition(tokens.to(dtype), known_mask, c.to(dtype))
 
     def head(self, x_t: Tensor, t: Tensor, z: Tensor) -> Tensor:
         """Velocity v = eps - x0 at model time t = 1000 s (NOVA's native output; no conversion needed)."""
