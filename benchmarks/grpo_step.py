@@ -31,7 +31,7 @@ from margrpo.config import load_config
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, PromptSet, peak_memory_mb
 from margrpo.policy import ToyMAR, ToyMARConfig, load_policy
 from margrpo.pretraining import autocast
-from margrpo.rollout import SamplingConfig, ar_schedule, generate, replay
+from margrpo.rollout import SamplingConfig, ar_schedule, generate, replay, stochastic_steps
 from margrpo.world import prompt_vocabulary
 
 PROMPTS = ["a red circle", "a blue square and a green triangle", "three yellow circles", "a cyan square above a magenta circle"]
@@ -107,7 +107,7 @@ def main() -> None:
         r = generate(policy, PROMPTS[: grpo["batch_prompts"]], sampling, group_size=grpo["group_size"], generator=torch.Generator().manual_seed(0))
     g = torch.Generator().manual_seed(1)
     ar = torch.randperm(r.committed.shape[0], generator=g)[: grpo["mask_steps"]].sort().values
-    diff = torch.stack([torch.randperm(sampling.diffusion_steps - 1, generator=g)[: grpo["diffusion_steps"]].sort().values for _ in ar])
+    diff = torch.stack([torch.randperm(stochastic_steps(sampling), generator=g)[: grpo["diffusion_steps"]].sort().values for _ in ar])
 
     def batched():
         with autocast(torch.device("cpu"), grpo["precision"]):

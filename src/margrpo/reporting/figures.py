@@ -89,10 +89,9 @@ def _wrap(text: str, width: int) -> str:
     return "\n".join(textwrap.wrap(str(text), width=width)) or str(text)
 
 
-def _band(ax, agg: pd.DataFrame, x: str, color: str, label: str, linestyle: str = "-", marker: str | None = None,
-          floor: float | None = None):
+def _band(ax, agg: pd.DataFrame, x: str, color: str, label: str, marker: str | None = None, floor: float | None = None):
     """Mean line with a shaded CI band (where the CI is defined), cut at `floor` for quantities that cannot go below it."""
-    ax.plot(agg[x], agg["mean"], color=color, label=label, linestyle=linestyle, marker=marker, lw=1.6, ms=3)
+    ax.plot(agg[x], agg["mean"], color=color, label=label, marker=marker, lw=1.6, ms=3)
     ci = agg["ci"].to_numpy(dtype=float)
     ok = np.isfinite(ci)
     if ok.any():
@@ -140,6 +139,17 @@ def _dynamics_panel(ax, panel: tuple, series: Sequence[Series], confidence: floa
     ax.grid(alpha=0.3)
 
 
+def _legend_entries(axes) -> tuple[list, list[str]]:
+    """(handles, labels) over all panels, each label once: a series missing from one panel still appears."""
+    handles, labels = [], []
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    return handles, labels
+
+
 def plot_dynamics(blocks: Sequence[tuple[str, Sequence[Series]]], confidence: float) -> Figure:
     """``blocks``: (policy / reward title, its series). One block: the 2x3 panels of Fig. 2 / Fig. 5;
     several: one row of the five panels per block, so each block's variants are compared on their own."""
@@ -153,20 +163,14 @@ def plot_dynamics(blocks: Sequence[tuple[str, Sequence[Series]]], confidence: fl
             _dynamics_panel(ax, panel, blocks[0][1], confidence, panel[1])
         legend_ax = axes[-1]
         legend_ax.axis("off")
-        handles, labels = axes[0].get_legend_handles_labels()
-        legend_ax.legend(handles, labels, loc="center", title=legend_title.replace(" (", "\n("), frameon=False)
+        legend_ax.legend(*_legend_entries(axes), loc="center", title=legend_title.replace(" (", "\n("), frameon=False)
     else:
         fig = Figure(figsize=(3.3 * len(DYNAMICS_PANELS), 2.7 * len(blocks) + 0.9), layout="constrained")
         axes = fig.subplots(len(blocks), len(DYNAMICS_PANELS), squeeze=False)
         for row, (block, series) in zip(axes, blocks):
             for ax, panel in zip(row, DYNAMICS_PANELS):
                 _dynamics_panel(ax, panel, series, confidence, f"{panel[1]}\n{block}")
-        handles, labels = [], []
-        for ax in axes[:, 0]:
-            for h, lab in zip(*ax.get_legend_handles_labels()):
-                if lab not in labels:
-                    handles.append(h)
-                    labels.append(lab)
+        handles, labels = _legend_entries(axes.ravel())
         fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), title=legend_title, frameon=False)
     title = "Training dynamics: end-to-end (GRPO) vs frozen head (+Fix), with and without MTE"
     fig.suptitle(title + (f" ({blocks[0][0]})" if len(blocks) == 1 and blocks[0][0] else ""))
