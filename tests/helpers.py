@@ -32,8 +32,10 @@ def assert_ratio_is_one(policy, r, atol=1e-5):
     assert rp.mask.sum() > 0
     ratio = torch.exp(rp.log_prob - old)[rp.mask]
     assert torch.allclose(ratio, torch.ones_like(ratio), atol=atol, rtol=0), (ratio.min(), ratio.max())
-    if r.trajectories > 1:
-        committed = r.committed[ar][:, None, None].expand_as(rp.mte_log_prob)
-        mte_ratio = torch.exp(rp.mte_log_prob - old_mte)[committed]
+    if r.trajectories > 1:  # every extra trajectory of every token predicted at an MTE step
+        has = (~r.known[ar]) & (r.mte_slots()[ar] >= 0)[:, None, None]  # [K, N, L]
+        replayed = has[:, None, None].expand_as(rp.mte_log_prob)
+        assert replayed.any()
+        mte_ratio = torch.exp(rp.mte_log_prob - old_mte)[replayed]
         assert torch.allclose(mte_ratio, torch.ones_like(mte_ratio), atol=atol, rtol=0), (mte_ratio.min(), mte_ratio.max())
     return rp

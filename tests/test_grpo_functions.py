@@ -30,7 +30,7 @@ def gen(seed: int = 0) -> torch.Generator:
 
 
 @pytest.mark.parametrize("group_size", [1, 2, 4, 6])
-def test_group_advantages_match_numpy_population_std(group_size):
+def test_group_advantages_match_numpy_unbiased_std(group_size):
     rewards = torch.rand(5 * group_size, generator=gen(1))
     adv, frac = group_advantages(rewards, group_size)
     r = rewards.double().numpy().reshape(-1, group_size)
@@ -39,7 +39,7 @@ def test_group_advantages_match_numpy_population_std(group_size):
         if np.all(g == g[0]):
             expected.extend([0.0] * group_size)
         else:
-            expected.extend((g - g.mean()) / (np.std(g) + 1e-4))  # numpy std: ddof = 0
+            expected.extend((g - g.mean()) / (np.std(g, ddof=1) + 1e-4))  # ddof = 1: torch's default, the official code's
     assert adv.shape == rewards.shape and adv.dtype == torch.float32
     np.testing.assert_allclose(adv.numpy(), np.array(expected), rtol=1e-6, atol=1e-6)
     assert frac == (1.0 if group_size == 1 else 0.0)
@@ -183,14 +183,14 @@ def test_kl_paper_matches_numpy():
     g = gen(6)
     mean, ref = torch.randn(2, 5, 4, generator=g), torch.randn(2, 5, 4, generator=g)
     d = ref.double().numpy() - mean.double().numpy()
-    expected = (np.exp(d) - d - 1).mean(axis=-1)
+    expected = (np.exp(d) - d - 1).sum(axis=-1)  # per token, summed over channels like the log-prob
     out = kl_paper(mean, ref)
     assert out.shape == (2, 5)
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5)
     assert torch.equal(kl_paper(mean, mean), torch.zeros(2, 5))
     shifted = mean + 1e-4
     d = (shifted - mean).double()  # the float32 d exactly, ~1e-4
-    expected_tiny = (d**2 / 2 + d**3 / 6).mean(-1).float()  # Taylor: exp(d) - d - 1, ~5e-9
+    expected_tiny = (d**2 / 2 + d**3 / 6).sum(-1).float()  # Taylor: exp(d) - d - 1, ~5e-9 per channel
     tiny = kl_paper(mean, shifted)  # expm1: ~1e-3 relative error here; exp(d) - d - 1 is ~100% off
     torch.testing.assert_close(tiny, expected_tiny, rtol=3e-3, atol=0)
 
@@ -204,6 +204,29 @@ def test_kl_gaussian_matches_torch_distributions(std_kind):
     std_full = torch.as_tensor(std).expand_as(mean)
     expected = kl_divergence(Normal(mean, std_full), Normal(ref, std_full)).sum(-1)
     torch.testing.assert_close(kl_gaussian(mean, ref, std), expected)
+
+
+@pytest.mark.parametrize("ref_kind", ["per_channel", "per_token"])
+def test_kl_gaussian_with_two_sigmas_matches_torch_distributions(ref_kind):
+    """Learned variance: the exact KL of the two Gaussians, log-sigma terms included."""
+    g = gen(17)
+    mean, ref = torch.randn(2, 5, 4, generator=g), torch.randn(2, 5, 4, generator=g)
+    std = torch.rand(2, 5, 4, generator=g) + 0.2
+    ref_std = torch.rand(2, 5, 4 if ref_kind == "per_channel" else 1, generator=g) + 0.2
+    expected = kl_divergence(Normal(mean, std), Normal(ref, ref_std.expand_as(mean))).sum(-1)
+    torch.testing.assert_close(kl_gaussian(mean, ref, std, ref_std), expected)
+
+
+def test_kl_gaussian_does_not_reward_inflating_sigma():
+    """With equal means, the KL grows as the policy's sigma leaves the reference's, in either direction;
+    the mean-only form ||d||^2 / (2 sigma^2) would fall as sigma grows."""
+    mean = torch.zeros(1, 1, 3)
+    ref_std = torch.full((1, 1, 3), 0.5)
+    kls = [kl_gaussian(mean, mean, torch.full((1, 1, 3), s), ref_std).item() for s in (0.25, 0.5, 1.0, 2.0)]
+    assert kls[1] == pytest.approx(0.0, abs=1e-7) and kls[0] > 0 and kls[3] > kls[2] > 0
+    sigma = torch.full((1, 1, 3), 1.0, requires_grad=True)
+    kl_gaussian(mean + 0.1, mean, sigma, ref_std).sum().backward()
+    assert (sigma.grad > 0).all()  # gradient descent on the KL shrinks an inflated sigma
 
 
 def test_kl_gaussian_refuses_ambiguous_std():
@@ -221,7 +244,7 @@ def reference_uncertainty_mask(latents, top_frac, candidates):
     for b in range(B):
         u = [np.std(x[:, b, j, :], axis=0).mean() for j in range(L)]  # ddof = 0
         cand = [j for j in range(L) if candidates[b, j]]
-        k = math.floor(top_frac * len(cand) + 0.5)
+        k = math.floor(top_frac * len(cand) + 1e-9)  # floor, as the official int()
         for j in sorted(cand, key=lambda j: (-u[j], j))[:k]:  # ties: lower index first
             out[b, j] = True
     return torch.from_numpy(out)
@@ -243,7 +266,8 @@ def test_uncertainty_mask_counts_and_ties():
     out = uncertainty_mask(latents, 0.3)
     assert torch.equal(out[0], torch.arange(10) < 3) and torch.equal(out[1], out[0])
     assert uncertainty_mask(latents, 0.0).sum() == 0 and uncertainty_mask(latents, 1.0).all()
-    assert uncertainty_mask(latents, 0.25)[0].sum() == 3  # 2.5 rounds half up
+    assert uncertainty_mask(latents, 0.25)[0].sum() == 2  # 2.5 floors to 2 (official: int())
+    assert uncertainty_mask(latents, 0.7)[0].sum() == 7  # 0.7 * 10 = 7.000000000000001 or 6.9999...: still 7
 
 
 def test_mte_loss_matches_loop_and_reduces_exactly():
@@ -328,3 +352,13 @@ def test_mte_active_changes_the_loss():
     plain, combined, _, grad = _combined_case(3, 0.5, tau=-math.inf)
     assert not torch.equal(combined, plain)
     assert torch.count_nonzero(grad[1:]) > 0  # the extra trajectories receive gradient
+
+
+def test_masked_mean_with_a_batch_count_sums_over_micro_batches_to_the_batch_mean():
+    g = gen(21)
+    values, weight = torch.randn(3, 8, 5, generator=g), torch.rand(8, 5, generator=g) * (torch.rand(8, 5, generator=g) > 0.3)
+    whole = masked_mean(values, weight)
+    count = weight.expand_as(values).sum()
+    parts = [masked_mean(values[:, rows], weight[rows], count) for rows in (slice(0, 3), slice(3, 4), slice(4, 8))]
+    torch.testing.assert_close(sum(parts), whole, rtol=1e-6, atol=0)
+    assert masked_mean(values, torch.zeros(8, 5), 0.0) == 0

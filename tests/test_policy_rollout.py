@@ -37,12 +37,34 @@ def test_mte_replay_limited_to_the_uncertainty_mask_matches_the_full_replay():
     r = rollout(policy, trajectories=3)
     ar, diff = all_steps(r)
     full = replay(policy, r, ar, diff, with_mte=True).mte_log_prob
-    tokens = torch.rand(r.committed.shape[1:], generator=torch.Generator().manual_seed(1)) < 0.4  # [N, L]
+    tokens = torch.rand(r.known.shape, generator=torch.Generator().manual_seed(1)) < 0.4  # [K, N, L]
     part = replay(policy, r, ar, diff, with_mte=True, mte_tokens=tokens).mte_log_prob
-    inside = (r.committed[ar] & tokens)[:, None, None].expand_as(full)
+    inside = (~r.known[ar] & tokens[ar])[:, None, None].expand_as(full)
     assert inside.any() and (~inside).any()
     torch.testing.assert_close(part[inside], full[inside], atol=0, rtol=0)
     assert bool((part[~inside] == 0).all())
+
+
+def test_mte_draws_every_predicted_token_at_the_chosen_steps_only():
+    """Algorithm 2: at a chosen AR step, S - 1 more trajectories of every unknown token from the same z_k;
+    none at the other steps; the committed trajectory and the images do not change."""
+    policy = tiny_policy("flow")
+    chosen = torch.tensor([0, 2])
+    plain = rollout(policy)
+    r = rollout(policy, trajectories=4, mte_steps=chosen)
+    assert torch.equal(plain.latents, r.latents) and torch.equal(plain.log_probs, r.log_probs)
+    assert torch.equal(r.mte_steps, chosen) and r.mte_states.shape[:2] == (2, 3) and r.trajectories == 4
+    assert r.mte_slots().tolist() == [0, -1, 1, -1]
+    for m, k in enumerate(chosen.tolist()):
+        unknown = ~r.known[k]  # [N, L]
+        finals = r.mte_states[m, :, -1]  # [S-1, N, L, D]
+        assert (finals[:, unknown].abs().sum(-1) > 0).all()  # every predicted token has S - 1 draws
+        assert (finals[:, ~unknown] == 0).all()
+        assert (r.mte_log_probs[m][:, :-1][:, :, unknown] != 0).all()  # scored (the last step is deterministic)
+        own = r.mte_finals()[m, 0]
+        assert torch.equal(own[unknown], r.states[k, -1][unknown])  # the rollout's own sample is one of the S
+        assert not torch.equal(finals[0][unknown], own[unknown])  # fresh noise: a different draw
+    assert_ratio_is_one(policy, r)
 
 
 def test_ratio_is_one_for_a_random_subset_of_steps():
@@ -75,15 +97,14 @@ def test_recorded_log_prob_matches_torch_distributions():
     assert torch.allclose(ref[rp.mask], rp.log_prob[rp.mask], atol=1e-4)
 
 
-@pytest.mark.parametrize("mte_sampling", ["in_loop", "post_hoc"])
-def test_extra_trajectories_leave_the_committed_rollout_unchanged(mte_sampling):
+def test_extra_trajectories_leave_the_committed_rollout_unchanged():
     policy = tiny_policy("flow")
     plain = rollout(policy, trajectories=1)
-    multi = rollout(policy, trajectories=4, mte_sampling=mte_sampling)
+    multi = rollout(policy, trajectories=4)  # every AR step by default
     assert torch.equal(plain.latents, multi.latents) and torch.equal(plain.log_probs, multi.log_probs)
-    assert multi.trajectory_finals().shape[0] == 4
-    extra = multi.trajectory_finals()[1:]  # only the committed tokens have extra trajectories, and they differ
-    assert not torch.equal(extra[0], plain.latents)
+    finals = multi.mte_finals()  # [K, S, N, L, D]
+    assert finals.shape[:2] == (SAMPLING.ar_steps, 4)
+    assert not torch.equal(finals[-1, 1], finals[-1, 0])
 
 
 def test_record_structure():

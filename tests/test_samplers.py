@@ -378,6 +378,21 @@ def test_ddpm_learned_range_variance_stays_inside_its_range():
         assert bool((std >= small * (1 - 1e-6)).all()) and bool((std <= large * (1 + 1e-6)).all())
 
 
+def test_ddpm_learned_range_spans_log_beta_0_at_the_last_step():
+    """MAR / improved-DDPM: learned_range interpolates between log beta_tilde (clipped: beta_tilde_1 at j = 0)
+    and the unclipped log beta_j; only fixed_large replaces beta_0 by beta_tilde_1."""
+    sampler = DDPMSampler(DDPMConfig(num_steps=T, variance="learned_range"), stochastic_final=True)
+    x = noisy_sample(n=2)
+    last = T - 1  # the sampling step that lands on j = 0
+    top = torch.cat([torch.zeros(2, D), torch.ones(2, D)], dim=-1)  # v = 1: frac = 1, the upper end
+    bottom = torch.cat([torch.zeros(2, D), -torch.ones(2, D)], dim=-1)
+    p = sampler.process
+    torch.testing.assert_close(sampler.step(top, last, x, generator=gen()).std, p.betas[0].sqrt().float().expand(2, D))
+    torch.testing.assert_close(sampler.step(bottom, last, x, generator=gen()).std, p.posterior_variance[1].sqrt().float().expand(2, D))
+    large = DDPMSampler(DDPMConfig(num_steps=T, variance="fixed_large"), stochastic_final=True)
+    torch.testing.assert_close(large.step(top[:, :D], last, x, generator=gen()).std.expand(2, D), p.posterior_variance[1].sqrt().float().expand(2, D))
+
+
 def test_model_time():
     ddpm = DDPMSampler(num_steps=4)
     assert ddpm.model_time(torch.arange(4)).tolist() == [999.0, 666.0, 333.0, 0.0]

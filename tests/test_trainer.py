@@ -27,7 +27,7 @@ def make_trainer(tmp_path, policy=None, **kw):
 
 @pytest.mark.parametrize("variant", [
     {}, {"freeze_head": True}, {"freeze_head": True, "trajectories": 3}, {"freeze_head": True, "trajectories": 3, "sim": True},
-    {"reinforce": True}, {"kl": "gaussian"}, {"logprob_cfg": "cond_only"}, {"mte_sampling": "post_hoc", "trajectories": 2},
+    {"reinforce": True}, {"kl": "gaussian"}, {"logprob_cfg": "cond_only"}, {"reinforce": True, "trajectories": 2},
     {"updates_per_rollout": 2},
 ])
 def test_every_variant_trains_and_logs(tmp_path, variant):
@@ -118,9 +118,12 @@ def test_non_finite_rewards_are_rejected(tmp_path):
 def test_config_errors_say_how_to_fix(tmp_path):
     with pytest.raises(ValueError, match="mask_steps"):
         make_trainer(tmp_path, mask_steps=9)
-    for key in ("kl", "logprob_cfg", "old_logprob", "loss_tokens", "group_order", "group_noise", "mte_sampling"):
+    for key in ("kl", "logprob_cfg", "old_logprob", "loss_tokens", "group_order", "group_noise"):
         with pytest.raises(ValueError, match=f"Unknown {key}: 'per_token'; expected one of '"):
             GRPOConfig(**{key: "per_token"})
+    with pytest.raises(ValueError, match="ratio != 1 from the first update"):
+        GRPOConfig(old_logprob="recorded", logprob_cfg="cond_only")
+    GRPOConfig(old_logprob="recorded", logprob_cfg="cond_only", reinforce=True)  # no ratio: allowed
 
 
 @pytest.mark.parametrize("freeze_head", [False, True])
@@ -248,3 +251,53 @@ def test_committed_loss_tokens_average_over_the_tokens_each_step_commits(tmp_pat
     assert torch.allclose(got, expected, rtol=1e-4, atol=1e-7) and expected.abs().max() > 0
     completion = grads(make_trainer(tmp_path / "c", policy=policy, beta=0.0).micro_loss(r, adv, ar, diff, None, None)[0])
     assert not torch.allclose(got, completion, rtol=1e-3)  # the completion mask also holds tokens committed later
+
+
+def test_mte_covers_the_top_k_of_every_chosen_steps_loss_tokens(tmp_path):
+    """Algorithm 2 / Eq. 10: at each chosen AR step, M^m holds floor(k n) of the n tokens predicted there
+    (per image), so Eq. 10 averages over S trajectories on a fraction k of the loss tokens (not only on
+    the few tokens a step commits); every extra trajectory replays with ratio 1."""
+    from helpers import assert_ratio_is_one
+
+    trainer = make_trainer(tmp_path, trajectories=4, top_frac=0.3, freeze_head=True, mask_steps=3,
+                           policy=tiny_policy("flow", seed=3, patch_size=4))  # 64 tokens of 4 x 4 px
+    sampling = SamplingConfig(ar_steps=6, diffusion_steps=5, cfg_scale=2.0)
+    trainer.sampling, trainer.ar_steps = sampling, 6
+    ar, diff = trainer.choose_steps(torch.Generator().manual_seed(0))
+    r = generate(trainer.policy, PROMPTS[:2], sampling, group_size=2, generator=torch.Generator().manual_seed(1),
+                 trajectories=4, mte_steps=ar, mte_generator=torch.Generator().manual_seed(2))
+    assert torch.equal(r.mte_steps, ar)
+    mte, _ = trainer.masks(r)
+    unknown = ~r.known[ar]  # [M, N, L]
+    expected = torch.floor(unknown.sum(-1) * 0.3 + 1e-9)  # [M, N]
+    assert torch.equal(mte[ar].sum(-1).float(), expected) and not (mte[ar] & ~unknown).any()
+    others = torch.ones(6, dtype=torch.bool)
+    others[ar] = False
+    assert not mte[others].any()  # no mask (and no extra trajectories) at the other steps
+    tokens, _ = trainer.loss_weights(r, ar, diff, None)
+    frac = float((mte[ar][:, None] * tokens).sum() / tokens.sum())
+    assert abs(frac - 0.3) < 0.05, frac  # 0.3 up to per-image flooring
+    assert_ratio_is_one(trainer.policy, r)
+
+
+def test_mte_frac_is_logged_near_k(tmp_path):
+    row = make_trainer(tmp_path, trajectories=3, top_frac=0.5, freeze_head=True, steps=1).train()[0]
+    assert 0.3 < row["mte_frac"] <= 0.5
+
+
+@pytest.mark.parametrize("variant", [
+    {}, {"freeze_head": True}, {"freeze_head": True, "trajectories": 3}, {"freeze_head": True, "trajectories": 3, "sim": True},
+    {"sim": True, "loss_tokens": "committed"}, {"kl": "gaussian"},
+], ids=["grpo", "fix", "mte", "sim", "sim-committed", "kl-gaussian"])
+def test_gradient_does_not_depend_on_the_micro_batch_split(tmp_path, variant):
+    """DESIGN 3.7: the loss is normalised by the whole batch's weighted token count, so 1, 2 or 3
+    micro-batches give the same gradient (Sim's per-token weights included)."""
+    grads = []
+    for n in (1, 2, 3):
+        trainer = make_trainer(tmp_path / str(n), policy=tiny_policy("flow", seed=4), batch_prompts=3, group_size=2,
+                               micro_batches=n, lr=0.0, grad_clip=0.0, **variant)
+        trainer.train_step()
+        grads.append(torch.cat([p.grad.flatten() for p in trainer.params if p.grad is not None]))
+    assert grads[0].norm() > 0
+    for g in grads[1:]:  # float32: re-batching the same sums differs by ~1e-6 relative; a per-micro-batch mean by ~1e-2
+        assert ((g - grads[0]).norm() / grads[0].norm()).item() < 5e-6

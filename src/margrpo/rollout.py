@@ -4,7 +4,8 @@ At AR step k the AR model gives z_k for every position; the head then runs the f
 diffusion trajectory for every still-unknown token (the completion mask, as in the paper's code),
 and the tokens scheduled for step k are committed. The record (DESIGN 3.2) holds the order, the
 known / committed masks per AR step, every (x_t, x_{t-1}, log_prob) of every diffusion step, the
-final latent and, for MTE, S - 1 extra trajectories of the committed tokens drawn from the same z_k.
+final latent and, for MTE (Algorithm 2), S - 1 extra trajectories of every token predicted at the
+AR steps chosen for training, drawn from the same z_k inside the loop.
 `replay` recomputes log-probs from the record; with unchanged parameters the ratio is exactly 1.
 """
 
@@ -106,27 +107,42 @@ class Rollout:
     log_probs: Tensor  # [K, T, N, L] float32 log p(x_{t-1} | x_t, z_k) (0 where known or deterministic)
     cfg: Tensor  # [K] guidance scale per AR step
     sampling: SamplingConfig
-    # MTE's extra trajectories, stored once per token: a token has them only at the AR step that
-    # commits it (K times less memory than a per-step record: 61 MB instead of 3.9 GB at NOVA scale)
-    mte_states: Tensor | None = None  # [S-1, T + 1, N, L, D]
-    mte_log_probs: Tensor | None = None  # [S-1, T, N, L]
+    # MTE (Algorithm 2): at each AR step of `mte_steps` (chosen before the rollout), S - 1 more
+    # trajectories of every token predicted there (all unknown tokens), from the same z_k. Only those
+    # steps hold them: |M| of K steps, not all (12 of 64 at the paper's schedule).
+    mte_steps: Tensor | None = None  # [M'] sorted AR step indices
+    mte_states: Tensor | None = None  # [M', S-1, T + 1, N, L, D] (0 where the token was known)
+    mte_log_probs: Tensor | None = None  # [M', S-1, T, N, L]
     extra: dict = field(default_factory=dict)
 
     @property
     def trajectories(self) -> int:
-        return 1 if self.mte_states is None else 1 + self.mte_states.shape[0]
+        return 1 if self.mte_states is None else 1 + self.mte_states.shape[1]
 
     def step_clean(self) -> Tensor:
         """x0 per AR step [K, N, L, D]: the clean latent each unknown token reached at step k (known: final)."""
         clean = self.states[:, -1]
         return torch.where(self.known[..., None], self.latents.float()[None], clean)
 
-    def trajectory_finals(self) -> Tensor:
-        """Final clean latents of every trajectory [S, N, L, D] (0 = the committed one), for MTE's uncertainty."""
-        finals = [self.latents.float()]
-        if self.mte_states is not None:
-            finals += list(self.mte_states[:, -1])  # [S-1] x [N, L, D]
-        return torch.stack(finals)
+    def mte_slots(self) -> Tensor:
+        """[K] long: the slot of AR step k in the MTE record, -1 where step k has no extra trajectories."""
+        K = self.known.shape[0]
+        slots = torch.full((K,), -1, dtype=torch.long, device=self.known.device)
+        if self.mte_steps is not None:
+            slots[self.mte_steps.to(slots.device)] = torch.arange(len(self.mte_steps), device=slots.device)
+        return slots
+
+    def mte_finals(self) -> Tensor:
+        """Final clean latents of the S trajectories at each MTE step [M', S, N, L, D]: index 0 is the
+        rollout's own sample at that step (x0 of every token predicted there), 1.. the extra ones."""
+        if self.mte_steps is None:
+            raise ValueError("this rollout has no MTE trajectories (generate with trajectories > 1)")
+        own = self.states[self.mte_steps.to(self.states.device), -1]  # [M', N, L, D]
+        return torch.cat([own[:, None], self.mte_states[:, :, -1]], dim=1)
+
+    def mte_candidates(self) -> Tensor:
+        """[M', N, L] bool: the tokens predicted (still unknown) at each MTE step, the candidates of M^m."""
+        return ~self.known[self.mte_steps.to(self.known.device)]
 
     def to(self, device) -> Rollout:
         moved = {k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in self.__dict__.items()}
@@ -191,21 +207,21 @@ def generate(
     group_size: int = 1,
     generator: torch.Generator | None = None,
     trajectories: int = 1,
-    mte_sampling: str = "in_loop",
+    mte_steps: Tensor | None = None,
     mte_generator: torch.Generator | None = None,
     shared_order: bool = False,
     shared_noise: bool = False,
 ) -> Rollout:
     """Generate group_size images per prompt and record the trajectory (DESIGN 3.2).
 
-    MTE trajectories draw their noise from `mte_generator`, so the committed trajectory — and the
-    images — are identical for every S given the same `generator`. `shared_order`: the images of
-    a group share one generation order (common random numbers for the group baseline);
-    `shared_noise`: they share each token's initial diffusion noise (per prompt and position), so
-    what differs within a group is the scored SDE noise (and the order, unless shared too).
+    With `trajectories` S > 1, every AR step in `mte_steps` (default: all) also draws S - 1 more
+    trajectories of each token it predicts, from the same z_k and guidance, batched into the head
+    calls of the committed trajectory (Algorithm 2). Their noise comes from `mte_generator`, so the
+    committed trajectory, and the images, are identical for every S given the same `generator`.
+    `shared_order`: the images of a group share one generation order (common random numbers for the
+    group baseline); `shared_noise`: they share each token's initial diffusion noise (per prompt and
+    position), so what differs within a group is the scored SDE noise (and the order, unless shared).
     """
-    if mte_sampling not in ("in_loop", "post_hoc"):
-        raise ValueError(f"Unknown mte_sampling: {mte_sampling!r}; expected 'in_loop' or 'post_hoc'")
     if trajectories < 1:
         raise ValueError("trajectories (S) must be >= 1")
     with deterministic(policy):
@@ -229,9 +245,16 @@ def generate(
         states = torch.zeros(K, T + 1, N, L, D, device=device)
         log_probs = torch.zeros(K, T, N, L, device=device)
         S1 = trajectories - 1
-        mte_states = torch.zeros(S1, T + 1, N, L, D, device=device) if S1 else None
-        mte_log_probs = torch.zeros(S1, T, N, L, device=device) if S1 else None
-        zs = []
+        if S1:
+            mte_steps = torch.arange(K) if mte_steps is None else torch.as_tensor(mte_steps).long().cpu().unique()  # sorted
+            if len(mte_steps) and not 0 <= int(mte_steps[0]) <= int(mte_steps[-1]) < K:
+                raise ValueError(f"mte_steps {mte_steps.tolist()} outside the {K} AR steps of this schedule")
+            slot_of = {k: m for m, k in enumerate(mte_steps.tolist())}
+            mte_states = torch.zeros(len(mte_steps), S1, T + 1, N, L, D, device=device)
+            mte_log_probs = torch.zeros(len(mte_steps), S1, T, N, L, device=device)
+        else:
+            mte_steps = mte_states = mte_log_probs = None
+            slot_of = {}
         n_known = 0
         for k, left in enumerate(schedule):
             rec_known[k] = known
@@ -246,43 +269,34 @@ def generate(
                 x = sampler.init_noise((len(rows[0]), D), generator=generator, device=device)
             s_k = float(scales[k])
             groups = [(x, z_c[rows], None if z_u is None else z_u[rows], generator)]
-            if S1 and mte_sampling == "in_loop":  # same z_k, batched into the committed trajectory's head calls
-                groups.append(_extra_group(sampler, commit, z_c, z_u, S1, D, mte_generator))
-            elif S1:
-                zs.append((z_c, z_u))
+            if k in slot_of:  # MTE: same z_k, every predicted token, batched into the same head calls
+                groups.append(_extra_group(sampler, rows, z_c, z_u, S1, D, mte_generator))
             results = _denoise_groups(policy, sampler, groups, s_k, sampling.temperature)
             traj, lp = results[0]
             states[k][:, rows[0], rows[1]] = traj
             log_probs[k][:, rows[0], rows[1]] = lp
             tokens = torch.where(commit[..., None], states[k, -1], tokens)
-            if len(results) > 1:
-                _store_extra(commit, S1, *results[1], mte_states, mte_log_probs)
+            if k in slot_of:
+                _store_extra(rows, S1, *results[1], mte_states[slot_of[k]], mte_log_probs[slot_of[k]])
             known = known | commit
             n_known = L - left
-        if S1 and mte_sampling == "post_hoc":  # the official code's order: after the loop, from stored z_k
-            for k, (z_c, z_u) in enumerate(zs):
-                group = _extra_group(sampler, rec_committed[k], z_c, z_u, S1, D, mte_generator)
-                (traj, lp), = _denoise_groups(policy, sampler, [group], float(scales[k]), sampling.temperature)
-                _store_extra(rec_committed[k], S1, traj, lp, mte_states, mte_log_probs)
         image_prompts = [p for p in prompts for _ in range(group_size)]
         return Rollout(
             prompts=image_prompts, latents=tokens, images=policy.decode(tokens), orders=orders, known=rec_known,
             committed=rec_committed, states=states, log_probs=log_probs, cfg=torch.tensor(scales), sampling=sampling,
-            mte_states=mte_states, mte_log_probs=mte_log_probs,
+            mte_steps=None if mte_steps is None else mte_steps.to(device), mte_states=mte_states, mte_log_probs=mte_log_probs,
         )
 
 
-def _extra_group(sampler, commit, z_c, z_u, S1, D, generator):
-    """S - 1 more trajectories of step k's committed tokens from the same z_k (DESIGN 3.9): the rows to denoise."""
-    rows = commit.nonzero(as_tuple=True)
-    x = sampler.init_noise((S1 * len(rows[0]), D), generator=generator, device=commit.device)
-    rep = lambda z: None if z is None else z[rows].repeat(S1, 1)  # noqa: E731  [S1*R, W]
+def _extra_group(sampler, rows, z_c, z_u, S1, D, generator):
+    """S - 1 more trajectories of the predicted tokens `rows` from the same z_k (DESIGN 3.9): the rows to denoise."""
+    x = sampler.init_noise((S1 * len(rows[0]), D), generator=generator, device=z_c.device)
+    rep = lambda z: None if z is None else z[rows].repeat(S1, 1)  # noqa: E731  [S1*R, W], trajectory-major
     return x, rep(z_c), rep(z_u), generator
 
 
-def _store_extra(commit, S1, traj, lp, mte_states, mte_log_probs):
-    """Write the extra trajectories [T+1, S1*R, D] of the R tokens committed now into their slots."""
-    rows = commit.nonzero(as_tuple=True)
+def _store_extra(rows, S1, traj, lp, mte_states, mte_log_probs):
+    """Write one MTE step's extra trajectories [T+1, S1*R, D] of its R predicted tokens into [S-1, T+1, N, L, D]."""
     R, D = len(rows[0]), traj.shape[-1]
     mte_states[:, :, rows[0], rows[1]] = traj.view(-1, S1, R, D).transpose(0, 1)
     mte_log_probs[:, :, rows[0], rows[1]] = lp.view(-1, S1, R).transpose(0, 1)
@@ -296,7 +310,7 @@ class Replay:
     mean: Tensor  # [M, U, N, L, D]
     std: Tensor  # [M, U, N, L, 1 or D]
     mask: Tensor  # [M, U, N, L] bool: unknown token at a stochastic step (the completion mask)
-    mte_log_prob: Tensor | None = None  # [M, S-1, U, N, L] (0 outside step k's committed tokens)
+    mte_log_prob: Tensor | None = None  # [M, S-1, U, N, L] (0 where not replayed: no MTE at that step, or outside mte_tokens)
 
 
 def replay(
@@ -315,8 +329,8 @@ def replay(
     ar_steps: LongTensor [M]; diff_steps: LongTensor [M, U] (stochastic steps only). Gradients flow
     to whatever parameters require them. `logprob_cfg="cond_only"` scores with the conditional branch
     alone (the official shortcut; the ratio is then not 1 at unchanged parameters).
-    `mte_tokens` [N, L] bool limits the extra MTE trajectories to those tokens (the uncertainty
-    mask: Eq. 10 uses no other); their other entries of `mte_log_prob` are left 0.
+    `mte_tokens` [K, N, L] bool limits the extra MTE trajectories of AR step k to those tokens (the
+    uncertainty mask M^k: Eq. 10 uses no other); their other entries of `mte_log_prob` are left 0.
     """
     if logprob_cfg not in ("exact", "cond_only"):
         raise ValueError(f"Unknown logprob_cfg: {logprob_cfg!r}; expected 'exact' or 'cond_only'")
@@ -347,13 +361,14 @@ def replay(
         groups = [(x_t, x_prev, t_i, m_i, n_i, l_i)]
         S1 = rollout.trajectories - 1
         if with_mte and S1:
-            com = rollout.committed[ar_steps]  # [M, N, L]
+            slots = rollout.mte_slots()[ar_steps.to(device)]  # [M], -1: no extra trajectories at that step
+            extra = unknown & (slots >= 0)[:, None, None]  # [M, N, L]
             if mte_tokens is not None:
-                com = com & mte_tokens.to(com.device)[None]
-            com = com[:, None, None].expand(M, S1, U, N, L)  # [M, S1, U, N, L]
-            mm, ss, uu, nn_, ll = com.nonzero(as_tuple=True)
-            tt = diff_steps[mm, uu]  # a committed token's extra trajectories are those of this step
-            groups.append((rollout.mte_states[ss, tt, nn_, ll], rollout.mte_states[ss, tt + 1, nn_, ll], tt, mm, nn_, ll))
+                extra = extra & mte_tokens.to(device)[ar_steps]
+            extra = extra[:, None, None].expand(M, S1, U, N, L)
+            mm, ss, uu, nn_, ll = extra.nonzero(as_tuple=True)
+            tt, sl = diff_steps[mm, uu], slots[mm]
+            groups.append((rollout.mte_states[sl, ss, tt, nn_, ll], rollout.mte_states[sl, ss, tt + 1, nn_, ll], tt, mm, nn_, ll))
         # 3. every row (committed and MTE trajectories alike) through the head in as few passes as memory allows
         sizes = [len(g[2]) for g in groups]
         r_xt, r_xp, r_t, r_m, r_n, r_l = (torch.cat(parts) for parts in zip(*groups))
@@ -384,10 +399,13 @@ def replay(
 
 
 def recorded(rollout: Rollout, ar_steps: Tensor, diff_steps: Tensor) -> tuple[Tensor, Tensor | None]:
-    """The rollout's own log-probs at the chosen steps: [M, U, N, L] and MTE [M, S-1, U, N, L]."""
+    """The rollout's own log-probs at the chosen steps: [M, U, N, L] and MTE [M, S-1, U, N, L]
+    (0 at steps without extra trajectories)."""
     lp = rollout.log_probs[ar_steps[:, None], diff_steps]  # [M, U, N, L]
     mte = None
     if rollout.mte_log_probs is not None:
-        per_token = rollout.mte_log_probs[:, diff_steps].permute(1, 0, 2, 3, 4)  # [M, S-1, U, N, L]
-        mte = per_token * rollout.committed[ar_steps][:, None, None]  # only where step k committed the token
+        slots = rollout.mte_slots()[ar_steps.to(rollout.known.device)]  # [M]
+        per_step = rollout.mte_log_probs[slots.clamp(min=0)]  # [M, S-1, T, N, L]
+        mte = per_step[torch.arange(len(slots), device=per_step.device)[:, None], :, diff_steps.to(per_step.device)].permute(0, 2, 1, 3, 4)  # [M, S-1, U, N, L]
+        mte = mte * (slots >= 0).to(mte.dtype)[:, None, None, None, None]
     return lp, mte

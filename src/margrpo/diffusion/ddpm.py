@@ -113,7 +113,8 @@ class _Process:
     betas: Tensor
     posterior_variance: Tensor  # beta_tilde_j = beta_j (1 - abar_{j-1}) / (1 - abar_j); 0 at j = 0
     posterior_log_variance_clipped: Tensor  # log beta_tilde with the j = 0 entry replaced by j = 1's
-    log_betas_large: Tensor  # log beta_j, with the j = 0 entry replaced by log beta_tilde_1 (improved-DDPM)
+    log_betas_large: Tensor  # fixed_large: log beta_j, with the j = 0 entry replaced by log beta_tilde_1 (improved-DDPM)
+    log_betas: Tensor  # learned_range's upper end: log beta_j at every j, j = 0 included (improved-DDPM / MAR)
     posterior_coef_x0: Tensor  # c0_j = sqrt(abar_{j-1}) beta_j / (1 - abar_j)
     posterior_coef_xt: Tensor  # ct_j = sqrt(1 - beta_j) (1 - abar_{j-1}) / (1 - abar_j)
 
@@ -137,6 +138,7 @@ class _Process:
             posterior_variance=post_var,
             posterior_log_variance_clipped=post_log_var,
             log_betas_large=log_betas_large,
+            log_betas=torch.log(betas),
             posterior_coef_x0=torch.sqrt(abar_prev) * betas / (1 - abar),
             posterior_coef_xt=torch.sqrt(1 - betas) * (1 - abar_prev) / (1 - abar),
         )
@@ -238,7 +240,7 @@ class DDPMSampler:
         mean = rows(p.posterior_coef_x0) * pred_x0 + rows(p.posterior_coef_xt) * x_t  # [N, D]
 
         # 5. Log-variance of the step, std = exp(log_var / 2) * temperature; 0 on a deterministic final step.
-        log_var = self._log_variance(var_values, rows(p.posterior_log_variance_clipped), rows(p.log_betas_large))
+        log_var = self._log_variance(var_values, rows(p.posterior_log_variance_clipped), rows(p.log_betas_large), rows(p.log_betas))
         stochastic = self.is_stochastic(step_index).to(x_t.device)  # 0-dim or [N]
         row_stochastic = stochastic.view(-1, *([1] * (x_t.dim() - 1)))
         std = torch.where(row_stochastic, torch.exp(0.5 * log_var) * temperature, 0.0)
@@ -268,9 +270,10 @@ class DDPMSampler:
             return rows(process.sqrt_recip_alphas_cumprod) * x_t - rows(process.sqrt_recipm1_alphas_cumprod) * pred
         return rows(process.sqrt_alphas_cumprod) * x_t - rows(process.sqrt_one_minus_alphas_cumprod) * pred
 
-    def _log_variance(self, var_values: Tensor, log_small: Tensor, log_large: Tensor) -> Tensor:
-        """log sigma^2: fixed_small = log beta_tilde (clipped), fixed_large = log beta, learned_range =
-        frac log beta + (1 - frac) log beta_tilde with frac = (v + 1) / 2 (Nichol & Dhariwal Eq. 15),
+    def _log_variance(self, var_values: Tensor, log_small: Tensor, log_large: Tensor, log_betas: Tensor) -> Tensor:
+        """log sigma^2: fixed_small = log beta_tilde (clipped), fixed_large = log beta (j = 0: beta_tilde_1),
+        learned_range = frac log beta + (1 - frac) log beta_tilde with frac = (v + 1) / 2 (Nichol & Dhariwal
+        Eq. 15; the unclipped log beta, as improved-DDPM's and MAR's p_mean_variance),
         clamped to [0, 1]: outside it the "interpolation" extrapolates to variances no step has (an
         under-trained toy head drifted to frac ~ 14, i.e. pure-noise samples)."""
         variance = self.config.variance
@@ -280,7 +283,7 @@ class DDPMSampler:
             return log_large
         if variance == "learned_range":
             frac = ((var_values + 1) / 2).clamp(0, 1)  # [N, D]
-            return frac * log_large + (1 - frac) * log_small
+            return frac * log_betas + (1 - frac) * log_small
         raise ValueError(f"Unknown variance: {variance!r}; expected one of {VARIANCES}")
 
     # -- training ---------------------------------------------------------------------------------
@@ -338,7 +341,7 @@ class DDPMSampler:
         model_x0 = self._pred_x0(pred.detach(), x_t, p, train_time)
         model_mean = rows(p.posterior_coef_x0) * model_x0 + rows(p.posterior_coef_xt) * x_t
         log_small = rows(p.posterior_log_variance_clipped)
-        model_log_var = self._log_variance(out[..., dim:], log_small, rows(p.log_betas_large))
+        model_log_var = self._log_variance(out[..., dim:], log_small, rows(p.log_betas_large), rows(p.log_betas))
         true_mean = rows(p.posterior_coef_x0) * x0 + rows(p.posterior_coef_xt) * x_t
         kl = normal_kl(true_mean, log_small, model_mean, model_log_var).mean(-1) / math.log(2.0)  # [N] bits
         nll = -discretized_gaussian_log_likelihood(x0, model_mean, 0.5 * model_log_var).mean(-1) / math.log(2.0)

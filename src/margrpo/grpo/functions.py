@@ -5,9 +5,13 @@ tensors, so each equation can be tested against an independent computation. The 
 combines them per chosen (AR step, diffusion step):
 
     obj   = per_token_policy_objective(lp, old_lp, A, clip_eps)    # [S, B, L]   clipped surrogate
-    obj   = mte_loss(obj, uncertainty_mask(final_latents, frac))   # [B, L]      Eq. 10
+    obj   = mte_loss(obj, uncertainty_mask(finals_m, k, predicted_m))  # [B, L]  Eq. 10 at step m
     w     = completion_mask & consistency_mask(...)                # [B, L]      Eq. 11
-    loss  = -masked_mean(obj, w) + beta * masked_mean(kl_paper(mu, mu_ref), completion_mask)
+    loss  = -masked_mean(obj, w, W) + beta * masked_mean(kl_paper(mu, mu_ref), completion_mask, C)
+
+W and C are the whole batch's weighted token counts, so the loss does not depend on how the batch
+is split into micro-batches. The log-prob and the KL are both per-token sums over channels: one
+scale, as in the official code where both are element means.
 
 With S = 1 (MTE off), top_frac = 0 or tau = -inf each factor reduces to the plain GRPO loss
 exactly (bitwise), which the tests check.
@@ -63,7 +67,7 @@ def group_advantages(
         frac_zero_std: fraction of groups whose rewards all tie; those get exactly 0 advantage
             (they carry no learning signal and would otherwise amplify float noise by 1/eps).
 
-    The std is the population std (ddof = 0), as numpy's default used by flow_grpo / mar-grpo.
+    The std is torch's unbiased std (ddof = 1), as the official code (`rewards.view(-1, G).std(dim=1)`).
     Statistics are computed in float64 so that ties and tiny spreads are handled exactly.
     """
     if rewards.ndim != 1:
@@ -85,8 +89,8 @@ def group_advantages(
     out_dtype = torch.promote_types(rewards.dtype, torch.float32)
     r = rewards.to(torch.float64).view(-1, group_size)  # [B, G]
     mean = r.mean(dim=1, keepdim=True)  # [B, 1]
-    std = r.std(dim=1, correction=0, keepdim=True)  # [B, 1] population std
-    tied = (r == r[:, :1]).all(dim=1, keepdim=True)  # [B, 1] all rewards equal
+    tied = (r == r[:, :1]).all(dim=1, keepdim=True)  # [B, 1] all rewards equal (always, for G = 1)
+    std = r.std(dim=1, correction=1, keepdim=True) if group_size > 1 else torch.zeros_like(mean)  # [B, 1] unbiased
     adv = ((r - mean) / (std + eps)).masked_fill(tied, 0.0)  # [B, G]
     return adv.reshape(-1).to(out_dtype), tied.double().mean().item()
 
@@ -137,20 +141,22 @@ def per_token_policy_objective(
     return torch.minimum(ratio * adv, clipped * adv)
 
 
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """sum(values * mask) / sum(mask) over all elements: the token mean of the GRPO loss.
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, count: torch.Tensor | float | None = None) -> torch.Tensor:
+    """sum(values * mask) / count, count = sum(mask) by default: the token mean of the GRPO loss.
 
     Args:
         values: [..., B, L].
         mask: [B, L] (or any shape broadcastable to ``values``), bool or float weights; it is
             expanded over the leading dims, so S trajectories count S times in the denominator.
+        count: the denominator, when ``mask`` is one micro-batch's share of a larger batch: the
+            whole batch's weighted token count makes the micro-batch terms sum to the batch mean.
 
-    An all-zero mask gives exactly 0, still connected to ``values`` (zero gradient, no NaN).
+    A zero count gives exactly 0, still connected to ``values`` (zero gradient, no NaN).
     Masked-out entries are dropped with ``where``, so a non-finite value there cannot leak in.
     """
     w = mask.to(values.dtype).expand_as(values)  # [..., B, L]
     num = torch.where(w != 0, values * w, torch.zeros((), dtype=values.dtype, device=values.device)).sum()
-    den = w.sum()
+    den = w.sum() if count is None else torch.as_tensor(count, dtype=values.dtype, device=values.device)
     return num / torch.where(den > 0, den, torch.ones_like(den))
 
 
@@ -217,49 +223,63 @@ def policy_loss(
 
 
 def kl_paper(mean: torch.Tensor, ref_mean: torch.Tensor) -> torch.Tensor:
-    """The paper's KL term, Eq. 14: mean over channels of exp(d) - d - 1, d = mu_ref - mu_theta.
+    """The paper's KL term, Eq. 14: per token, the sum over channels of exp(d) - d - 1, d = mu_ref - mu_theta.
+
+    Summed over channels like the per-token log-prob, so that beta weighs the two terms as in the
+    official code (where both are element means); a channel mean would make the KL D times lighter.
 
     Args:
         mean: [B, L, D] the policy's predicted mean mu_theta (with grad).
         ref_mean: [B, L, D] the frozen reference policy's mean for the same x_t.
 
     Returns:
-        [B, L] per-token values (mean over D), for the trainer to average over the completion
+        [B, L] per-token values (sum over D), for the trainer to average over the completion
         mask. Computed as expm1(d) - d: equal to exp(d) - d - 1, but accurate to ~1e-3 relative
         for |d| ~ 1e-4 in float32, where exp(d) - d - 1 is pure rounding noise.
     """
     if mean.shape != ref_mean.shape:
         raise ValueError(f"mean {tuple(mean.shape)} and ref_mean {tuple(ref_mean.shape)} differ in shape")
     d = _f32(ref_mean) - _f32(mean)  # [B, L, D]
-    return (torch.expm1(d) - d).mean(dim=-1)  # [B, L]
+    return (torch.expm1(d) - d).sum(dim=-1)  # [B, L]
 
 
 def kl_gaussian(
-    mean: torch.Tensor, ref_mean: torch.Tensor, std: torch.Tensor | float
+    mean: torch.Tensor,
+    ref_mean: torch.Tensor,
+    std: torch.Tensor | float,
+    ref_std: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
-    """Exact KL(N(mean, std^2 I) || N(ref_mean, std^2 I)) per token: ||mean - ref||^2 / (2 std^2).
+    """Exact KL(N(mean, std^2 I) || N(ref_mean, ref_std^2 I)) per token, summed over channels.
+
+    log(ref_std / std) + (std^2 + (mean - ref_mean)^2) / (2 ref_std^2) - 1/2 per channel. With a
+    learned variance the log-sigma terms matter: without them the KL would fall as the policy's sigma
+    grows, rewarding a policy that inflates its noise. ``ref_std=None`` means the two share sigma.
 
     Args:
         mean, ref_mean: [B, L, D].
-        std: the sampler's sigma_t, a Python float, a 0-d tensor or a tensor with the same
-            number of dims as ``mean`` (e.g. [B, L, 1]); a [B, L] std is refused because it
-            would silently broadcast against D when L == D. Must be > 0 (no KL at the
-            deterministic final step).
+        std, ref_std: sigma_t of the policy and the reference: a Python float, a 0-d tensor or a
+            tensor with the same number of dims as ``mean`` (e.g. [B, L, 1] or [B, L, D]); a
+            [B, L] std is refused because it would silently broadcast against D when L == D.
+            Must be > 0 (no KL at a deterministic step).
 
     Returns:
-        [B, L], summed over D (a true KL in nats of each token's D-dim Gaussian; note that
-        ``kl_paper`` averages over D instead, as the paper does).
+        [B, L], summed over D (a true KL in nats of each token's D-dim Gaussian), the same scale
+        as ``kl_paper`` and the per-token log-prob.
     """
     if mean.shape != ref_mean.shape:
         raise ValueError(f"mean {tuple(mean.shape)} and ref_mean {tuple(ref_mean.shape)} differ in shape")
     diff = _f32(mean) - _f32(ref_mean)  # [B, L, D]
-    std_t = torch.as_tensor(std, device=diff.device)
-    if std_t.ndim not in (0, diff.ndim):
-        raise ValueError(
-            f"std must be a scalar or have {diff.ndim} dims (e.g. [B, L, 1]), got shape {tuple(std_t.shape)}"
-        )
-    var = _f32(std_t).to(diff.dtype).pow(2)  # broadcastable to [B, L, D]
-    return (diff.pow(2) / (2.0 * var)).sum(dim=-1)  # [B, L]
+
+    def as_std(x):
+        t = torch.as_tensor(x, device=diff.device)
+        if t.ndim not in (0, diff.ndim):
+            raise ValueError(f"std must be a scalar or have {diff.ndim} dims (e.g. [B, L, 1]), got shape {tuple(t.shape)}")
+        return _f32(t).to(diff.dtype)
+
+    s = as_std(std)
+    s_ref = s if ref_std is None else as_std(ref_std)
+    per_channel = torch.log(s_ref / s) + (s.pow(2) + diff.pow(2)) / (2.0 * s_ref.pow(2)) - 0.5
+    return per_channel.expand_as(diff).sum(dim=-1)  # [B, L]
 
 
 # --------------------------------------------------------------------------------------------
@@ -280,11 +300,12 @@ def uncertainty_mask(
 
     Args:
         final_latents: [S, B, L, D], the S trajectories' final latents (index 0 committed).
-        top_frac: fraction in [0, 1]; k = floor(top_frac * n + 0.5) (nearest, halves up) with
-            n = L, so 0 selects no token and 1 selects all.
-        candidates: optional [B, L] bool restricting the choice (e.g. the tokens predicted at
-            an AR step); then n is the number of candidates of that image and only candidates
-            can be selected.
+        top_frac: fraction in [0, 1]; k = floor(top_frac * n) tokens per image (the official
+            code's int(); it also keeps at least one, which would break k = 0 == off), so 0
+            selects no token and 1 selects all.
+        candidates: optional [B, L] bool restricting the choice: the tokens predicted at the AR
+            step (Algorithm 2's M^m); n is then the number of candidates of that image and only
+            candidates can be selected. None: every token.
 
     Returns:
         [B, L] bool. Ties in u are broken by token index (lower index first), deterministically.
@@ -303,7 +324,7 @@ def uncertainty_mask(
             f"candidates must be bool [B, L] = [{B}, {L}], got {candidates.dtype} {tuple(candidates.shape)}"
         )
     n = candidates.sum(dim=-1).double()  # [B]
-    k = torch.floor(n * top_frac + 0.5).long()  # [B] tokens to keep per image
+    k = torch.floor(n * top_frac + 1e-9).long()  # [B] tokens to keep per image (1e-9: 0.3 * 10 is 2.9999...)
     score = u.masked_fill(~candidates, -math.inf)  # [B, L] non-candidates rank last
     order = torch.sort(score, dim=-1, descending=True, stable=True).indices  # [B, L]
     rank = torch.empty_like(order).scatter_(-1, order, torch.arange(L, device=device).expand(B, L))

@@ -35,7 +35,7 @@ from margrpo.grpo.functions import (
 )
 from margrpo.policy.base import MARPolicy
 from margrpo.pretraining import autocast
-from margrpo.rollout import Rollout, SamplingConfig, ar_schedule, generate, recorded, replay, stochastic_steps
+from margrpo.rollout import Rollout, SamplingConfig, ar_schedule, generate, make_sampler, recorded, replay, stochastic_steps
 
 VAL_SEED = 20_251_121  # the same validation noise for every run, so checkpoints compare fairly
 RewardFn = Callable[[torch.Tensor, list[str], list[dict]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -49,7 +49,6 @@ _CHOICES = {
     "loss_tokens": ("completion", "committed"),
     "group_order": ("independent", "shared"),
     "group_noise": ("independent", "shared"),
-    "mte_sampling": ("in_loop", "post_hoc"),
 }
 
 
@@ -99,8 +98,7 @@ class GRPOConfig:
     # variant switches
     freeze_head: bool = False  # +Fix
     trajectories: int = 1  # S (+MTE when > 1)
-    top_frac: float = 0.3  # k
-    mte_sampling: str = "in_loop"
+    top_frac: float = 0.3  # k: the fraction of the tokens predicted at a chosen step that Eq. 10 averages over S
     sim: bool = False  # +Sim
     tau: float = 0.0
     precision: str = "bf16"
@@ -120,6 +118,10 @@ class GRPOConfig:
             raise ValueError("top_frac (k) must be in [0, 1]")
         if self.reinforce and self.clip_eps is not None:
             self.clip_eps = None  # the official form has no clipping; say so in the resolved config
+        if self.old_logprob == "recorded" and self.logprob_cfg == "cond_only" and not self.reinforce:
+            raise ValueError("old_logprob: recorded with logprob_cfg: cond_only gives ratio != 1 from the first update "
+                             "(the rollout was guided, the replay is not), so the clip acts on a mismatch, not on "
+                             "policy change; set old_logprob: recomputed, or reinforce: true (no ratio)")
         if self.micro_batches < 1 or (self.batch_prompts * self.group_size) % self.micro_batches:
             raise ValueError(f"micro_batches ({self.micro_batches}) must divide the {self.batch_prompts * self.group_size} images of a batch")
 
@@ -148,6 +150,15 @@ def step_generator(seed: int, step: int, stream: int) -> torch.Generator:
     return torch.Generator().manual_seed((seed * 1_000_003 + step) * 16 + stream)
 
 
+def choose_steps(ar_steps: int, stochastic: int, mask_steps: int, diffusion_steps: int,
+                 g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """|M| = mask_steps of the K = ar_steps AR steps and, for each, |T| = diffusion_steps of the
+    stochastic diffusion steps, uniformly without replacement (DESIGN 3.3): [M] and [M, U], sorted."""
+    ar = torch.randperm(ar_steps, generator=g)[:mask_steps].sort().values
+    diff = torch.stack([torch.randperm(stochastic, generator=g)[:diffusion_steps].sort().values for _ in ar])
+    return ar, diff
+
+
 class GRPOTrainer:
     def __init__(self, policy: MARPolicy, reward_fn: RewardFn, train_prompts: PromptSet, val_prompts: PromptSet,
                  sampling: SamplingConfig, config: GRPOConfig, out_dir: str | Path, accelerator: Accelerator | None = None):
@@ -158,6 +169,7 @@ class GRPOTrainer:
         self.out_dir = Path(out_dir)
         self.state_dir = self.out_dir / "state"
         self.ar_steps = len(ar_schedule(policy, sampling))  # K of every rollout (NOVA's rounding may drop steps)
+        self.sampler = make_sampler(policy, sampling)
         if config.mask_steps > self.ar_steps:
             raise ValueError(f"mask_steps |M| = {config.mask_steps} exceeds the {self.ar_steps} AR steps; lower grpo.mask_steps")
         if config.diffusion_steps > stochastic_steps(sampling):
@@ -185,16 +197,19 @@ class GRPOTrainer:
     # --- one GRPO step ----------------------------------------------------------------------------
     def choose_steps(self, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """|M| AR steps and, for each, |T| stochastic diffusion steps, uniformly (DESIGN 3.3)."""
-        K, T = self.ar_steps, self.sampling.diffusion_steps
-        ar = torch.randperm(K, generator=g)[: self.cfg.mask_steps].sort().values
-        diff = torch.stack([torch.randperm(stochastic_steps(self.sampling), generator=g)[: self.cfg.diffusion_steps].sort().values for _ in ar])
-        return ar, diff
+        return choose_steps(self.ar_steps, stochastic_steps(self.sampling), self.cfg.mask_steps, self.cfg.diffusion_steps, g)
 
     def masks(self, rollout: Rollout) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """MTE uncertainty mask [N, L] (Eq. 10) and Sim keep-weights per AR step [K, N, L] (Eq. 11)."""
+        """MTE uncertainty masks M^m per AR step [K, N, L] (Eq. 10; empty at steps without extra
+        trajectories) and Sim keep-weights per AR step [K, N, L] (Eq. 11)."""
         mte = None
         if self.cfg.trajectories > 1:
-            mte = uncertainty_mask(rollout.trajectory_finals(), self.cfg.top_frac)
+            finals = rollout.mte_finals()  # [M', S, N, L, D], index 0 the rollout's own sample at step m
+            Mp, S, N, L, D = finals.shape
+            per_step = uncertainty_mask(finals.transpose(0, 1).reshape(S, Mp * N, L, D), self.cfg.top_frac,
+                                        rollout.mte_candidates().reshape(Mp * N, L))  # top k% of each image's predicted tokens
+            mte = torch.zeros_like(rollout.known)
+            mte[rollout.mte_steps] = per_step.view(Mp, N, L)
         sim = None
         if self.cfg.sim:
             x0 = rollout.step_clean()  # [K, N, L, D]
@@ -204,6 +219,20 @@ class GRPOTrainer:
                 keep.append(consistency_mask(x0[k - 1], x0[k], final, rollout.committed[k], self.cfg.tau))
             sim = torch.stack(keep)
         return mte, sim
+
+    def loss_weights(self, rollout: Rollout, ar: torch.Tensor, diff: torch.Tensor,
+                     sim_keep: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Which tokens each chosen (AR step, diffusion step) trains, [M, U, N, L] float: the KL's token
+        mask (the completion mask at stochastic steps, or the committed tokens) and the policy loss's
+        weights (that mask times Sim's kappa)."""
+        M, U = diff.shape
+        stochastic = self.sampler.is_stochastic(diff.reshape(-1)).view(M, U).to(rollout.known.device)
+        tokens = (~rollout.known[ar])[:, None] & stochastic[:, :, None, None]  # [M, U, N, L]
+        if self.cfg.loss_tokens == "committed":
+            tokens = tokens & rollout.committed[ar][:, None]
+        tokens = tokens.float()
+        weight = tokens if sim_keep is None else tokens * sim_keep[ar][:, None].float()
+        return tokens, weight
 
     @torch.no_grad()
     def old_log_probs(self, rollout: Rollout, ar: torch.Tensor, diff: torch.Tensor,
@@ -219,14 +248,22 @@ class GRPOTrainer:
 
     def micro_loss(self, rollout: Rollout, adv: torch.Tensor, ar: torch.Tensor, diff: torch.Tensor,
                    mte_mask: torch.Tensor | None, sim_keep: torch.Tensor | None,
-                   old: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> tuple[torch.Tensor, dict]:
-        """Loss of one micro-batch (already a sub-rollout): mean over chosen AR steps of the token-mean loss.
+                   old: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+                   counts: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, dict]:
+        """Loss of one micro-batch (already a sub-rollout): mean over chosen AR steps of its share of the
+        batch's token-mean loss (Eq. 7).
 
-        `old`: (log_prob_old, MTE log_prob_old) of these steps, from `old_log_probs` before the
-        first optimizer step. None when the parameters are still those of the rollout: then this
-        pass's own log-probs (detached) are log_prob_old for `recomputed`, the record's for `recorded`.
+        `mte_mask` [K, n, L]: M^k of each AR step (Eq. 10). `old`: (log_prob_old, MTE log_prob_old) of
+        these steps, from `old_log_probs` before the first optimizer step; None when the parameters are
+        still those of the rollout: then this pass's own log-probs (detached) are log_prob_old for
+        `recomputed`, the record's for `recorded`. `counts`: the whole batch's weighted token counts per
+        chosen AR step (policy, KL) [M] each; the micro-batch losses then sum to the batch loss whatever
+        the split. None: this rollout is the whole batch.
         """
         cfg = self.cfg
+        tokens, weight = self.loss_weights(rollout, ar, diff, sim_keep)  # [M, U, n, L]
+        if counts is None:
+            counts = (weight.sum((1, 2, 3)), tokens.sum((1, 2, 3)))
         with autocast(self.accelerator.device, cfg.precision):
             # the extra trajectories are replayed only where Eq. 10 uses them: the uncertainty mask
             rp = replay(self.policy, rollout, ar, diff, logprob_cfg=cfg.logprob_cfg, with_mte=cfg.trajectories > 1, mte_tokens=mte_mask)
@@ -237,33 +274,25 @@ class GRPOTrainer:
                 old = (rp.log_prob.detach(), None if rp.mte_log_prob is None else rp.mte_log_prob.detach())
         old, old_mte = old
         if mte_mask is not None and old_mte is not None:  # entries not replayed: ratio 1, no gradient, never NaN
-            replayed = (rollout.committed[ar] & mte_mask[None])[:, None, None]  # [M, 1, 1, N, L]
-            old_mte = torch.where(replayed, old_mte, rp.mte_log_prob.detach())
+            old_mte = torch.where(mte_mask[ar][:, None, None], old_mte, rp.mte_log_prob.detach())
         obj = per_token_policy_objective(rp.log_prob, old, adv, cfg.clip_eps)  # [M, U, n, L]
-        tokens = rp.mask.float()  # completion mask: unknown tokens at stochastic steps
-        if cfg.loss_tokens == "committed":
-            tokens = tokens * rollout.committed[ar][:, None].float()
-        weight = tokens
-        if sim_keep is not None:
-            weight = weight * sim_keep[ar][:, None].float()
         kl = None
         if self.ref is not None:
             with torch.no_grad(), autocast(self.accelerator.device, cfg.precision):
                 ref = replay(self.ref, rollout, ar, diff, logprob_cfg=cfg.logprob_cfg)
-            kl = kl_paper(rp.mean, ref.mean) if cfg.kl == "paper" else kl_gaussian(rp.mean, ref.mean, rp.std)
+            kl = kl_paper(rp.mean, ref.mean) if cfg.kl == "paper" else kl_gaussian(rp.mean, ref.mean, rp.std, ref.std)
         losses, kls = [], []
         for m, k in enumerate(ar.tolist()):
-            o = obj[m]
+            o = obj[m]  # [U, n, L]
             if mte_mask is not None:
                 extra = per_token_policy_objective(rp.mte_log_prob[m], old_mte[m], adv, cfg.clip_eps)  # [S-1, U, n, L]
-                both = torch.cat([o[None], extra])  # [S, U, n, L]
-                o = mte_loss(both, mte_mask & rollout.committed[k])  # Eq. 10, on the tokens that have S trajectories
-            losses.append(-masked_mean(o, weight[m]))
+                o = mte_loss(torch.cat([o[None], extra]), mte_mask[k])  # Eq. 10 on every loss token of step k
+            losses.append(-masked_mean(o, weight[m], counts[0][m]))
             if kl is not None:
-                kls.append(masked_mean(kl[m], tokens[m]))
+                kls.append(masked_mean(kl[m], tokens[m], counts[1][m]))
         policy_term = torch.stack(losses).mean()
         kl_term = torch.stack(kls).mean() if kls else torch.zeros((), device=policy_term.device)
-        stats = policy_ratio_stats(rp.log_prob, old, adv, rp.mask, cfg.clip_eps)
+        stats = policy_ratio_stats(rp.log_prob, old, adv, tokens, cfg.clip_eps)
         stats.update(policy_loss=policy_term.item(), kl=kl_term.item())
         return policy_term + cfg.beta * kl_term, stats
 
@@ -274,20 +303,22 @@ class GRPOTrainer:
         idx = torch.randperm(len(self.train_prompts), generator=g_prompts)[: cfg.batch_prompts].tolist()
         prompts = [self.train_prompts.prompts[i] for i in idx]
         meta = [self.train_prompts.metadata[i] for i in idx for _ in range(cfg.group_size)]
+        # the |M| AR steps are chosen before the rollout: MTE draws its S - 1 extra trajectories there (Algorithm 2)
+        ar, diff = self.choose_steps(g_steps)
         with autocast(self.accelerator.device, cfg.precision):
             rollout = generate(self.policy, prompts, self.sampling, group_size=cfg.group_size, generator=g_roll,
-                               trajectories=cfg.trajectories, mte_sampling=cfg.mte_sampling, mte_generator=g_mte,
+                               trajectories=cfg.trajectories, mte_steps=ar, mte_generator=g_mte,
                                shared_order=cfg.group_order == "shared", shared_noise=cfg.group_noise == "shared")
         rewards, components = self.reward_fn(rollout.images, rollout.prompts, meta)
         adv, frac_zero = group_advantages(rewards, cfg.group_size)
         mte_mask, sim_keep = self.masks(rollout)
-        ar, diff = self.choose_steps(g_steps)
         # REINFORCE (official): one optimizer step per chosen AR step; else all chosen steps in one update
         schedule = [ar[i : i + 1] for i in range(len(ar))] if cfg.reinforce else [ar] * cfg.updates_per_rollout
         diffs = [diff[i : i + 1] for i in range(len(ar))] if cfg.reinforce else [diff] * cfg.updates_per_rollout
         N = len(rollout.prompts)
         chunks = torch.arange(N).chunk(cfg.micro_batches)
         subs = [_subset(rollout, rows) for rows in chunks]
+        pick = lambda x, rows: None if x is None else x[:, rows]  # noqa: E731  [K, N, L] -> [K, n, L]
         # log_prob_old of every update comes from the parameters before the first optimizer step. The
         # first update runs on exactly those and reads them off its own pass (None); later updates
         # (updates_per_rollout > 1, REINFORCE's later AR steps) need a no-grad pass before any step.
@@ -295,19 +326,18 @@ class GRPOTrainer:
         for ar_u, diff_u in zip(schedule[1:], diffs[1:]):
             key = (tuple(ar_u.tolist()), tuple(diff_u.flatten().tolist()))
             if key not in cache:
-                cache[key] = [self.old_log_probs(sub, ar_u, diff_u, None if mte_mask is None else mte_mask[rows])
-                              for sub, rows in zip(subs, chunks)]
+                cache[key] = [self.old_log_probs(sub, ar_u, diff_u, pick(mte_mask, rows)) for sub, rows in zip(subs, chunks)]
             olds.append(cache[key])
         log = {}
         for ar_u, diff_u, old_u in zip(schedule, diffs, olds):
+            tokens, weight = self.loss_weights(rollout, ar_u, diff_u, sim_keep)  # the whole batch's token counts
+            counts = (weight.sum((1, 2, 3)), tokens.sum((1, 2, 3)))
             self.optimizer.zero_grad(set_to_none=True)
             grad_stats, stats_acc, total = MicroBatchGradStats(self.ar_params, len(chunks)), [], 0.0
             for c, rows in enumerate(chunks):
-                loss, stats = self.micro_loss(subs[c], adv[rows], ar_u, diff_u,
-                                              None if mte_mask is None else mte_mask[rows],
-                                              None if sim_keep is None else sim_keep[:, rows], old_u[c])
-                loss = loss * len(rows) / N  # micro-batch losses sum to the batch mean
-                self.accelerator.backward(loss)
+                loss, stats = self.micro_loss(subs[c], adv[rows], ar_u, diff_u, pick(mte_mask, rows), pick(sim_keep, rows),
+                                              old_u[c], counts)
+                self.accelerator.backward(loss)  # micro-batch losses sum to the batch loss
                 grad_stats.after_backward(last=c == len(chunks) - 1)
                 stats_acc.append(stats)
                 total += loss.item()
@@ -323,8 +353,11 @@ class GRPOTrainer:
                 if self.nonfinite_run >= cfg.max_nonfinite:
                     raise FloatingPointError(f"{self.nonfinite_run} non-finite updates in a row at step {step}; stopping (grpo.max_nonfinite)")
             log = {k: float(torch.tensor([s[k] for s in stats_acc]).nanmean()) for k in stats_acc[0]}
+            log.update({k: sum(s[k] for s in stats_acc) for k in ("policy_loss", "kl")})  # shares of the batch loss
             log.update(ratio_min=min(s["ratio_min"] for s in stats_acc), ratio_max=max(s["ratio_max"] for s in stats_acc))
             log.update(grad_norm_ar=grad_norm_ar, grad_var_ar=grad_var, skipped=int(not finite))
+            if mte_mask is not None:  # the share of the loss tokens that Eq. 10 averages over S trajectories
+                log["mte_frac"] = float((mte_mask[ar_u][:, None] * tokens).sum() / tokens.sum().clamp(min=1))
         row = {"step": step + 1, "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
                **{f"reward/{k}": v.mean().item() for k, v in components.items()},
                "adv_mean": adv.mean().item(), "adv_std": adv.std().item(), "frac_zero_std": frac_zero, **log,
@@ -407,8 +440,8 @@ def _subset(r: Rollout, rows: torch.Tensor) -> Rollout:
     return Rollout(
         prompts=[r.prompts[i] for i in rows.tolist()], latents=pick(r.latents, 0), images=pick(r.images, 0),
         orders=pick(r.orders, 0), known=pick(r.known, 1), committed=pick(r.committed, 1), states=pick(r.states, 2),
-        log_probs=pick(r.log_probs, 2), cfg=r.cfg, sampling=r.sampling, mte_states=pick(r.mte_states, 2),
-        mte_log_probs=pick(r.mte_log_probs, 2),
+        log_probs=pick(r.log_probs, 2), cfg=r.cfg, sampling=r.sampling, mte_steps=r.mte_steps,
+        mte_states=pick(r.mte_states, 3), mte_log_probs=pick(r.mte_log_probs, 3),
     )
 
 

@@ -214,7 +214,7 @@ def plot_uncertainty(maps: dict, max_trajectories: int = 4) -> Figure:
         im = axes[1].imshow(unc[p], extent=(0, w, h, 0), interpolation="nearest", cmap="magma")
         axes[1].set_title("token uncertainty", fontsize=9)
         cbar = sub.colorbar(im, ax=axes[1], fraction=0.046, pad=0.03)
-        cbar.set_label("std over S final latents", fontsize=8)
+        cbar.set_label("std over S draws at its commit step", fontsize=8)
         cbar.ax.tick_params(labelsize=7)
         for s in range(n_traj):
             axes[2 + s].imshow(traj[p, s], interpolation="nearest")
@@ -223,7 +223,9 @@ def plot_uncertainty(maps: dict, max_trajectories: int = 4) -> Figure:
             ax.set_xticks([])
             ax.set_yticks([])
         sub.suptitle(_wrap(prompts[p], 18 * ncols), fontsize=10)
-    fig.suptitle("Per-token uncertainty of the base policy (MTE, DESIGN 3.9)", fontsize=12)
+    fig.suptitle("Per-token uncertainty of the base policy (MTE, DESIGN 3.9): each token's std over the S final latents\n"
+                 "drawn from the same z_k at the AR step k that commits it (the committed sample among them), mean over channels",
+                 fontsize=11)
     return fig
 
 
