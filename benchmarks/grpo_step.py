@@ -1,8 +1,8 @@
 """GRPO step costs on the default toy config, measured in one run on this machine.
 
 1. step time of `mte` (S = 4, k = 30%) divided by that of `fix` (target <= 1.15 at the paper's
-   schedule: the paper calls the MTE overhead negligible). The two trainers take their steps in
-   turn, so a load that comes and goes on a shared machine slows both alike;
+   schedule: the paper calls the MTE overhead negligible), in CPU time of this one-thread process,
+   the two trainers taking their steps in turn, so other work on a shared machine does not enter;
 2. speed-up of recomputing the chosen (AR step, diffusion step) pairs in batched passes over a
    loop with one pass per pair (target >= 2x);
 3. peak memory of a step.
@@ -61,14 +61,17 @@ def make_trainer(policy_path, sampling, grpo, variant, steps) -> GRPOTrainer:
     return GRPOTrainer(make_policy(policy_path), reward, ps, ps, sampling, cfg, tempfile.mkdtemp())
 
 
-def interleaved_step_times(trainers, steps) -> list[list[float]]:
-    """Step times of several trainers taking their steps in turn (the first round warms up allocators)."""
+def interleaved_step_times(trainers, steps, clock=time.process_time) -> list[list[float]]:
+    """Step times of several trainers taking their steps in turn (the first round warms up allocators).
+
+    The default clock is this process's CPU time: with one thread it is the step's work, whatever else
+    runs on the machine (wall time on a shared 2-core machine varied 3x between identical steps)."""
     times = [[] for _ in trainers]
     for _ in range(steps + 1):
         for t, trainer in zip(times, trainers):
-            t0 = time.perf_counter()
+            t0 = clock()
             trainer.train_step()
-            t.append(time.perf_counter() - t0)
+            t.append(clock() - t0)
     return [t[1:] for t in times]
 
 
@@ -96,7 +99,7 @@ def main() -> None:
                                       args.steps)
     f, m = statistics.median(fix), statistics.median(mte)
     ratios = [b / a for a, b in zip(fix, mte)]
-    print(f"step time fix: {f:.3f} s, mte (S=4, k=0.3): {m:.3f} s (medians of {args.steps}, steps taken in turn) -> ratio {m / f:.3f} "
+    print(f"step CPU time fix: {f:.3f} s, mte (S=4, k=0.3): {m:.3f} s (medians of {args.steps}, steps taken in turn) -> ratio {m / f:.3f} "
           f"(per-step ratios {min(ratios):.2f}-{max(ratios):.2f}; target <= 1.15 at the paper's schedule)")
 
     policy = make_policy(args.policy)
@@ -116,7 +119,7 @@ def main() -> None:
     unknown = [L] + ar_schedule(policy, sampling)[:-1]  # unknown tokens before each AR step
     main_rows, K = sum(unknown), len(unknown)
     extra_rows = 3 * grpo["mask_steps"] / K * main_rows  # expected over the uniformly chosen |M| steps
-    print(f"rollout alone (MTE at |M| = {grpo['mask_steps']} of {K} steps): S=1 {t1:.3f} s, S=4 {t4:.3f} s -> {t4 / t1:.2f}x "
+    print(f"rollout CPU time alone (MTE at |M| = {grpo['mask_steps']} of {K} steps): S=1 {t1:.3f} s, S=4 {t4:.3f} s -> {t4 / t1:.2f}x "
           f"(head = {100 * head_share:.0f}% of the parameters; head rows per image: {main_rows} committed trajectory "
           f"+ {extra_rows:.0f} extra on average = +{100 * extra_rows / main_rows:.0f}%)")
     with autocast(torch.device("cpu"), grpo["precision"]):
@@ -136,23 +139,19 @@ def main() -> None:
 
     def best(fn, n=3):
         fn()
-        out = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t0)
-        return min(out)
+        return min(_timed(fn) for _ in range(n))
 
     tb, tl = best(batched), best(looped)
-    print(f"log-prob recomputation + backward of {len(ar)}x{diff.shape[1]} chosen steps: batched {tb:.3f} s, "
+    print(f"log-prob recomputation + backward (CPU time) of {len(ar)}x{diff.shape[1]} chosen steps: batched {tb:.3f} s, "
           f"one pass per step {tl:.3f} s -> speed-up {tl / tb:.2f}x (target >= 2x)")
     print(f"peak memory (max RSS of this process): {peak_memory_mb():.0f} MB")
 
 
 def _timed(fn) -> float:
-    t0 = time.perf_counter()
+    """CPU seconds of fn (one thread: its work, whatever else the machine runs)."""
+    t0 = time.process_time()
     fn()
-    return time.perf_counter() - t0
+    return time.process_time() - t0
 
 
 if __name__ == "__main__":
