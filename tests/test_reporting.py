@@ -298,7 +298,31 @@ def test_ablation_figures(tree, tmp_path, what):
     fig = getattr(figures, what)(tree["root"], {"runs": tree["ablation"], "prompts": 2}, confidence=0.95)
     if what == "ablation_curves":  # tau = 0 and S = 4 held: k in {0, 0.3, 0.5}
         assert len(fig.axes[0].get_lines()) == 3
+        assert all(float(t).is_integer() for t in fig.axes[0].get_xticks())  # steps: integer ticks
     _check_figure(fig, tmp_path, what)
+
+
+def test_fig7c_draws_only_the_parameters_the_grid_varies(tree, tmp_path):
+    """A grid that varies k alone (the default run's) gets one panel, not three with one point in two."""
+    k_only = [r for r in tree["ablation"] if "tau~0.0_" in r and "trajectories~4/" in r]
+    assert len({r.split("top_frac~")[1].split("_")[0] for r in k_only}) > 1
+    fig = figures.ablation_final(tree["root"], {"runs": k_only}, confidence=0.95)
+    panels = [ax for ax in fig.axes if ax.get_xlabel()]
+    assert [ax.get_xlabel() for ax in panels] == ["k: fraction of most uncertain tokens (MTE)"]
+    full = figures.ablation_final(tree["root"], {"runs": tree["ablation"]}, confidence=0.95)
+    assert len([ax for ax in full.axes if ax.get_xlabel()]) == 3
+    _check_figure(fig, tmp_path, "fig7c_k_only")
+
+
+def test_fig2_kl_panel_is_on_a_log_axis(tmp_path):
+    """The frozen-head variants' KL is orders of magnitude below end-to-end GRPO's: a linear axis shows it as 0."""
+    frames = [pd.DataFrame({"step": [1, 2, 3], "grad_norm_ar": [0.2, 0.1, 0.3], "grad_var_ar": [1e-7] * 3,
+                            "val_reward": [0.5, 0.55, 0.6], "reward_mean": [0.4, 0.5, 0.6], "kl": [1e-6, 1e-5, 2e-5]})]
+    big = [f.assign(kl=f["kl"] * 1e4) for f in frames]
+    fig = figures.plot_dynamics([("toy", [("GRPO*", "#D55E00", big), ("+Fix*", "#0072B2", frames)])], 0.95)
+    kl_ax = next(ax for ax in fig.axes if ax.get_title() == "KL to reference policy")
+    assert kl_ax.get_yscale() == "log" and len(kl_ax.get_lines()) == 2
+    _check_figure(fig, tmp_path, "dynamics_kl_log")
 
 
 def test_uncertainty_figure(tree, tmp_path):

@@ -28,7 +28,8 @@ matplotlib.use("Agg")
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator  # noqa: E402  (after the Agg backend is chosen)
 
 from margrpo.reporting.results import (  # noqa: E402
     ABLATION_SYMBOLS,
@@ -114,7 +115,7 @@ DYNAMICS_PANELS = [
     ("grad_var_ar", "AR gradient variance", "variance across micro-batches (log)", True, None),
     ("val_reward", "Validation reward", "mean reward, validation prompts", False, None),
     ("reward_mean", "Training reward", "mean reward, rollout batch", False, None),
-    ("kl", "KL to reference policy", "KL estimate (per element)", False, 0.0),
+    ("kl", "KL to reference policy", "KL per token (sum over channels; log)", True, None),
 ]
 Series = tuple[str, str, Sequence[pd.DataFrame]]  # legend label, colour, per-seed metrics frames
 
@@ -134,6 +135,7 @@ def _dynamics_panel(ax, panel: tuple, series: Sequence[Series], confidence: floa
     if logy and drawn:
         ax.set_yscale("log")
     ax.set_title(title)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("training step (optimizer updates)")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
@@ -357,6 +359,7 @@ def ablation_curves(root: str | Path, spec: dict, confidence: float = 0.95, wind
     held_txt = _point_label({k: v for k, v in held.items() if k != free})
     smoothing = f"rolling mean over {window} steps" if window > 1 else "not smoothed"
     ax.set_title(f"Training reward per masking ratio k ({held_txt}; {smoothing})")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("training step (optimizer updates)")
     ax.set_ylabel("mean training reward (rollout batch)")
     ax.grid(alpha=0.3)
@@ -374,10 +377,15 @@ def ablation_final(root: str | Path, spec: dict, confidence: float = 0.95) -> Fi
     held = _held_values(runs)
     scores = {r.run: eval_scores(root, r.run) for r in runs}
     scorers = list(dict.fromkeys(m for s in scores.values() for g, m in s if g == "pref"))
-    fig = Figure(figsize=(15, 4.6), layout="constrained")
-    axes = fig.subplots(1, 3)
+    # one panel per parameter the grid varies (with the others held): a one-point panel shows nothing
+    varied = [f for f in ("top_frac", "tau", "trajectories")
+              if len({r.params[f] for r in runs if f in r.params and _others_held(r, f, held)}) > 1]
+    if not varied:
+        raise ValueError("report ablation-final: the grid varies none of top_frac, tau, trajectories")
+    fig = Figure(figsize=(5 * len(varied), 4.6), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(varied)))
     twins = [ax.twinx() for ax in axes]
-    for ax, twin, free in zip(axes, twins, ("top_frac", "tau", "trajectories")):
+    for ax, twin, free in zip(axes, twins, varied):
         picked = [r for r in runs if free in r.params and _others_held(r, free, held)]
         xs = sorted({r.params[free] for r in picked})
         metrics = [(ax, ("compbench", "overall"), "CompBench overall (strict)", "#0072B2", "o", "-")]
