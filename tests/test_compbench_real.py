@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -21,10 +20,9 @@ from margrpo.evaluation.compbench import (
     list_samples,
     parse_sample_name,
 )
+from margrpo.prompt_files import COMPBENCH_DIR as DATA
 from margrpo.prompt_files import read_prompt_file
 from margrpo.rewards.real import Detections, Relation, parse_counts, parse_relation
-
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "t2i-compbench"  # ../shared/data from the repo
 
 
 @pytest.fixture(scope="module")
