@@ -64,6 +64,7 @@ __all__ = [
     "evaluate_directory",
     "list_samples",
     "parse_sample_name",
+    "unidet_frame",
     "write_results",
 ]
 
@@ -240,7 +241,7 @@ def compbench_three_in_one(kind: str, attribute: float, spatial: float, action: 
 class CompBenchEvaluator:
     """T2I-CompBench scores of images: one method per metric, built from real.py scorers.
 
-    `vqa` (BlipVQAReward, reduce "product"), `detector` (GroundingDinoReward) and `clip`
+    `vqa` (BlipVQAReward, asked one phrase per row), `detector` (GroundingDinoReward) and `clip`
     (ClipScoreReward, form "cosine") are needed only by the categories that use them.
     `complex_spatial` / `complex_action`: the complex sub-split prompts (see the module docstring).
     """
