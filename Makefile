@@ -7,7 +7,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)  # rules call the `margrpo` consol
 export HF_HUB_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test test-fast test-slurm install evaluators report clean-results lint
+.PHONY: run test test-fast test-slurm install evaluators report report-html clean-results lint
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ run: $(STAMP)          ## every table and figure of the toy reproduction under r
 
 report: $(STAMP)       ## regenerate tables and figures from cached results (no training reruns)
 	$(BIN)/snakemake --cores all --rerun-triggers mtime $(SNAKEMAKE_ARGS)
+
+REPORT_HTML ?= results/report.html
+report-html: $(STAMP)  ## Snakemake's HTML report of the last run (tables, figures, captions, rule graph, runtimes)
+	$(BIN)/snakemake --report $(REPORT_HTML) $(SNAKEMAKE_ARGS)
 
 test: $(STAMP)         ## the full test suite, including the end-to-end smoke workflow
 	$(BIN)/pytest -q -m "not slurm" $(PYTEST_ARGS)

@@ -2,7 +2,7 @@
 # The real-scale evaluator stack (hpsv2, image-reward, t2v-metrics) in its own venv, .venv-eval.
 # These packages pin old versions of pytest, protobuf, timm and torch; installing them with
 # --no-deps on top of the core pins (constraints.txt) keeps those pins from touching the core
-# stack. Facts behind each step: ../shared/notes/dependencies.md.
+# stack. Facts behind each step: docs/dependencies.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=.venv-eval

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -15,16 +14,17 @@ from test_rewards_real import _det, tiny_blip_vqa, tiny_clip, tiny_grounding_din
 from margrpo.evaluation.compbench import (
     CompBenchEvaluator,
     canonical_category,
+    compbench_count,
     compbench_numeracy_score,
     compbench_spatial_score,
     evaluate_directory,
     list_samples,
     parse_sample_name,
+    unidet_frame,
 )
+from margrpo.prompt_files import COMPBENCH_DIR as DATA
 from margrpo.prompt_files import read_prompt_file
-from margrpo.rewards.real import Detections, Relation, parse_counts, parse_relation
-
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "t2i-compbench"  # ../shared/data from the repo
+from margrpo.rewards.real import Detections, parse_counts, parse_relation
 
 
 @pytest.fixture(scope="module")
@@ -98,17 +98,18 @@ def test_prompt_files_parse():
 
 
 def test_compbench_spatial_score():
-    rel = Relation("dog", "left", "bench")
     dog, bench = _det(([0.0, 0.4, 0.2, 0.6], 0.8)), _det(([0.6, 0.4, 0.8, 0.6], 0.6))
-    assert compbench_spatial_score({"dog": dog, "bench": bench}, rel) == pytest.approx(0.25 * 0.8 + 0.25 * 0.6 + 0.5)
-    assert compbench_spatial_score({"dog": bench, "bench": dog}, rel) == 0.0  # 0.35 < 0.5 -> 0
-    assert compbench_spatial_score({"dog": dog}, rel) == 0.0  # 0.2 < 0.5 -> 0
-    # overlapping boxes, right direction: relation = 0.1 / IoU; IoU of [0,0,1,1] and [0.5,0,1.5,1] = 1/3
+    left = ("dog", "bench", "on the left of")
+    assert compbench_spatial_score({"dog": dog, "bench": bench}, *left) == pytest.approx(0.25 * 0.8 + 0.25 * 0.6 + 0.5)
+    assert compbench_spatial_score({"dog": bench, "bench": dog}, *left) == 0.0  # 0.35 < 0.5 -> 0
+    assert compbench_spatial_score({"dog": dog}, *left) == 0.0  # 0.2 < 0.5 -> 0
+    assert compbench_spatial_score({"dog": dog, "bench": bench}, "dog", "bench", "on top of") == 0.0  # no rule: 0.35
+    # overlapping boxes, right direction: position = 0.1 / IoU; IoU of [0,0,1,1] and [0.5,0,1.5,1] = 1/3
     a, b = _det(([0, 0, 1, 1], 1.0)), _det(([0.5, 0, 1.5, 1], 1.0))
-    assert compbench_spatial_score({"dog": a, "bench": b}, rel) == pytest.approx(0.5 + 0.3 / 2)
+    assert compbench_spatial_score({"dog": a, "bench": b}, *left) == pytest.approx(0.5 + 0.3 / 2)
     # the most confident box of each object is used
     dog2 = _det(([0.9, 0.4, 1.0, 0.6], 0.3), ([0.0, 0.4, 0.2, 0.6], 0.8))
-    assert compbench_spatial_score({"dog": dog2, "bench": bench}, rel) == pytest.approx(0.85)
+    assert compbench_spatial_score({"dog": dog2, "bench": bench}, *left) == pytest.approx(0.85)
 
 
 def test_compbench_numeracy_score():
@@ -117,6 +118,9 @@ def test_compbench_numeracy_score():
     assert compbench_numeracy_score({"cat": cats}, [("cat", 3)]) == 0.5
     assert compbench_numeracy_score({"cat": cats, "dog": Detections()}, [("cat", 2), ("dog", 1)]) == 0.5
     assert compbench_numeracy_score({}, []) == 0.0
+    nested = _det(([0.1, 0.1, 0.9, 0.9], 0.9), ([0.2, 0.2, 0.5, 0.5], 0.8))  # IoU 0.14: NMS keeps both,
+    assert compbench_count(nested) == 1  # but the small box lies inside the large one: one object
+    assert unidet_frame(512, 512) == (479, 479) and unidet_frame(512, 768) == (320, 480)
 
 
 def test_complex_three_in_one_rule(tmp_path):
@@ -129,8 +133,9 @@ def test_complex_three_in_one_rule(tmp_path):
         def __call__(self, images, prompts, metadata):
             return torch.full((len(prompts),), self.v)
 
-    ev = CompBenchEvaluator(vqa=Const(0.8), clip=Const(0.3), complex_spatial=["The cat was next to the dog."],
+    ev = CompBenchEvaluator(clip=Const(0.3), complex_spatial=["The cat was next to the dog."],
                             complex_action=["The red car zoomed past the tree."])
+    ev.attribute = lambda images, prompts: torch.full((len(prompts),), 0.8)
     ev.spatial = lambda images, prompts: (torch.full((len(prompts),), 0.5), [True] * len(prompts))
     prompts = ["The cat was next to the dog.", "the red car zoomed past the tree", "The blue cup held hot tea."]
     out = ev.score("complex", torch.zeros(3, 3, 8, 8), prompts)

@@ -1,14 +1,12 @@
-"""Real-scale prompt suites from files: disjoint splits, clear errors, the shared data folder."""
+"""Real-scale prompt suites from files: disjoint splits, clear errors, the shipped prompt data."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from margrpo.prompt_files import build_file_suites, read_prompt_file
+from margrpo.prompt_files import COMPBENCH_DIR, RL_PROMPTS, build_file_suites, read_prompt_file
 from margrpo.world import load_suite, write_suite
-
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def _write(path: Path, lines: list[str]) -> Path:
@@ -68,9 +66,8 @@ def test_missing_split_and_overlapping_val_file_fail_clearly(files, tmp_path):
         build_file_suites(train, bench, ["color"], n_val=2, val_file=val)
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data not beside the repository")
 def test_the_papers_prompt_files():
-    suites = build_file_suites(SHARED / "mar-grpo" / "train_prompts.jsonl", SHARED / "t2i-compbench",
+    suites = build_file_suites(RL_PROMPTS, COMPBENCH_DIR,
                                ["color", "shape", "texture", "spatial", "numeracy", "complex"], n_val=96, seed=0, n_eval=300)
     assert len(suites["eval"]) == 1800 and len(suites["val"]) == 96 and len(suites["train"]) > 7000
     assert not {r.prompt for r in suites["train"]} & {r.prompt for r in suites["eval"]}

@@ -1,7 +1,10 @@
 """The real Snakefile end to end on the smoke config: every table and figure exists and is finite."""
 
+import html as html_module
+import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -12,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -49,6 +53,75 @@ def test_smoke_dag_writes_every_table_and_figure(smoke_run):
     for fig in ("fig2_dynamics", "fig4_uncertainty", "fig6_samples", "fig7a_samples", "fig7b_reward_curves", "fig7c_final_metric"):
         for ext in ("png", "pdf"):
             assert (report / f"{fig}.{ext}").stat().st_size > 1000
+
+
+def _chromium() -> str | None:
+    """A headless-capable Chromium: found on PATH, else Debian's package installed when we are root."""
+    names = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+    found = next(filter(None, map(shutil.which, names)), None)
+    if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        for cmd in ("apt-get install -y -q chromium", "apt-get update -q && apt-get install -y -q chromium"):
+            if subprocess.run(cmd, shell=True, env=env, capture_output=True, timeout=900).returncode == 0:
+                break
+        found = next(filter(None, map(shutil.which, names)), None)
+    return found
+
+
+# Opens every figure of the report in its own viewer (the report's `app`, as a click on the figure does), records
+# each <img>'s decoded size in the title, and leaves the last figure on screen with its caption.
+_SHOW_FIGURES = """<script>
+window.addEventListener("load", () => setTimeout(async () => {
+  const sizes = {};
+  for (const path of Object.keys(results).filter(p => results[p].mime_type === "image/png")) {
+    app.setView({content: "img", contentPath: results[path].data_uri, resultPath: path, navbarMode: "resultinfo"});
+    await new Promise(done => setTimeout(done, 500));
+    const img = [...document.images].find(i => i.src === results[path].data_uri);
+    sizes[path] = img && img.complete ? [img.naturalWidth, img.naturalHeight] : null;
+  }
+  document.title = JSON.stringify(sizes);
+}, 500));
+</script>"""
+
+
+@pytest.mark.slow
+def test_html_report_builds_and_a_browser_renders_its_figures(smoke_run, tmp_path):
+    """`snakemake --report`: every table and figure with its caption, by experiment; headless Chromium shows the figures."""
+    assert snakemake(smoke_run).returncode == 0  # restores any output a test before this one removed
+    html = tmp_path / "report.html"
+    out = snakemake(smoke_run, "--report", str(html))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    text = html.read_text()
+    results = json.loads(re.search(r"var results = (\{.*?\});\n", text, re.S).group(1))
+    categories = json.loads(re.search(r"var categories = (\{.*?\});\n", text, re.S).group(1))
+    report = "results/smoke/report"
+    figures = [f"{report}/{f}.png" for f in ("fig2_dynamics", "fig4_uncertainty", "fig6_samples", "fig7a_samples",
+                                             "fig7b_reward_curves", "fig7c_final_metric")]
+    tables = [f"{report}/{t}.csv" for t in ("table1", "table2", "val_gain")]
+    assert sorted(results) == sorted(tables + figures + [f.replace(".png", ".pdf") for f in figures])
+    assert all("Config:" in r["caption"] for r in results.values())  # the caption names the config behind it
+    assert "toy-nova" in results[f"{report}/table2.csv"]["caption"]  # rendered from the config, not a template
+    assert {c.split(":")[0] for c in categories} == {"ladder", "table1", "ablations"}
+
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("no Chromium found or installable (Debian: apt-get install chromium, as root) to render the report")
+    view = tmp_path / "view.html"
+    head, body_end, tail = text.rpartition("</body>")
+    view.write_text(head + _SHOW_FIGURES + body_end + tail)
+    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}",
+             "--window-size=1280,900", "--virtual-time-budget=20000"]
+    dom = subprocess.run([*flags, "--dump-dom", view.as_uri()], capture_output=True, text=True, timeout=300)
+    sizes = json.loads(html_module.unescape(re.search(r"<title>(.*?)</title>", dom.stdout, re.S).group(1)))
+    for path in figures:
+        with Image.open(smoke_run / path) as png:
+            assert sizes[path] == list(png.size), f"{path} not rendered: {sizes.get(path)}"
+    shot = tmp_path / "screenshot.png"
+    subprocess.run([*flags, f"--screenshot={shot}", view.as_uri()], capture_output=True, timeout=300)
+    pixels = np.asarray(Image.open(shot).convert("RGB"))[:, 300:].reshape(-1, 3)  # the content pane: the last figure
+    colours, counts = np.unique(pixels, axis=0, return_counts=True)
+    drawn = (pixels != colours[counts.argmax()]).any(-1).mean()  # not the background colour (a blank page: 0)
+    assert drawn > 0.01 and len(colours) > 100, f"the screenshot is blank: {drawn:.1%} drawn, {len(colours)} colours"
 
 
 @pytest.mark.slow

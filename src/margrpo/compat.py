@@ -1,4 +1,4 @@
-"""Workarounds for the evaluator stack on CPU-only torch (../shared/notes/dependencies.md).
+"""Workarounds for the evaluator stack on CPU-only torch (docs/dependencies.md).
 
 The registry has no CPU build of torchvision: the CUDA build installs, but importing it on CPU
 torch fails with "operator torchvision::nms does not exist" because its fake-tensor registrations

@@ -4,10 +4,10 @@ The toy world draws its suites from ShapesWorld (`margrpo.world.build_suites`); 
 suites come from files instead, in the same three-split JSONL layout (prompt, category, spec):
 
 - train: the RL prompts, JSON Lines in the T2I-R1 format (`prompt`, `task_type`, `nouns`,
-  `spatial_info` / `numeracy_info` / `attr_nouns`) as in `../shared/data/mar-grpo/train_prompts.jsonl`,
-  or a .txt file with one prompt per line;
-- eval: `<category>_val.txt` of the T2I-CompBench folder for each evaluation category (the paper's
-  300-prompt splits);
+  `spatial_info` / `numeracy_info` / `attr_nouns`) as in the shipped `RL_PROMPTS`, or a .txt file
+  with one prompt per line;
+- eval: `<category>_val.txt` of the T2I-CompBench folder (the shipped `COMPBENCH_DIR`) for each
+  evaluation category (the paper's 300-prompt splits);
 - val (checkpoint selection, DESIGN 3.12): `val_file` if given, else `n_val` RL prompts held out
   (drawn with `seed`, spread over the task types) and removed from train. The CompBench
   `<category>_train.txt` splits cannot serve: the RL prompts already contain almost all of them.
@@ -31,6 +31,9 @@ COMPBENCH_CATEGORIES = ("color", "shape", "texture", "spatial", "3d_spatial", "n
 TASK_TYPES = {"non": "non_spatial", "object": "object"}  # T2I-R1 task_type -> our category (others map to themselves)
 FILE_CATEGORIES = (*COMPBENCH_CATEGORIES, "object")
 SOURCES = ("t2i-r1", "t2i-compbench", "text")
+DATA_DIR = Path(__file__).with_name("data")  # package data: provenance and licences in data/README.md
+COMPBENCH_DIR = DATA_DIR / "t2i-compbench"  # T2I-CompBench's prompt lists (MIT)
+RL_PROMPTS = DATA_DIR / "mar-grpo" / "train_prompts.jsonl"  # MAR-GRPO's 7,223 RL prompts (Apache-2.0)
 
 
 def _check_prompt(prompt, where: str) -> str:

@@ -1,12 +1,23 @@
 # Tables and figures read result files only: deleting one reruns its rule alone, and changing a
 # plot option reruns no training (training rules never see the `report` config section).
+# `snakemake --report report.html` (make report-html) collects them with the captions in workflow/report/.
+
+
+report: "../report/workflow.rst"
+
+
+# categories of the HTML report: one per experiment of the config
+CATEGORY_LADDER, CATEGORY_TABLE1, CATEGORY_ABLATIONS = "ladder: Table 2, Fig. 2, 4, 6", "table1: Table 1", "ablations: Fig. 7"
+
 
 rule table1:
     """Table 1: each base policy, +GRPO and Ours; preference metrics and CompBench categories."""
     input:
         get_eval_outputs(base_runs() + table1_runs()),
     output:
-        multiext(f"{REPORT}/table1", ".csv", ".md", ".tex"),
+        report(f"{REPORT}/table1.csv", caption="../report/table1.rst", category=CATEGORY_TABLE1, subcategory="tables"),
+        f"{REPORT}/table1.md",
+        f"{REPORT}/table1.tex",
     params:
         runs=json.dumps({"base": base_runs(), "runs": table1_runs(), "baseline": EXP["table1"]["baseline"], "ours": EXP["table1"]["ours"]}),
         prefix=lambda wc, output: report_prefix(output),
@@ -27,7 +38,9 @@ rule table2:
         get_eval_outputs(base_runs() + ladder_runs()),
         expand(f"{RUNS}/select/{{run}}/selection.json", run=ladder_runs()),
     output:
-        multiext(f"{REPORT}/table2", ".csv", ".md", ".tex"),
+        report(f"{REPORT}/table2.csv", caption="../report/table2.rst", category=CATEGORY_LADDER, subcategory="tables"),
+        f"{REPORT}/table2.md",
+        f"{REPORT}/table2.tex",
     params:
         runs=json.dumps({"base": base_runs(), "runs": ladder_runs(), "variants": EXP["ladder"]["variants"]}),
         prefix=lambda wc, output: report_prefix(output),
@@ -47,7 +60,9 @@ rule val_gain:
     input:
         expand(f"{RUNS}/{{run}}/{{f}}", run=ladder_runs(), f=["metrics.csv", "summary.json"]),
     output:
-        multiext(f"{REPORT}/val_gain", ".csv", ".md", ".tex"),
+        report(f"{REPORT}/val_gain.csv", caption="../report/val_gain.rst", category=CATEGORY_LADDER, subcategory="tables"),
+        f"{REPORT}/val_gain.md",
+        f"{REPORT}/val_gain.tex",
     params:
         runs=json.dumps({"runs": ladder_runs(), "variants": EXP["ladder"]["variants"]}),
         prefix=lambda wc, output: report_prefix(output),
@@ -67,7 +82,12 @@ rule fig2_dynamics:
     input:
         expand(f"{RUNS}/{{run}}/metrics.csv", run=ladder_runs()),
     output:
-        expand(f"{REPORT}/fig2_dynamics.{{ext}}", ext=config["report"]["formats"]),
+        report(
+            expand(f"{REPORT}/fig2_dynamics.{{ext}}", ext=config["report"]["formats"]),
+            caption="../report/fig2_dynamics.rst",
+            category=CATEGORY_LADDER,
+            subcategory="figures",
+        ),
     params:
         runs=json.dumps({"runs": ladder_runs()}),
         prefix=lambda wc, output: report_prefix(output),
@@ -111,7 +131,12 @@ rule fig4_uncertainty:
     input:
         f"{RUNS}/uncertainty/maps.npz",
     output:
-        expand(f"{REPORT}/fig4_uncertainty.{{ext}}", ext=config["report"]["formats"]),
+        report(
+            expand(f"{REPORT}/fig4_uncertainty.{{ext}}", ext=config["report"]["formats"]),
+            caption="../report/fig4_uncertainty.rst",
+            category=CATEGORY_LADDER,
+            subcategory="figures",
+        ),
     params:
         runs=json.dumps({"maps": f"{RUNS}/uncertainty/maps.npz"}),
         prefix=lambda wc, output: report_prefix(output),
@@ -131,7 +156,12 @@ rule fig6_samples:
     input:
         expand(f"{RUNS}/samples/{{run}}/samples", run=base_runs() + ladder_runs()),
     output:
-        expand(f"{REPORT}/fig6_samples.{{ext}}", ext=config["report"]["formats"]),
+        report(
+            expand(f"{REPORT}/fig6_samples.{{ext}}", ext=config["report"]["formats"]),
+            caption="../report/fig6_samples.rst",
+            category=CATEGORY_LADDER,
+            subcategory="figures",
+        ),
     params:
         runs=json.dumps({"base": base_runs(), "runs": ladder_runs(), "prompts": config["report"]["grid_prompts"]}),
         prefix=lambda wc, output: report_prefix(output),
@@ -151,7 +181,12 @@ rule fig7a_samples:
     input:
         expand(f"{RUNS}/samples/{{run}}/samples", run=ablation_runs()),
     output:
-        expand(f"{REPORT}/fig7a_samples.{{ext}}", ext=config["report"]["formats"]),
+        report(
+            expand(f"{REPORT}/fig7a_samples.{{ext}}", ext=config["report"]["formats"]),
+            caption="../report/fig7a_samples.rst",
+            category=CATEGORY_ABLATIONS,
+            subcategory="figures",
+        ),
     params:
         runs=json.dumps({"runs": ablation_runs(), "prompts": config["report"]["grid_prompts"]}),
         prefix=lambda wc, output: report_prefix(output),
@@ -171,7 +206,12 @@ rule fig7b_reward_curves:
     input:
         expand(f"{RUNS}/{{run}}/metrics.csv", run=ablation_runs()),
     output:
-        expand(f"{REPORT}/fig7b_reward_curves.{{ext}}", ext=config["report"]["formats"]),
+        report(
+            expand(f"{REPORT}/fig7b_reward_curves.{{ext}}", ext=config["report"]["formats"]),
+            caption="../report/fig7b_reward_curves.rst",
+            category=CATEGORY_ABLATIONS,
+            subcategory="figures",
+        ),
     params:
         runs=json.dumps({"runs": ablation_runs()}),
         prefix=lambda wc, output: report_prefix(output),
@@ -191,7 +231,12 @@ rule fig7c_final_metric:
     input:
         get_eval_outputs(ablation_runs()),
     output:
-        expand(f"{REPORT}/fig7c_final_metric.{{ext}}", ext=config["report"]["formats"]),
+        report(
+            expand(f"{REPORT}/fig7c_final_metric.{{ext}}", ext=config["report"]["formats"]),
+            caption="../report/fig7c_final_metric.rst",
+            category=CATEGORY_ABLATIONS,
+            subcategory="figures",
+        ),
     params:
         runs=json.dumps({"runs": ablation_runs()}),
         prefix=lambda wc, output: report_prefix(output),

@@ -25,7 +25,7 @@ environment (`.venv-eval`, `make evaluators`); their imports happen in the const
 Prompt analysis (noun phrases, spatial relations, object counts) is rule-based and documented at
 `noun_phrases`, `parse_relation` and `parse_counts`; where a prompt's metadata carries the
 T2I-R1 fields (`task_type`, `nouns`, `attr_nouns`, `spatial_info`, `numeracy_info`, as in
-`../shared/data/mar-grpo/train_prompts.jsonl`), those are used instead of the rules.
+`src/margrpo/data/mar-grpo/train_prompts.jsonl`), those are used instead of the rules.
 """
 
 from __future__ import annotations
