@@ -589,10 +589,12 @@ class HarmonPolicy(MARPolicy):
 
 
 def _read_json(path: Path) -> dict:
+    from margrpo.io import InputError
+
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as err:
-        raise ValueError(f"{path}: unreadable JSON ({err})") from err
+        raise InputError(f"{path}: unreadable JSON ({err})") from err
 
 
 def _read_config(d: Path) -> HarmonConfig:
