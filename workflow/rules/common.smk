@@ -5,18 +5,18 @@ import shlex
 from pathlib import PurePosixPath
 
 import pandas as pd
-from snakemake.utils import Paramspace, validate
+from snakemake.utils import Paramspace
 
 if workflow.overwrite_configfiles:
     # `--configfile X` replaces config/config.yaml instead of deep-merging into the toy defaults.
     config.clear()
     config.update(workflow.config_settings.overwrite_config)
 
-validate(config, schema="../schemas/config.schema.yaml")
-
 from margrpo.config import pretrain_settings, shared_dirs, train_spec, validate_config  # noqa: E402
 
-validate_config(config, "config", root=workflow.basedir)  # cross references, overrides, the ablation table
+# ../schemas/config.schema.yaml (defaults filled) and every check beyond it: cross references, variant
+# overrides, the ablation table; errors name the key path
+validate_config(config, ", ".join(map(str, workflow.overwrite_configfiles or ["config/config.yaml"])), root=workflow.basedir)
 
 RESULTS = "results"
 # Stages every experiment on this world shares (data, toyclip, pre-training, warm-up, weight checks), each

@@ -7,6 +7,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from margrpo.io import InputError
+
 
 def setup(threads: int | None, device: str = "auto"):
     """Thread count for CPU jobs (Snakemake runs several in parallel) and the device to use."""
@@ -28,9 +30,9 @@ def json_arg(text: str, what: str, section: str | None = None) -> dict:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as err:
-        raise SystemExit(f"{what}: not valid JSON ({err})") from err
+        raise InputError(f"{what}: not valid JSON ({err})") from None
     if not isinstance(value, dict):
-        raise SystemExit(f"{what}: expected a JSON object")
+        raise InputError(f"{what}: expected a JSON object")
     if section is not None:
         from margrpo.config import validate_section
 
