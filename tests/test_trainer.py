@@ -89,14 +89,17 @@ def test_reductions_give_the_plain_loss(tmp_path):
     assert torch.equal(base, loss_k0) and torch.equal(base, loss_tau)
 
 
-def test_resume_reaches_the_same_result(tmp_path):
+def test_resume_reaches_the_same_result(tmp_path, capsys):
     full = make_trainer(tmp_path / "full", policy=tiny_policy("flow", seed=1), steps=3)
     rows_full = full.train()
-    part = make_trainer(tmp_path / "part", policy=tiny_policy("flow", seed=1), steps=2)
-    part.train()  # "killed" after step 2: state/ holds the step-2 checkpoint
+    part = make_trainer(tmp_path / "part", policy=tiny_policy("flow", seed=1), steps=3)
+    step = part.train_step
+    part.train_step = lambda: step() if part.step < 2 else pytest.fail("killed")  # after step 2: state/ holds its checkpoint
+    with pytest.raises(pytest.fail.Exception):
+        part.train()
     resumed = make_trainer(tmp_path / "part", policy=tiny_policy("flow", seed=1), steps=3)
     rows = resumed.train()
-    assert len(rows) == 3
+    assert "resumed from" in capsys.readouterr().out and len(rows) == 3
     for key in ("reward_mean", "policy_loss", "grad_norm_ar", "val_reward"):
         assert rows[-1][key] == pytest.approx(rows_full[-1][key], rel=1e-6, abs=1e-9), key
     for a, b in zip(full.policy.state_dict().values(), resumed.policy.state_dict().values()):

@@ -384,8 +384,8 @@ class GRPOTrainer:
             shutil.rmtree(self.state_dir)
             self.state_dir.mkdir(parents=True)
             return False
-
-        loaded = load_policy(state["policy_dir"], device=self.accelerator.device)
+        ckpt = self.state_dir / f"ckpt-{state['step']:06d}" / "policy"  # not policy_dir: that is relative to the cwd that saved it
+        loaded = load_policy(ckpt, device=self.accelerator.device)
         self.policy.load_state_dict(loaded.state_dict())
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.rows, self.checkpoints = state["step"], state["rows"], state["checkpoints"]
