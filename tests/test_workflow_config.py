@@ -224,3 +224,40 @@ def test_rl_frozen_reaches_the_run_spec_only_where_set():
     assert spec["grpo"]["frozen"] == ["llm.", "proj_in.", "proj_out."]
     toy = load_config(REPO / "config/config.yaml")
     assert "frozen" not in train_spec(toy, "toy-nova", "toyclip", "fix")["grpo"]
+
+
+def test_schema_defaults_are_the_dataclass_defaults():
+    """One source of defaults: every schema default equals the field default of the dataclass it builds
+    (GRPOConfig for grpo and the variant switches, SamplingConfig, ToyMARConfig, PretrainConfig), and
+    every schema key is a field; the toyclip stage takes its defaults from the schema itself."""
+    import dataclasses
+
+    from margrpo.config import schema_section
+    from margrpo.grpo.trainer import GRPOConfig
+    from margrpo.policy import ToyMARConfig
+    from margrpo.pretraining import PretrainConfig
+    from margrpo.rollout import SamplingConfig
+    from margrpo.stages.train_toyclip import CONFIG_DEFAULTS
+
+    def defaults(cls):
+        return {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory() for f in dataclasses.fields(cls)}
+
+    def schema(section, skip=()):
+        return {k: v["default"] for k, v in schema_section(section)["properties"].items() if k not in skip}
+
+    for section, cls, skip in (("grpo", GRPOConfig, ()), ("variants.*", GRPOConfig, ("report_step", "overrides")),
+                               ("policies.*.sampling", SamplingConfig, ()), ("policies.*.model", ToyMARConfig, ()),
+                               ("policies.*.pretrain", PretrainConfig, ())):
+        fields = defaults(cls)
+        for key, value in schema(section, skip).items():
+            assert key in fields, f"{section}.{key} is no field of {cls.__name__}"
+            expected = list(fields[key]) if isinstance(fields[key], tuple) else fields[key]
+            assert value == expected, f"{section}.{key}: schema default {value!r}, {cls.__name__}.{key} = {fields[key]!r}"
+    assert CONFIG_DEFAULTS == schema("toyclip")
+
+
+def test_schema_scorer_names_are_the_registry():
+    from margrpo.config import load_schema
+    from margrpo.rewards import available_rewards
+
+    assert sorted(load_schema()["$defs"]["scorer"]["enum"]) == available_rewards()
