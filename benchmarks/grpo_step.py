@@ -15,7 +15,7 @@ is large and S = 4 adds a few percent. `--sampling '{"ar_steps": 64}' --model '{
 measures a toy with that schedule (64 tokens, K = 64; add `--grpo '{"batch_prompts": 2}'` to keep it
 short); `--model` alone changes the toy's shape.
 
-    python benchmarks/grpo_step.py [--policy results/pretrain/toy-nova/policy] [--steps 4]
+    python benchmarks/grpo_step.py [--policy results/pretrain/toy-nova-<hash>/policy] [--steps 4]
 """
 
 import json
