@@ -75,7 +75,7 @@ def _key_path(error: jsonschema.ValidationError) -> str:
         extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
         if extra and error.schema.get("additionalProperties") is False:
             return ".".join(filter(None, [path, extra[0]]))
-    return path or "<top level>"
+    return path
 
 
 def _errors(schema: dict, value: Any, where: str, fill: bool = True, at: str = "") -> None:
@@ -83,8 +83,7 @@ def _errors(schema: dict, value: Any, where: str, fill: bool = True, at: str = "
     validator = (_Validator if fill else jsonschema.Draft202012Validator)(schema)
     errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
     if errors:
-        key = lambda e: ".".join(filter(None, [at, _key_path(e).replace("<top level>", "")])) or "<top level>"  # noqa: E731
-        lines = [f"{where}: key '{key(e)}': {_message(e)}" for e in errors[:10]]
+        lines = [f"{where}: key '{'.'.join(filter(None, [at, _key_path(e)])) or '<top level>'}': {_message(e)}" for e in errors[:10]]
         raise ConfigError(lines[0] if len(lines) == 1 else "invalid config\n  " + "\n  ".join(lines))
 
 

@@ -358,9 +358,9 @@ class GRPOTrainer:
         ckpt = self.state_dir / f"ckpt-{self.step:06d}" / "policy"
         if self.accelerator.is_main_process:
             self.accelerator.unwrap_model(self.policy).save_pretrained(ckpt)
-            state = {"step": self.step, "optimizer": self.optimizer.state_dict(), "rows": self.rows,  # tensors and
-                     "checkpoints": self.checkpoints, "nonfinite_run": self.nonfinite_run, "policy_dir": str(ckpt),  # primitives:
-                     "spec_hash": self.spec_hash}  # loads with weights_only=True
+            # tensors and primitives only (loads with weights_only=True); the policy is the ckpt folder beside it
+            state = {"step": self.step, "optimizer": self.optimizer.state_dict(), "rows": self.rows,
+                     "checkpoints": self.checkpoints, "nonfinite_run": self.nonfinite_run, "spec_hash": self.spec_hash}
             tmp = self.state_dir / "trainer.pt.tmp"
             torch.save(state, tmp)
             tmp.replace(self.state_dir / "trainer.pt")
@@ -384,7 +384,7 @@ class GRPOTrainer:
             shutil.rmtree(self.state_dir)
             self.state_dir.mkdir(parents=True)
             return False
-        ckpt = self.state_dir / f"ckpt-{state['step']:06d}" / "policy"  # not policy_dir: that is relative to the cwd that saved it
+        ckpt = self.state_dir / f"ckpt-{state['step']:06d}" / "policy"  # found beside trainer.pt wherever the folder is now
         loaded = load_policy(ckpt, device=self.accelerator.device)
         self.policy.load_state_dict(loaded.state_dict())
         self.optimizer.load_state_dict(state["optimizer"])
