@@ -87,3 +87,12 @@ def test_hf_hub_offline_is_forced(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     setup(1, "cpu")
     assert os.environ["HF_HUB_OFFLINE"] == "1"
+
+
+def test_the_sampling_builder_rejects_unknown_keys():
+    from margrpo.config import ConfigError
+    from margrpo.stages._common import sampling_config
+
+    with pytest.raises(ConfigError, match="sampling: key 'ar_stepz': unknown key"):
+        sampling_config({"ar_stepz": 4})
+    assert sampling_config({"ar_steps": 4}).ar_steps == 4

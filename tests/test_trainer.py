@@ -251,3 +251,18 @@ def test_committed_loss_tokens_average_over_the_tokens_each_step_commits(tmp_pat
     assert torch.allclose(got, expected, rtol=1e-4, atol=1e-7) and expected.abs().max() > 0
     completion = grads(make_trainer(tmp_path / "c", policy=policy, beta=0.0).micro_loss(r, adv, ar, diff, None, None)[0])
     assert not torch.allclose(got, completion, rtol=1e-3)  # the completion mask also holds tokens committed later
+
+
+@pytest.mark.parametrize("kw,message", [
+    ({"steps": -5}, r"steps \(-5\)"), ({"group_size": 1, "micro_batches": 1}, "group_size"),
+    ({"tau": math.nan}, "tau must be a number"), ({"val_every": 0}, "val_every"),
+])
+def test_config_rejects_values_that_would_train_nothing_or_wrongly(kw, message):
+    with pytest.raises(ValueError, match=message):
+        GRPOConfig(**kw)
+
+
+def test_from_spec_rejects_unknown_keys_instead_of_dropping_them():
+    with pytest.raises(ValueError, match=r"unknown GRPO setting\(s\) \['stepz', 'topfrac'\]"):
+        GRPOConfig.from_spec({"grpo": {"stepz": 3}, "variant": {"name": "sim", "report_step": None, "topfrac": 0.1}})
+    assert GRPOConfig.from_spec({"grpo": {"steps": 3}, "variant": {"name": "fix", "freeze_head": True}}).freeze_head

@@ -128,6 +128,8 @@ class GRPOConfig:
             raise ValueError(f"group_size (G) must be >= 2, got {self.group_size}: a group of one has zero advantage")
         if math.isnan(self.tau) or not self.lr > 0:
             raise ValueError(f"tau must be a number (got {self.tau}) and lr > 0 (got {self.lr})")
+        if min(self.save_every, self.val_every, self.val_prompts, self.mask_steps, self.diffusion_steps) < 1:
+            raise ValueError("save_every, val_every, val_prompts, mask_steps and diffusion_steps must be >= 1")
 
     @classmethod
     def from_spec(cls, spec: dict, precision: str = "bf16") -> GRPOConfig:
