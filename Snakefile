@@ -1,11 +1,12 @@
 # MAR-GRPO: the whole experiment as one DAG.  `snakemake --cores all` runs the toy world;
 # `--configfile config/paper-nova.yaml --workflow-profile workflow/profiles/slurm` the paper.
+# profiles/ (beside this file) links to workflow/profiles/: Snakemake loads profiles/default by itself.
 from snakemake.utils import min_version
 
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+configfile: os.path.join(workflow.basedir, "config/config.yaml")  # found from any --directory
 
 
 include: "workflow/rules/common.smk"

@@ -17,7 +17,7 @@ uncertainty mask (a fraction k of the loss tokens, S - 1 times). `--sampling '{"
 --model '{"patch_size": 8}' --grpo '{"mask_steps": 12, "diffusion_steps": 10, "batch_prompts": 2}'`
 measures a toy with the paper's schedule (64 tokens, K = 64, |M| = 12, |T| = 10).
 
-    python benchmarks/grpo_step.py [--policy results/pretrain/toy-nova/policy] [--steps 4]
+    python benchmarks/grpo_step.py [--policy results/pretrain/toy-nova-<hash>/policy] [--steps 4]
 """
 
 import json

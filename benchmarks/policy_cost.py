@@ -4,7 +4,7 @@ Prints the wall time of one rollout of 3 prompts x 4 images with the given K and
 FLOPs it performs (counted by torch's FlopCounterMode on the real code path), the achieved GFLOP/s,
 and that as a fraction of a large float32 matmul's GFLOP/s measured in the same run.
 
-    python benchmarks/policy_cost.py [--policy results/pretrain/toy-nova/policy] [--threads 1]
+    python benchmarks/policy_cost.py [--policy results/pretrain/toy-nova-<hash>/policy] [--threads 1]
 """
 
 import argparse

@@ -276,7 +276,7 @@ def test_stage_cli_end_to_end(tmp_path, capsys):
     assert ToyClipReward(out)(images, prompts, metadata).shape == (3,)
     # a second run replaces the model folder; no temp folders are left behind; usual permissions
     assert main(argv) == 0
-    assert sorted(p.name for p in out.parent.iterdir()) == ["metrics.json", "model"]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["metrics.json", "model", "spec.json"]
     assert out.stat().st_mode & 0o755 == 0o755 and (out / "model.safetensors").stat().st_mode & 0o644 == 0o644
 
 

@@ -89,14 +89,17 @@ def test_reductions_give_the_plain_loss(tmp_path):
     assert torch.equal(base, loss_k0) and torch.equal(base, loss_tau)
 
 
-def test_resume_reaches_the_same_result(tmp_path):
+def test_resume_reaches_the_same_result(tmp_path, capsys):
     full = make_trainer(tmp_path / "full", policy=tiny_policy("flow", seed=1), steps=3)
     rows_full = full.train()
-    part = make_trainer(tmp_path / "part", policy=tiny_policy("flow", seed=1), steps=2)
-    part.train()  # "killed" after step 2: state/ holds the step-2 checkpoint
+    part = make_trainer(tmp_path / "part", policy=tiny_policy("flow", seed=1), steps=3)
+    step = part.train_step
+    part.train_step = lambda: step() if part.step < 2 else pytest.fail("killed")  # after step 2: state/ holds its checkpoint
+    with pytest.raises(pytest.fail.Exception):
+        part.train()
     resumed = make_trainer(tmp_path / "part", policy=tiny_policy("flow", seed=1), steps=3)
     rows = resumed.train()
-    assert len(rows) == 3
+    assert "resumed from" in capsys.readouterr().out and len(rows) == 3
     for key in ("reward_mean", "policy_loss", "grad_norm_ar", "val_reward"):
         assert rows[-1][key] == pytest.approx(rows_full[-1][key], rel=1e-6, abs=1e-9), key
     for a, b in zip(full.policy.state_dict().values(), resumed.policy.state_dict().values()):
@@ -301,3 +304,18 @@ def test_gradient_does_not_depend_on_the_micro_batch_split(tmp_path, variant):
     assert grads[0].norm() > 0
     for g in grads[1:]:  # float32: re-batching the same sums differs by ~1e-6 relative; a per-micro-batch mean by ~1e-2
         assert ((g - grads[0]).norm() / grads[0].norm()).item() < 5e-6
+
+
+@pytest.mark.parametrize("kw,message", [
+    ({"steps": -5}, r"steps \(-5\)"), ({"group_size": 1, "micro_batches": 1}, "group_size"),
+    ({"tau": math.nan}, "tau must be a number"), ({"val_every": 0}, "val_every"),
+])
+def test_config_rejects_values_that_would_train_nothing_or_wrongly(kw, message):
+    with pytest.raises(ValueError, match=message):
+        GRPOConfig(**kw)
+
+
+def test_from_spec_rejects_unknown_keys_instead_of_dropping_them():
+    with pytest.raises(ValueError, match=r"unknown GRPO setting\(s\) \['stepz', 'topfrac'\]"):
+        GRPOConfig.from_spec({"grpo": {"stepz": 3}, "variant": {"name": "sim", "report_step": None, "topfrac": 0.1}})
+    assert GRPOConfig.from_spec({"grpo": {"steps": 3}, "variant": {"name": "fix", "freeze_head": True}}).freeze_head

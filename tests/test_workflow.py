@@ -17,6 +17,8 @@ import pandas as pd
 import pytest
 from PIL import Image
 
+from margrpo.config import load_config, shared_dirs
+
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
@@ -159,16 +161,50 @@ def test_changing_what_rl_freezes_reruns_training_but_not_pretraining(smoke_run,
 
 
 @pytest.mark.slow
-def test_another_experiment_name_shares_base_stages_and_keeps_its_own_runs(smoke_run, tmp_path):
-    config = tmp_path / "smoke-other.yaml"
-    config.write_text((REPO / "config/smoke.yaml").read_text().replace("name: smoke", "name: smoke-other"))
-    out = snakemake(smoke_run, "-n", configfile=config)
-    text = out.stdout + out.stderr
-    assert out.returncode == 0, text[-3000:]
-    assert "results/smoke-other/train/" in text and "results/smoke-other/report/table2.csv" in text, text[-3000:]
-    for rule in ("rule pretrain:", "rule train_toyclip:", "rule make_suites:", "rule warmup:"):  # shared: reused
+def test_configs_coexist_and_share_exactly_the_identical_stages(smoke_run, tmp_path):
+    """Config B changes toy-nova's pre-training: it gets a folder of its own beside A's (A stays complete and
+    untouched) and reuses everything else; config C differs from A only in name and reuses every shared stage."""
+    work = tmp_path / "work"
+    shutil.copytree(smoke_run, work, symlinks=True)
+    smoke = (REPO / "config/smoke.yaml").read_text()
+    b, c = tmp_path / "b.yaml", tmp_path / "c.yaml"
+    b.write_text(smoke.replace("name: smoke", "name: smoke-b").replace("pretrain: {steps: 10, batch_size: 8}", "pretrain: {steps: 12, batch_size: 8}", 1))
+    c.write_text(smoke.replace("name: smoke", "name: smoke-c"))
+    dirs = {name: shared_dirs(load_config(path)) for name, path in (("a", REPO / "config/smoke.yaml"), ("b", b), ("c", c))}
+    assert dirs["a"] == dirs["c"] and dirs["b"]["base"]["toy-nova"] != dirs["a"]["base"]["toy-nova"]
+    assert {k: v for k, v in dirs["b"].items() if k != "base"} == {k: v for k, v in dirs["a"].items() if k != "base"}
+    new = dirs["b"]["base"]["toy-nova"]
+
+    text = (lambda out: out.stdout + out.stderr)(snakemake(work, "-n", configfile=b))
+    assert text.count("rule pretrain:") == 1 and f"{new}/policy" in text, text[-3000:]
+    for rule in ("rule train_toyclip:", "rule make_suites:", "rule warmup:"):  # shared with A: reused
+        assert rule not in text, text[-3000:]
+    before = {p: p.stat().st_mtime_ns for p in (work / "results").rglob("*") if p.is_file()}
+    out = snakemake(work, f"{new}/policy", configfile=b)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert json.loads((work / new / "spec.json").read_text())["policy_json"]["pretrain"]["steps"] == 12
+    assert all(p.stat().st_mtime_ns == t for p, t in before.items())  # nothing of A's was rewritten
+    a_again = snakemake(work, "-n").stdout  # A is as complete as before (an earlier test deleted one of its figures)
+    assert all(rule not in a_again for rule in ("rule pretrain:", "rule make_suites:", "rule train_toyclip:", "rule warmup:", "rule train:")), a_again[-2000:]
+    text = (lambda out: out.stdout + out.stderr)(snakemake(work, "-n", configfile=c))
+    assert "results/smoke-c/train/" in text and "results/smoke-c/report/table2.csv" in text, text[-3000:]
+    for rule in ("rule pretrain:", "rule train_toyclip:", "rule make_suites:", "rule warmup:"):
         assert rule not in text, text[-3000:]
     assert "results/smoke/" not in text  # the first experiment's outputs are not touched
+
+
+@pytest.mark.slow
+def test_the_test_command_passes_in_a_checkout_that_holds_a_smoke_run(smoke_run, tmp_path):
+    """`make run` then `make test` in one checkout used to fail 3 dry-run tests ("Nothing to be done"):
+    the workflow tests, run in a copy of the checkout holding the smoke run's results, still pass."""
+    checkout = tmp_path / "checkout"
+    shutil.copytree(REPO, checkout, symlinks=True, ignore=shutil.ignore_patterns(
+        ".venv*", "results", "logs", ".snakemake", ".git", "__pycache__", ".pytest_cache", "*.egg-info"))
+    for name in ("results", "logs", ".snakemake"):
+        shutil.copytree(smoke_run / name, checkout / name, symlinks=True)
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow and not slurm",
+                          "tests/test_workflow_config.py", "-k", "dry_run or ladder or profile"], cwd=checkout, capture_output=True, text=True)
+    assert out.returncode == 0 and " passed" in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
 
 
 @pytest.mark.slow

@@ -45,11 +45,18 @@ def build_parser(stage: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub at run time
+    """Run one stage. A user error (a bad setting or input file, whose message names it) exits with
+    that message on one line and no traceback; anything else is a bug and keeps its traceback."""
+    from margrpo.io import InputError
+
+    os.environ["HF_HUB_OFFLINE"] = "1"  # forced: never reach for a hub at run time
     argv = sys.argv[1:] if argv is None else list(argv)
     stage = argv[0] if argv and argv[0] in STAGES else None
     args = build_parser(stage).parse_args(argv)
-    importlib.import_module(f"margrpo.stages.{args._module}").run(args)
+    try:
+        importlib.import_module(f"margrpo.stages.{args._module}").run(args)
+    except (InputError, FileNotFoundError) as err:
+        raise SystemExit(f"margrpo {args.stage}: error: {err}") from None
     return 0
 
 

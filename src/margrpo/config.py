@@ -2,23 +2,33 @@
 
 The schema (`workflow/schemas/config.schema.yaml`) is the single source of defaults for the
 workflow; stages call `load_config` so that a stage run by hand sees the same values as one run
-by Snakemake. Unknown keys and wrong types fail with the key path in the message.
+by Snakemake, and validate their `--*-json` arguments against the same schema (`validate_section`).
+Everything a run could trip over later is checked when the config loads (dry-run time): unknown
+keys, wrong types, non-finite numbers, undefined names, variant overrides, the ablation table.
+Errors name the key path.
 """
 
 from __future__ import annotations
 
 import copy
+import csv
+import functools
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import yaml
 
+from margrpo.io import InputError, spec_hash
+
 SCHEMA_PATH = Path(__file__).with_name("schemas") / "config.schema.yaml"
+REPO_ROOT = SCHEMA_PATH.resolve().parents[2]  # the checkout (the schema links into workflow/schemas/)
+ABLATION_COLUMNS = {"top_frac": float, "tau": float, "trajectories": int}  # variant switches a grid may vary
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A config that does not match the schema or refers to something undefined."""
 
 
@@ -39,41 +49,97 @@ def _with_defaults(validator_class):
 _Validator = _with_defaults(jsonschema.Draft202012Validator)
 
 
-def load_schema() -> dict:
+@functools.cache
+def _schema() -> dict:
     with open(SCHEMA_PATH) as f:
         return yaml.safe_load(f)
 
 
+def load_schema() -> dict:
+    return copy.deepcopy(_schema())
+
+
+def schema_section(section: str) -> dict:
+    """The sub-schema at a dotted path, `*` for a map's values: "grpo", "policies.*.sampling"."""
+    node = _schema()
+    for part in section.split("."):
+        node = node["additionalProperties"] if part == "*" else node["properties"][part]
+    return {**node, "$defs": _schema()["$defs"]}  # local $refs still resolve
+
+
 def _key_path(error: jsonschema.ValidationError) -> str:
     path = ".".join(str(p) for p in error.absolute_path)
+    if "propertyNames" in error.absolute_schema_path:  # a key that is not a valid name: the path names it
+        return ".".join(filter(None, [path, str(error.instance)]))
     if error.validator == "additionalProperties":
         extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
         if extra and error.schema.get("additionalProperties") is False:
             return ".".join(filter(None, [path, extra[0]]))
-    return path or "<top level>"
+    return path
 
 
-def validate_config(config: dict, source: str = "config") -> dict:
-    """Fill defaults in place and check types, enums and cross references; returns `config`."""
-    schema = load_schema()
-    errors = sorted(_Validator(schema).iter_errors(config), key=lambda e: list(e.absolute_path))
+def _errors(schema: dict, value: Any, where: str, fill: bool = True, at: str = "") -> None:
+    """Raise ConfigError listing the schema violations of `value` (key paths below `at`); `fill`: defaults too."""
+    validator = (_Validator if fill else jsonschema.Draft202012Validator)(schema)
+    errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
     if errors:
-        lines = [f"{source}: key '{_key_path(e)}': {e.message}" for e in errors[:10]]
-        raise ConfigError("invalid config\n  " + "\n  ".join(lines))
+        lines = [f"{where}: key '{'.'.join(filter(None, [at, _key_path(e)])) or '<top level>'}': {_message(e)}" for e in errors[:10]]
+        raise ConfigError(lines[0] if len(lines) == 1 else "invalid config\n  " + "\n  ".join(lines))
+
+
+def _message(error: jsonschema.ValidationError) -> str:
+    if error.validator == "additionalProperties" and error.schema.get("additionalProperties") is False:
+        return f"unknown key; expected one of {', '.join(sorted(error.schema.get('properties', {})))}"
+    return error.message
+
+
+def validate_config(config: dict, source: str = "config", root: str | Path | None = None) -> dict:
+    """Fill defaults in place and check types, enums and cross references; returns `config`.
+
+    `root`: where a relative `experiments.ablations.table` is looked up when it is not in the
+    working directory (the workflow's folder; default: this checkout).
+    """
+    _errors(_schema(), config, source)
+    _check_finite(config, source)
     _check_references(config, source)
+    _check_variants(config, source)
+    _check_ablations(config, source, Path(root) if root else REPO_ROOT)
     return config
+
+
+def validate_section(value: dict, section: str, what: str) -> dict:
+    """A copy of `value` validated against one section of the schema, defaults filled (stage arguments)."""
+    value = copy.deepcopy(value)
+    _errors(schema_section(section), value, what)
+    _check_finite(value, what)
+    return value
+
+
+def _check_finite(value: Any, source: str, path: str = "") -> None:
+    """NaN and infinity are valid YAML (.nan, .inf) but no setting means anything by them."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_finite(v, source, f"{path}.{k}" if path else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_finite(v, source, f"{path}.{i}")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{source}: key '{path or '<top level>'}': {value} is not a finite number")
+
+
+def check_defined(config: dict, kind: str, names, where: str, source: str = "config") -> None:
+    """Every name must be defined under `config[kind]` (policies, rewards, variants)."""
+    for name in names:
+        if name not in config[kind]:
+            raise ConfigError(f"{source}: key '{where}': {name!r} is not defined under '{kind}' "
+                              f"(defined: {', '.join(sorted(config[kind]))})")
 
 
 def _check_references(config: dict, source: str) -> None:
     """Names used in `experiments` must be defined in `policies`, `rewards` and `variants`."""
 
     def need(kind: str, names, where: str):
-        for name in names:
-            if name not in config[kind]:
-                raise ConfigError(
-                    f"{source}: key '{where}': {name!r} is not defined under '{kind}' "
-                    f"(defined: {', '.join(sorted(config[kind]))})"
-                )
+        check_defined(config, kind, names, where, source)
 
     exp = config["experiments"]
     for table in ("ladder", "table1"):
@@ -88,15 +154,74 @@ def _check_references(config: dict, source: str) -> None:
     for name, policy in config["policies"].items():
         if policy["kind"] != "toy" and not policy.get("path"):
             raise ConfigError(f"{source}: key 'policies.{name}.path': a {policy['kind']} policy loads from a local folder; set its path")
-    for name, policy in config["policies"].items():
-        s, g = policy["sampling"], config["grpo"]
-        if g["mask_steps"] > s["ar_steps"]:
-            raise ConfigError(f"{source}: key 'grpo.mask_steps': |M| = {g['mask_steps']} exceeds policies.{name}.sampling.ar_steps = {s['ar_steps']}")
-        if g["diffusion_steps"] > s["diffusion_steps"] - 1:
-            raise ConfigError(f"{source}: key 'grpo.diffusion_steps': |T| = {g['diffusion_steps']} exceeds the {s['diffusion_steps'] - 1} stochastic steps of policies.{name}.sampling.diffusion_steps")
     for setting, weights in config["rewards"].items():
         if "toyclip" in weights and not config["toyclip"]["enabled"]:
             raise ConfigError(f"{source}: key 'rewards.{setting}.toyclip': the toyclip scorer is disabled (toyclip.enabled: false)")
+    if "toyclip" in config["evaluation"]["preference"] and not config["toyclip"]["enabled"]:
+        raise ConfigError(f"{source}: key 'evaluation.preference': the toyclip scorer is disabled (toyclip.enabled: false)")
+
+
+def _check_variants(config: dict, source: str) -> None:
+    """Each variant's effective GRPO settings (grpo + its overrides) must make a trainable run."""
+    for name, variant in config["variants"].items():
+        where = f"variants.{name}.overrides"
+        _errors(schema_section("grpo"), variant["overrides"], source, fill=False, at=where)  # no defaults: a delta
+        g = {**config["grpo"], **variant["overrides"]}
+        key = lambda k: f"{where}.{k}" if k in variant["overrides"] else f"grpo.{k}"  # noqa: E731
+        images = g["batch_prompts"] * g["group_size"]
+        if images % g["micro_batches"]:
+            raise ConfigError(f"{source}: key '{key('micro_batches')}': {g['micro_batches']} micro-batches do not divide the "
+                              f"{images} images of a batch (batch_prompts x group_size) in variant {name!r}")
+        for pname, policy in config["policies"].items():
+            s = policy["sampling"]
+            if g["mask_steps"] > s["ar_steps"]:
+                raise ConfigError(f"{source}: key '{key('mask_steps')}': |M| = {g['mask_steps']} exceeds policies.{pname}.sampling.ar_steps = {s['ar_steps']}")
+            stochastic = s["diffusion_steps"] - (0 if s["final_step_noise"] else 1)
+            if g["diffusion_steps"] > stochastic:
+                raise ConfigError(f"{source}: key '{key('diffusion_steps')}': |T| = {g['diffusion_steps']} exceeds the {stochastic} "
+                                  f"stochastic steps of policies.{pname}.sampling.diffusion_steps")
+
+
+def resolve_path(path: str | Path, root: Path) -> Path | None:
+    """A config path relative to the working directory, else to `root`; None if in neither."""
+    for candidate in (Path(path), root / path):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _check_ablations(config: dict, source: str, root: Path) -> None:
+    """The Fig. 7 grid: a TSV whose columns are variant switches and whose rows are valid, distinct values."""
+    a = config["experiments"]["ablations"]
+    if not a["enabled"]:
+        return
+    where = f"{source}: key 'experiments.ablations.table'"
+    path = resolve_path(a["table"], root)
+    if path is None:
+        raise ConfigError(f"{where}: {a['table']} not found (relative to the working directory or {root})")
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f, delimiter="\t"))
+    header, rows = (rows[0], rows[1:]) if rows else ([], [])
+    unknown = [c for c in header if c not in ABLATION_COLUMNS]
+    if not header or unknown or len(set(header)) < len(header):
+        raise ConfigError(f"{where}: {path} has columns {header}; expected distinct columns from {sorted(ABLATION_COLUMNS)} "
+                          f"(unknown: {unknown})")
+    if not rows:
+        raise ConfigError(f"{where}: {path} has no grid points")
+    schema = schema_section("variants.*")
+    seen = {}
+    for line, row in enumerate(rows, start=2):
+        try:
+            if len(row) != len(header):
+                raise ValueError(f"{len(row)} fields for {len(header)} columns")
+            values = {c: ABLATION_COLUMNS[c](v) for c, v in zip(header, row)}
+        except ValueError as err:
+            raise ConfigError(f"{where}: {path}:{line}: {err}") from None
+        _check_finite(values, f"{where}: {path}:{line}")
+        _errors(schema, values, f"{where}: {path}:{line}", fill=False)  # ranges of top_frac, trajectories
+        if tuple(values.values()) in seen:
+            raise ConfigError(f"{where}: {path}:{line} repeats line {seen[tuple(values.values())]}")
+        seen[tuple(values.values())] = line
 
 
 def load_config(source: str | Path | dict[str, Any]) -> dict:
@@ -130,6 +255,8 @@ def train_spec(config: dict, policy: str, reward: str, variant: str, variant_ove
     Snakemake passes this (not the whole config) to `margrpo train`, so editing a plot option
     never invalidates a training run.
     """
+    for kind, name, flag in (("policies", policy, "--policy"), ("rewards", reward, "--reward"), ("variants", variant, "--variant")):
+        check_defined(config, kind, [name], flag, "train")
     var = dict(config["variants"][variant])
     var.update(variant_overrides or {})
     grpo = dict(config["grpo"])
@@ -147,3 +274,60 @@ def train_spec(config: dict, policy: str, reward: str, variant: str, variant_ove
         "mixed_precision": config["mixed_precision"],
         "threads": config["threads"],
     }
+
+
+def validate_train_spec(spec: dict, what: str = "--spec-json") -> dict:
+    """A `train_spec` (as `margrpo train` receives it) checked section by section against the schema."""
+    missing = sorted({"grpo", "variant", "reward", "sampling"} - set(spec))
+    if missing:
+        raise ConfigError(f"{what}: missing key(s) {missing} (a margrpo.config.train_spec)")
+    spec = copy.deepcopy(spec)
+    frozen = spec["grpo"].pop("frozen", None)
+    spec["grpo"] = validate_section(spec["grpo"], "grpo", f"{what} grpo")
+    if frozen is not None:
+        spec["grpo"]["frozen"] = frozen
+    name = spec["variant"].pop("name", None)
+    spec["variant"] = {"name": name, **validate_section(spec["variant"], "variants.*", f"{what} variant")}
+    spec["variant"].pop("overrides", None)
+    spec["sampling"] = validate_section(spec["sampling"], "policies.*.sampling", f"{what} sampling")
+    _errors(schema_section("rewards.*"), spec["reward"].get("weights"), f"{what} reward.weights")
+    _check_finite(spec["reward"].get("weights"), f"{what} reward.weights")
+    return spec
+
+
+def pretrain_settings(policy: dict) -> dict:
+    """What pre-training reads of a policy's config, and nothing else: editing its warm-up, RL or
+    weights settings never reruns pre-training."""
+    return {k: policy[k] for k in ("kind", "head", "model", "pretrain", "sampling")}
+
+
+def shared_dirs(config: dict, results: str = "results") -> dict:
+    """Folders of the stages that experiments share, each keyed by a hash of exactly the settings
+    that stage reads, its inputs' folders included (`results/pretrain/toy-nova-1a2b3c4d`): configs
+    coexist, and share a stage exactly where those settings agree. Each folder's spec.json (written
+    by its stage) records what it ran with.
+
+    Returns {"data": dir, "toyclip": dir, "base": {policy: dir}, "warmup": {policy: dir}}; "base"
+    holds results/pretrain/<policy>-<hash> (toy) or results/weights/<policy>-<hash> (real weights).
+    """
+    def folder(stage: str, label: str, settings: dict) -> str:
+        return f"{results}/{stage}/{label}-{spec_hash(settings)}"
+
+    prompts, precision = config["prompts"], config["mixed_precision"]
+    data = folder("data", prompts["source"], {"prompts": prompts, "world": config["world"] if prompts["source"] == "shapesworld" else None})
+    dirs = {"data": data, "toyclip": folder("toyclip", "toyclip", {"data": data, **_without(config["toyclip"], "enabled")}),
+            "base": {}, "warmup": {}}
+    for name, policy in config["policies"].items():
+        if policy["kind"] == "toy":
+            base = folder("pretrain", name, {"data": data, "precision": precision, **pretrain_settings(policy)})
+        else:
+            base = folder("weights", name, {"kind": policy["kind"], "path": policy["path"]})
+        dirs["base"][name] = base
+        if policy["warmup"]["enabled"]:
+            dirs["warmup"][name] = folder("warmup", name, {"policy": base, "data": data, "precision": precision,
+                                                          "sampling": policy["sampling"], **_without(policy["warmup"], "enabled")})
+    return dirs
+
+
+def _without(d: dict, *keys: str) -> dict:
+    return {k: v for k, v in d.items() if k not in keys}

@@ -9,6 +9,7 @@ never a truncated one; the temporary file is removed if the write raises.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -28,7 +29,18 @@ __all__ = [
     "atomic_write_csv",
     "atomic_save_figure",
     "to_jsonable",
+    "non_finite",
+    "spec_hash",
+    "read_json",
+    "InputError",
 ]
+
+
+class InputError(ValueError):
+    """A file or setting the user gave (or an earlier stage wrote) that cannot be used.
+
+    The message names the file (and line) or the key; the CLI prints it as one line, without a traceback.
+    """
 
 
 def _current_umask() -> int:
@@ -90,6 +102,36 @@ def to_jsonable(obj: Any) -> Any:
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj
+
+
+def non_finite(obj: Any, prefix: str = "") -> dict[str, str]:
+    """Key paths of the non-finite floats in ``obj`` and what they were ("nan", "inf", "-inf"):
+    the reason beside the ``null`` that ``to_jsonable`` writes in their place."""
+    if isinstance(obj, dict):
+        return {k: v for key, value in obj.items() for k, v in non_finite(value, f"{prefix}{key}.").items()}
+    if isinstance(obj, (list, tuple)):
+        return {k: v for i, value in enumerate(obj) for k, v in non_finite(value, f"{prefix}{i}.").items()}
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return {prefix[:-1]: str(obj)}
+    return {}
+
+
+def spec_hash(spec: Any) -> str:
+    """Short hash (8 hex digits) of a spec's canonical JSON: the one key under which a stage's
+    results and resumable state are stored. Key order does not matter; any value change does."""
+    text = json.dumps(to_jsonable(spec), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """A JSON file's value; a missing, unreadable or invalid file raises InputError naming the path."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: file not found") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InputError(f"{path}: not valid JSON ({err})") from None
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 2) -> Path:

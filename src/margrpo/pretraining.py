@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from margrpo.io import atomic_path, spec_hash
 from margrpo.policy.base import MARPolicy
 from margrpo.policy.toy import mask_ratio_sample, masked_count
 
@@ -27,7 +28,7 @@ BatchFn = Callable[[int, torch.Generator], tuple[Tensor, list[str]]]  # -> image
 
 @dataclass
 class PretrainConfig:
-    steps: int = 3000
+    steps: int = 1200
     batch_size: int = 64
     lr: float = 6e-4
     warmup_steps: int = 100  # linear LR warm-up, then cosine decay to 10%
@@ -105,8 +106,15 @@ def _lr_factor(step: int, cfg: PretrainConfig) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def train(policy: MARPolicy, batch_fn: BatchFn, cfg: PretrainConfig, state_dir: str | Path, log_path: str | Path | None = None) -> MARPolicy:
-    """Train in place and return the EMA policy. Resumes from `state_dir/last.pt` if present."""
+def train(policy: MARPolicy, batch_fn: BatchFn, cfg: PretrainConfig, state_dir: str | Path, log_path: str | Path | None = None,
+          spec: dict | None = None) -> MARPolicy:
+    """Train in place and return the EMA policy.
+
+    Resumes from `state_dir/last.pt` only if it was written under the same spec: `cfg`, the
+    policy's parameter shapes and `spec` (what the stage adds: data, model config). Otherwise it
+    starts fresh and says why. `log_path` (CSV, one row per step) then holds exactly the steps
+    of the state it continues from: no row twice after a kill.
+    """
     state_dir = Path(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
     device = policy.device
@@ -121,13 +129,20 @@ def train(policy: MARPolicy, batch_fn: BatchFn, cfg: PretrainConfig, state_dir: 
     generator = torch.Generator().manual_seed(cfg.seed)
     start = 0
     ckpt = state_dir / "last.pt"
+    key = spec_hash({"config": asdict(cfg), "shapes": {k: list(v.shape) for k, v in policy.state_dict().items()}, "spec": spec})
     if ckpt.exists():
         state = torch.load(ckpt, map_location=device, weights_only=True)
-        policy.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        ema.shadow = state["ema"]
-        generator.set_state(state["generator"])
-        start = int(state["step"])
+        if state.get("spec_hash") == key:
+            policy.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            ema.shadow = state["ema"]
+            generator.set_state(state["generator"])
+            start = int(state["step"])
+            print(f"resumed from {ckpt} at step {start} of {cfg.steps}", flush=True)
+        else:
+            print(f"not resuming from {ckpt}: it was written under another spec ({state.get('spec_hash')}; this run: {key}); starting fresh", flush=True)
+            ckpt.unlink()
+    _trim_log(log_path, start)
     log_rows = []
     policy.train()
     t0 = time.time()
@@ -157,13 +172,29 @@ def train(policy: MARPolicy, batch_fn: BatchFn, cfg: PretrainConfig, state_dir: 
             log_rows = []
             tmp = ckpt.with_suffix(".tmp")
             torch.save({"model": policy.state_dict(), "optimizer": optimizer.state_dict(), "ema": ema.shadow,
-                        "generator": generator.get_state(), "step": step + 1, "config": asdict(cfg)}, tmp)
+                        "generator": generator.get_state(), "step": step + 1, "config": asdict(cfg), "spec_hash": key}, tmp)
             tmp.replace(ckpt)
     ema.copy_to(policy)
     for p in policy.parameters():
         p.requires_grad_(True)
     policy.eval()
     return policy
+
+
+def _trim_log(path, step: int) -> None:
+    """Keep the log rows of steps <= `step` (those of the state training continues from), atomically."""
+    if path is None or not Path(path).exists():
+        return
+    if step == 0:
+        Path(path).unlink()
+        return
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        rows = [r for r in reader if int(r["step"]) <= step]
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=reader.fieldnames)
+        w.writeheader()
+        w.writerows(rows)
 
 
 def _append_log(path, rows) -> None:

@@ -25,7 +25,8 @@ import json
 import random
 from pathlib import Path
 
-from margrpo.world.suites import PromptRecord
+from margrpo.io import InputError
+from margrpo.world.suites import PromptRecord, prompt_problem
 
 COMPBENCH_CATEGORIES = ("color", "shape", "texture", "spatial", "3d_spatial", "non_spatial", "numeracy", "complex")
 TASK_TYPES = {"non": "non_spatial", "object": "object"}  # T2I-R1 task_type -> our category (others map to themselves)
@@ -38,48 +39,59 @@ RL_PROMPTS = DATA_DIR / "mar-grpo" / "train_prompts.jsonl"  # MAR-GRPO's 7,223 R
 
 def _check_prompt(prompt, where: str) -> str:
     if not isinstance(prompt, str) or not prompt.strip():
-        raise ValueError(f"{where}: empty or non-string prompt {prompt!r}")
+        raise InputError(f"{where}: empty or non-string prompt {prompt!r}")
     prompt = prompt.strip()
-    if "_" in prompt or "/" in prompt:
-        raise ValueError(f"{where}: prompt {prompt!r} contains '_' or '/'; sample file names are {{prompt}}_{{index:06d}}.png")
+    if prompt_problem(prompt):
+        raise InputError(f"{where}: prompt {prompt[:60]!r} {prompt_problem(prompt)}")
     return prompt
+
+
+def _lines(path: Path):
+    """(line number, text) of a UTF-8 file (a leading byte-order mark dropped); bad bytes name the line."""
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise InputError(f"{path}:{lineno}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
+            yield lineno, line.removeprefix("\ufeff") if lineno == 1 else line
 
 
 def read_prompt_file(path: str | Path, category: str | None = None) -> list[PromptRecord]:
     """Records of one prompt file: T2I-R1 JSON Lines (.jsonl) or plain text, one prompt per line (.txt).
 
-    A malformed line raises ValueError naming the file and line; a repeated prompt keeps its first line.
+    A malformed line raises InputError (a ValueError) naming the file and line; a repeated prompt
+    keeps its first line.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"prompt file {path} not found")
     records: dict[str, PromptRecord] = {}
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            if path.suffix == ".jsonl":
-                try:
-                    raw = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
-                if not isinstance(raw, dict) or "prompt" not in raw:
-                    raise ValueError(f"{where}: expected an object with a 'prompt' key (T2I-R1 format)")
-                task = raw.get("task_type", category)
-                cat = TASK_TYPES.get(task, task)
-                if cat not in FILE_CATEGORIES:
-                    raise ValueError(f"{where}: unknown task_type {task!r}; expected one of {sorted({*FILE_CATEGORIES, *TASK_TYPES})}")
-                spec = {"source": "t2i-r1", **{k: v for k, v in raw.items() if k not in ("prompt", "task_type")}}
-                record = PromptRecord(_check_prompt(raw["prompt"], where), cat, spec)
-            else:
-                if category not in FILE_CATEGORIES:
-                    raise ValueError(f"{path}: a .txt prompt file needs a category (one of {FILE_CATEGORIES}), got {category!r}")
-                source = "t2i-compbench" if category in COMPBENCH_CATEGORIES else "text"
-                record = PromptRecord(_check_prompt(line, where), category, {"source": source})
-            records.setdefault(record.prompt, record)
+    for lineno, line in _lines(path):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        if path.suffix == ".jsonl":
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise InputError(f"{where}: not valid JSON ({err.msg})") from None
+            if not isinstance(raw, dict) or "prompt" not in raw:
+                raise InputError(f"{where}: expected an object with a 'prompt' key (T2I-R1 format)")
+            task = raw.get("task_type", category)
+            cat = TASK_TYPES.get(task, task)
+            if cat not in FILE_CATEGORIES:
+                raise InputError(f"{where}: unknown task_type {task!r}; expected one of {sorted({*FILE_CATEGORIES, *TASK_TYPES})}")
+            spec = {"source": "t2i-r1", **{k: v for k, v in raw.items() if k not in ("prompt", "task_type")}}
+            record = PromptRecord(_check_prompt(raw["prompt"], where), cat, spec)
+        else:
+            if category not in FILE_CATEGORIES:
+                raise InputError(f"{path}: a .txt prompt file needs a category (one of {FILE_CATEGORIES}), got {category!r}")
+            source = "t2i-compbench" if category in COMPBENCH_CATEGORIES else "text"
+            record = PromptRecord(_check_prompt(line, where), category, {"source": source})
+        records.setdefault(record.prompt, record)
     if not records:
-        raise ValueError(f"prompt file {path} holds no prompts")
+        raise InputError(f"prompt file {path} holds no prompts")
     return list(records.values())
 
 

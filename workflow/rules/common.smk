@@ -1,27 +1,36 @@
 # Schema validation and the get_* functions that keep the rules declarative.
 import json
+import re
 import shlex
 from pathlib import PurePosixPath
 
 import pandas as pd
-from snakemake.utils import Paramspace, validate
+from snakemake.utils import Paramspace
 
 if workflow.overwrite_configfiles:
     # `--configfile X` replaces config/config.yaml instead of deep-merging into the toy defaults.
     config.clear()
     config.update(workflow.config_settings.overwrite_config)
 
-validate(config, schema="../schemas/config.schema.yaml")
+from margrpo.config import pretrain_settings, shared_dirs, train_spec, validate_config  # noqa: E402
 
-from margrpo.config import validate_config, train_spec  # noqa: E402  (cross-reference checks)
+# ../schemas/config.schema.yaml (defaults filled) and every check beyond it: cross references, variant
+# overrides, the ablation table; errors name the key path
+validate_config(config, ", ".join(map(str, workflow.overwrite_configfiles or ["config/config.yaml"])), root=workflow.basedir)
 
-validate_config(config, "config")
-
-RESULTS = "results"  # stages every experiment on this world shares: data, toyclip, pre-training, warm-up
+RESULTS = "results"
+# Stages every experiment on this world shares (data, toyclip, pre-training, warm-up, weight checks), each
+# in a folder keyed by a hash of the settings it reads: results/pretrain/toy-nova-1a2b3c4d (margrpo.config).
+SHARED = shared_dirs(config, RESULTS)
+DATA, TOYCLIP = SHARED["data"], SHARED["toyclip"]
 NAME = config["name"]
 RUNS = f"{RESULTS}/{NAME}"  # this experiment's runs, evaluations and report: configs never overwrite each other
 EXP = config["experiments"]
 GPU = 0 if config["device"] == "cpu" else 1  # `resources: gpu` caps concurrent GPU jobs
+
+def is_toy(policy):
+    return config["policies"][policy]["kind"] == "toy"
+
 
 def resolve(path):
     """A config path relative to the working directory, else to the repository (for --directory runs)."""
@@ -31,7 +40,21 @@ def resolve(path):
 ABLATIONS = Paramspace(pd.read_csv(resolve(EXP["ablations"]["table"]), sep="\t"), filename_params="*")
 
 
+def folder_names(dirs):
+    """The wildcard pattern matching exactly these shared folders (by name), and name -> policy."""
+    names = {os.path.basename(d): policy for policy, d in dirs.items()}
+    return "|".join(re.escape(n) for n in names) or "(?!)", names
+
+
+PRETRAIN_IDS, PRETRAINED = folder_names({p: d for p, d in SHARED["base"].items() if is_toy(p)})
+WEIGHTS_IDS, WEIGHTS = folder_names({p: d for p, d in SHARED["base"].items() if not is_toy(p)})
+WARMUP_IDS, WARMED = folder_names(SHARED["warmup"])
+
+
 wildcard_constraints:
+    pretrained=PRETRAIN_IDS,
+    weights=WEIGHTS_IDS,
+    warmed=WARMUP_IDS,
     policy=r"[A-Za-z0-9.\-]+",
     reward=r"[A-Za-z0-9.\-]+",
     variant=r"[A-Za-z0-9.\-]+",
@@ -39,41 +62,28 @@ wildcard_constraints:
     run=r"(base/[^/]+|train/.+/seed\d+|ablation/.+/seed\d+)",
 
 
-def is_toy(policy):
-    return config["policies"][policy]["kind"] == "toy"
-
-
-def pretrain_settings(policy):
-    """What pre-training reads of a policy's config, and nothing else: editing its warm-up, RL or
-    weights settings never reruns pre-training."""
-    return json.dumps({k: config["policies"][policy][k] for k in ("kind", "head", "model", "pretrain", "sampling")})
-
-
 def uses_toyclip():
     return config["toyclip"]["enabled"]
 
 
 def get_suites():
-    return multiext(f"{RESULTS}/data/suites/", "train.jsonl", "val.jsonl", "eval.jsonl")
+    return multiext(f"{DATA}/", "train.jsonl", "val.jsonl", "eval.jsonl")
 
 
 def get_base_policy(wildcards):
     """The policy RL starts from: warmed-up if the config asks for warm-up, else pre-trained/loaded."""
-    policy = config["policies"][wildcards.policy]
-    if policy["warmup"]["enabled"]:
-        return f"{RESULTS}/warmup/{wildcards.policy}/policy"
+    if wildcards.policy in SHARED["warmup"]:
+        return f"{SHARED['warmup'][wildcards.policy]}/policy"
     return get_loaded_policy(wildcards.policy)
 
 
 def get_loaded_policy(policy):
     """Toy policies are pre-trained here; real ones are checked in place (a pointer file, no copy)."""
-    if is_toy(policy):
-        return f"{RESULTS}/pretrain/{policy}/policy"
-    return f"{RESULTS}/weights/{policy}/policy.json"
+    return f"{SHARED['base'][policy]}/" + ("policy" if is_toy(policy) else "policy.json")
 
 
 def get_reward_inputs(wildcards):
-    return [f"{RESULTS}/toyclip/model"] if uses_toyclip() else []
+    return [f"{TOYCLIP}/model"] if uses_toyclip() else []
 
 
 def get_train_spec(wildcards):

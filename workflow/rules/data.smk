@@ -2,7 +2,7 @@ rule make_suites:
     """Disjoint RL-training / validation / evaluation prompt suites (JSONL: prompt, category, spec)."""
     output:
         get_suites(),
-        world=f"{RESULTS}/data/suites/world.json",
+        world=f"{DATA}/world.json",
     params:
         world=lambda wc: suite_source_args(),
         prompts=config["prompts"],
@@ -10,9 +10,9 @@ rule make_suites:
     conda:
         "../../envs/margrpo.yaml"
     log:
-        "logs/make_suites/make_suites.log",
+        f"logs/make_suites/{os.path.basename(DATA)}.log",
     benchmark:
-        "benchmarks/make_suites/make_suites.tsv"
+        f"benchmarks/make_suites/{os.path.basename(DATA)}.tsv"
     shell:
         "margrpo make-suites --out-dir {params.out_dir} --seed {params.prompts[seed]}"
         " --n-train {params.prompts[n_train]} --n-val {params.prompts[n_val]} --n-eval {params.prompts[n_eval]}"

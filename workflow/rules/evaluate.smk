@@ -2,7 +2,7 @@ rule sample:
     """Images of the evaluation suite in the T2I-CompBench layout: samples/{prompt}_{index:06d}.png."""
     input:
         policy=get_sample_policy,
-        suite=f"{RESULTS}/data/suites/eval.jsonl",
+        suite=f"{DATA}/eval.jsonl",
     output:
         directory(f"{RUNS}/samples/{{run}}/samples"),
     params:
@@ -29,7 +29,7 @@ rule eval_compbench:
     """CompBench-style per-category scores (the ShapesWorld parser on the toy world; T2I-CompBench's metrics at real scale)."""
     input:
         samples=f"{RUNS}/samples/{{run}}/samples",
-        suite=f"{RESULTS}/data/suites/eval.jsonl",
+        suite=f"{DATA}/eval.jsonl",
     output:
         per_category=f"{RUNS}/eval/{{run}}/compbench.csv",
         per_image=f"{RUNS}/eval/{{run}}/compbench_per_image.csv",
@@ -54,14 +54,14 @@ rule eval_preference:
     """Preference-model scores (toyclip on the toy world; HPS/ImageReward/PickScore at real scale)."""
     input:
         samples=f"{RUNS}/samples/{{run}}/samples",
-        suite=f"{RESULTS}/data/suites/eval.jsonl",
+        suite=f"{DATA}/eval.jsonl",
         rewards=get_reward_inputs,
     output:
         f"{RUNS}/eval/{{run}}/preference.csv",
     params:
         scorers=",".join(config["evaluation"]["preference"]),
         options=json.dumps(config["reward_models"]),
-        toyclip=f"{RESULTS}/toyclip/model",
+        toyclip=f"{TOYCLIP}/model",
     threads: config["threads"]
     resources:
         gpu=GPU,

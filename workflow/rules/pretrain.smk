@@ -1,10 +1,10 @@
 rule train_toyclip:
     """The learned toy reward (the HPS analogue): a contrastive image-text scorer with hard negatives."""
     input:
-        world=f"{RESULTS}/data/suites/world.json",
+        world=f"{DATA}/world.json",
     output:
-        model=directory(f"{RESULTS}/toyclip/model"),
-        metrics=f"{RESULTS}/toyclip/metrics.json",
+        model=directory(f"{TOYCLIP}/model"),
+        metrics=f"{TOYCLIP}/metrics.json",
     params:
         cfg=lambda wc: json.dumps(config["toyclip"]),
     threads: config["threads"]
@@ -13,25 +13,25 @@ rule train_toyclip:
     conda:
         "../../envs/margrpo.yaml"
     log:
-        "logs/train_toyclip/train_toyclip.log",
+        f"logs/train_toyclip/{os.path.basename(TOYCLIP)}.log",
     benchmark:
-        "benchmarks/train_toyclip/train_toyclip.tsv"
+        f"benchmarks/train_toyclip/{os.path.basename(TOYCLIP)}.tsv"
     shell:
         "margrpo train-toyclip --world {input.world} --config-json {params.cfg:q}"
         " --out-dir {output.model} --metrics {output.metrics} --threads {threads} > {log} 2>&1"
 
 
 rule pretrain:
-    """A toy MAR base policy trained from scratch on ShapesWorld (resumes from results/pretrain/<policy>/state)."""
+    """A toy MAR base policy trained from scratch on ShapesWorld (resumes from its folder's state/ if the spec matches)."""
     input:
-        world=f"{RESULTS}/data/suites/world.json",
-        suite=f"{RESULTS}/data/suites/eval.jsonl",
+        world=f"{DATA}/world.json",
+        suite=f"{DATA}/eval.jsonl",
     output:
-        policy=directory(f"{RESULTS}/pretrain/{{policy}}/policy"),
-        quality=f"{RESULTS}/pretrain/{{policy}}/quality.json",
-        samples=f"{RESULTS}/pretrain/{{policy}}/samples.png",
+        policy=directory(f"{RESULTS}/pretrain/{{pretrained}}/policy"),
+        quality=f"{RESULTS}/pretrain/{{pretrained}}/quality.json",
+        samples=f"{RESULTS}/pretrain/{{pretrained}}/samples.png",
     params:
-        cfg=lambda wc: pretrain_settings(wc.policy),
+        cfg=lambda wc: json.dumps(pretrain_settings(config["policies"][PRETRAINED[wc.pretrained]])),
         precision=config["mixed_precision"],
     threads: config["threads"]
     resources:
@@ -40,9 +40,9 @@ rule pretrain:
     conda:
         "../../envs/margrpo.yaml"
     log:
-        "logs/pretrain/{policy}.log",
+        "logs/pretrain/{pretrained}.log",
     benchmark:
-        "benchmarks/pretrain/{policy}.tsv"
+        "benchmarks/pretrain/{pretrained}.tsv"
     shell:
         "margrpo pretrain --world {input.world} --eval-suite {input.suite} --policy-json {params.cfg:q}"
         " --out-dir {output.policy} --quality {output.quality} --samples-png {output.samples} --precision {params.precision}"
@@ -52,15 +52,15 @@ rule pretrain:
 rule check_weights:
     """Real-scale weights load from a local folder: fail early, naming the files expected there."""
     output:
-        f"{RESULTS}/weights/{{policy}}/policy.json",
+        f"{RESULTS}/weights/{{weights}}/policy.json",
     params:
-        kind=lambda wc: config["policies"][wc.policy]["kind"],
-        path=lambda wc: config["policies"][wc.policy]["path"],
+        kind=lambda wc: config["policies"][WEIGHTS[wc.weights]]["kind"],
+        path=lambda wc: config["policies"][WEIGHTS[wc.weights]]["path"],
     conda:
         "../../envs/margrpo.yaml"
     log:
-        "logs/check_weights/{policy}.log",
+        "logs/check_weights/{weights}.log",
     benchmark:
-        "benchmarks/check_weights/{policy}.tsv"
+        "benchmarks/check_weights/{weights}.tsv"
     shell:
         "margrpo check-weights --kind {params.kind} --path {params.path:q} --out {output} > {log} 2>&1"

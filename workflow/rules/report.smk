@@ -106,7 +106,7 @@ rule uncertainty_maps:
     """Per-token MTE uncertainty of the base policy (data for Fig. 4)."""
     input:
         policy=lambda wc: get_base_policy(type("W", (), {"policy": EXP["ladder"]["policies"][0]})),
-        suite=f"{RESULTS}/data/suites/eval.jsonl",
+        suite=f"{DATA}/eval.jsonl",
     output:
         f"{RUNS}/uncertainty/maps.npz",
     params:

@@ -15,7 +15,7 @@ rule train:
         spec=get_train_spec,
         run_dir=lambda wc, output: os.path.dirname(output.summary),
         suites_dir=lambda wc, input: os.path.dirname(input.suites[0]),
-        toyclip=f"{RESULTS}/toyclip/model",
+        toyclip=f"{TOYCLIP}/model",
     threads: config["threads"]
     resources:
         gpu=GPU,
@@ -45,7 +45,7 @@ rule train_ablation:
         spec=get_ablation_spec,
         run_dir=lambda wc, output: os.path.dirname(output.summary),
         suites_dir=lambda wc, input: os.path.dirname(input.suites[0]),
-        toyclip=f"{RESULTS}/toyclip/model",
+        toyclip=f"{TOYCLIP}/model",
     threads: config["threads"]
     resources:
         gpu=GPU,

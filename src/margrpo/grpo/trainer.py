@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import copy
 import csv
-import json
 import math
 import resource
+import shutil
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -22,6 +22,7 @@ import torch
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
+from margrpo.io import atomic_write_json, non_finite, spec_hash
 from margrpo.grpo.functions import (
     consistency_mask,
     group_advantages,
@@ -124,14 +125,25 @@ class GRPOConfig:
                              "policy change; set old_logprob: recomputed, or reinforce: true (no ratio)")
         if self.micro_batches < 1 or (self.batch_prompts * self.group_size) % self.micro_batches:
             raise ValueError(f"micro_batches ({self.micro_batches}) must divide the {self.batch_prompts * self.group_size} images of a batch")
+        if self.steps < 1 or self.batch_prompts < 1:
+            raise ValueError(f"steps ({self.steps}) and batch_prompts ({self.batch_prompts}) must be >= 1")
+        if self.group_size < 2:
+            raise ValueError(f"group_size (G) must be >= 2, got {self.group_size}: a group of one has zero advantage")
+        if math.isnan(self.tau) or not self.lr > 0:
+            raise ValueError(f"tau must be a number (got {self.tau}) and lr > 0 (got {self.lr})")
+        if min(self.save_every, self.val_every, self.val_prompts, self.mask_steps, self.diffusion_steps) < 1:
+            raise ValueError("save_every, val_every, val_prompts, mask_steps and diffusion_steps must be >= 1")
 
     @classmethod
     def from_spec(cls, spec: dict, precision: str = "bf16") -> GRPOConfig:
-        """Build from the `train_spec` dict the workflow passes (grpo section + variant switches)."""
-        names = {f.name for f in fields(cls)}
-        merged = {k: v for k, v in spec["grpo"].items() if k in names}
-        merged.update({k: v for k, v in spec["variant"].items() if k in names})
-        return cls(**merged, precision=precision)
+        """Build from the `train_spec` dict the workflow passes (grpo section + variant switches).
+        A key that is no field (a typo, a retired knob) is an error, not silently dropped."""
+        names = {f.name for f in fields(cls)} - {"precision"}
+        variant = {k: v for k, v in spec["variant"].items() if k not in ("name", "report_step")}  # not training settings
+        unknown = sorted((set(spec["grpo"]) | set(variant)) - names)
+        if unknown:
+            raise ValueError(f"unknown GRPO setting(s) {unknown}; expected names from {', '.join(sorted(names))}")
+        return cls(**{**spec["grpo"], **variant}, precision=precision)
 
 
 @dataclass
@@ -193,6 +205,11 @@ class GRPOTrainer:
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, betas=(0.9, 0.999), weight_decay=config.weight_decay)
         self.step, self.rows, self.checkpoints, self.nonfinite_run = 0, [], [], 0
+        self.spec_hash = self.run_hash(None)
+
+    def run_hash(self, spec: dict | None) -> str:
+        """What a resumable state must match: this trainer's configs plus the stage's `spec` (inputs, reward, seed)."""
+        return spec_hash({"grpo": asdict(self.cfg), "sampling": asdict(self.sampling), "spec": spec})
 
     # --- one GRPO step ----------------------------------------------------------------------------
     def choose_steps(self, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -382,20 +399,32 @@ class GRPOTrainer:
         ckpt = self.state_dir / f"ckpt-{self.step:06d}" / "policy"
         if self.accelerator.is_main_process:
             self.accelerator.unwrap_model(self.policy).save_pretrained(ckpt)
+            # tensors and primitives only (loads with weights_only=True); the policy is the ckpt folder beside it
             state = {"step": self.step, "optimizer": self.optimizer.state_dict(), "rows": self.rows,
-                     "checkpoints": self.checkpoints, "nonfinite_run": self.nonfinite_run, "policy_dir": str(ckpt)}
+                     "checkpoints": self.checkpoints, "nonfinite_run": self.nonfinite_run, "spec_hash": self.spec_hash}
             tmp = self.state_dir / "trainer.pt.tmp"
             torch.save(state, tmp)
             tmp.replace(self.state_dir / "trainer.pt")
 
     def try_resume(self) -> bool:
+        """Resume from state/ only if it was written under this run's spec (`self.spec_hash`); else clear it."""
+        from margrpo.policy import load_policy  # the policy registry imports every model family
+
         path = self.state_dir / "trainer.pt"
         if not path.exists():
             return False
-        state = torch.load(path, map_location="cpu", weights_only=False)
-        from margrpo.policy import load_policy
-
-        loaded = load_policy(state["policy_dir"], device=self.accelerator.device)
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            why = f"it holds a run of another spec ({state.get('spec_hash')}; this run: {self.spec_hash})"
+        except Exception as err:  # an older or foreign state file: it cannot be trusted either
+            state, why = {}, f"it cannot be read with weights_only=True ({type(err).__name__})"
+        if state.get("spec_hash") != self.spec_hash:
+            print(f"not resuming from {path}: {why}; starting fresh", flush=True)
+            shutil.rmtree(self.state_dir)
+            self.state_dir.mkdir(parents=True)
+            return False
+        ckpt = self.state_dir / f"ckpt-{state['step']:06d}" / "policy"  # found beside trainer.pt wherever the folder is now
+        loaded = load_policy(ckpt, device=self.accelerator.device)
         self.policy.load_state_dict(loaded.state_dict())
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.rows, self.checkpoints = state["step"], state["rows"], state["checkpoints"]
@@ -403,7 +432,10 @@ class GRPOTrainer:
         print(f"resumed from {path} at step {self.step} of {self.cfg.steps}", flush=True)
         return True
 
-    def train(self) -> dict:
+    def train(self, spec: dict | None = None) -> dict:
+        """Train to `cfg.steps`, resuming from state/ when it was written under the same spec: this
+        trainer's configs plus `spec` (what the stage adds: inputs, reward, seed)."""
+        self.spec_hash = self.run_hash(spec)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         resumed = self.try_resume()
         if not resumed:
@@ -503,6 +535,5 @@ def write_outputs(trainer: GRPOTrainer, spec: dict) -> None:
     summary = {"run_dir": str(out), "variant": spec["variant"]["name"], "steps": trainer.step,
                "checkpoints": [c for c in trainer.checkpoints if c["step"] > 0], "base_val_reward": base,
                "spec": spec, "config": asdict(trainer.cfg)}
-    tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=1))
-    tmp.replace(out / "summary.json")
+    bad = non_finite(summary)  # strict JSON: null in their place, and why
+    atomic_write_json(out / "summary.json", {**summary, **({"non_finite": bad} if bad else {})}, indent=1)

@@ -8,12 +8,16 @@ __all__ = ["MARPolicy", "TextCondition", "ToyMAR", "ToyMARConfig", "deterministi
 
 def load_policy(path, device="cpu") -> MARPolicy:
     """Load any policy from a folder (or a `policy.json` pointer written by `margrpo check-weights`)."""
-    import json
     from pathlib import Path
+
+    from margrpo.io import InputError, read_json
 
     p = Path(path)
     if p.suffix == ".json":
-        p = Path(json.loads(p.read_text())["path"])
+        pointer = read_json(p)
+        if not isinstance(pointer, dict) or "path" not in pointer:
+            raise InputError(f"{p}: expected a pointer {{\"path\": <policy folder>}} (written by `margrpo check-weights`)")
+        p = Path(pointer["path"])
     from margrpo.policy.nova import NovaPolicy  # cheap: heavy imports happen inside from_pretrained
 
     from margrpo.policy.harmon import HarmonPolicy
@@ -25,7 +29,8 @@ def load_policy(path, device="cpu") -> MARPolicy:
     config = p / "config.json"
     if not config.exists():
         raise FileNotFoundError(f"{p}: no config.json; expected a policy folder written by save_pretrained")
-    model_type = json.loads(config.read_text()).get("model_type")
+    raw = read_json(config)
+    model_type = raw.get("model_type") if isinstance(raw, dict) else None
     if model_type == "toy-mar":
         return ToyMAR.from_pretrained(p, device)
-    raise ValueError(f"{config}: unknown model_type {model_type!r}; known: 'toy-mar', NOVA (model_index.json), 'harmon'")
+    raise InputError(f"{config}: unknown model_type {model_type!r}; known: 'toy-mar', NOVA (model_index.json), 'harmon'")

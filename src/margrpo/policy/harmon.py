@@ -539,9 +539,10 @@ class HarmonPolicy(MARPolicy):
         d = Path(path)
         if (d / CONFIG).is_file():
             try:
-                return json.loads((d / CONFIG).read_text()).get("model_type") == "harmon"
+                raw = json.loads((d / CONFIG).read_text())
             except ValueError:
                 return False
+            return isinstance(raw, dict) and raw.get("model_type") == "harmon"
         return any((d / name).is_file() for name in (HarmonConfig.weights_name, HarmonConfig.vae_name))
 
     @classmethod
@@ -589,10 +590,12 @@ class HarmonPolicy(MARPolicy):
 
 
 def _read_json(path: Path) -> dict:
+    from margrpo.io import InputError
+
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as err:
-        raise ValueError(f"{path}: unreadable JSON ({err})") from err
+        raise InputError(f"{path}: unreadable JSON ({err})") from err
 
 
 def _read_config(d: Path) -> HarmonConfig:

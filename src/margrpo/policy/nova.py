@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from margrpo.diffusion import FlowSDESampler, Sampler
+from margrpo.io import read_json
 from margrpo.policy.base import MARPolicy, TextCondition
 from margrpo.policy.layers import Attention, timestep_embedding
 
@@ -524,7 +525,7 @@ class NovaPolicy(MARPolicy):
     def is_checkpoint(directory: str | Path) -> bool:
         """True for a NOVA pipeline folder (published or written by save_pretrained)."""
         index = Path(directory) / "model_index.json"
-        return index.is_file() and json.loads(index.read_text()).get("_class_name") == "NOVAPipeline"
+        return index.is_file() and read_json(index).get("_class_name") == "NOVAPipeline"
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, device: str | torch.device = "cpu",
@@ -541,8 +542,8 @@ class NovaPolicy(MARPolicy):
         _require(d)
         shift = 1.0
         if (d / "scheduler" / "scheduler_config.json").is_file():
-            shift = float(json.loads((d / "scheduler" / "scheduler_config.json").read_text()).get("shift", 1.0))
-        config = NovaConfig.from_nova_json(json.loads((d / "transformer" / "config.json").read_text()), flow_shift=shift)
+            shift = float(read_json(d / "scheduler" / "scheduler_config.json").get("shift", 1.0))
+        config = NovaConfig.from_nova_json(read_json(d / "transformer" / "config.json"), flow_shift=shift)
         dtype = dtype or torch.float32
         text_encoder = PhiModel.from_pretrained(str(d / "text_encoder"), torch_dtype=dtype, attn_implementation="sdpa",
                                                 local_files_only=True)

@@ -22,6 +22,7 @@ from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 from margrpo.text import SPECIAL_TOKENS, build_tokenizer  # noqa: F401  (re-exported)
 
 from margrpo.diffusion import DDPMSampler, FlowSDESampler, Sampler
+from margrpo.io import InputError, read_json
 from margrpo.policy.base import MARPolicy, TextCondition
 from margrpo.policy.layers import Block, SimpleMLPAdaLN
 
@@ -204,12 +205,16 @@ class ToyMAR(MARPolicy):
         missing = [n for n in (CONFIG, WEIGHTS, TOKENIZER) if not (d / n).exists()]
         if missing:
             raise FileNotFoundError(f"{d}: not a toy MAR checkpoint; missing {', '.join(missing)} (expected {CONFIG}, {WEIGHTS}, {TOKENIZER}/)")
-        raw = json.loads((d / CONFIG).read_text())
-        if raw.pop("model_type", None) != "toy-mar":
-            raise ValueError(f"{d / CONFIG}: model_type is not 'toy-mar'")
+        raw = read_json(d / CONFIG)
+        if not isinstance(raw, dict) or raw.pop("model_type", None) != "toy-mar":
+            raise InputError(f"{d / CONFIG}: model_type is not 'toy-mar'")
         if "token_norm" in raw:
             raw["token_norm"] = tuple(raw["token_norm"])
-        model = cls(ToyMARConfig(**raw), PreTrainedTokenizerFast.from_pretrained(str(d / TOKENIZER)))
+        try:
+            config = ToyMARConfig(**raw)
+        except (TypeError, ValueError) as err:
+            raise InputError(f"{d / CONFIG}: {err}") from None
+        model = cls(config, PreTrainedTokenizerFast.from_pretrained(str(d / TOKENIZER)))
         try:
             state = load_file(str(d / WEIGHTS))
         except Exception as err:  # safetensors raises its own error types for truncated files

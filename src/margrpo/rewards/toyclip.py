@@ -236,8 +236,10 @@ class ToyClip(nn.Module):
             raise FileNotFoundError(f"{d} is not a toyclip model: missing {', '.join(missing)}; expected {expected}")
         try:
             raw = json.loads((d / CONFIG_FILE).read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{d / CONFIG_FILE}: not valid JSON ({err})") from err
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            from margrpo.io import InputError
+
+            raise InputError(f"{d / CONFIG_FILE}: not valid JSON ({err})") from err
         if raw.pop("model_type", None) != MODEL_TYPE:
             raise ValueError(f"{d / CONFIG_FILE}: model_type is not {MODEL_TYPE!r}")
         model = cls(ToyClipConfig(**raw), PreTrainedTokenizerFast.from_pretrained(str(d / TOKENIZER_DIR)))

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
+from margrpo.io import InputError
 
 
 def setup(threads: int | None, device: str = "auto"):
     """Thread count for CPU jobs (Snakemake runs several in parallel) and the device to use."""
     import torch
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ["HF_HUB_OFFLINE"] = "1"  # forced: a stage never reaches for a hub, whatever the shell says
     if threads:
         torch.set_num_threads(threads)
     if device == "auto":
@@ -22,24 +24,53 @@ def setup(threads: int | None, device: str = "auto"):
     return torch.device(device)
 
 
-def json_arg(text: str, what: str) -> dict:
+def json_arg(text: str, what: str, section: str | None = None) -> dict:
+    """A `--*-json` argument as a dict; with `section` (a schema path such as "policies.*.sampling")
+    it is validated against that part of the config schema and its defaults are filled."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as err:
-        raise SystemExit(f"{what}: not valid JSON ({err})") from err
+        raise InputError(f"{what}: not valid JSON ({err})") from None
     if not isinstance(value, dict):
-        raise SystemExit(f"{what}: expected a JSON object")
+        raise InputError(f"{what}: expected a JSON object")
+    if section is not None:
+        from margrpo.config import validate_section
+
+        value = validate_section(value, section, what)
     return value
 
 
 def sampling_config(d: dict):
-    """SamplingConfig from a config's `sampling` section (every field it knows; other keys ignored)."""
-    import dataclasses
-
+    """SamplingConfig from a config's `sampling` section, validated (unknown keys and bad values are errors)."""
+    from margrpo.config import validate_section
     from margrpo.rollout import SamplingConfig
 
-    names = {f.name for f in dataclasses.fields(SamplingConfig)}
-    return SamplingConfig(**{k: v for k, v in d.items() if k in names})
+    return SamplingConfig(**validate_section(d, "policies.*.sampling", "sampling"))
+
+
+def git_revision() -> str:
+    """The revision of the code that ran (the package's checkout, wherever the job's working directory is)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def write_spec(folder: str | Path, spec: dict) -> dict:
+    """`<folder>/spec.json`: what this stage ran with (its resolved settings and inputs) and the git
+    revision, written atomically beside the outputs it explains. Returns what it wrote."""
+    from margrpo.io import atomic_write_json
+
+    record = {**spec, "git_rev": git_revision()}
+    atomic_write_json(Path(folder) / "spec.json", record, indent=1)
+    return record
+
+
+def stage_args(args) -> dict:
+    """A stage's command-line arguments as a spec (paths as strings, `--*-json` values parsed)."""
+    return {k: json.loads(v) if k.endswith("_json") and isinstance(v, str) else v
+            for k, v in vars(args).items() if not k.startswith("_") and k != "stage"}
 
 
 def prompt_set(path: str | Path):

@@ -23,19 +23,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def check_folder(kind: str, path: str | Path) -> Path:
+    """The folder, if it holds every expected file: non-empty, `.json` ones valid JSON objects."""
+    from margrpo.io import InputError, read_json
+
     p = Path(path).expanduser().resolve()
     if not p.is_dir():
         raise FileNotFoundError(f"{kind} weights: folder {p} does not exist; put the checkpoint there (expected files: {', '.join(EXPECTED[kind])}) or set policies.<name>.path")
     missing = [f for f in EXPECTED[kind] if not (p / f).exists()]
     if missing:
         raise FileNotFoundError(f"{kind} weights in {p}: missing {', '.join(missing)} (expected: {', '.join(EXPECTED[kind])})")
+    for name in EXPECTED[kind]:
+        f = p / name
+        if (f.is_dir() and not any(f.iterdir())) or (f.is_file() and f.stat().st_size == 0):
+            raise InputError(f"{kind} weights: {f} is empty")
+        if f.suffix == ".json" and not isinstance(read_json(f), dict):
+            raise InputError(f"{kind} weights: {f} is not a JSON object")
     return p
 
 
 def run(args) -> None:
     from margrpo.io import atomic_write_json
+    from margrpo.stages._common import write_spec
 
     p = check_folder(args.kind, args.path)
+    write_spec(Path(args.out).parent, {"kind": args.kind, "path": str(p)})
     atomic_write_json(args.out, {"kind": args.kind, "path": str(p)})
     print(f"{args.kind} weights found at {p}")
 

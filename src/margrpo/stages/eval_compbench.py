@@ -48,7 +48,7 @@ def run_real(args: argparse.Namespace) -> None:
     from margrpo.stages._common import json_arg
     from margrpo.world import load_suite
 
-    models = json_arg(args.models_json, "--models-json")
+    models = json_arg(args.models_json, "--models-json", section="evaluation.compbench_models")
     category_of = {r.prompt: canonical_category(r.category) for r in load_suite(args.suite)}
     samples = list_samples(args.samples_dir)
     stray = sorted({s.prompt for s in samples} - set(category_of))

@@ -44,7 +44,7 @@ def run(args) -> None:
     if missing:
         raise SystemExit(f"{args.samples_dir}: {len(missing)} sample prompt(s) not in {args.suite}, e.g. {missing[0]!r}")
     names = [n for n in args.scorers.split(",") if n]
-    options = reward_options({n: 1.0 for n in names}, json_arg(args.options_json, "--options-json"), args.toyclip_dir)
+    options = reward_options({n: 1.0 for n in names}, json_arg(args.options_json, "--options-json", section="reward_models"), args.toyclip_dir)
     rows = []
     for name in names:
         scorer = build_reward(name, **options.get(name, {}))

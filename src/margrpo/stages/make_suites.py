@@ -78,6 +78,9 @@ def world_config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> None:
+    from margrpo.stages._common import stage_args, write_spec
+
+    write_spec(args.out_dir, stage_args(args))
     if args.source == "files":
         return run_files(args)
     cfg = world_config(args)

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from margrpo.stages._common import json_arg, sampling_config, setup
+from margrpo.stages._common import json_arg, sampling_config, setup, stage_args, write_spec
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,9 +39,10 @@ def world_batches(world_cfg):
 
 
 def load_world(path):
+    from margrpo.io import read_json
     from margrpo.world import WorldConfig
 
-    return WorldConfig.from_dict(json.loads(Path(path).read_text()))
+    return WorldConfig.from_dict(read_json(path))
 
 
 def write_policy(policy, out_dir: Path) -> None:
@@ -92,22 +92,24 @@ def run(args) -> None:
     from margrpo.pretraining import PretrainConfig, train
     from margrpo.world import prompt_vocabulary
 
-    spec = json_arg(args.policy_json, "--policy-json")
+    spec = json_arg(args.policy_json, "--policy-json", section="policies.*")
     if spec["kind"] != "toy":
         raise SystemExit(f"pretrain builds toy policies only; a {spec['kind']} policy loads from its path")
     device = setup(args.threads)
     world_cfg = load_world(args.world)
-    model_cfg = ToyMARConfig(head_type=spec["head"], image_size=world_cfg.image_size, vocab=prompt_vocabulary(), **spec.get("model", {}))
+    model_cfg = ToyMARConfig(head_type=spec["head"], image_size=world_cfg.image_size, vocab=prompt_vocabulary(), **spec["model"])
     pre = spec["pretrain"]
     cfg = PretrainConfig(steps=pre["steps"], batch_size=pre["batch_size"], lr=pre["lr"], seed=pre["seed"],
-                         head_steps=pre.get("head_steps"), mask_ratio_min=pre["mask_ratio_min"],
+                         head_steps=pre["head_steps"], mask_ratio_min=pre["mask_ratio_min"],
                          mask_ratio_std=pre["mask_ratio_std"], precision=args.precision)
     torch.manual_seed(cfg.seed)
     policy = ToyMAR(model_cfg).to(device)
     print(f"toy MAR ({spec['head']} head): {count_parameters(policy) / 1e6:.2f}M parameters, head {count_parameters(policy.diffloss) / 1e6:.2f}M, {policy.seq_len} tokens x {policy.token_dim}")
     out = Path(args.out_dir)
     state = out.parent / "state"
-    train(policy, world_batches(world_cfg), cfg, state, log_path=state / "log.csv")
+    write_spec(out.parent, {**stage_args(args), "policy_json": spec, "world": world_cfg.to_dict()})
+    train(policy, world_batches(world_cfg), cfg, state, log_path=state / "log.csv",
+          spec={"model": dataclasses.asdict(model_cfg), "world": world_cfg.to_dict()})
     write_policy(policy, out)
     write_quality(policy, args, sampling_config(spec["sampling"]), args.quality, {"pretrain": dataclasses.asdict(cfg)}, world_cfg,
                   title=f"{out.parent.name}: pre-trained ({cfg.steps} steps)")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 from pathlib import Path
 
@@ -27,9 +26,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def resolve_policy(path: str) -> str:
     """A selection.json (from `margrpo select`) points at the chosen checkpoint's policy folder."""
+    from margrpo.io import read_json
+
     p = Path(path)
     if p.suffix == ".json" and p.name == "selection.json":
-        chosen = json.loads(p.read_text())["policy"]
+        chosen = read_json(p).get("policy")
         if chosen is None:
             raise SystemExit(f"{p}: the selection has no checkpoint folder")
         return chosen

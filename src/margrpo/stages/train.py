@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 from pathlib import Path
 
-from margrpo.stages._common import json_arg, prompt_set, reward_options, sampling_config, setup
+from margrpo.io import InputError
+from margrpo.stages._common import json_arg, prompt_set, reward_options, sampling_config, setup, write_spec
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,22 +23,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> None:
-    from margrpo.config import load_config, train_spec
+    from margrpo.config import load_config, train_spec, validate_train_spec
     from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, write_outputs
     from margrpo.policy import load_policy
     from margrpo.rewards import build_reward_mix
 
     if args.spec_json:
-        spec = json_arg(args.spec_json, "--spec-json")
+        spec = validate_train_spec(json_arg(args.spec_json, "--spec-json"))
     else:
         if not (args.policy and args.reward and args.variant):
             raise SystemExit("--config needs --policy, --reward and --variant")
         spec = train_spec(load_config(args.config), args.policy, args.reward, args.variant)
     device = setup(args.threads, spec.get("device", "auto"))
     out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "spec.json").write_text(json.dumps({**spec, "seed": args.seed, "git_rev": git_revision()}, indent=1))
-    cfg = GRPOConfig.from_spec(spec, precision=spec.get("mixed_precision", "bf16"))
+    # the run's full spec: its settings, its seed and its inputs (whose folder names carry their own
+    # settings' hashes); state/ is resumed only under the same spec
+    run_spec = {**spec, "seed": args.seed,
+                "inputs": {"policy_dir": args.policy_dir, "suites_dir": args.suites_dir, "toyclip_dir": args.toyclip_dir}}
+    write_spec(out, run_spec)
+    try:
+        cfg = GRPOConfig.from_spec(spec, precision=spec.get("mixed_precision", "bf16"))
+    except (TypeError, ValueError) as err:
+        raise InputError(f"--spec-json: {err}") from None
     cfg.seed = args.seed
     weights = spec["reward"]["weights"]
     reward = build_reward_mix(weights, reward_options(weights, spec.get("reward_models", {}), args.toyclip_dir))
@@ -48,17 +53,10 @@ def run(args) -> None:
         load_policy(args.policy_dir, device), reward, prompt_set(suites / "train.jsonl"), prompt_set(suites / "val.jsonl"),
         sampling_config(spec["sampling"]), cfg, out,
     )
-    trainer.train()
-    write_outputs(trainer, spec)
+    trainer.train(run_spec)
+    write_outputs(trainer, run_spec)
     best = max(trainer.checkpoints, key=lambda c: c["val_reward"])
     print(f"done: {trainer.step} steps; base val reward {trainer.checkpoints[0]['val_reward']:.4f}; best {best['val_reward']:.4f} at step {best['step']}")
-
-
-def git_revision() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 if __name__ == "__main__":

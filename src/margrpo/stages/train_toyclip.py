@@ -1,27 +1,28 @@
 """`margrpo train-toyclip`: train the learned toy reward (the HPS analogue) and measure it.
 
-    margrpo train-toyclip --world results/data/suites/world.json \
+    margrpo train-toyclip --world results/data/shapesworld-<hash>/world.json \
         --config-json '{"steps": 1500, "batch_size": 64, "lr": 0.001, "width": 64, "seed": 0}' \
-        --out-dir results/toyclip/model --metrics results/toyclip/metrics.json --threads 1
+        --out-dir results/toyclip/mine/model --metrics results/toyclip/mine/metrics.json --threads 1
 
 Writes the model folder (config.json, model.safetensors, tokenizer/; saved into a temp folder,
 then renamed) and a metrics JSON: held-out ranking accuracy overall and per swap type (true
-caption vs one attribute swapped, on fresh scenes), training time and loss.
+caption vs one attribute swapped, on fresh scenes), training time and loss; spec.json beside the
+model folder records the resolved settings.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from pathlib import Path
 
-from margrpo.stages._common import json_arg, setup
+from margrpo.config import validate_section
+from margrpo.stages._common import json_arg, setup, stage_args, write_spec
 
 log = logging.getLogger("margrpo.train_toyclip")
 
-# --config-json keys (the config schema's `toyclip` block) and their defaults
-CONFIG_DEFAULTS = {"enabled": True, "steps": 1500, "batch_size": 64, "lr": 1e-3, "width": 64, "seed": 0}
+# --config-json keys and their defaults: the config schema's `toyclip` block (one source of defaults)
+CONFIG_DEFAULTS = validate_section({}, "toyclip", "toyclip")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,20 +41,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_world(path: Path):
     """The WorldConfig from world.json (`WorldConfig.from_dict`), with a clear error if it is missing."""
+    from margrpo.io import read_json
     from margrpo.world import WorldConfig
 
     if not path.is_file():
         raise FileNotFoundError(f"missing {path} (world.json is written by `margrpo make-suites`)")
-    return WorldConfig.from_dict(json.loads(path.read_text()))
+    return WorldConfig.from_dict(read_json(path))
 
 
 def toyclip_settings(text: str) -> dict:
-    """--config-json merged over the defaults; unknown keys are an error (most likely a typo)."""
-    given = json_arg(text, "--config-json")
-    unknown = sorted(set(given) - set(CONFIG_DEFAULTS))
-    if unknown:
-        raise SystemExit(f"--config-json: unknown key(s) {unknown}; expected a subset of {sorted(CONFIG_DEFAULTS)}")
-    return {**CONFIG_DEFAULTS, **given}
+    """--config-json validated against the schema's toyclip block, missing keys from its defaults."""
+    return json_arg(text, "--config-json", section="toyclip")
 
 
 def run(args: argparse.Namespace) -> None:
@@ -66,6 +64,7 @@ def run(args: argparse.Namespace) -> None:
         raise SystemExit("toyclip is disabled (enabled: false); the pipeline does not need this stage")
     device = setup(args.threads, args.device)
     world_cfg = load_world(args.world)
+    write_spec(Path(args.out_dir).parent, {**stage_args(args), "config_json": settings})
     model, info = train_toyclip(
         world_cfg, steps=settings["steps"], batch_size=settings["batch_size"], lr=settings["lr"],
         width=settings["width"], seed=settings["seed"], log=log.info, precision=args.precision, device=device,

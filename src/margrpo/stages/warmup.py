@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from margrpo.stages._common import json_arg, sampling_config, setup
+from margrpo.stages._common import json_arg, sampling_config, setup, stage_args, write_spec
 from margrpo.stages.pretrain import load_world, world_batches, write_policy, write_quality
 
 
@@ -34,16 +34,19 @@ def run(args) -> None:
     from margrpo.world import load_suite
 
     device = setup(args.threads)
-    w = json_arg(args.warmup_json, "--warmup-json")
+    w = json_arg(args.warmup_json, "--warmup-json", section="policies.*.warmup")
+    sampling_json = json_arg(args.sampling_json, "--sampling-json", section="policies.*.sampling") if args.sampling_json else {}
     world_cfg = load_world(args.world)
     policy = load_policy(args.policy_dir, device)
-    sampling = sampling_config(json_arg(args.sampling_json, "--sampling-json") if args.sampling_json else {})
-    before, _ = quality_report(policy, load_suite(args.eval_suite), sampling, args.quality_images, world_cfg=world_cfg, precision=args.precision)
-    cfg = PretrainConfig(steps=w["steps"], lr=w["lr"], batch_size=w.get("batch_size", 64), train_ar=False,
-                         warmup_steps=min(50, w["steps"]), seed=args.seed, precision=args.precision)
+    sampling = sampling_config(sampling_json)
     out = Path(args.out_dir)
+    write_spec(out.parent, {**stage_args(args), "warmup_json": w, "sampling_json": sampling_json, "world": world_cfg.to_dict()})
+    before, _ = quality_report(policy, load_suite(args.eval_suite), sampling, args.quality_images, world_cfg=world_cfg, precision=args.precision)
+    cfg = PretrainConfig(steps=w["steps"], lr=w["lr"], batch_size=w["batch_size"], train_ar=False,
+                         warmup_steps=min(50, w["steps"]), seed=args.seed, precision=args.precision)
     state = out.parent / "state"
-    train(policy, world_batches(world_cfg), cfg, state, log_path=state / "log.csv")
+    train(policy, world_batches(world_cfg), cfg, state, log_path=state / "log.csv",
+          spec={"policy_dir": str(args.policy_dir), "world": world_cfg.to_dict()})
     write_policy(policy, out)
     after = write_quality(policy, args, sampling, args.quality, {"before_warmup": before}, world_cfg,
                           title=f"{out.parent.name}: after head warm-up ({cfg.steps} steps)")

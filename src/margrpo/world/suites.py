@@ -20,6 +20,18 @@ from margrpo.world.config import CATEGORIES, WorldConfig
 from margrpo.world.scene import ObjectSpec, Scene, sample_scene
 
 SPLITS = ("train", "val", "eval")
+NAME_MAX = 255  # bytes in a file name (ext4, xfs, btrfs, tmpfs): samples are {prompt}_{index:06d}.png
+
+
+def prompt_problem(prompt: str) -> str | None:
+    """Why a prompt cannot name its sample files ({prompt}_{index:06d}.png), or None if it can."""
+    if "_" in prompt or "/" in prompt:
+        return "contains '_' or '/': a prompt must be without '_' and '/' (sample file names are {prompt}_{index:06d}.png)"
+    if any(ord(c) < 32 or ord(c) == 127 for c in prompt):
+        return "contains a NUL or another control character"
+    if len(prompt.encode()) > NAME_MAX - 11:
+        return f"is {len(prompt.encode())} bytes; sample file names ({{prompt}}_{{index:06d}}.png) allow {NAME_MAX - 11}"
+    return None
 _MAX_TRIES = 5000  # consecutive draws without a new prompt before a category counts as exhausted
 
 
@@ -128,8 +140,10 @@ def load_suite(path: str | Path) -> list[PromptRecord]:
             if not isinstance(rec, dict) or not {"prompt", "category", "spec"} <= set(rec):
                 raise ValueError(f"{where}: expected an object with keys prompt, category, spec")
             prompt, category = rec["prompt"], rec["category"]
-            if not isinstance(prompt, str) or not prompt or "_" in prompt:
-                raise ValueError(f"{where}: prompt must be a non-empty string without '_' (file names end in _<index>); got {prompt!r}")
+            if not isinstance(prompt, str) or not prompt:
+                raise ValueError(f"{where}: prompt must be a non-empty string; got {prompt!r}")
+            if prompt_problem(prompt):
+                raise ValueError(f"{where}: prompt {prompt[:60]!r}... {prompt_problem(prompt)}")
             if isinstance(rec["spec"], dict) and "source" in rec["spec"]:  # a real-prompt suite (margrpo.prompt_files)
                 if rec["spec"]["source"] not in SOURCES or category not in FILE_CATEGORIES:
                     raise ValueError(f"{where}: spec source {rec['spec']['source']!r} / category {category!r}; "
