@@ -298,7 +298,7 @@ def test_gradient_does_not_depend_on_the_micro_batch_split(tmp_path, variant):
     grads = []
     for n in (1, 2, 3):
         trainer = make_trainer(tmp_path / str(n), policy=tiny_policy("flow", seed=4), batch_prompts=3, group_size=2,
-                               micro_batches=n, lr=0.0, grad_clip=0.0, **variant)
+                               micro_batches=n, grad_clip=0.0, **variant)  # grads of the first step: before any update
         trainer.train_step()
         grads.append(torch.cat([p.grad.flatten() for p in trainer.params if p.grad is not None]))
     assert grads[0].norm() > 0

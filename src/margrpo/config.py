@@ -237,7 +237,9 @@ def load_config(source: str | Path | dict[str, Any]) -> dict:
         raise ConfigError(f"{path}: not valid YAML: {err}") from err
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(config).__name__}")
-    return validate_config(config, str(path))
+    # a workflow's config/<name>.yaml names its files relative to the workflow folder, config/'s parent
+    folder = path.resolve().parent
+    return validate_config(config, str(path), root=folder.parent if folder.name == "config" else folder)
 
 
 def config_from_args(config: str | None, config_json: str | None) -> dict:
