@@ -35,6 +35,7 @@ __all__ = [
     "policy_loss",
     "kl_paper",
     "kl_gaussian",
+    "token_uncertainty",
     "uncertainty_mask",
     "consistency_mask",
     "mte_loss",
@@ -287,6 +288,12 @@ def kl_gaussian(
 # --------------------------------------------------------------------------------------------
 
 
+def token_uncertainty(final_latents: torch.Tensor) -> torch.Tensor:
+    """u_j of MTE (DESIGN 3.9): std over the S final latents [S, ..., D] (ddof = 0, so S = 1 gives 0),
+    averaged over the D channels: [...]."""
+    return _f32(final_latents).std(dim=0, correction=0).mean(dim=-1)
+
+
 def uncertainty_mask(
     final_latents: torch.Tensor,
     top_frac: float,
@@ -317,7 +324,7 @@ def uncertainty_mask(
         raise ValueError(f"top_frac must be in [0, 1], got {top_frac}")
     _, B, L, _ = final_latents.shape
     device = final_latents.device
-    u = _f32(final_latents).std(dim=0, correction=0).mean(dim=-1)  # [B, L]
+    u = token_uncertainty(final_latents)  # [B, L]
     if candidates is None:
         candidates = torch.ones(B, L, dtype=torch.bool, device=device)
     elif candidates.shape != (B, L) or candidates.dtype != torch.bool:

@@ -22,6 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> None:
+    from margrpo.grpo.functions import token_uncertainty
     from margrpo.io import atomic_path
     from margrpo.policy import load_policy
     from margrpo.rollout import generate
@@ -35,7 +36,7 @@ def run(args) -> None:
     r = generate(policy, prompts, sampling_config(json_arg(args.sampling_json, "--sampling-json")), generator=g,
                  trajectories=args.trajectories, mte_generator=torch.Generator().manual_seed(args.seed + 1))
     finals = r.mte_finals()  # [K, S, P, L, D], index 0 the rollout's own sample at step k
-    step_maps = finals.std(dim=1, correction=0).mean(-1) * r.mte_candidates()  # [K, P, L], DESIGN 3.9; 0 where known
+    step_maps = token_uncertainty(finals.transpose(0, 1)) * r.mte_candidates()  # [K, P, L], DESIGN 3.9; 0 where known
     committed = r.committed.float()  # [K, P, L], one step per token
     u = (step_maps * committed).sum(0)  # [P, L]: each token's uncertainty at the step that commits it
     # trajectory s: every token as drawn by the s-th trajectory of the step that commits it (s = 0: the sample)
