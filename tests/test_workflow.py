@@ -57,6 +57,29 @@ def test_smoke_dag_writes_every_table_and_figure(smoke_run):
             assert (report / f"{fig}.{ext}").stat().st_size > 1000
 
 
+@pytest.mark.slow
+def test_smoke_dag_writes_the_claims_table(smoke_run):
+    """Every claim the smoke ladder can test has its row, with a finite effect and interval (two seeds: the
+    bootstrap decides), and every paired difference is finite."""
+    report = smoke_run / "results/smoke/report"
+    claims = pd.read_csv(report / "claims.csv")
+    statements = set(claims["statement"])
+    for link in ("+Fix* > GRPO*", "+MTE > +Fix*", "+Sim > +MTE"):
+        assert {f"ladder on validation: {link}", f"ladder on CompBench: {link}"} <= statements
+    assert {"AR gradient norm lower with the frozen head", "AR gradient variance lower with the frozen head",
+            "end-to-end GRPO ends below the base policy"} <= statements
+    assert {"+Fix (committed) > GRPO*", "+Fix (committed) > +Sim"} <= statements
+    assert any(s.startswith("k = 0.3 beats k = 0") for s in statements)  # (d) from the ablation grid
+    assert set(claims["claim"]) == {"a", "b", "c", "d", "e"}
+    numeric = claims[claims["claim"] != "b"]
+    assert np.isfinite(numeric[["diff", "lo", "hi"]].to_numpy()).all()
+    assert set(claims["verdict"]) <= {"reproduced", "refuted", "not settled"}
+    assert (claims.loc[claims["claim"] != "b", "ci"] == "bootstrap prompts x seeds").all()  # 2 seeds < 3
+    paired = pd.read_csv(report / "claims_paired.csv")
+    assert (paired["n_seeds"] == 2).all() and np.isfinite(paired[["diff", "boot_lo", "boot_hi"]].to_numpy()).all()
+    assert "**Power.**" in (report / "claims.md").read_text()
+
+
 def _chromium() -> str | None:
     """A headless-capable Chromium: found on PATH, else Debian's package installed when we are root."""
     names = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -99,7 +122,7 @@ def test_html_report_builds_and_a_browser_renders_its_figures(smoke_run, tmp_pat
     report = "results/smoke/report"
     figures = [f"{report}/{f}.png" for f in ("fig2_dynamics", "fig4_uncertainty", "fig6_samples", "fig7a_samples",
                                              "fig7b_reward_curves", "fig7c_final_metric")]
-    tables = [f"{report}/{t}.csv" for t in ("table1", "table2", "val_gain")]
+    tables = [f"{report}/{t}.csv" for t in ("table1", "table2", "val_gain", "claims")]
     assert sorted(results) == sorted(tables + figures + [f.replace(".png", ".pdf") for f in figures])
     assert all("Config:" in r["caption"] for r in results.values())  # the caption names the config behind it
     assert "toy-nova" in results[f"{report}/table2.csv"]["caption"]  # rendered from the config, not a template
@@ -214,7 +237,7 @@ def test_a_killed_training_job_resumes_with_rerun_incomplete(smoke_run, tmp_path
     config.write_text((REPO / "config/smoke.yaml").read_text().replace("grpo: {steps: 2,", "grpo: {steps: 40,"))
     work = tmp_path / "work"  # a copy: the other tests keep the smoke run as it was
     shutil.copytree(smoke_run, work, symlinks=True)
-    run = work / "results/smoke/train/toy-nova/toyclip/fix/seed0"
+    run = work / "results/smoke/train/toy-nova/mixed/fix/seed0"
     shutil.rmtree(run)  # outputs and state of the short run: this one starts from nothing
     target = str(run.relative_to(work) / "summary.json")
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", HF_HUB_OFFLINE="1")
@@ -230,7 +253,7 @@ def test_a_killed_training_job_resumes_with_rerun_incomplete(smoke_run, tmp_path
     assert snakemake(work, "--unlock", configfile=config).returncode == 0  # a hard kill leaves snakemake's lock
     out = snakemake(work, "--rerun-incomplete", target, configfile=config)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    log = (work / "logs/smoke/train/toy-nova/toyclip/fix/seed0.log").read_text()
+    log = (work / "logs/smoke/train/toy-nova/mixed/fix/seed0.log").read_text()
     assert "resumed from" in log and (run / "summary.json").exists(), log[-2000:]
 
 
@@ -251,7 +274,7 @@ def test_slurm_profile_runs_the_smoke_dag_through_sbatch(smoke_run, tmp_path):
     before = jobcomp.read_text().count("JobId=") if jobcomp.exists() else 0
     small = ["cpus_per_task=1", "mem_mb=1000", "runtime=30"]
     rules = ["make_suites", "train_toyclip", "pretrain", "warmup", "train", "train_ablation", "select_checkpoint", "sample",
-             "eval_compbench", "eval_preference", "uncertainty_maps", "table1", "table2", "val_gain", "fig2_dynamics", "fig4_uncertainty",
+             "eval_compbench", "eval_preference", "uncertainty_maps", "table1", "table2", "val_gain", "claims", "fig2_dynamics", "fig4_uncertainty",
              "fig6_samples", "fig7a_samples", "fig7b_reward_curves", "fig7c_final_metric"]
     out = snakemake(tmp_path, "--workflow-profile", str(REPO / "workflow/profiles/slurm"), "--slurm-status-command", "squeue",
                     "--slurm-init-seconds-before-status-checks", "2",  # polls every 2 s after a job ends (default 40)

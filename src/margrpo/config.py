@@ -321,13 +321,15 @@ def shared_dirs(config: dict, results: str = "results") -> dict:
             "base": {}, "warmup": {}}
     for name, policy in config["policies"].items():
         if policy["kind"] == "toy":
-            base = folder("pretrain", name, {"data": data, "precision": precision, **pretrain_settings(policy)})
+            # sampling shapes only the quality report: a change reruns the job, which finds its training
+            # finished in state/ (keyed without sampling) and rewrites policy/ and quality.json
+            base = folder("pretrain", name, {"data": data, "precision": precision, **_without(pretrain_settings(policy), "sampling")})
         else:
             base = folder("weights", name, {"kind": policy["kind"], "path": policy["path"]})
         dirs["base"][name] = base
         if policy["warmup"]["enabled"]:
             dirs["warmup"][name] = folder("warmup", name, {"policy": base, "data": data, "precision": precision,
-                                                          "sampling": policy["sampling"], **_without(policy["warmup"], "enabled")})
+                                                          **_without(policy["warmup"], "enabled")})  # sampling: as pre-training
     return dirs
 
 

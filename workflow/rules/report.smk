@@ -77,6 +77,30 @@ rule val_gain:
         report_cmd("val-gain")
 
 
+rule claims:
+    """The paper's claims as paired differences (common random numbers within a seed), with CIs and verdicts."""
+    input:
+        expand(f"{RUNS}/{{run}}/{{f}}", run=ladder_runs() + ablation_runs(), f=["metrics.csv", "summary.json"]),
+        expand(f"{RUNS}/select/{{run}}/selection.json", run=ladder_runs()),
+        expand(f"{RUNS}/eval/{{run}}/compbench_per_image.csv", run=base_runs() + ladder_runs()),
+    output:
+        report(f"{REPORT}/claims.csv", caption="../report/claims.rst", category=CATEGORY_LADDER, subcategory="tables"),
+        f"{REPORT}/claims_paired.csv",
+        f"{REPORT}/claims.md",
+    params:
+        runs=json.dumps({"base": base_runs(), "runs": ladder_runs(), "variants": EXP["ladder"]["variants"], "ablations": ablation_runs()}),
+        prefix=lambda wc, output: report_prefix(output),
+        **REPORT_PARAMS,
+    conda:
+        "../../envs/margrpo.yaml"
+    log:
+        f"logs/{NAME}/report/claims.log",
+    benchmark:
+        f"benchmarks/{NAME}/report/claims.tsv"
+    shell:
+        report_cmd("claims")
+
+
 rule fig2_dynamics:
     """Fig. 2a/2b and Fig. 5: AR gradient norm and variance, validation reward and KL over steps."""
     input:

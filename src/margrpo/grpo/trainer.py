@@ -95,6 +95,7 @@ class GRPOConfig:
     save_every: int = 20
     val_every: int = 10
     val_prompts: int = 24
+    val_images: int = 1  # images per validation prompt, each from fixed noise: the same for every run
     max_nonfinite: int = 5
     # variant switches
     freeze_head: bool = False  # +Fix
@@ -131,8 +132,8 @@ class GRPOConfig:
             raise ValueError(f"group_size (G) must be >= 2, got {self.group_size}: a group of one has zero advantage")
         if math.isnan(self.tau) or not self.lr > 0:
             raise ValueError(f"tau must be a number (got {self.tau}) and lr > 0 (got {self.lr})")
-        if min(self.save_every, self.val_every, self.val_prompts, self.mask_steps, self.diffusion_steps) < 1:
-            raise ValueError("save_every, val_every, val_prompts, mask_steps and diffusion_steps must be >= 1")
+        if min(self.save_every, self.val_every, self.val_prompts, self.val_images, self.mask_steps, self.diffusion_steps) < 1:
+            raise ValueError("save_every, val_every, val_prompts, val_images, mask_steps and diffusion_steps must be >= 1")
 
     @classmethod
     def from_spec(cls, spec: dict, precision: str = "bf16") -> GRPOConfig:
@@ -384,15 +385,19 @@ class GRPOTrainer:
 
     # --- validation, checkpoints, resume --------------------------------------------------------------
     @torch.no_grad()
-    def validate(self) -> float:
-        n = min(self.cfg.val_prompts, len(self.val_prompts))
+    def validate(self) -> list[float]:
+        """Reward of each validation prompt (mean over its `val_images` images). The noise of each batch
+        of 8 prompts comes from VAL_SEED + its offset alone, so every run, variant and step sees the
+        same noise: differences between them are paired (common random numbers)."""
+        n, G = min(self.cfg.val_prompts, len(self.val_prompts)), self.cfg.val_images
         scores = []
         for a in range(0, n, 8):
             prompts, meta = self.val_prompts.prompts[a : min(n, a + 8)], self.val_prompts.metadata[a : min(n, a + 8)]
             with autocast(self.accelerator.device, self.cfg.precision):
-                r = generate(self.policy, prompts, self.sampling, generator=torch.Generator().manual_seed(VAL_SEED + a))
-            scores.append(self.reward_fn(r.images, r.prompts, meta)[0])
-        return torch.cat(scores).mean().item()
+                r = generate(self.policy, prompts, self.sampling, group_size=G, generator=torch.Generator().manual_seed(VAL_SEED + a))
+            reward = self.reward_fn(r.images, r.prompts, [m for m in meta for _ in range(G)])[0]
+            scores += reward.view(len(prompts), G).mean(1).tolist()
+        return scores
 
     def save(self) -> None:
         """Checkpoint (policy folder) + resumable trainer state, written atomically."""
@@ -439,32 +444,24 @@ class GRPOTrainer:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         resumed = self.try_resume()
         if not resumed:
-            base_val = self.validate()
-            self.checkpoints = []
-            self.base_val = base_val
+            scores = self.validate()
             self.rows = []
-            self._base_row(base_val)
+            self.checkpoints = [{"step": 0, "val_reward": sum(scores) / len(scores), "val_scores": scores, "path": None}]
         bar = tqdm(total=self.cfg.steps, initial=self.step, desc=f"grpo[{self.cfg.seed}]", mininterval=5)
         while self.step < self.cfg.steps:
             row = self.train_step()
-            if self.step % self.cfg.val_every == 0 or self.step == self.cfg.steps:
-                row["val_reward"] = self.validate()
-            else:
-                row["val_reward"] = float("nan")
+            val_scores = self.validate() if self.step % self.cfg.val_every == 0 or self.step == self.cfg.steps else None
+            row["val_reward"] = float("nan") if val_scores is None else sum(val_scores) / len(val_scores)
             self.rows.append(row)
             if self.step % self.cfg.save_every == 0 or self.step == self.cfg.steps:
                 if math.isfinite(row["val_reward"]):
-                    self.checkpoints.append({"step": self.step, "val_reward": row["val_reward"],
+                    self.checkpoints.append({"step": self.step, "val_reward": row["val_reward"], "val_scores": val_scores,
                                              "path": str(self.state_dir / f"ckpt-{self.step:06d}" / "policy")})
                 self.save()
             bar.update(1)
             bar.set_postfix(reward=f"{row['reward_mean']:.3f}", val=f"{row['val_reward']:.3f}")
         bar.close()
         return self.rows
-
-    def _base_row(self, base_val: float) -> None:
-        self.checkpoints.append({"step": 0, "val_reward": base_val, "path": None})
-
 
 def _subset(r: Rollout, rows: torch.Tensor) -> Rollout:
     """The rollout restricted to some images (micro-batch)."""
@@ -531,9 +528,10 @@ def write_outputs(trainer: GRPOTrainer, spec: dict) -> None:
         w.writeheader()
         w.writerows(rows)
     tmp.replace(out / "metrics.csv")
-    base = next((c["val_reward"] for c in trainer.checkpoints if c["step"] == 0), float("nan"))
+    base = next((c for c in trainer.checkpoints if c["step"] == 0), {"val_reward": float("nan"), "val_scores": None})
     summary = {"run_dir": str(out), "variant": spec["variant"]["name"], "steps": trainer.step,
-               "checkpoints": [c for c in trainer.checkpoints if c["step"] > 0], "base_val_reward": base,
+               "checkpoints": [c for c in trainer.checkpoints if c["step"] > 0], "base_val_reward": base["val_reward"],
+               "base_val_scores": base["val_scores"],
                "spec": spec, "config": asdict(trainer.cfg)}
     bad = non_finite(summary)  # strict JSON: null in their place, and why
     atomic_write_json(out / "summary.json", {**summary, **({"non_finite": bad} if bad else {})}, indent=1)

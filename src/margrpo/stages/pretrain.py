@@ -101,7 +101,8 @@ def run(args) -> None:
     pre = spec["pretrain"]
     cfg = PretrainConfig(steps=pre["steps"], batch_size=pre["batch_size"], lr=pre["lr"], seed=pre["seed"],
                          head_steps=pre["head_steps"], mask_ratio_min=pre["mask_ratio_min"],
-                         mask_ratio_std=pre["mask_ratio_std"], precision=args.precision)
+                         mask_ratio_std=pre["mask_ratio_std"], diffusion_batch_mul=pre["diffusion_batch_mul"],
+                         precision=args.precision)
     torch.manual_seed(cfg.seed)
     policy = ToyMAR(model_cfg).to(device)
     print(f"toy MAR ({spec['head']} head): {count_parameters(policy) / 1e6:.2f}M parameters, head {count_parameters(policy.diffloss) / 1e6:.2f}M, {policy.seq_len} tokens x {policy.token_dim}")

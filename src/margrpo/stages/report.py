@@ -22,6 +22,7 @@ REPORTS: dict[str, tuple[str, str, str]] = {
     "table1": ("table", "tables", "table1"),
     "table2": ("table", "tables", "table2"),
     "val-gain": ("table", "tables", "val_gain"),
+    "claims": ("claims", "claims", "claims"),
     "dynamics": ("figure", "figures", "dynamics"),
     "uncertainty": ("figure", "figures", "uncertainty"),
     "samples": ("figure", "figures", "samples"),
@@ -78,6 +79,10 @@ def run(args: argparse.Namespace) -> None:
         from margrpo.reporting.tables import write_table
 
         paths = write_table(result, args.out_prefix)
+    elif kind == "claims":
+        from margrpo.reporting.claims import write_claims
+
+        paths = write_claims(result, args.out_prefix)
     else:
         paths = atomic_save_figure(result, args.out_prefix, args.formats)
     for path in paths:

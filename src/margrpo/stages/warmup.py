@@ -43,6 +43,7 @@ def run(args) -> None:
     write_spec(out.parent, {**stage_args(args), "warmup_json": w, "sampling_json": sampling_json, "world": world_cfg.to_dict()})
     before, _ = quality_report(policy, load_suite(args.eval_suite), sampling, args.quality_images, world_cfg=world_cfg, precision=args.precision)
     cfg = PretrainConfig(steps=w["steps"], lr=w["lr"], batch_size=w["batch_size"], train_ar=False,
+                         diffusion_batch_mul=w.get("diffusion_batch_mul", 4),
                          warmup_steps=min(50, w["steps"]), seed=args.seed, precision=args.precision)
     state = out.parent / "state"
     train(policy, world_batches(world_cfg), cfg, state, log_path=state / "log.csv",

@@ -1,0 +1,408 @@
+"""The paper's claims as paired comparisons: one row per claim with its effect, 95% CI and verdict.
+
+Within a seed every variant sees the same training prompts, generation orders and noise at each step,
+and every validation and evaluation uses the same prompts and fixed noise (common random numbers),
+so a variant's effect is measured as a *paired* difference against its reference run of the same
+seed. Two intervals are reported for each difference:
+
+- ``t``: the t-interval over seeds of the per-seed differences (the seed is the unit that repeats
+  the whole experiment); used for the verdict when there are >= 3 seeds.
+- ``bootstrap``: a paired bootstrap over seeds and, within each drawn seed, over prompts (or
+  images): both methods keep the same draws. It also covers the measurement noise of the finite
+  prompt set, and it is the only interval with one or two seeds, where it decides the verdict.
+
+A verdict is ``reproduced`` when the interval lies entirely on the claimed side, ``refuted`` when it
+lies entirely on the other side, and ``not settled`` otherwise. The metrics:
+
+- ``val@best``: validation reward of each run's best validation step (the same rule for every
+  variant; biased upwards by the maximum, equally for all);
+- ``val@final``: validation reward at the last step (does the run end below where it started?);
+- ``compbench``: CompBench-style strict accuracy of the checkpoint Table 2 reports (``*`` = best).
+
+    claims(root, {"base": [...], "runs": [...], "variants": [...], "ablations": [...]}) -> Claims
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from margrpo.io import atomic_write_csv, atomic_write_text
+from margrpo.reporting.results import MissingResultError, load_metrics, load_selection, load_summary, parse_run
+from margrpo.reporting.tables import VARIANT_LABELS
+
+__all__ = ["paired_t", "paired_bootstrap", "Claims", "claims", "write_claims", "POWER_TARGET"]
+
+POWER_TARGET = 0.02  # the CI half-width the default design aims at for variant - GRPO* on val@best
+MIN_SEEDS_FOR_T = 3
+TIE = 1e-9  # differences this small are float round-off of identical runs, not effects
+METRIC_TEXT = {"val@best": "validation reward, best step", "val@final": "validation reward, last step",
+               "compbench": "CompBench overall (strict), reported checkpoint"}
+
+
+# --------------------------------------------------------------------------------------------
+# Paired statistics
+# --------------------------------------------------------------------------------------------
+
+
+def paired_t(diffs: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float, int]:
+    """(mean, lower, upper, n) of the t-interval of the mean of per-seed paired differences."""
+    from scipy import stats
+
+    d = np.asarray(diffs, dtype=np.float64)
+    d = d[np.isfinite(d)]
+    n = d.size
+    if n == 0:
+        return math.nan, math.nan, math.nan, 0
+    mean = float(d.mean())
+    if n == 1:
+        return mean, math.nan, math.nan, 1
+    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * d.std(ddof=1) / math.sqrt(n))
+    return mean, mean - half, mean + half, n
+
+
+def paired_bootstrap(diffs: Sequence[np.ndarray], confidence: float = 0.95, n_boot: int = 2000,
+                     seed: int = 0) -> tuple[float, float]:
+    """Percentile interval of the mean paired difference, resampling seeds, then prompts within each
+    drawn seed. ``diffs[s]`` holds seed s's per-prompt differences (method - reference, same prompts)."""
+    d = [np.asarray(x, dtype=np.float64) for x in diffs if len(x)]
+    if not d:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    sizes = np.array([len(x) for x in d])
+    estimates = np.empty(n_boot)
+    for b in range(n_boot):
+        picked = rng.integers(len(d), size=len(d))
+        estimates[b] = np.mean([d[s][rng.integers(sizes[s], size=sizes[s])].mean() for s in picked])
+    alpha = (1 - confidence) / 2
+    lo, hi = np.quantile(estimates, [alpha, 1 - alpha])
+    return float(lo), float(hi)
+
+
+def verdict(lo: float, hi: float, direction: int = 1) -> str:
+    """`reproduced` if [lo, hi] lies on the claimed side of 0 (direction +1: above), `refuted` if on the other."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "not settled"
+    lo, hi = (lo, hi) if direction > 0 else (-hi, -lo)
+    return "reproduced" if lo > TIE else "refuted" if hi < -TIE else "not settled"
+
+
+def margin_verdict(lo: float, hi: float, margin: float, gain: bool) -> str:
+    """Equivalence-style verdict for "changes it by less than `margin`": with gain=True the claim is
+    that the effect stays below +margin (reproduced if hi < margin, refuted if lo > margin); with
+    gain=False that it stays above -margin (reproduced if lo > -margin, refuted if hi < -margin)."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "not settled"
+    if gain:
+        return "reproduced" if hi < margin else "refuted" if lo > margin else "not settled"
+    return "reproduced" if lo > -margin else "refuted" if hi < -margin else "not settled"
+
+
+# --------------------------------------------------------------------------------------------
+# What each run contributes
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunScores:
+    """One run's paired measurements: per-prompt validation rewards and per-image CompBench scores."""
+
+    run: str
+    seed: int
+    base_val: np.ndarray  # the base policy's per-prompt validation reward (same prompts and noise)
+    best: np.ndarray  # per-prompt validation reward at the best trained step
+    final: np.ndarray  # ... at the last step
+    best_step: int
+    compbench: pd.Series | None  # strict score per image file, at the reported checkpoint
+    dynamics: pd.DataFrame = field(repr=False, default=None)  # step, grad_norm_ar, grad_var_ar
+
+
+def _val_scores(entry: dict, where: str) -> np.ndarray:
+    scores = entry.get("val_scores")
+    if not scores:
+        raise ValueError(f"{where} has no per-prompt val_scores (written by `margrpo train` since the paired "
+                         "report); retrain the run")
+    return np.asarray(scores, dtype=np.float64)
+
+
+def _compbench(root: Path, run: str) -> pd.Series | None:
+    path = root / "eval" / run / "compbench_per_image.csv"
+    if not path.is_file():
+        return None
+    df = pd.read_csv(path)
+    return df.set_index("file")["strict"].astype(float)
+
+
+def load_run(root: str | Path, run: str) -> RunScores:
+    root = Path(root)
+    summary = load_summary(root, run)
+    where = f"{root / run / 'summary.json'}"
+    ckpts = [c for c in summary["checkpoints"] if c.get("val_reward") is not None]
+    if not ckpts:
+        raise ValueError(f"{where} has no validated checkpoint")
+    best = max(ckpts, key=lambda c: c["val_reward"])
+    final = max(ckpts, key=lambda c: c["step"])
+    base = _val_scores({"val_scores": summary.get("base_val_scores")}, f"{where} (base_val_scores)")
+    best_scores, final_scores = _val_scores(best, where), _val_scores(final, where)
+    metrics = load_metrics(root, run)[["step", "grad_norm_ar", "grad_var_ar"]]
+    selected = load_selection(root, run, required=False)
+    return RunScores(run, parse_run(run).seed, base, best_scores, final_scores, int(best["step"]),
+                     _compbench(root, run) if selected is not None else None, metrics)
+
+
+# --------------------------------------------------------------------------------------------
+# Differences and claims
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Claims:
+    paired: pd.DataFrame  # every (block, metric, method, reference) paired difference
+    claims: pd.DataFrame  # one row per claim
+    power: pd.DataFrame  # variant - GRPO* on val@best: the half-widths the design achieved
+    notes: list[str]
+
+
+def _per_prompt(a: RunScores, b: RunScores | None, metric: str, base_compbench: pd.Series | None) -> np.ndarray:
+    """a - b per prompt (val) or per image (compbench); b None = the base policy."""
+    if metric == "compbench":
+        x = a.compbench
+        y = base_compbench if b is None else b.compbench
+        if x is None or y is None:
+            return np.array([])
+        joined = pd.concat([x, y], axis=1, join="inner")
+        return (joined.iloc[:, 0] - joined.iloc[:, 1]).to_numpy()
+    pick = {"val@best": "best", "val@final": "final"}[metric]
+    x = getattr(a, pick)
+    y = a.base_val if b is None else getattr(b, pick)
+    if x.shape != y.shape:
+        raise ValueError(f"{a.run} and {b.run if b else 'its base'} were validated on different prompts ({x.shape} vs {y.shape})")
+    return x - y
+
+
+def difference(runs: dict[int, RunScores], refs: dict[int, RunScores] | None, metric: str, confidence: float,
+               base_compbench: pd.Series | None = None) -> dict:
+    """The paired difference of one method against a reference (None = base) over the seeds both have."""
+    seeds = sorted(runs if refs is None else set(runs) & set(refs))
+    per_seed = [_per_prompt(runs[s], None if refs is None else refs[s], metric, base_compbench) for s in seeds]
+    kept = [(s, d) for s, d in zip(seeds, per_seed) if d.size]
+    mean, lo, hi, n = paired_t([d.mean() for _, d in kept], confidence)
+    b_lo, b_hi = paired_bootstrap([d for _, d in kept], confidence)
+    return {"n_seeds": n, "n_units": int(sum(d.size for _, d in kept)), "diff": mean, "t_lo": lo, "t_hi": hi,
+            "t_half": (hi - lo) / 2 if n > 1 else math.nan, "boot_lo": b_lo, "boot_hi": b_hi,
+            "per_seed": ";".join(f"{d.mean():+.4f}" for _, d in kept)}
+
+
+def _decide(d: dict, direction: int = 1) -> dict:
+    use_t = d["n_seeds"] >= MIN_SEEDS_FOR_T
+    lo, hi = (d["t_lo"], d["t_hi"]) if use_t else (d["boot_lo"], d["boot_hi"])
+    return {"ci": "t over seeds" if use_t else "bootstrap prompts x seeds", "lo": lo, "hi": hi,
+            "verdict": verdict(lo, hi, direction)}
+
+
+def _ratio(runs: dict[int, RunScores], refs: dict[int, RunScores], column: str, confidence: float) -> dict:
+    """Paired ratio of a per-step statistic over the run: per seed, exp(mean over shared steps of
+    log(method / reference)); the t-interval is taken on the log scale over seeds."""
+    logs = []
+    for s in sorted(set(runs) & set(refs)):
+        a = runs[s].dynamics.set_index("step")[column]
+        b = refs[s].dynamics.set_index("step")[column]
+        joined = pd.concat([a, b], axis=1, join="inner").dropna()
+        joined = joined[(joined > 0).all(axis=1)]
+        if len(joined):
+            logs.append(float(np.log(joined.iloc[:, 0] / joined.iloc[:, 1]).mean()))
+    mean, lo, hi, n = paired_t(logs, confidence)
+    return {"n_seeds": n, "diff": math.exp(mean) if n else math.nan, "t_lo": math.exp(lo) if n > 1 else math.nan,
+            "t_hi": math.exp(hi) if n > 1 else math.nan, "per_seed": ";".join(f"{math.exp(x):.3f}" for x in logs)}
+
+
+def claims(root: str | Path, spec: dict, confidence: float = 0.95) -> Claims:
+    """``spec = {"base": [base/<policy>...], "runs": [train/... ladder runs], "variants": [...],
+    "ablations": [ablation/... runs], "fixed": "mte", ...}``: every claim of the paper the runs can test."""
+    root = Path(root)
+    runs = [parse_run(r) for r in spec["runs"]]
+    if not runs:
+        raise ValueError("claims: no ladder runs given")
+    paired, rows, power, notes = [], [], [], []
+    blocks = list(dict.fromkeys((r.policy, r.reward) for r in runs))
+    for policy, reward in blocks:
+        block = f"{policy} / {reward}"
+        by_variant: dict[str, dict[int, RunScores]] = {}
+        for r in runs:
+            if (r.policy, r.reward) == (policy, reward):
+                by_variant.setdefault(r.variant, {})[r.seed] = load_run(root, r.run)
+        base_cb = _compbench(root, f"base/{policy}")
+        present = [v for v in spec.get("variants") or by_variant if v in by_variant]
+
+        def label(v: str) -> str:
+            star = "*" if v in ("grpo", "fix") else ""
+            return VARIANT_LABELS.get(v, v) + star
+
+        diffs = {}
+
+        def pair(metric: str, v: str, ref: str | None) -> dict | None:
+            """The paired difference v - ref (None: the base policy), computed once and listed in `paired`."""
+            if (metric, v, ref) not in diffs:
+                d = difference(by_variant[v], None if ref is None else by_variant[ref], metric, confidence, base_cb)
+                diffs[(metric, v, ref)] = d if d["n_seeds"] else None
+                if d["n_seeds"]:
+                    paired.append({"block": block, "metric": metric, "method": label(v),
+                                   "reference": "base" if ref is None else label(ref), **d})
+            return diffs[(metric, v, ref)]
+
+        for metric in ("val@best", "val@final", "compbench"):
+            for v in present:
+                for ref in ("grpo", "fix", None):
+                    if ref != v and (ref is None or ref in by_variant):
+                        pair(metric, v, ref)
+        for v in present:
+            d = pair("val@best", v, "grpo") if v != "grpo" and "grpo" in by_variant else None
+            if d is not None:
+                power.append({"block": block, "method": label(v), "reference": label("grpo"), "n_seeds": d["n_seeds"],
+                              "diff": d["diff"], "t_half": d["t_half"], "boot_half": (d["boot_hi"] - d["boot_lo"]) / 2,
+                              "target": POWER_TARGET, "met": bool(d["t_half"] <= POWER_TARGET)})
+
+        def claim(cid: str, text: str, metric: str, method: str, ref: str | None, direction: int = 1, **extra):
+            d = pair(metric, method, ref)
+            if d is None:
+                return
+            rows.append({"block": block, "claim": cid, "statement": text, "metric": metric,
+                         "comparison": f"{label(method)} - {'base' if ref is None else label(ref)}",
+                         "n_seeds": d["n_seeds"], "diff": d["diff"], **_decide(d, direction),
+                         "t_lo": d["t_lo"], "t_hi": d["t_hi"], "boot_lo": d["boot_lo"], "boot_hi": d["boot_hi"],
+                         "per_seed": d["per_seed"], **extra})
+
+        # (a) the ladder ordering, link by link, on both axes
+        chain = [v for v in ("grpo", "fix", "mte", "sim") if v in by_variant]
+        for metric, axis in (("val@best", "validation"), ("compbench", "CompBench")):
+            for lower, upper in zip(chain, chain[1:]):
+                claim("a", f"ladder on {axis}: {label(upper)} > {label(lower)}", metric, upper, lower)
+        # (b) the frozen head lowers the AR gradient's norm and variance (Fig. 2a / 2b)
+        if "fix" in by_variant and "grpo" in by_variant:
+            for column, what in (("grad_norm_ar", "AR gradient norm"), ("grad_var_ar", "AR gradient variance")):
+                r = _ratio(by_variant["fix"], by_variant["grpo"], column, confidence)
+                lo, hi = r["t_lo"], r["t_hi"]
+                rows.append({"block": block, "claim": "b", "statement": f"{what} lower with the frozen head",
+                             "metric": f"{column} ratio (geometric mean over steps)", "comparison": "+Fix / GRPO",
+                             "n_seeds": r["n_seeds"], "diff": r["diff"], "ci": "t over seeds (log scale)", "lo": lo, "hi": hi,
+                             "verdict": verdict(math.log(lo) if lo > 0 else math.nan, math.log(hi) if hi > 0 else math.nan, -1),
+                             "t_lo": lo, "t_hi": hi, "boot_lo": math.nan, "boot_hi": math.nan, "per_seed": r["per_seed"]})
+        # (c) end-to-end GRPO collapses where +Fix does not
+        if "fix" in by_variant and "grpo" in by_variant:
+            below = {v: sum(float(s.final.mean()) < float(s.base_val.mean()) for s in by_variant[v].values()) for v in present}
+            counts = ", ".join(f"{label(v).rstrip('*')} {below[v]}/{len(by_variant[v])}" for v in present)
+            claim("c", "end-to-end GRPO ends lower than +Fix (seeds ending below the base: " + counts + ")",
+                  "val@final", "fix", "grpo", seeds_below_base=counts)
+            claim("c", "end-to-end GRPO ends below the base policy", "val@final", "grpo", None, direction=-1,
+                  seeds_below_base=counts)
+        # (e) beyond the paper: the loss on committed tokens only
+        if "committed" in by_variant:
+            for ref in ("grpo", "fix"):
+                claim("e", f"{label('committed')} > {label(ref)}", "val@best", "committed", ref)
+            for ref in ("mte", "sim"):
+                if ref in by_variant:
+                    claim("e", f"{label('committed')} > {label(ref)}", "val@best", "committed", ref)
+    rows += _ablation_claims(root, spec.get("ablations") or [], confidence, notes)
+    notes.append(f"Verdict: the t-interval over seeds where a comparison has >= {MIN_SEEDS_FOR_T} seeds, else the paired "
+                 "bootstrap over prompts x seeds (column `ci`); reproduced = the interval lies on the claimed side of 0.")
+    return Claims(pd.DataFrame(paired), pd.DataFrame(rows), pd.DataFrame(power), notes)
+
+
+def _ablation_claims(root: Path, runs: Sequence[str], confidence: float, notes: list[str]) -> list[dict]:
+    """(d) Fig. 7's shape: k = 0.3 and tau = 0 best, small S enough; each compared with the grid's
+    default point (k = 0.3, tau = 0, the grid's most common S: 4 in ours) on val@best, paired by seed and prompt."""
+    if not runs:
+        return []
+    ids = [parse_run(r) for r in runs]
+    scores: dict[tuple, dict[int, RunScores]] = {}
+    for r in ids:
+        key = tuple(sorted(r.params.items()))
+        try:
+            scores.setdefault(key, {})[r.seed] = load_run(root, r.run)
+        except MissingResultError:
+            continue
+    S_values = [dict(k).get("trajectories") for k in scores]
+    center = {"top_frac": 0.3, "tau": 0.0, "trajectories": max(set(S_values), key=S_values.count)}  # the paper's k, tau
+    ckey = tuple(sorted(center.items()))
+    if ckey not in scores:
+        notes.append(f"(d) not tested: the ablation grid lacks the point k = 0.3, tau = 0, S = {center['trajectories']:g}")
+        return []
+    rows = []
+    block = f"{ids[0].policy} / {ids[0].reward} (ablation, {ids[0].variant or 'sim'})"
+
+    def row(statement: str, d: dict, comparison: str, direction: int = 1) -> dict:
+        return {"block": block, "claim": "d", "statement": statement, "metric": "val@best", "comparison": comparison,
+                "n_seeds": d["n_seeds"], "diff": d["diff"], **_decide(d, direction), "t_lo": d["t_lo"], "t_hi": d["t_hi"],
+                "boot_lo": d["boot_lo"], "boot_hi": d["boot_hi"], "per_seed": d["per_seed"]}
+
+    for free, sym, fmt in (("top_frac", "k", "{:g}"), ("tau", "tau", "{:g}")):
+        for key in scores:
+            point = dict(key)
+            if key != ckey and all(math.isclose(point[p], center[p]) for p in center if p != free):
+                d = difference(scores[ckey], scores[key], "val@best", confidence)
+                rows.append(row(f"{sym} = {fmt.format(center[free])} beats {sym} = {fmt.format(point[free])}", d,
+                                f"{sym}={fmt.format(center[free])} - {sym}={fmt.format(point[free])}"))
+    # "small S is enough": against S = 4, more trajectories gain less than the margin and fewer lose less
+    for key in scores:
+        point = dict(key)
+        S = point["trajectories"]
+        if 1 < S != center["trajectories"] and all(math.isclose(point[p], center[p]) for p in ("top_frac", "tau")):
+            d = difference(scores[key], scores[ckey], "val@best", confidence)
+            S0 = center["trajectories"]
+            r = row(f"S = {S:g} changes val@best by less than {POWER_TARGET} against S = {S0:g}", d, f"S={S:g} - S={S0:g}")
+            more = S > center["trajectories"]
+            r["verdict"] = margin_verdict(r["lo"], r["hi"], POWER_TARGET, gain=more)
+            rows.append(r)
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# Writing
+# --------------------------------------------------------------------------------------------
+
+
+def _fmt(x: float, digits: int = 3) -> str:
+    return "–" if x is None or not math.isfinite(x) else f"{x:+.{digits}f}"
+
+
+def to_markdown(c: Claims) -> str:
+    out = ["**Claims.** Each row: a claim of the paper (a-d) or beyond it (e), the paired difference that tests it "
+           "(mean over seeds), the 95% interval that decides it and the verdict. " + " ".join(c.notes), "",
+           "| block | claim | statement | comparison | metric | seeds | effect | 95% CI | CI | verdict |",
+           "|:---|:---|:---|:---|:---|---:|---:|:---|:---|:---|"]
+    for r in c.claims.to_dict("records"):
+        ratio = r["claim"] == "b"
+        eff = f"{r['diff']:.3f}x" if ratio and math.isfinite(r["diff"]) else _fmt(r["diff"])
+        ci = (f"[{r['lo']:.3f}, {r['hi']:.3f}]" if ratio else f"[{_fmt(r['lo'])}, {_fmt(r['hi'])}]") \
+            if math.isfinite(r["lo"]) else "–"
+        out.append(f"| {r['block']} | {r['claim']} | {r['statement']} | {r['comparison']} | {r['metric']} | "
+                   f"{r['n_seeds']} | {eff} | {ci} | {r['ci']} | **{r['verdict']}** |")
+    if len(c.power):
+        out += ["", f"**Power.** 95% CI half-width of variant - GRPO* on the validation reward at the best step "
+                f"(target <= {POWER_TARGET}):", "", "| block | method | seeds | difference | half-width (t) | half-width (bootstrap) | target met |",
+                "|:---|:---|---:|---:|---:|---:|:---|"]
+        for r in c.power.to_dict("records"):
+            out.append(f"| {r['block']} | {r['method']} - {r['reference']} | {r['n_seeds']} | {_fmt(r['diff'])} | "
+                       f"{r['t_half']:.3f} | {r['boot_half']:.3f} | {'yes' if r['met'] else 'no'} |")
+    if len(c.paired):
+        out += ["", "**Every paired difference** (t: over seeds; bootstrap: prompts x seeds):", "",
+                "| block | metric | method - reference | seeds | difference | t 95% CI | bootstrap 95% CI |",
+                "|:---|:---|:---|---:|---:|:---|:---|"]
+        for r in c.paired.to_dict("records"):
+            t = f"[{_fmt(r['t_lo'])}, {_fmt(r['t_hi'])}]" if math.isfinite(r["t_lo"]) else "–"
+            out.append(f"| {r['block']} | {r['metric']} | {r['method']} - {r['reference']} | {r['n_seeds']} | "
+                       f"{_fmt(r['diff'])} | {t} | [{_fmt(r['boot_lo'])}, {_fmt(r['boot_hi'])}] |")
+    return "\n".join(out) + "\n"
+
+
+def write_claims(c: Claims, prefix: str | os.PathLike) -> list[Path]:
+    """``<prefix>.csv`` (the claims), ``<prefix>_paired.csv`` (every difference), ``<prefix>.md`` (both, readable)."""
+    prefix = os.fspath(prefix)
+    return [atomic_write_csv(c.claims, f"{prefix}.csv"), atomic_write_csv(c.paired, f"{prefix}_paired.csv"),
+            atomic_write_text(f"{prefix}.md", to_markdown(c))]

@@ -1,0 +1,124 @@
+"""The paired claims report: its statistics against scipy on fixed numbers, and the common random
+numbers it relies on (variants of one seed share the first step's rollout)."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from scipy import stats
+
+from helpers import PROMPTS, tiny_policy
+from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, PromptSet
+from margrpo.io import atomic_write_json
+from margrpo.reporting.claims import claims, margin_verdict, paired_bootstrap, paired_t, to_markdown, verdict
+from margrpo.rollout import SamplingConfig
+
+
+def test_paired_t_matches_scipy_on_fixed_numbers():
+    a = np.array([0.712, 0.698, 0.731, 0.705, 0.720])
+    b = np.array([0.690, 0.701, 0.702, 0.688, 0.699])
+    mean, lo, hi, n = paired_t(a - b)
+    ref = stats.ttest_rel(a, b).confidence_interval(0.95)
+    assert n == 5 and mean == pytest.approx((a - b).mean())
+    assert (lo, hi) == pytest.approx((ref.low, ref.high), abs=1e-12)
+    assert math.isnan(paired_t([0.1])[1]) and paired_t([])[3] == 0
+
+
+def test_paired_bootstrap_covers_the_mean_and_narrows_with_prompts():
+    rng = np.random.default_rng(1)
+    few = [rng.normal(0.03, 0.1, 8) for _ in range(5)]
+    many = [rng.normal(0.03, 0.1, 200) for _ in range(5)]
+    lo_f, hi_f = paired_bootstrap(few)
+    lo_m, hi_m = paired_bootstrap(many)
+    assert lo_f < np.mean([d.mean() for d in few]) < hi_f
+    assert hi_m - lo_m < hi_f - lo_f
+    assert paired_bootstrap([np.full(10, 0.5)] * 3) == (0.5, 0.5)  # no spread, no width
+
+
+def test_verdicts():
+    assert verdict(0.01, 0.05) == "reproduced" and verdict(-0.05, -0.01) == "refuted" and verdict(-0.01, 0.02) == "not settled"
+    assert verdict(-0.05, -0.01, direction=-1) == "reproduced" and verdict(math.nan, 1) == "not settled"
+    assert margin_verdict(-0.01, 0.015, 0.02, gain=True) == "reproduced"
+    assert margin_verdict(0.03, 0.05, 0.02, gain=True) == "refuted"
+    assert margin_verdict(-0.015, 0.01, 0.02, gain=False) == "reproduced"
+
+
+def _fake_run(root, run, base, best, final, steps=(8, 16), grad=1.0):
+    """A ladder run's summary.json (per-prompt validation scores), metrics.csv and selection."""
+    ckpts = [{"step": s, "val_reward": float(np.mean(v)), "val_scores": list(v), "path": None}
+             for s, v in zip(steps, (best, final))]
+    atomic_write_json(root / run / "summary.json", {"checkpoints": ckpts, "base_val_reward": float(np.mean(base)),
+                                                    "base_val_scores": list(base)})
+    pd.DataFrame({"step": [1, 2, 3], "grad_norm_ar": [grad, grad, grad], "grad_var_ar": [grad, grad, grad],
+                  "val_reward": [math.nan] * 3}).to_csv(root / run / "metrics.csv", index=False)
+    atomic_write_json(root / "select" / run / "selection.json", {"rule": "best", "step": steps[0]})
+
+
+def test_claims_from_fixed_runs(tmp_path):
+    rng = np.random.default_rng(0)
+    base = rng.uniform(0.5, 1.0, 12)
+    lift = {"grpo": -0.04, "fix": 0.02, "mte": 0.04, "sim": 0.06, "committed": 0.07}
+    runs = []
+    for v, d in lift.items():
+        for s in range(4):
+            run = f"train/toy-nova/mixed/{v}/seed{s}"
+            noise = rng.normal(0, 0.002, 12)
+            _fake_run(tmp_path, run, base, base + d + noise, base + d - 0.01 + noise, grad=2.0 if v == "grpo" else 1.0)
+            runs.append(run)
+    c = claims(tmp_path, {"base": ["base/toy-nova"], "runs": runs, "variants": list(lift)})
+    ladder = c.claims[(c.claims.claim == "a") & (c.claims.metric == "val@best")]
+    assert list(ladder.verdict) == ["reproduced"] * 3 and len(ladder) == 3
+    assert (ladder["diff"].to_numpy() == pytest.approx([0.06, 0.02, 0.02], abs=0.005))
+    b = c.claims[c.claims.claim == "b"]
+    assert list(b["diff"]) == pytest.approx([0.5, 0.5]) and set(b.verdict) == {"reproduced"}
+    collapse = c.claims[c.claims.claim == "c"]
+    assert set(collapse.verdict) == {"reproduced"} and "GRPO 4/4" in collapse.iloc[0]["seeds_below_base"]
+    assert set(c.claims[c.claims.claim == "e"].verdict) == {"reproduced"}
+    assert len(c.power) == 4 and c.power["met"].all() and (c.power["t_half"] < 0.01).all()
+    # the t columns of every paired difference agree with scipy's paired interval on the per-seed means
+    row = c.paired[(c.paired.metric == "val@best") & (c.paired.method == "+Sim") & (c.paired.reference == "GRPO*")].iloc[0]
+    per_seed = [float(x) for x in row["per_seed"].split(";")]
+    ref = stats.ttest_1samp(per_seed, 0).confidence_interval(0.95)
+    assert (row["t_lo"], row["t_hi"]) == pytest.approx((ref.low, ref.high), abs=1e-4)  # per_seed is rounded to 4 digits
+    md = to_markdown(c)
+    assert "**reproduced**" in md and "Power" in md and "nan" not in md.lower()
+
+
+def test_claims_refuse_runs_without_per_prompt_scores(tmp_path):
+    run = "train/toy-nova/mixed/grpo/seed0"
+    atomic_write_json(tmp_path / run / "summary.json", {"checkpoints": [{"step": 8, "val_reward": 0.5}],
+                                                        "base_val_reward": 0.5, "base_val_scores": [0.5]})
+    with pytest.raises(ValueError, match="val_scores"):
+        claims(tmp_path, {"runs": [run]})
+
+
+def test_variants_of_one_seed_share_the_first_rollout(tmp_path):
+    """Common random numbers: at step 1 (same parameters) +Fix, +MTE and +Sim draw the same prompts
+    and the same images; MTE's extra trajectories come from their own stream."""
+    seen = {}
+
+    def recorder(name):
+        def reward(images, prompts, metadata):
+            seen.setdefault(name, (images.clone(), list(prompts)))
+            r = images[:, 0].mean((1, 2))
+            return r, {"r": r}
+        return reward
+
+    prompts = PromptSet(PROMPTS, [{}] * len(PROMPTS))
+    sampling = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=2.0)
+    base = dict(steps=1, batch_prompts=2, group_size=2, mask_steps=2, diffusion_steps=2, val_prompts=2, precision="no", seed=3)
+    variants = {"grpo": {}, "fix": {"freeze_head": True}, "mte": {"freeze_head": True, "trajectories": 3},
+                "sim": {"freeze_head": True, "trajectories": 3, "sim": True}, "committed": {"loss_tokens": "committed"}}
+    for name, v in variants.items():
+        torch.manual_seed(0)
+        GRPOTrainer(tiny_policy("flow"), recorder(name), prompts, prompts, sampling, GRPOConfig(**base, **v),
+                     tmp_path / name).train_step()
+    images, names = seen["fix"]
+    for name in variants:
+        assert seen[name][1] == names, name
+        assert torch.equal(seen[name][0], images), name
+    GRPOTrainer(tiny_policy("flow"), recorder("seed4"), prompts, prompts, sampling, GRPOConfig(**{**base, "seed": 4}),
+                tmp_path / "s4").train_step()
+    assert not torch.equal(seen["seed4"][0], images)  # another seed draws other images: the check can fail
