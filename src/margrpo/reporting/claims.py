@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from margrpo.io import atomic_write_csv, atomic_write_text
-from margrpo.reporting.results import MissingResultError, load_metrics, load_selection, load_summary, parse_run
+from margrpo.reporting.results import MissingResultError, load_metrics, load_selection, load_summary, mean_ci, parse_run
 from margrpo.reporting.tables import VARIANT_LABELS
 
 __all__ = ["paired_t", "paired_bootstrap", "Claims", "claims", "write_claims", "POWER_TARGET"]
@@ -52,18 +52,8 @@ METRIC_TEXT = {"val@best": "validation reward, best step", "val@final": "validat
 
 
 def paired_t(diffs: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float, int]:
-    """(mean, lower, upper, n) of the t-interval of the mean of per-seed paired differences."""
-    from scipy import stats
-
-    d = np.asarray(diffs, dtype=np.float64)
-    d = d[np.isfinite(d)]
-    n = d.size
-    if n == 0:
-        return math.nan, math.nan, math.nan, 0
-    mean = float(d.mean())
-    if n == 1:
-        return mean, math.nan, math.nan, 1
-    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1) * d.std(ddof=1) / math.sqrt(n))
+    """(mean, lower, upper, n) of the t-interval of the mean of per-seed paired differences (`mean_ci`'s interval)."""
+    mean, half, n = mean_ci(diffs, confidence)
     return mean, mean - half, mean + half, n
 
 
