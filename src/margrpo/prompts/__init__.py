@@ -1,0 +1,5 @@
+"""Prompts, independent of where they come from: the suite record and its files, and prompt analysis.
+
+The toy world (`margrpo.world`) builds its own suites and the real-scale loaders read prompt files;
+both hand their records to this package's reader and writer, and rewards read prompts through it.
+"""
