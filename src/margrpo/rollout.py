@@ -198,6 +198,45 @@ def _ar(policy, tokens, known, cond: TextCondition, uncond: TextCondition | None
     return z.chunk(2)
 
 
+def _draw_orders(n_prompts: int, group_size: int, L: int, generator, shared: bool) -> Tensor:
+    """A random generation order per image [N, L]; `shared`: one per prompt, repeated over its group."""
+    if shared:
+        return torch.argsort(torch.rand(n_prompts, L, generator=generator), dim=1).repeat_interleave(group_size, 0)
+    return torch.argsort(torch.rand(n_prompts * group_size, L, generator=generator), dim=1)
+
+
+@dataclass
+class _Record:
+    """The buffers generation fills step by step (the tensors of a Rollout)."""
+
+    known: Tensor  # [K, N, L]
+    committed: Tensor  # [K, N, L]
+    states: Tensor  # [K, T + 1, N, L, D]
+    log_probs: Tensor  # [K, T, N, L]
+    mte_steps: Tensor | None  # [M'] sorted
+    mte_states: Tensor | None  # [M', S-1, T + 1, N, L, D]
+    mte_log_probs: Tensor | None  # [M', S-1, T, N, L]
+
+    @classmethod
+    def empty(cls, K: int, T: int, N: int, L: int, D: int, S1: int, mte_steps, device) -> _Record:
+        known = torch.zeros(K, N, L, dtype=torch.bool, device=device)
+        rec = cls(known, torch.zeros_like(known), torch.zeros(K, T + 1, N, L, D, device=device),
+                  torch.zeros(K, T, N, L, device=device), None, None, None)
+        if S1:
+            steps = torch.arange(K) if mte_steps is None else torch.as_tensor(mte_steps).long().cpu().unique()  # sorted
+            if len(steps) and not 0 <= int(steps[0]) <= int(steps[-1]) < K:
+                raise ValueError(f"mte_steps {steps.tolist()} outside the {K} AR steps of this schedule")
+            rec.mte_steps = steps
+            rec.mte_states = torch.zeros(len(steps), S1, T + 1, N, L, D, device=device)
+            rec.mte_log_probs = torch.zeros(len(steps), S1, T, N, L, device=device)
+        return rec
+
+    def mte_slot(self, k: int) -> int | None:
+        """Where AR step k's extra trajectories go, or None when k draws none."""
+        steps = [] if self.mte_steps is None else self.mte_steps.tolist()
+        return steps.index(k) if k in steps else None
+
+
 @torch.no_grad()
 def generate(
     policy: MARPolicy,
@@ -227,65 +266,55 @@ def generate(
     with deterministic(policy):
         device = policy.device
         schedule = ar_schedule(policy, sampling)
-        K, T, L, D = len(schedule), sampling.diffusion_steps, policy.seq_len, policy.token_dim
+        L, D = policy.seq_len, policy.token_dim
         sampler = make_sampler(policy, sampling)
         scales = cfg_scales(sampling, L, schedule)
-        guided = sampling.cfg_scale != 1.0
-        cond, uncond = _conditions(policy, prompts, group_size, guided)
-        N = len(cond)
-        if shared_order:  # one random order per prompt, repeated over its group
-            orders = torch.argsort(torch.rand(len(prompts), L, generator=generator), dim=1).repeat_interleave(group_size, 0).to(device)
-        else:
-            orders = torch.argsort(torch.rand(N, L, generator=generator), dim=1).to(device)  # [N, L]
+        cond, uncond = _conditions(policy, prompts, group_size, guided=sampling.cfg_scale != 1.0)
+        orders = _draw_orders(len(prompts), group_size, L, generator, shared_order).to(device)  # [N, L]
+        N, S1 = len(orders), trajectories - 1
+        rec = _Record.empty(len(schedule), sampling.diffusion_steps, N, L, D, S1, mte_steps, device)
         rank = torch.argsort(orders, dim=1)  # rank[n, j] = when token j is generated
         tokens = torch.zeros(N, L, D, device=device)
         known = torch.zeros(N, L, dtype=torch.bool, device=device)
-        rec_known = torch.zeros(K, N, L, dtype=torch.bool, device=device)
-        rec_committed = torch.zeros_like(rec_known)
-        states = torch.zeros(K, T + 1, N, L, D, device=device)
-        log_probs = torch.zeros(K, T, N, L, device=device)
-        S1 = trajectories - 1
-        if S1:
-            mte_steps = torch.arange(K) if mte_steps is None else torch.as_tensor(mte_steps).long().cpu().unique()  # sorted
-            if len(mte_steps) and not 0 <= int(mte_steps[0]) <= int(mte_steps[-1]) < K:
-                raise ValueError(f"mte_steps {mte_steps.tolist()} outside the {K} AR steps of this schedule")
-            slot_of = {k: m for m, k in enumerate(mte_steps.tolist())}
-            mte_states = torch.zeros(len(mte_steps), S1, T + 1, N, L, D, device=device)
-            mte_log_probs = torch.zeros(len(mte_steps), S1, T, N, L, device=device)
-        else:
-            mte_steps = mte_states = mte_log_probs = None
-            slot_of = {}
-        n_known = 0
-        for k, left in enumerate(schedule):
-            rec_known[k] = known
-            commit = (rank >= n_known) & (rank < L - left)  # [N, L]
-            rec_committed[k] = commit
+        for k, (before, left) in enumerate(zip([L] + schedule, schedule)):  # unknown tokens before / after step k
+            rec.known[k] = known
+            rec.committed[k] = (rank >= L - before) & (rank < L - left)  # [N, L]
             z_c, z_u = _ar(policy, tokens, known, cond, uncond)  # [N, L, W]
-            unknown = ~known
-            rows = unknown.nonzero(as_tuple=True)
-            if shared_noise:  # one draw per (prompt, position), indexed by each unknown row's prompt
-                x = sampler.init_noise((len(prompts), L, D), generator=generator, device=device)[rows[0] // group_size, rows[1]]
-            else:
-                x = sampler.init_noise((len(rows[0]), D), generator=generator, device=device)
-            s_k = float(scales[k])
-            groups = [(x, z_c[rows], None if z_u is None else z_u[rows], generator)]
-            if k in slot_of:  # MTE: same z_k, every predicted token, batched into the same head calls
-                groups.append(_extra_group(sampler, rows, z_c, z_u, S1, D, mte_generator))
-            results = _denoise_groups(policy, sampler, groups, s_k, sampling.temperature)
-            traj, lp = results[0]
-            states[k][:, rows[0], rows[1]] = traj
-            log_probs[k][:, rows[0], rows[1]] = lp
-            tokens = torch.where(commit[..., None], states[k, -1], tokens)
-            if k in slot_of:
-                _store_extra(rows, S1, *results[1], mte_states[slot_of[k]], mte_log_probs[slot_of[k]])
-            known = known | commit
-            n_known = L - left
-        image_prompts = [p for p in prompts for _ in range(group_size)]
+            rows = (~known).nonzero(as_tuple=True)  # every still-unknown token is predicted (completion mask)
+            shared = (len(prompts), group_size) if shared_noise else None
+            x = _initial_noise(sampler, rows, shared, L, D, generator, device)
+            _denoise_step(policy, sampler, rec, k, rows, x, z_c, z_u, float(scales[k]), sampling.temperature, generator, mte_generator)
+            tokens = torch.where(rec.committed[k][..., None], rec.states[k, -1], tokens)
+            known = known | rec.committed[k]
         return Rollout(
-            prompts=image_prompts, latents=tokens, images=policy.decode(tokens), orders=orders, known=rec_known,
-            committed=rec_committed, states=states, log_probs=log_probs, cfg=torch.tensor(scales), sampling=sampling,
-            mte_steps=None if mte_steps is None else mte_steps.to(device), mte_states=mte_states, mte_log_probs=mte_log_probs,
+            prompts=[p for p in prompts for _ in range(group_size)], latents=tokens, images=policy.decode(tokens),
+            orders=orders, known=rec.known, committed=rec.committed, states=rec.states, log_probs=rec.log_probs,
+            cfg=torch.tensor(scales), sampling=sampling, mte_steps=None if rec.mte_steps is None else rec.mte_steps.to(device),
+            mte_states=rec.mte_states, mte_log_probs=rec.mte_log_probs,
         )
+
+
+def _initial_noise(sampler: Sampler, rows, shared: tuple[int, int] | None, L: int, D: int, generator, device) -> Tensor:
+    """x_T of the unknown tokens `rows` [R, D]; `shared` (prompts, group_size): one draw per (prompt, position)."""
+    if shared is None:
+        return sampler.init_noise((len(rows[0]), D), generator=generator, device=device)
+    n_prompts, group_size = shared
+    return sampler.init_noise((n_prompts, L, D), generator=generator, device=device)[rows[0] // group_size, rows[1]]
+
+
+def _denoise_step(policy, sampler: Sampler, rec: _Record, k: int, rows, x: Tensor, z_c: Tensor, z_u: Tensor | None,
+                  scale: float, temperature: float, generator, mte_generator) -> None:
+    """The head's full trajectory of every unknown token at AR step k (and MTE's extra ones), into `rec`."""
+    groups = [(x, z_c[rows], None if z_u is None else z_u[rows], generator)]
+    slot = rec.mte_slot(k)
+    if slot is not None:  # MTE: same z_k, every predicted token, batched into the same head calls
+        groups.append(_extra_group(sampler, rows, z_c, z_u, rec.mte_states.shape[1], x.shape[-1], mte_generator))
+    results = _denoise_groups(policy, sampler, groups, scale, temperature)
+    traj, lp = results[0]
+    rec.states[k][:, rows[0], rows[1]] = traj
+    rec.log_probs[k][:, rows[0], rows[1]] = lp
+    if slot is not None:
+        _store_extra(rows, rec.mte_states.shape[1], *results[1], rec.mte_states[slot], rec.mte_log_probs[slot])
 
 
 def _extra_group(sampler, rows, z_c, z_u, S1, D, generator):
@@ -313,6 +342,20 @@ class Replay:
     mte_log_prob: Tensor | None = None  # [M, S-1, U, N, L] (0 where not replayed: no MTE at that step, or outside mte_tokens)
 
 
+@dataclass
+class _Rows:
+    """Recorded transitions x_t -> x_prev to score: diffusion step `t` of chosen AR step `m`, token (`n`, `l`);
+    `index` places each row's result in its dense output."""
+
+    x_t: Tensor
+    x_prev: Tensor
+    t: Tensor
+    m: Tensor
+    n: Tensor
+    l: Tensor  # noqa: E741
+    index: tuple[Tensor, ...]
+
+
 def replay(
     policy: MARPolicy,
     rollout: Rollout,
@@ -335,67 +378,81 @@ def replay(
     if logprob_cfg not in ("exact", "cond_only"):
         raise ValueError(f"Unknown logprob_cfg: {logprob_cfg!r}; expected 'exact' or 'cond_only'")
     with deterministic(policy):
-        s = rollout.sampling
-        sampler = make_sampler(policy, s)
+        sampler = make_sampler(policy, rollout.sampling)
         M, U = diff_steps.shape
         N, L, D = rollout.latents.shape
-        device = rollout.latents.device
-        guided = s.cfg_scale != 1.0 and logprob_cfg == "exact"
-        prompts = rollout.prompts
-        cond = policy.prepare_condition(policy.encode_prompts(prompts))  # with gradients: once per image
-        uncond = policy.prepare_condition(policy.null_condition(N)) if guided else None
-        # 1. z for every chosen AR step in one transformer pass: [M*N, L, W]
-        known = rollout.known[ar_steps]  # [M, N, L]
-        tokens = torch.where(known[..., None], rollout.latents[None], torch.zeros_like(rollout.latents[None]))
-        z_c, z_u = _ar(policy, tokens.reshape(M * N, L, D), known.reshape(M * N, L), cond.tile(M),
-                       None if uncond is None else uncond.tile(M))
-        z_c = z_c.view(M, N, L, -1)
-        z_u = None if z_u is None else z_u.view(M, N, L, -1)
-        # 2. rows: (m, u, n, l) for every unknown token at every chosen diffusion step
-        unknown = ~known  # [M, N, L]
-        sel = unknown[:, None].expand(M, U, N, L)
-        m_i, u_i, n_i, l_i = sel.nonzero(as_tuple=True)
-        k_i, t_i = ar_steps[m_i], diff_steps[m_i, u_i]
-        x_t = rollout.states[k_i, t_i, n_i, l_i]
-        x_prev = rollout.states[k_i, t_i + 1, n_i, l_i]
-        groups = [(x_t, x_prev, t_i, m_i, n_i, l_i)]
+        unknown = ~rollout.known[ar_steps]  # [M, N, L]
+        guided = rollout.sampling.cfg_scale != 1.0 and logprob_cfg == "exact"
+        z_c, z_u = _chosen_step_conditions(policy, rollout, ar_steps, guided)
+        groups = [_committed_rows(rollout, ar_steps, diff_steps, unknown)]
         S1 = rollout.trajectories - 1
         if with_mte and S1:
-            slots = rollout.mte_slots()[ar_steps.to(device)]  # [M], -1: no extra trajectories at that step
-            extra = unknown & (slots >= 0)[:, None, None]  # [M, N, L]
-            if mte_tokens is not None:
-                extra = extra & mte_tokens.to(device)[ar_steps]
-            extra = extra[:, None, None].expand(M, S1, U, N, L)
-            mm, ss, uu, nn_, ll = extra.nonzero(as_tuple=True)
-            tt, sl = diff_steps[mm, uu], slots[mm]
-            groups.append((rollout.mte_states[sl, ss, tt, nn_, ll], rollout.mte_states[sl, ss, tt + 1, nn_, ll], tt, mm, nn_, ll))
-        # 3. every row (committed and MTE trajectories alike) through the head in as few passes as memory allows
-        sizes = [len(g[2]) for g in groups]
-        r_xt, r_xp, r_t, r_m, r_n, r_l = (torch.cat(parts) for parts in zip(*groups))
-        lp, mean, std = [], [], []
-        for a in range(0, len(r_t), chunk_rows):
-            b = slice(a, a + chunk_rows)
-            time = sampler.model_time(r_t[b]).to(device)
-            scale = rollout.cfg[ar_steps[r_m[b]].cpu()].to(device)
-            zc = z_c[r_m[b], r_n[b], r_l[b]]
-            zu = None if z_u is None else z_u[r_m[b], r_n[b], r_l[b]]
-            out = guided_output(policy, r_xt[b], time, zc, zu, scale)
-            step = sampler.step(out.float(), r_t[b], r_xt[b], prev_sample=r_xp[b], temperature=s.temperature)
-            lp.append(step.log_prob), mean.append(step.mean), std.append(step.std.expand(-1, step.mean.shape[-1]) if step.std.dim() == 2 else step.std)
-        if not lp:  # no rows at all
-            lp, mean, std = [r_xt.new_zeros(0)], [r_xt.new_zeros(0, D)], [r_xt.new_zeros(0, D)]
-        outs = list(zip(*(torch.cat(v).float().split(sizes) for v in (lp, mean, std))))
-        lp, mean, std = outs[0]
-        log_prob = torch.zeros(M, U, N, L, device=device).index_put((m_i, u_i, n_i, l_i), lp)
-        means = torch.zeros(M, U, N, L, D, device=device).index_put((m_i, u_i, n_i, l_i), mean)
-        stds = torch.ones(M, U, N, L, D, device=device).index_put((m_i, u_i, n_i, l_i), std)
+            groups.append(_mte_rows(rollout, ar_steps, diff_steps, unknown, mte_tokens))
+        lp, mean, std = _score_rows(policy, sampler, rollout, ar_steps, z_c, z_u, groups, chunk_rows)
+        device = rollout.latents.device
+        committed = groups[0].index
         stochastic = sampler.is_stochastic(diff_steps.reshape(-1)).view(M, U).to(device)
-        mask = sel & stochastic[:, :, None, None]
-        mte_lp = None
-        if with_mte and S1:
-            lp2 = outs[1][0]
-            mte_lp = torch.zeros(M, S1, U, N, L, device=device).index_put((mm, ss, uu, nn_, ll), lp2)
-        return Replay(log_prob=log_prob, mean=means, std=stds, mask=mask, mte_log_prob=mte_lp)
+        return Replay(
+            log_prob=torch.zeros(M, U, N, L, device=device).index_put(committed, lp[0]),
+            mean=torch.zeros(M, U, N, L, D, device=device).index_put(committed, mean[0]),
+            std=torch.ones(M, U, N, L, D, device=device).index_put(committed, std[0]),
+            mask=unknown[:, None].expand(M, U, N, L) & stochastic[:, :, None, None],
+            mte_log_prob=torch.zeros(M, S1, U, N, L, device=device).index_put(groups[1].index, lp[1]) if len(groups) > 1 else None,
+        )
+
+
+def _chosen_step_conditions(policy: MARPolicy, rollout: Rollout, ar_steps: Tensor, guided: bool):
+    """z of every chosen AR step, conditional and (if guided) unconditional, in one transformer pass: [M, N, L, W]."""
+    N, L, D = rollout.latents.shape
+    M = len(ar_steps)
+    cond = policy.prepare_condition(policy.encode_prompts(rollout.prompts))  # with gradients: once per image
+    uncond = policy.prepare_condition(policy.null_condition(N)) if guided else None
+    known = rollout.known[ar_steps]  # [M, N, L]
+    tokens = torch.where(known[..., None], rollout.latents[None], torch.zeros_like(rollout.latents[None]))
+    z_c, z_u = _ar(policy, tokens.reshape(M * N, L, D), known.reshape(M * N, L), cond.tile(M),
+                   None if uncond is None else uncond.tile(M))
+    return z_c.view(M, N, L, -1), None if z_u is None else z_u.view(M, N, L, -1)
+
+
+def _committed_rows(rollout: Rollout, ar_steps: Tensor, diff_steps: Tensor, unknown: Tensor) -> _Rows:
+    """Every unknown token of every chosen AR step at every chosen diffusion step (the completion mask)."""
+    M, U = diff_steps.shape
+    m, u, n, l = unknown[:, None].expand(M, U, *unknown.shape[1:]).nonzero(as_tuple=True)  # noqa: E741
+    k, t = ar_steps[m], diff_steps[m, u]
+    return _Rows(rollout.states[k, t, n, l], rollout.states[k, t + 1, n, l], t, m, n, l, index=(m, u, n, l))
+
+
+def _mte_rows(rollout: Rollout, ar_steps: Tensor, diff_steps: Tensor, unknown: Tensor, mte_tokens: Tensor | None) -> _Rows:
+    """The extra trajectories' transitions at the chosen AR steps that have them (within `mte_tokens`)."""
+    M, U = diff_steps.shape
+    S1 = rollout.trajectories - 1
+    slots = rollout.mte_slots()[ar_steps.to(unknown.device)]  # [M], -1: no extra trajectories at that step
+    extra = unknown & (slots >= 0)[:, None, None]  # [M, N, L]
+    if mte_tokens is not None:
+        extra = extra & mte_tokens.to(unknown.device)[ar_steps]
+    m, s, u, n, l = extra[:, None, None].expand(M, S1, U, *unknown.shape[1:]).nonzero(as_tuple=True)  # noqa: E741
+    t, slot = diff_steps[m, u], slots[m]
+    return _Rows(rollout.mte_states[slot, s, t, n, l], rollout.mte_states[slot, s, t + 1, n, l], t, m, n, l, index=(m, s, u, n, l))
+
+
+def _score_rows(policy: MARPolicy, sampler: Sampler, rollout: Rollout, ar_steps: Tensor, z_c: Tensor, z_u: Tensor | None,
+                groups: list[_Rows], chunk_rows: int) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+    """Every row of every group through the head in as few passes as memory allows: (log-prob, mean, std) per group."""
+    device = rollout.latents.device
+    sizes = [len(g.t) for g in groups]
+    x_t, x_prev, t, m, n, l = (torch.cat([getattr(g, f) for g in groups]) for f in ("x_t", "x_prev", "t", "m", "n", "l"))  # noqa: E741
+    lp, mean, std = [], [], []
+    for a in range(0, len(t), chunk_rows):
+        b = slice(a, a + chunk_rows)
+        scale = rollout.cfg[ar_steps[m[b]].cpu()].to(device)
+        zu = None if z_u is None else z_u[m[b], n[b], l[b]]
+        out = guided_output(policy, x_t[b], sampler.model_time(t[b]).to(device), z_c[m[b], n[b], l[b]], zu, scale)
+        step = sampler.step(out.float(), t[b], x_t[b], prev_sample=x_prev[b], temperature=rollout.sampling.temperature)
+        lp.append(step.log_prob), mean.append(step.mean), std.append(step.std.expand(-1, step.mean.shape[-1]) if step.std.dim() == 2 else step.std)
+    if not lp:  # no rows at all
+        D = x_t.shape[-1]
+        lp, mean, std = [x_t.new_zeros(0)], [x_t.new_zeros(0, D)], [x_t.new_zeros(0, D)]
+    return tuple(list(torch.cat(v).float().split(sizes)) for v in (lp, mean, std))
 
 
 def recorded(rollout: Rollout, ar_steps: Tensor, diff_steps: Tensor) -> tuple[Tensor, Tensor | None]:

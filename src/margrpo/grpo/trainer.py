@@ -158,6 +158,37 @@ class PromptSet:
         return len(self.prompts)
 
 
+@dataclass
+class StepBatch:
+    """One step's rollout, split into micro-batches, and what the loss needs from it."""
+
+    rollout: Rollout
+    subs: list[Rollout]  # the rollout restricted to each micro-batch's images
+    rows: tuple[torch.Tensor, ...]  # each micro-batch's image indices
+    rewards: torch.Tensor  # [N]
+    components: dict[str, torch.Tensor]  # each reward term [N], for logging
+    adv: torch.Tensor  # [N] group advantages
+    frac_zero: float  # share of groups whose rewards have zero spread
+    ar: torch.Tensor  # [M] chosen AR steps
+    diff: torch.Tensor  # [M, U] chosen diffusion steps
+    mte_mask: torch.Tensor | None  # [K, N, L] M^k (Eq. 10)
+    sim_keep: torch.Tensor | None  # [K, N, L] Sim keep-weights (Eq. 11)
+
+    def pick(self, x: torch.Tensor | None, c: int) -> torch.Tensor | None:
+        """A [K, N, L] mask restricted to micro-batch c's images."""
+        return None if x is None else x[:, self.rows[c]]
+
+
+@dataclass
+class Update:
+    """One optimizer step: chosen AR steps [M_u], diffusion steps [M_u, U], and log_prob_old per micro-batch
+    (None: read off the update's own pass, the parameters being still those of the rollout)."""
+
+    ar: torch.Tensor
+    diff: torch.Tensor
+    old: list[tuple[torch.Tensor, torch.Tensor | None] | None]
+
+
 def step_generator(seed: int, step: int, stream: int) -> torch.Generator:
     """Per-step RNG derived from (seed, step, stream): a resumed run draws exactly what it would have."""
     return torch.Generator().manual_seed((seed * 1_000_003 + step) * 16 + stream)
@@ -315,9 +346,23 @@ class GRPOTrainer:
         return policy_term + cfg.beta * kl_term, stats
 
     def train_step(self) -> dict:
-        cfg, step = self.cfg, self.step
+        """One GRPO step: rollout and score -> plan the updates -> update (DESIGN 3)."""
         t0 = time.time()
-        g_prompts, g_roll, g_mte, g_steps = (step_generator(cfg.seed, step, s) for s in range(4))
+        batch = self.rollout_and_score()
+        updates = self.plan_updates(batch)
+        for update in updates:
+            log = self.update(batch, update)
+        row = {"step": self.step + 1, "reward_mean": batch.rewards.mean().item(), "reward_std": batch.rewards.std().item(),
+               **{f"reward/{k}": v.mean().item() for k, v in batch.components.items()},
+               "adv_mean": batch.adv.mean().item(), "adv_std": batch.adv.std().item(), "frac_zero_std": batch.frac_zero, **log,
+               "lr": self.optimizer.param_groups[0]["lr"], "step_time_s": time.time() - t0, "peak_mem_mb": peak_memory_mb()}
+        self.step += 1
+        return row
+
+    def rollout_and_score(self) -> StepBatch:
+        """Sample prompts, roll out their groups, score them, and derive advantages and the MTE / Sim masks."""
+        cfg = self.cfg
+        g_prompts, g_roll, g_mte, g_steps = (step_generator(cfg.seed, self.step, s) for s in range(4))
         idx = torch.randperm(len(self.train_prompts), generator=g_prompts)[: cfg.batch_prompts].tolist()
         prompts = [self.train_prompts.prompts[i] for i in idx]
         meta = [self.train_prompts.metadata[i] for i in idx for _ in range(cfg.group_size)]
@@ -330,58 +375,63 @@ class GRPOTrainer:
         rewards, components = self.reward_fn(rollout.images, rollout.prompts, meta)
         adv, frac_zero = group_advantages(rewards, cfg.group_size)
         mte_mask, sim_keep = self.masks(rollout)
-        # REINFORCE (official): one optimizer step per chosen AR step; else all chosen steps in one update
-        schedule = [ar[i : i + 1] for i in range(len(ar))] if cfg.reinforce else [ar] * cfg.updates_per_rollout
-        diffs = [diff[i : i + 1] for i in range(len(ar))] if cfg.reinforce else [diff] * cfg.updates_per_rollout
-        N = len(rollout.prompts)
-        chunks = torch.arange(N).chunk(cfg.micro_batches)
-        subs = [_subset(rollout, rows) for rows in chunks]
-        pick = lambda x, rows: None if x is None else x[:, rows]  # noqa: E731  [K, N, L] -> [K, n, L]
-        # log_prob_old of every update comes from the parameters before the first optimizer step. The
-        # first update runs on exactly those and reads them off its own pass (None); later updates
-        # (updates_per_rollout > 1, REINFORCE's later AR steps) need a no-grad pass before any step.
-        olds, cache = [[None] * len(chunks)], {}
-        for ar_u, diff_u in zip(schedule[1:], diffs[1:]):
+        rows = torch.arange(len(rollout.prompts)).chunk(cfg.micro_batches)
+        return StepBatch(rollout, [_subset(rollout, r) for r in rows], rows, rewards, components, adv, frac_zero,
+                         ar, diff, mte_mask, sim_keep)
+
+    def plan_updates(self, batch: StepBatch) -> list[Update]:
+        """The optimizer steps of this rollout: all chosen AR steps in each of `updates_per_rollout` updates,
+        or (REINFORCE, official code) one update per chosen AR step; with the log_prob_old each one uses.
+
+        log_prob_old comes from the parameters before the first optimizer step. The first update runs on
+        exactly those and reads them off its own pass (None); later updates need a no-grad pass now.
+        """
+        cfg, ar, diff = self.cfg, batch.ar, batch.diff
+        if cfg.reinforce:
+            steps = [(ar[i : i + 1], diff[i : i + 1]) for i in range(len(ar))]
+        else:
+            steps = [(ar, diff)] * cfg.updates_per_rollout
+        plan, cache = [Update(*steps[0], [None] * len(batch.rows))], {}
+        for ar_u, diff_u in steps[1:]:
             key = (tuple(ar_u.tolist()), tuple(diff_u.flatten().tolist()))
             if key not in cache:
-                cache[key] = [self.old_log_probs(sub, ar_u, diff_u, pick(mte_mask, rows)) for sub, rows in zip(subs, chunks)]
-            olds.append(cache[key])
-        log = {}
-        for ar_u, diff_u, old_u in zip(schedule, diffs, olds):
-            tokens, weight = self.loss_weights(rollout, ar_u, diff_u, sim_keep)  # the whole batch's token counts
-            counts = (weight.sum((1, 2, 3)), tokens.sum((1, 2, 3)))
-            self.optimizer.zero_grad(set_to_none=True)
-            grad_stats, stats_acc, total = MicroBatchGradStats(self.ar_params, len(chunks)), [], 0.0
-            for c, rows in enumerate(chunks):
-                loss, stats = self.micro_loss(subs[c], adv[rows], ar_u, diff_u, pick(mte_mask, rows), pick(sim_keep, rows),
-                                              old_u[c], counts)
-                self.accelerator.backward(loss)  # micro-batch losses sum to the batch loss
-                grad_stats.after_backward(last=c == len(chunks) - 1)
-                stats_acc.append(stats)
-                total += loss.item()
-            grad_norm_ar, grad_var = grad_stats.result()
-            finite = math.isfinite(total) and math.isfinite(grad_norm_ar)
-            if finite:
-                self.nonfinite_run = 0
-                if self.cfg.grad_clip:
-                    torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
-                self.optimizer.step()
-            else:
-                self.nonfinite_run += 1
-                if self.nonfinite_run >= cfg.max_nonfinite:
-                    raise FloatingPointError(f"{self.nonfinite_run} non-finite updates in a row at step {step}; stopping (grpo.max_nonfinite)")
-            log = {k: float(torch.tensor([s[k] for s in stats_acc]).nanmean()) for k in stats_acc[0]}
-            log.update({k: sum(s[k] for s in stats_acc) for k in ("policy_loss", "kl")})  # shares of the batch loss
-            log.update(ratio_min=min(s["ratio_min"] for s in stats_acc), ratio_max=max(s["ratio_max"] for s in stats_acc))
-            log.update(grad_norm_ar=grad_norm_ar, grad_var_ar=grad_var, skipped=int(not finite))
-            if mte_mask is not None:  # the share of the loss tokens that Eq. 10 averages over S trajectories
-                log["mte_frac"] = float((mte_mask[ar_u][:, None] * tokens).sum() / tokens.sum().clamp(min=1))
-        row = {"step": step + 1, "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
-               **{f"reward/{k}": v.mean().item() for k, v in components.items()},
-               "adv_mean": adv.mean().item(), "adv_std": adv.std().item(), "frac_zero_std": frac_zero, **log,
-               "lr": self.optimizer.param_groups[0]["lr"], "step_time_s": time.time() - t0, "peak_mem_mb": peak_memory_mb()}
-        self.step += 1
-        return row
+                cache[key] = [self.old_log_probs(sub, ar_u, diff_u, batch.pick(batch.mte_mask, c)) for c, sub in enumerate(batch.subs)]
+            plan.append(Update(ar_u, diff_u, cache[key]))
+        return plan
+
+    def update(self, batch: StepBatch, update: Update) -> dict:
+        """One optimizer step: accumulate the micro-batches' losses (which sum to the batch loss), then
+        clip and step, or skip a non-finite update (stopping after `max_nonfinite` in a row)."""
+        tokens, weight = self.loss_weights(batch.rollout, update.ar, update.diff, batch.sim_keep)  # the whole batch's token counts
+        counts = (weight.sum((1, 2, 3)), tokens.sum((1, 2, 3)))
+        self.optimizer.zero_grad(set_to_none=True)
+        grad_stats, stats, total = MicroBatchGradStats(self.ar_params, len(batch.rows)), [], 0.0
+        for c, rows in enumerate(batch.rows):
+            loss, s = self.micro_loss(batch.subs[c], batch.adv[rows], update.ar, update.diff, batch.pick(batch.mte_mask, c),
+                                      batch.pick(batch.sim_keep, c), update.old[c], counts)
+            self.accelerator.backward(loss)
+            grad_stats.after_backward(last=c == len(batch.rows) - 1)
+            stats.append(s)
+            total += loss.item()
+        grad_norm_ar, grad_var = grad_stats.result()
+        finite = math.isfinite(total) and math.isfinite(grad_norm_ar)
+        if finite:
+            self.nonfinite_run = 0
+            if self.cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+            self.optimizer.step()
+        else:
+            self.nonfinite_run += 1
+            if self.nonfinite_run >= self.cfg.max_nonfinite:
+                raise FloatingPointError(f"{self.nonfinite_run} non-finite updates in a row at step {self.step}; "
+                                         "stopping (grpo.max_nonfinite)")
+        log = {k: float(torch.tensor([s[k] for s in stats]).nanmean()) for k in stats[0]}
+        log.update({k: sum(s[k] for s in stats) for k in ("policy_loss", "kl")})  # shares of the batch loss
+        log.update(ratio_min=min(s["ratio_min"] for s in stats), ratio_max=max(s["ratio_max"] for s in stats))
+        log.update(grad_norm_ar=grad_norm_ar, grad_var_ar=grad_var, skipped=int(not finite))
+        if batch.mte_mask is not None:  # the share of the loss tokens that Eq. 10 averages over S trajectories
+            log["mte_frac"] = float((batch.mte_mask[update.ar][:, None] * tokens).sum() / tokens.sum().clamp(min=1))
+        return log
 
     # --- validation, checkpoints, resume --------------------------------------------------------------
     @torch.no_grad()
