@@ -24,7 +24,8 @@ from margrpo.evaluation.compbench import (
 )
 from margrpo.prompt_files import COMPBENCH_DIR as DATA
 from margrpo.prompt_files import read_prompt_file
-from margrpo.rewards.real import Detections, parse_counts, parse_relation
+from margrpo.prompts.analysis import parse_counts, parse_relation
+from margrpo.rewards.real.detection import Detections
 
 
 @pytest.fixture(scope="module")

@@ -18,25 +18,28 @@ import torch
 import margrpo.rewards.real as real
 from margrpo.compat import ensure_torchvision_importable
 from margrpo.rewards import available_rewards, build_reward, build_reward_mix
-from margrpo.rewards.real import (
-    Detections,
+from margrpo.prompts.analysis import (
     DetectionTask,
     Relation,
-    box_iou,
-    count_boxes,
     detection_task,
-    nms,
     noun_phrases,
     object_name,
     parse_counts,
     parse_relation,
-    relation_score,
     singular,
+    vqa_phrases,
+)
+from margrpo.rewards.real.detection import (
+    Detections,
+    box_iou,
+    count_boxes,
+    nms,
+    relation_score,
     t2i_r1_numeracy_score,
     t2i_r1_presence_score,
     t2i_r1_spatial_score,
-    vqa_phrases,
 )
+from margrpo.rewards.real.vqa import _PhraseVQA
 
 # In .venv-eval torchvision (a CUDA build) is installed and transformers' image processors import
 # it: the CPU-torch workaround must come first (the scorers do this themselves; the builders too).
@@ -255,7 +258,7 @@ def test_vqa_uses_metadata_phrases_and_skips_tasks(tiny):
 # ============================================================================ VQA reduction (stubbed probabilities)
 
 
-class _FixedVQA(real._PhraseVQA):
+class _FixedVQA(_PhraseVQA):
     """P(yes) = 0.5 for questions with "red", else 0.8: tests the reduction without a model."""
 
     def __init__(self, reduce):
@@ -549,7 +552,7 @@ def test_imagereward_tokenizer_request_is_answered_from_a_local_folder(tmp_path,
 
     from transformers import BertTokenizer
 
-    from margrpo.rewards.real import _bert_base_uncased_from
+    from margrpo.rewards.real.evaluator_stack import _bert_base_uncased_from
 
     blip = types.ModuleType("ImageReward.models.BLIP.blip")
     blip.BertTokenizer = BertTokenizer

@@ -17,7 +17,7 @@ For complex, T2I-CompBench averages only two of the three for its "spatial" and 
 sub-splits (attribute + spatial, attribute + non-spatial); `prompts_dir` (default: the shipped
 `margrpo.prompt_files.COMPBENCH_DIR`) holds complex_val_spatial.txt and complex_val_action.txt.
 Differences from the original, each a stand-in for a model we do not run: noun phrases and object
-names come from the rules of `margrpo.rewards.real` instead of spaCy; detections are Grounding DINO
+names come from the rules of `margrpo.prompts.analysis` instead of spaCy; detections are Grounding DINO
 queries whose phrase score exceeds the detector's box_threshold (UniDet: class confidence >= 0.5),
 reduced by NMS at nms_iou (UniDet applies its own NMS at 0.5 before the script sees its boxes);
 complex's non-spatial part scores the whole prompt (T2I-CompBench drops adjectives with spaCy's
@@ -37,17 +37,10 @@ from torch import Tensor
 
 from margrpo.evaluation.samples import Sample, list_samples, parse_sample_name
 from margrpo.prompt_files import COMPBENCH_DIR, read_prompt_file
-from margrpo.rewards.real import (
-    BlipVQAReward,
-    ClipScoreReward,
-    Detections,
-    GroundingDinoReward,
-    nms,
-    noun_phrases,
-    parse_counts,
-    parse_relation,
-    relation_score,
-)
+from margrpo.prompts.analysis import noun_phrases, parse_counts, parse_relation
+from margrpo.rewards.real.clip import ClipScoreReward
+from margrpo.rewards.real.detection import Detections, GroundingDinoReward, nms, relation_score
+from margrpo.rewards.real.vqa import BlipVQAReward
 
 __all__ = [
     "CATEGORIES",
@@ -239,7 +232,7 @@ def compbench_three_in_one(kind: str, attribute: float, spatial: float, action: 
 
 
 class CompBenchEvaluator:
-    """T2I-CompBench scores of images: one method per metric, built from real.py scorers.
+    """T2I-CompBench scores of images: one method per metric, built from the `margrpo.rewards.real` scorers.
 
     `vqa` (BlipVQAReward, asked one phrase per row), `detector` (GroundingDinoReward) and `clip`
     (ClipScoreReward, form "cosine") are needed only by the categories that use them.
@@ -276,7 +269,7 @@ class CompBenchEvaluator:
         detector_options: dict | None = None,
         clip_options: dict | None = None,
     ) -> CompBenchEvaluator:
-        """Build only the models `category` (one or several) needs from local folders (see real.py for their files).
+        """Build only the models `category` (one or several) needs from local folders (see `margrpo.rewards.real`).
 
         `*_options`: further keyword options of BlipVQAReward / GroundingDinoReward / ClipScoreReward
         (e.g. processor_path, box_threshold).

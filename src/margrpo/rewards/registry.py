@@ -157,10 +157,7 @@ def _build_shapes(form: str = "strict", **kwargs: Any) -> RewardFunction:
     return ShapesReward(form=form, **kwargs)
 
 
-# Slot for the learned toy reward model (the HPS analogue, trained by `margrpo train-toyclip`).
-# Its implementation, margrpo.rewards.toyclip:ToyClipReward(path=...), is written separately;
-# until it exists, building "toyclip" raises ModuleNotFoundError, while listing and the other
-# rewards keep working.
+# The learned toy reward model (the HPS analogue, trained by `margrpo train-toyclip`).
 @register_reward("toyclip")
 def _build_toyclip(path: str, **kwargs: Any) -> RewardFunction:
     """The learned toy image-text scorer loaded from ``path`` (learned, hence hackable)."""
