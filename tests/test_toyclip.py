@@ -10,18 +10,10 @@ import pytest
 import torch
 
 from margrpo.rewards import build_reward
-from margrpo.rewards.toyclip import (
-    SWAP_TYPES,
-    ToyClip,
-    ToyClipConfig,
-    ToyClipReward,
-    default_vocabulary,
-    evaluate_ranking,
-    hard_negatives,
-    swap_candidates,
-    train_toyclip,
-)
+from margrpo.rewards.toyclip import ToyClip, ToyClipConfig, ToyClipReward
+from margrpo.toyclip_training import default_vocabulary, evaluate_ranking, train_toyclip
 from margrpo.world import WorldConfig, prompt_for_spec, relation_holds, render, sample_captioned
+from margrpo.world.negatives import SWAP_TYPES, hard_negatives, swap_candidates
 
 WORLD = WorldConfig()
 TINY = dict(width=8, embed_dim=8, text_width=8, text_depth=1, text_heads=2)
@@ -158,7 +150,7 @@ def brute_force_true(spec: dict, scene) -> bool:
 @pytest.mark.parametrize("kind", SWAP_TYPES)
 def test_swaps_kept_as_negatives_are_false_of_the_scene(kind):
     """hard_negatives / evaluation keep a swap only if false; check each kept one independently."""
-    from margrpo.rewards.toyclip import scene_objects, spec_is_true
+    from margrpo.world.negatives import scene_objects, spec_is_true
 
     rng = np.random.default_rng(1)
     kept = dropped = 0
@@ -180,8 +172,8 @@ def test_swaps_kept_as_negatives_are_false_of_the_scene(kind):
 
 def test_truth_check_agrees_with_the_world_scorer():
     """spec_is_true re-implements `score_objects(...)["lenient"] == 1` for speed; they must agree."""
-    from margrpo.rewards.toyclip import scene_objects, spec_is_true
     from margrpo.world import score_objects
+    from margrpo.world.negatives import scene_objects, spec_is_true
 
     rng = np.random.default_rng(3)
     checked = {True: 0, False: 0}
@@ -247,7 +239,7 @@ def test_training_options_run(tmp_path, paired):
 
 def test_paired_batches_hold_partner_scenes():
     """A partner's caption is a compositional swap of the scene before it, and false of that scene."""
-    from margrpo.rewards.toyclip import sample_batch
+    from margrpo.toyclip_training import sample_batch
 
     batch = sample_batch(np.random.default_rng(4), WORLD, batch_size=32, k=2, paired=True)
     assert batch.images.shape == (32, 3, 32, 32) and len(batch.prompts) == 32

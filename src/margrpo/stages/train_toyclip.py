@@ -56,7 +56,7 @@ def toyclip_settings(text: str) -> dict:
 
 def run(args: argparse.Namespace) -> None:
     from margrpo.io import atomic_write_json
-    from margrpo.rewards.toyclip import evaluate_ranking, save_atomic, train_toyclip
+    from margrpo.toyclip_training import evaluate_ranking, save_atomic, train_toyclip
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     settings = toyclip_settings(args.config_json)
