@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A single-node SLURM cluster on localhost, for testing workflow/profiles/slurm against a real
-# scheduler (tests/test_slurm.py). Needs root and Debian's packages; `start` installs them.
+# scheduler (the `slurm`-marked test of tests/test_workflow.py). Needs root and Debian's packages; `start` installs them.
 #   scripts/slurm-local.sh start    install (if needed), configure, start munged, slurmctld, slurmd
 #   scripts/slurm-local.sh stop
 set -euo pipefail

@@ -51,7 +51,7 @@ class FlowConfig:
     # The last step t_{T-1} -> 0 draws noise too (sigma_t of t_{T-1}), so every step has a log-prob.
     # With a deterministic last step its dependence on the parameters is missing from the policy
     # gradient; for a head that predicts x0 that step *is* the token (x_0 = x0_hat(x_{t_{T-1}})), and
-    # the likelihood-ratio estimate then pointed against the true gradient of E[R] (measured, README).
+    # the likelihood-ratio estimate then pointed against the true gradient of E[R] (measured: docs/findings.md).
     stochastic_final: bool = False
     # The last grid time before 0. 0: the grid is linspace(1, 0, T + 1). NOVA's Euler scheduler uses
     # 1 / num_train_timesteps = 0.001: linspace(1, t_min, T), then 0, so its last step is a tiny one.
