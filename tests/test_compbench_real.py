@@ -22,8 +22,8 @@ from margrpo.evaluation.compbench import (
     parse_sample_name,
     unidet_frame,
 )
-from margrpo.prompt_files import COMPBENCH_DIR as DATA
-from margrpo.prompt_files import read_prompt_file
+from margrpo.prompts.files import COMPBENCH_DIR as DATA
+from margrpo.prompts.files import read_prompt_file
 from margrpo.rewards.real import Detections, parse_counts, parse_relation
 
 
@@ -204,7 +204,7 @@ def test_scores_do_not_depend_on_batch_size(tmp_path, models):
 def test_eval_compbench_stage_scores_a_mixed_suite_per_category(tmp_path, models):
     """`margrpo eval-compbench --evaluator t2i-compbench`: the workflow's entry point, one row per category."""
     from margrpo.cli import main
-    from margrpo.world import write_suite
+    from margrpo.prompts.suites import write_suite
 
     suite = tmp_path / "eval.jsonl"
     color = tmp_path / "color_val.txt"

@@ -21,7 +21,8 @@ from margrpo.rewards.toyclip import (
     swap_candidates,
     train_toyclip,
 )
-from margrpo.world import WorldConfig, prompt_for_spec, relation_holds, render, sample_captioned
+from margrpo.world import WorldConfig, prompt_for_spec, relation_holds, render
+from margrpo.world.suites import sample_captioned
 
 WORLD = WorldConfig()
 TINY = dict(width=8, embed_dim=8, text_width=8, text_depth=1, text_heads=2)

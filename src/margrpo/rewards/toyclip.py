@@ -459,7 +459,8 @@ def sample_batch(rng: np.random.Generator, world_cfg, batch_size: int, k: int, p
     for binding, not only one mediated by the text tower's. Measured at the default settings on
     the 32-px world (held-out binding swaps, 420 triples): 0.57 without partners, 0.84 with.
     """
-    from margrpo.world import render, sample_captioned
+    from margrpo.world import render
+    from margrpo.world.suites import sample_captioned
 
     rows: list[tuple] = []  # (scene, spec, negatives)
     while len(rows) < batch_size:
@@ -668,7 +669,8 @@ def evaluate_ranking(model: ToyClip, world_cfg, n: int = 2000, seed: int = 1, ba
     Returns {"overall": accuracy over all triples, "macro": mean of the per-type accuracies,
     "n": int, "per_type": {type: {"accuracy", "n"}}, "mean_margin": mean score(true) - score(swap)}.
     """
-    from margrpo.world import render, sample_captioned
+    from margrpo.world import render
+    from margrpo.world.suites import sample_captioned
 
     rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))
     model.eval()
