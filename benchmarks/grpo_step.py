@@ -30,9 +30,10 @@ import time
 import torch
 
 from margrpo.config import load_config
-from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, PromptSet, choose_steps, peak_memory_mb
+from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, choose_steps, peak_memory_mb
 from margrpo.policy import ToyMAR, ToyMARConfig, load_policy
 from margrpo.pretraining import autocast
+from margrpo.prompts.suites import PromptSet
 from margrpo.rollout import SamplingConfig, ar_schedule, generate, replay, stochastic_steps
 from margrpo.world import prompt_vocabulary
 

@@ -49,7 +49,8 @@ import numpy as np
 from scipy import ndimage
 from scipy.optimize import linear_sum_assignment
 
-from margrpo.world import PRESETS, parse, render, sample_captioned, score
+from margrpo.world import PRESETS, parse, render, score
+from margrpo.world.suites import sample_captioned
 
 ATTRS = ("color", "shape", "texture")
 

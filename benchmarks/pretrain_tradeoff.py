@@ -23,7 +23,8 @@ from margrpo.policy.toy import count_parameters
 from margrpo.pretraining import PretrainConfig, train
 from margrpo.rollout import SamplingConfig
 from margrpo.stages.pretrain import world_batches
-from margrpo.world import PRESETS, build_suites, prompt_vocabulary
+from margrpo.world import PRESETS, prompt_vocabulary
+from margrpo.world.suites import build_suites
 
 
 def main() -> None:

@@ -10,8 +10,9 @@ import torch
 from scipy import stats
 
 from helpers import PROMPTS, tiny_policy
-from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, PromptSet
+from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.io import atomic_write_json
+from margrpo.prompts.suites import PromptSet
 from margrpo.reporting.claims import claims, margin_verdict, paired_bootstrap, paired_t, to_markdown, verdict
 from margrpo.rollout import SamplingConfig
 

@@ -15,7 +15,7 @@ import torch
 from test_rewards_real import tiny_clip
 
 from margrpo.evaluation.compbench import CompBenchEvaluator, compbench_locality
-from margrpo.prompt_files import COMPBENCH_DIR, read_prompt_file
+from margrpo.prompts.files import COMPBENCH_DIR, read_prompt_file
 from margrpo.prompts.analysis import noun_phrases, parse_counts, parse_relation
 from margrpo.rewards.real.clip import ClipScoreReward
 from margrpo.rewards.real.detection import Detections, nms

@@ -12,7 +12,7 @@ import pytest
 from helpers import tiny_policy
 from margrpo.io import InputError
 from margrpo.policy import load_policy
-from margrpo.prompt_files import read_prompt_file
+from margrpo.prompts.files import read_prompt_file
 from margrpo.stages.check_weights import EXPECTED
 
 MARGRPO = str(Path(sys.executable).with_name("margrpo"))

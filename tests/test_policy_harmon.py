@@ -8,10 +8,11 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from helpers import PROMPTS, VOCAB, assert_ratio_is_one
-from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, PromptSet
+from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.policy import load_policy
 from margrpo.policy.base import TextCondition
 from margrpo.policy.harmon import HarmonConfig, HarmonPolicy
+from margrpo.prompts.suites import PromptSet
 from margrpo.rollout import SamplingConfig, generate
 
 PARAMS = Path(__file__).resolve().parents[1] / "src/margrpo/policy/params/harmon-1.5b.tsv"

@@ -13,9 +13,10 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from transformers import PhiConfig, PhiModel, PreTrainedTokenizerFast
 
 from helpers import PROMPTS, VOCAB, assert_ratio_is_one
-from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, PromptSet
+from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.policy.nova import NovaConfig, NovaPolicy, NovaTransformer
 from margrpo.policy import load_policy
+from margrpo.prompts.suites import PromptSet
 from margrpo.rollout import SamplingConfig, generate, unknown_after_steps
 
 SAMPLING = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=3.0, cfg_schedule="linear", temperature=0.9)

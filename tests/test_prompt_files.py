@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from margrpo.prompt_files import COMPBENCH_DIR, RL_PROMPTS, build_file_suites, read_prompt_file
-from margrpo.world import load_suite, write_suite
+from margrpo.prompts.files import COMPBENCH_DIR, RL_PROMPTS, build_file_suites, read_prompt_file
+from margrpo.prompts.suites import load_suite, write_suite
 
 
 def _write(path: Path, lines: list[str]) -> Path:

@@ -12,7 +12,8 @@ import torch
 from margrpo.rewards import build_reward
 from margrpo.rewards.toyclip import ToyClip, ToyClipConfig, ToyClipReward
 from margrpo.toyclip_training import default_vocabulary, evaluate_ranking, train_toyclip
-from margrpo.world import WorldConfig, prompt_for_spec, relation_holds, render, sample_captioned
+from margrpo.world import WorldConfig, prompt_for_spec, relation_holds, render
+from margrpo.world.suites import sample_captioned
 from margrpo.world.negatives import SWAP_TYPES, hard_negatives, swap_candidates
 
 WORLD = WorldConfig()

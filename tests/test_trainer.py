@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from helpers import PROMPTS, tiny_policy
-from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, PromptSet, write_outputs
+from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, write_outputs
+from margrpo.prompts.suites import PromptSet
 from margrpo.rollout import SamplingConfig, generate, recorded, replay
 
 SAMPLING = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=2.0)

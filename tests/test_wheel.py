@@ -66,7 +66,7 @@ def test_installed_wheel_validates_configs_and_runs_a_stage(installed):
     assert "grpo.stepz" in _run(bin_dir / "python", "-c", check, *configs, cwd=tmp)
 
     assert "make-suites" in _run(bin_dir / "margrpo", "--help", cwd=tmp)
-    data = json.loads(_run(bin_dir / "python", "-c", "import json, margrpo.prompt_files as p; "
+    data = json.loads(_run(bin_dir / "python", "-c", "import json, margrpo.prompts.files as p; "
                            "print(json.dumps([str(p.RL_PROMPTS), str(p.COMPBENCH_DIR)]))", cwd=tmp))
     _run(bin_dir / "margrpo", "make-suites", "--out-dir", tmp / "suites", "--source", "files", "--train-file", data[0],
          "--eval-dir", data[1], "--categories", "color,numeracy", "--n-val", "8", "--n-eval", "5", cwd=tmp)

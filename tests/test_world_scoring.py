@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from margrpo.world import CATEGORIES, ObjectSpec, Scene, WorldConfig, render, sample_captioned, scene_for_spec, score
+from margrpo.world import CATEGORIES, ObjectSpec, Scene, WorldConfig, render, scene_for_spec, score
 from margrpo.world.reward import ShapesReward
+from margrpo.world.suites import sample_captioned
 
 CFG = WorldConfig()
 

@@ -9,22 +9,21 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from margrpo.prompts.suites import load_suite, write_suite
 from margrpo.world import (
     CATEGORIES,
     WorldConfig,
-    build_suites,
     canonical_key,
     caption_scene,
     heldout_in_spec,
-    load_suite,
     prompt_for_spec,
     prompt_vocabulary,
     render,
     sample_scene,
     scene_for_spec,
     validate_spec,
-    write_suite,
 )
+from margrpo.world.suites import build_suites
 
 CFG = WorldConfig()
 

@@ -25,7 +25,8 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from margrpo.rewards.toyclip import ToyClip, ToyClipConfig
-from margrpo.world import prompt_for_spec, prompt_vocabulary, render, sample_captioned, scene_for_spec
+from margrpo.world import prompt_for_spec, prompt_vocabulary, render, scene_for_spec
+from margrpo.world.suites import sample_captioned
 from margrpo.world.negatives import COMPOSITIONAL_SWAPS, SWAP_TYPES, hard_negatives, one_negative, scene_objects, spec_is_true
 
 __all__ = ["Batch", "sample_batch", "contrastive_loss", "default_vocabulary", "train_toyclip", "save_atomic", "evaluate_ranking"]

@@ -15,7 +15,7 @@ DINO standing in for its UniDet detector:
 
 For complex, T2I-CompBench averages only two of the three for its "spatial" and "action"
 sub-splits (attribute + spatial, attribute + non-spatial); `prompts_dir` (default: the shipped
-`margrpo.prompt_files.COMPBENCH_DIR`) holds complex_val_spatial.txt and complex_val_action.txt.
+`margrpo.prompts.files.COMPBENCH_DIR`) holds complex_val_spatial.txt and complex_val_action.txt.
 Differences from the original, each a stand-in for a model we do not run: noun phrases and object
 names come from the rules of `margrpo.prompts.analysis` instead of spaCy; detections are Grounding DINO
 queries whose phrase score exceeds the detector's box_threshold (UniDet: class confidence >= 0.5),
@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from margrpo.evaluation.samples import Sample, list_samples, parse_sample_name
-from margrpo.prompt_files import COMPBENCH_DIR, read_prompt_file
+from margrpo.prompts.files import COMPBENCH_DIR, read_prompt_file
 from margrpo.prompts.analysis import noun_phrases, parse_counts, parse_relation
 from margrpo.rewards.real.clip import ClipScoreReward
 from margrpo.rewards.real.detection import Detections, GroundingDinoReward, nms, relation_score

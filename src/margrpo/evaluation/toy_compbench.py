@@ -15,7 +15,8 @@ import pandas as pd
 from PIL import Image
 
 from margrpo.evaluation.samples import list_samples
-from margrpo.world import CATEGORIES, WorldConfig, heldout_in_spec, load_suite, score
+from margrpo.prompts.suites import load_suite
+from margrpo.world import CATEGORIES, WorldConfig, heldout_in_spec, score
 
 PER_IMAGE_COLUMNS = [
     "file", "prompt", "index", "category", "unseen", "strict", "lenient", "binding", "relation", "count",

@@ -35,6 +35,7 @@ from margrpo.grpo.functions import (
     uncertainty_mask,
 )
 from margrpo.policy.base import MARPolicy
+from margrpo.prompts.suites import PromptSet
 from margrpo.pretraining import autocast
 from margrpo.rollout import Rollout, SamplingConfig, ar_schedule, generate, make_sampler, recorded, replay, stochastic_steps
 
@@ -145,17 +146,6 @@ class GRPOConfig:
         if unknown:
             raise ValueError(f"unknown GRPO setting(s) {unknown}; expected names from {', '.join(sorted(names))}")
         return cls(**{**spec["grpo"], **variant}, precision=precision)
-
-
-@dataclass
-class PromptSet:
-    """Prompts with the metadata the rewards need (spec, category)."""
-
-    prompts: list[str]
-    metadata: list[dict]
-
-    def __len__(self):
-        return len(self.prompts)
 
 
 @dataclass

@@ -75,8 +75,7 @@ def stage_args(args) -> dict:
 
 def prompt_set(path: str | Path):
     """A suite file as a PromptSet (prompts + per-prompt metadata: category and spec)."""
-    from margrpo.grpo.trainer import PromptSet
-    from margrpo.world import load_suite
+    from margrpo.prompts.suites import PromptSet, load_suite
 
     records = load_suite(path)
     return PromptSet([r.prompt for r in records], [{"category": r.category, "spec": r.spec} for r in records])

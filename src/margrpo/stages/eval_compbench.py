@@ -45,8 +45,8 @@ def run_real(args: argparse.Namespace) -> None:
     import pandas as pd
 
     from margrpo.evaluation.compbench import MODEL_METRICS, CompBenchEvaluator, canonical_category, list_samples, needed_models
+    from margrpo.prompts.suites import load_suite
     from margrpo.stages._common import json_arg
-    from margrpo.world import load_suite
 
     models = json_arg(args.models_json, "--models-json", section="evaluation.compbench_models")
     category_of = {r.prompt: canonical_category(r.category) for r in load_suite(args.suite)}

@@ -34,8 +34,8 @@ def run(args) -> None:
     import pandas as pd
 
     from margrpo.io import atomic_write_csv
+    from margrpo.prompts.suites import load_suite
     from margrpo.rewards import build_reward
-    from margrpo.world import load_suite
 
     setup(args.threads)
     files, prompts = read_samples(args.samples_dir)

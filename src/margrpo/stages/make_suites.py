@@ -12,7 +12,9 @@ import dataclasses
 from pathlib import Path
 
 from margrpo.io import atomic_write_json
-from margrpo.world import PALETTE, PRESETS, build_suites, heldout_in_spec, write_suite
+from margrpo.prompts.suites import write_suite
+from margrpo.world import PALETTE, PRESETS, heldout_in_spec
+from margrpo.world.suites import build_suites
 
 
 def _bool(text: str) -> bool:
@@ -99,7 +101,7 @@ def run(args: argparse.Namespace) -> None:
 
 
 def run_files(args: argparse.Namespace) -> None:
-    from margrpo.prompt_files import build_file_suites
+    from margrpo.prompts.files import build_file_suites
 
     if not args.train_file or not args.eval_dir:
         raise SystemExit("make-suites --source files needs --train-file and --eval-dir (prompts.train_file / prompts.eval_dir)")

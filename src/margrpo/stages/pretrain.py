@@ -27,7 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def world_batches(world_cfg):
     """(images [B, 3, H, W] in [0, 1], prompts) of random captioned scenes, drawn from the torch generator."""
-    from margrpo.world import render, sample_captioned
+    from margrpo.world import render
+    from margrpo.world.suites import sample_captioned
 
     def batch(n: int, generator: torch.Generator):
         rng = np.random.default_rng(int(torch.randint(0, 2**62, (), generator=generator)))
@@ -57,7 +58,7 @@ def write_policy(policy, out_dir: Path) -> None:
 def write_quality(policy, args, sampling, path, extra: dict | None = None, world_cfg=None, title: str = "") -> dict:
     from margrpo.evaluation.quality import format_report, quality_report
     from margrpo.io import atomic_write_json
-    from margrpo.world import load_suite
+    from margrpo.prompts.suites import load_suite
 
     records = load_suite(args.eval_suite)
     report, images = quality_report(policy, records, sampling, args.quality_images, world_cfg=world_cfg, precision=args.precision)

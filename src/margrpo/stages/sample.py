@@ -40,7 +40,7 @@ def resolve_policy(path: str) -> str:
 def run(args) -> None:
     from margrpo.evaluation.quality import sample_images
     from margrpo.policy import load_policy
-    from margrpo.world import load_suite
+    from margrpo.prompts.suites import load_suite
 
     device = setup(args.threads)
     policy = load_policy(resolve_policy(args.policy), device)

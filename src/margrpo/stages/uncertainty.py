@@ -25,8 +25,8 @@ def run(args) -> None:
     from margrpo.grpo.functions import token_uncertainty
     from margrpo.io import atomic_path
     from margrpo.policy import load_policy
+    from margrpo.prompts.suites import load_suite
     from margrpo.rollout import generate
-    from margrpo.world import load_suite
 
     device = setup(args.threads)
     policy = load_policy(args.policy, device)

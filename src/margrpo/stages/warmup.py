@@ -31,7 +31,7 @@ def run(args) -> None:
     from margrpo.evaluation.quality import quality_report
     from margrpo.policy import load_policy
     from margrpo.pretraining import PretrainConfig, train
-    from margrpo.world import load_suite
+    from margrpo.prompts.suites import load_suite
 
     device = setup(args.threads)
     w = json_arg(args.warmup_json, "--warmup-json", section="policies.*.warmup")

@@ -1,9 +1,11 @@
-"""ShapesWorld: the toy compositional world (scenes, renderer, captions, suites, exact parser, scorer).
+"""ShapesWorld: the toy compositional world (scenes, renderer, captions, exact parser, scorer).
 
-Knows nothing about models or training. Typical use:
+Knows nothing about models or training. Its suites (`sample_captioned`, `build_suites`) are in
+`margrpo.world.suites`, not re-exported here: they hold `margrpo.prompts.suites` records, and that
+module checks ShapesWorld specs with this package. Typical use:
 
     cfg = WorldConfig()
-    scene, prompt, category, spec = sample_captioned(rng, cfg)      # a pre-training pair
+    scene, prompt, category, spec = sample_captioned(rng, cfg)      # a pre-training pair (margrpo.world.suites)
     image = render(scene, cfg)                                      # (32, 32, 3) uint8
     score(spec, image, category, cfg)["strict"]                     # 1.0 for a faithful render
 """
@@ -21,12 +23,10 @@ from margrpo.world.config import CATEGORIES, PALETTE, PRESETS, RELATIONS, SHAPES
 from margrpo.world.parser import parse
 from margrpo.world.scene import ObjectSpec, Scene, relation_holds, render, sample_scene
 from margrpo.world.scoring import score, score_objects
-from margrpo.world.suites import PromptRecord, build_suites, load_suite, sample_captioned, write_suite
 
 __all__ = [
     "CATEGORIES", "PALETTE", "PRESETS", "RELATIONS", "SHAPES", "TEXTURES", "WorldConfig",
     "ObjectSpec", "Scene", "sample_scene", "render", "relation_holds",
     "caption_scene", "scene_for_spec", "prompt_for_spec", "prompt_vocabulary", "validate_spec", "canonical_key", "heldout_in_spec",
     "parse", "score", "score_objects",
-    "PromptRecord", "build_suites", "write_suite", "load_suite", "sample_captioned",
 ]

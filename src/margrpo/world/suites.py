@@ -1,45 +1,23 @@
-"""Prompt suites: balanced over categories, train / val / eval disjoint, eval with unseen combinations.
+"""The toy world's prompt suites: balanced over categories, train / val / eval disjoint, eval with unseen combinations.
 
-A suite file is JSONL, one record per line: {"prompt": ..., "category": ..., "spec": {...}}.
-Train and val never bind a held-out (colour, shape) pair (`WorldConfig.heldout_pairs`); about half
-of each eval category that can name colours does, like T2I-CompBench's val_unseen. The three
-splits are disjoint in prompt text and in `canonical_key` (word order and mirrored relations).
+The records are `margrpo.prompts.suites.PromptRecord`s, written with its `write_suite`. This module is
+not imported by `margrpo.world`: `margrpo.prompts.suites` validates ShapesWorld specs with that
+package, so importing this one from it would be a cycle. Train and val never bind a held-out
+(colour, shape) pair (`WorldConfig.heldout_pairs`); about half of each eval category that can name
+colours does, like T2I-CompBench's val_unseen. The three splits are disjoint in prompt text and in
+`canonical_key` (word order and mirrored relations).
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from pathlib import Path
-
 import numpy as np
 
-from margrpo.io import atomic_write_text
-from margrpo.world.captions import caption_scene, canonical_key, heldout_in_spec, validate_spec
+from margrpo.prompts.suites import SPLITS, PromptRecord
+from margrpo.world.captions import caption_scene, canonical_key, heldout_in_spec
 from margrpo.world.config import CATEGORIES, WorldConfig
 from margrpo.world.scene import ObjectSpec, Scene, sample_scene
 
-SPLITS = ("train", "val", "eval")
-NAME_MAX = 255  # bytes in a file name (ext4, xfs, btrfs, tmpfs): samples are {prompt}_{index:06d}.png
-
-
-def prompt_problem(prompt: str) -> str | None:
-    """Why a prompt cannot name its sample files ({prompt}_{index:06d}.png), or None if it can."""
-    if "_" in prompt or "/" in prompt:
-        return "contains '_' or '/': a prompt must be without '_' and '/' (sample file names are {prompt}_{index:06d}.png)"
-    if any(ord(c) < 32 or ord(c) == 127 for c in prompt):
-        return "contains a NUL or another control character"
-    if len(prompt.encode()) > NAME_MAX - 11:
-        return f"is {len(prompt.encode())} bytes; sample file names ({{prompt}}_{{index:06d}}.png) allow {NAME_MAX - 11}"
-    return None
 _MAX_TRIES = 5000  # consecutive draws without a new prompt before a category counts as exhausted
-
-
-@dataclass(frozen=True)
-class PromptRecord:
-    prompt: str
-    category: str
-    spec: dict
 
 
 def sample_captioned(rng: np.random.Generator, cfg: WorldConfig, category: str | None = None, allow_heldout: bool = False):
@@ -114,51 +92,3 @@ def build_suites(cfg: WorldConfig, seed: int, n_train: int, n_val: int, n_eval: 
                 made, misses = made + 1, 0
         suites[split] = records
     return {s: suites[s] for s in SPLITS}
-
-
-def write_suite(records: list[PromptRecord], path: str | Path) -> Path:
-    """JSONL, one {"prompt", "category", "spec"} per line; written atomically (temp file + rename)."""
-    lines = (json.dumps({"prompt": r.prompt, "category": r.category, "spec": r.spec}) for r in records)
-    return atomic_write_text(path, "".join(line + "\n" for line in lines))
-
-
-def load_suite(path: str | Path) -> list[PromptRecord]:
-    """Read a suite file; a malformed line raises ValueError naming the file and line number."""
-    from margrpo.prompt_files import FILE_CATEGORIES, SOURCES  # here: prompt_files imports this module
-
-    path = Path(path)
-    records, prompts = [], {}
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
-            if not isinstance(rec, dict) or not {"prompt", "category", "spec"} <= set(rec):
-                raise ValueError(f"{where}: expected an object with keys prompt, category, spec")
-            prompt, category = rec["prompt"], rec["category"]
-            if not isinstance(prompt, str) or not prompt:
-                raise ValueError(f"{where}: prompt must be a non-empty string; got {prompt!r}")
-            if prompt_problem(prompt):
-                raise ValueError(f"{where}: prompt {prompt[:60]!r}... {prompt_problem(prompt)}")
-            if isinstance(rec["spec"], dict) and "source" in rec["spec"]:  # a real-prompt suite (margrpo.prompt_files)
-                if rec["spec"]["source"] not in SOURCES or category not in FILE_CATEGORIES:
-                    raise ValueError(f"{where}: spec source {rec['spec']['source']!r} / category {category!r}; "
-                                     f"expected a source in {SOURCES} and a category in {FILE_CATEGORIES}")
-            else:
-                if category not in CATEGORIES:
-                    raise ValueError(f"{where}: unknown category {category!r}; expected one of {CATEGORIES}")
-                try:
-                    validate_spec(rec["spec"])
-                except ValueError as err:
-                    raise ValueError(f"{where}: {err}") from None
-            if prompt in prompts:
-                raise ValueError(f"{where}: prompt {prompt!r} repeats line {prompts[prompt]}; prompts must be unique")
-            prompts[prompt] = lineno
-            records.append(PromptRecord(prompt, category, rec["spec"]))
-    if not records:
-        raise ValueError(f"{path}: no records")
-    return records

@@ -1,7 +1,7 @@
 """Prompt suites from real prompt files (real scale): the RL prompts and the T2I-CompBench splits.
 
-The toy world draws its suites from ShapesWorld (`margrpo.world.build_suites`); at real scale the
-suites come from files instead, in the same three-split JSONL layout (prompt, category, spec):
+The toy world draws its suites from ShapesWorld (`margrpo.world.suites.build_suites`); at real scale
+the suites come from files instead, in the same three-split JSONL layout (`margrpo.prompts.suites`):
 
 - train: the RL prompts, JSON Lines in the T2I-R1 format (`prompt`, `task_type`, `nouns`,
   `spatial_info` / `numeracy_info` / `attr_nouns`) as in the shipped `RL_PROMPTS`, or a .txt file
@@ -21,18 +21,17 @@ so detection- and VQA-based rewards can use the nouns and relations the prompt f
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
 from margrpo.io import InputError
-from margrpo.world.suites import PromptRecord, prompt_problem
+from margrpo.prompts.suites import COMPBENCH_CATEGORIES, FILE_CATEGORIES, SOURCES, PromptRecord, prompt_problem, read_jsonl, text_lines
 
-COMPBENCH_CATEGORIES = ("color", "shape", "texture", "spatial", "3d_spatial", "non_spatial", "numeracy", "complex")
+__all__ = ["COMPBENCH_CATEGORIES", "FILE_CATEGORIES", "SOURCES", "TASK_TYPES", "DATA_DIR", "COMPBENCH_DIR", "RL_PROMPTS",
+           "read_prompt_file", "compbench_file", "build_file_suites"]
+
 TASK_TYPES = {"non": "non_spatial", "object": "object"}  # T2I-R1 task_type -> our category (others map to themselves)
-FILE_CATEGORIES = (*COMPBENCH_CATEGORIES, "object")
-SOURCES = ("t2i-r1", "t2i-compbench", "text")
-DATA_DIR = Path(__file__).with_name("data")  # package data: provenance and licences in data/README.md
+DATA_DIR = Path(__file__).parents[1] / "data"  # package data (src/margrpo/data): provenance and licences in data/README.md
 COMPBENCH_DIR = DATA_DIR / "t2i-compbench"  # T2I-CompBench's prompt lists (MIT)
 RL_PROMPTS = DATA_DIR / "mar-grpo" / "train_prompts.jsonl"  # MAR-GRPO's 7,223 RL prompts (Apache-2.0)
 
@@ -46,15 +45,27 @@ def _check_prompt(prompt, where: str) -> str:
     return prompt
 
 
-def _lines(path: Path):
-    """(line number, text) of a UTF-8 file (a leading byte-order mark dropped); bad bytes name the line."""
-    with open(path, "rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise InputError(f"{path}:{lineno}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
-            yield lineno, line.removeprefix("\ufeff") if lineno == 1 else line
+def _t2i_r1_record(raw, category: str | None, where: str) -> PromptRecord:
+    """A record of one T2I-R1 JSON line; its task_type names the category (`category` if it has none)."""
+    if not isinstance(raw, dict) or "prompt" not in raw:
+        raise InputError(f"{where}: expected an object with a 'prompt' key (T2I-R1 format)")
+    task = raw.get("task_type", category)
+    cat = TASK_TYPES.get(task, task)
+    if cat not in FILE_CATEGORIES:
+        raise InputError(f"{where}: unknown task_type {task!r}; expected one of {sorted({*FILE_CATEGORIES, *TASK_TYPES})}")
+    spec = {"source": "t2i-r1", **{k: v for k, v in raw.items() if k not in ("prompt", "task_type")}}
+    return PromptRecord(_check_prompt(raw["prompt"], where), cat, spec)
+
+
+def _text_records(path: Path, category: str | None):
+    """Records of a .txt prompt file, one prompt per non-blank line, all of `category`."""
+    for lineno, line in text_lines(path):
+        if not line.strip():
+            continue
+        if category not in FILE_CATEGORIES:
+            raise InputError(f"{path}: a .txt prompt file needs a category (one of {FILE_CATEGORIES}), got {category!r}")
+        source = "t2i-compbench" if category in COMPBENCH_CATEGORIES else "text"
+        yield PromptRecord(_check_prompt(line, f"{path}:{lineno}"), category, {"source": source})
 
 
 def read_prompt_file(path: str | Path, category: str | None = None) -> list[PromptRecord]:
@@ -66,29 +77,12 @@ def read_prompt_file(path: str | Path, category: str | None = None) -> list[Prom
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"prompt file {path} not found")
+    if path.suffix == ".jsonl":
+        read = (_t2i_r1_record(raw, category, f"{path}:{lineno}") for lineno, raw in read_jsonl(path))
+    else:
+        read = _text_records(path, category)
     records: dict[str, PromptRecord] = {}
-    for lineno, line in _lines(path):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        if path.suffix == ".jsonl":
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise InputError(f"{where}: not valid JSON ({err.msg})") from None
-            if not isinstance(raw, dict) or "prompt" not in raw:
-                raise InputError(f"{where}: expected an object with a 'prompt' key (T2I-R1 format)")
-            task = raw.get("task_type", category)
-            cat = TASK_TYPES.get(task, task)
-            if cat not in FILE_CATEGORIES:
-                raise InputError(f"{where}: unknown task_type {task!r}; expected one of {sorted({*FILE_CATEGORIES, *TASK_TYPES})}")
-            spec = {"source": "t2i-r1", **{k: v for k, v in raw.items() if k not in ("prompt", "task_type")}}
-            record = PromptRecord(_check_prompt(raw["prompt"], where), cat, spec)
-        else:
-            if category not in FILE_CATEGORIES:
-                raise InputError(f"{path}: a .txt prompt file needs a category (one of {FILE_CATEGORIES}), got {category!r}")
-            source = "t2i-compbench" if category in COMPBENCH_CATEGORIES else "text"
-            record = PromptRecord(_check_prompt(line, where), category, {"source": source})
+    for record in read:
         records.setdefault(record.prompt, record)
     if not records:
         raise InputError(f"prompt file {path} holds no prompts")
