@@ -30,11 +30,11 @@ import time
 import torch
 
 from margrpo.config import load_config
-from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, choose_steps, peak_memory_mb
+from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, choose_steps
 from margrpo.policy import ToyMAR, ToyMARConfig, load_policy
-from margrpo.pretraining import autocast
 from margrpo.prompts.suites import PromptSet
 from margrpo.rollout import SamplingConfig, ar_schedule, generate, replay, stochastic_steps
+from margrpo.runtime import autocast, peak_memory_mb
 from margrpo.world import prompt_vocabulary
 
 PROMPTS = ["a red circle", "a blue square and a green triangle", "three yellow circles", "a cyan square above a magenta circle"]

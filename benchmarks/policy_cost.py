@@ -14,8 +14,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from margrpo.policy import ToyMAR, ToyMARConfig, load_policy
-from margrpo.pretraining import autocast
 from margrpo.rollout import SamplingConfig, generate
+from margrpo.runtime import autocast
 from margrpo.world import prompt_vocabulary
 
 PROMPTS = ["a red circle", "a blue square and a green triangle", "three yellow circles"]

@@ -21,3 +21,18 @@ def _single_thread():
 
     torch.set_num_threads(1)
     yield
+
+
+@pytest.fixture
+def logged(caplog):
+    """Call it for what margrpo logged at INFO since the last call (what a stage's log file shows)."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="margrpo")
+
+    def read() -> str:
+        text = caplog.text
+        caplog.clear()
+        return text
+
+    return read

@@ -205,7 +205,7 @@ def test_scores_do_not_depend_on_batch_size(tmp_path, models):
 def test_eval_compbench_stage_scores_a_mixed_suite_per_category(tmp_path, models):
     """`margrpo eval-compbench --evaluator t2i-compbench`: the workflow's entry point, one row per category."""
     from margrpo.cli import main
-    from margrpo.world import write_suite
+    from margrpo.prompts.suites import write_suite
 
     suite = tmp_path / "eval.jsonl"
     color = tmp_path / "color_val.txt"

@@ -40,25 +40,25 @@ def assert_same_weights(a, b):
         assert torch.equal(x, y), name
 
 
-def test_grpo_run_with_a_changed_spec_starts_fresh(tmp_path, capsys):
+def test_grpo_run_with_a_changed_spec_starts_fresh(tmp_path, logged):
     """Same out-dir, new lr: the old state is not resumed (the summary used to claim the new lr over the old run)."""
     make_trainer(tmp_path / "run", policy=tiny_policy("flow", seed=1), lr=1e-3).train()
     changed = make_trainer(tmp_path / "run", policy=tiny_policy("flow", seed=1), lr=2e-3)
     rows = changed.train()
-    assert "not resuming from" in capsys.readouterr().out
+    assert "not resuming from" in logged()
     fresh = make_trainer(tmp_path / "fresh", policy=tiny_policy("flow", seed=1), lr=2e-3).train()
     for key in METRICS:
         assert rows[-1][key] == pytest.approx(fresh[-1][key], rel=1e-6, abs=1e-9), key
     same = make_trainer(tmp_path / "run", policy=tiny_policy("flow", seed=1), lr=2e-3, steps=2)
     same.train()
-    assert "resumed from" in capsys.readouterr().out  # the unchanged spec resumes (here: nothing left to do)
+    assert "resumed from" in logged()  # the unchanged spec resumes (here: nothing left to do)
 
 
-def test_grpo_run_with_other_inputs_starts_fresh(tmp_path, capsys):
+def test_grpo_run_with_other_inputs_starts_fresh(tmp_path, logged):
     """The stage's part of the spec (base policy folder, reward, seed, ...) counts as much as the trainer's."""
     make_trainer(tmp_path, policy=tiny_policy("flow", seed=1)).train({"inputs": {"policy_dir": "results/pretrain/toy-nova-aaaaaaaa"}})
     make_trainer(tmp_path, policy=tiny_policy("flow", seed=1)).train({"inputs": {"policy_dir": "results/pretrain/toy-nova-bbbbbbbb"}})
-    assert "not resuming from" in capsys.readouterr().out
+    assert "not resuming from" in logged()
 
 
 def test_summary_is_strict_json_with_the_reason_for_each_null(tmp_path):
@@ -79,19 +79,19 @@ def test_trainer_state_loads_with_weights_only(tmp_path):
     assert state["step"] == 1 and state["spec_hash"] == trainer.spec_hash
 
 
-def test_pretraining_with_changed_settings_starts_fresh(tmp_path, capsys):
+def test_pretraining_with_changed_settings_starts_fresh(tmp_path, logged):
     """New steps (or lr, seed) over an existing state/ used to return the old model."""
     pretrain(tmp_path / "state", steps=2)
     longer = pretrain(tmp_path / "state", steps=4)
-    assert "not resuming from" in capsys.readouterr().out
+    assert "not resuming from" in logged()
     assert_same_weights(longer, pretrain(tmp_path / "fresh", steps=4))
     assert log_steps(tmp_path / "state") == [1, 2, 3, 4]
 
 
-def test_pretraining_after_a_width_change_starts_fresh_instead_of_crashing(tmp_path, capsys):
+def test_pretraining_after_a_width_change_starts_fresh_instead_of_crashing(tmp_path, logged):
     pretrain(tmp_path, steps=2)
     wider = pretrain(tmp_path, steps=2, policy=tiny_policy("flow", seed=3, width=48))
-    assert "not resuming from" in capsys.readouterr().out and wider.config.width == 48
+    assert "not resuming from" in logged() and wider.config.width == 48
 
 
 KILL_SCRIPT = """
@@ -128,14 +128,14 @@ def run_killed(tmp_path, setup, patch, run, kill_at):
 
 
 @pytest.mark.parametrize("during", ["trainer state", "policy weights"])
-def test_grpo_killed_while_saving_resumes_to_the_uninterrupted_result(tmp_path, capsys, during):
+def test_grpo_killed_while_saving_resumes_to_the_uninterrupted_result(tmp_path, logged, during):
     """save_every = 1: the kill lands in the step-2 checkpoint (its trainer.pt or its model.safetensors)."""
     patch = "torch.save = dying(torch.save)" if during == "trainer state" else "toy.save_file = dying(toy.save_file)"
     run_killed(tmp_path, "from test_trainer import make_trainer\nfrom helpers import tiny_policy",
                patch, "make_trainer('run', policy=tiny_policy('flow', seed=1), steps=3).train()", kill_at=2)
     resumed = make_trainer(tmp_path / "run", policy=tiny_policy("flow", seed=1), steps=3)
     rows = resumed.train()
-    assert "resumed from" in capsys.readouterr().out and [r["step"] for r in rows] == [1, 2, 3]
+    assert "resumed from" in logged() and [r["step"] for r in rows] == [1, 2, 3]
     full = make_trainer(tmp_path / "full", policy=tiny_policy("flow", seed=1), steps=3)
     rows_full = full.train()
     for key in METRICS:
@@ -143,11 +143,11 @@ def test_grpo_killed_while_saving_resumes_to_the_uninterrupted_result(tmp_path, 
     assert_same_weights(resumed.policy, full.policy)
 
 
-def test_pretraining_killed_while_saving_resumes_without_duplicate_log_rows(tmp_path, capsys):
+def test_pretraining_killed_while_saving_resumes_without_duplicate_log_rows(tmp_path, logged):
     """save_every = 2 of 6 steps: the kill lands in the step-4 checkpoint, after steps 3-4 reached log.csv."""
     run_killed(tmp_path, "from test_resume import pretrain", "torch.save = dying(torch.save)", "pretrain('state', steps=6)", kill_at=2)
     assert log_steps(tmp_path / "state") == [1, 2, 3, 4]  # logged past the last complete checkpoint (step 2)
     resumed = pretrain(tmp_path / "state", steps=6)
-    assert "resumed from" in capsys.readouterr().out
+    assert "resumed from" in logged()
     assert log_steps(tmp_path / "state") == [1, 2, 3, 4, 5, 6]
     assert_same_weights(resumed, pretrain(tmp_path / "full", steps=6))

@@ -251,7 +251,7 @@ def test_paired_batches_hold_partner_scenes():
 # ------------------------------------------------------------------ the stage
 
 
-def test_stage_cli_end_to_end(tmp_path, capsys):
+def test_stage_cli_end_to_end(tmp_path, logged):
     from margrpo.cli import main
 
     world = tmp_path / "world.json"
@@ -264,7 +264,7 @@ def test_stage_cli_end_to_end(tmp_path, capsys):
     m = json.loads(metrics.read_text())
     assert 0.0 <= m["heldout_ranking_accuracy"] <= 1.0 and m["steps"] == 3 and m["n_triples"] == 24
     assert set(m["per_swap_type"]) <= set(SWAP_TYPES) and m["train_seconds"] > 0
-    assert "held-out ranking accuracy" in capsys.readouterr().out
+    assert "held-out ranking accuracy" in logged()
     images, prompts, metadata = captioned_batch(3)
     assert ToyClipReward(out)(images, prompts, metadata).shape == (3,)
     # a second run replaces the model folder; no temp folders are left behind; usual permissions

@@ -90,7 +90,7 @@ def test_reductions_give_the_plain_loss(tmp_path):
     assert torch.equal(base, loss_k0) and torch.equal(base, loss_tau)
 
 
-def test_resume_reaches_the_same_result(tmp_path, capsys):
+def test_resume_reaches_the_same_result(tmp_path, logged):
     full = make_trainer(tmp_path / "full", policy=tiny_policy("flow", seed=1), steps=3)
     rows_full = full.train()
     part = make_trainer(tmp_path / "part", policy=tiny_policy("flow", seed=1), steps=3)
@@ -100,7 +100,7 @@ def test_resume_reaches_the_same_result(tmp_path, capsys):
         part.train()
     resumed = make_trainer(tmp_path / "part", policy=tiny_policy("flow", seed=1), steps=3)
     rows = resumed.train()
-    assert "resumed from" in capsys.readouterr().out and len(rows) == 3
+    assert "resumed from" in logged() and len(rows) == 3
     for key in ("reward_mean", "policy_loss", "grad_norm_ar", "val_reward"):
         assert rows[-1][key] == pytest.approx(rows_full[-1][key], rel=1e-6, abs=1e-9), key
     for a, b in zip(full.policy.state_dict().values(), resumed.policy.state_dict().values()):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import csv
 import functools
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -240,15 +239,6 @@ def load_config(source: str | Path | dict[str, Any]) -> dict:
     # a workflow's config/<name>.yaml names its files relative to the workflow folder, config/'s parent
     folder = path.resolve().parent
     return validate_config(config, str(path), root=folder.parent if folder.name == "config" else folder)
-
-
-def config_from_args(config: str | None, config_json: str | None) -> dict:
-    """Stages accept `--config FILE` (by hand) or `--config-json STR` (from Snakemake params)."""
-    if config_json:
-        return load_config(json.loads(config_json))
-    if config:
-        return load_config(config)
-    raise ConfigError("give --config FILE or --config-json")
 
 
 def train_spec(config: dict, policy: str, reward: str, variant: str, variant_overrides: dict | None = None) -> dict:

@@ -9,10 +9,12 @@ never a truncated one; the temporary file is removed if the write raises.
 from __future__ import annotations
 
 import contextlib
+import csv
 import hashlib
 import json
 import math
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -24,9 +26,11 @@ if TYPE_CHECKING:  # heavy imports only for type checkers
 
 __all__ = [
     "atomic_path",
+    "atomic_dir",
     "atomic_write_text",
     "atomic_write_json",
     "atomic_write_csv",
+    "atomic_write_rows",
     "atomic_save_figure",
     "to_jsonable",
     "non_finite",
@@ -72,6 +76,32 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         os.replace(tmp_path, path)
     except BaseException:
         tmp_path.unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary folder next to ``path``; on clean exit it replaces ``path`` (a folder or nothing).
+
+    For writers of whole folders (``save_pretrained``, sample folders). The old folder is moved aside
+    before the new one is renamed in and removed after, so a kill leaves the old or the new folder
+    (or, between the two renames, the old one under ``.<name>.old``), never a half-written one.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        for p in [tmp, *tmp.rglob("*")]:  # mkdtemp's folder is private: give the usual permissions
+            p.chmod(0o777 & ~_current_umask() if p.is_dir() else _FILE_MODE)
+        old = path.with_name(f".{path.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        if path.exists():
+            path.rename(old)
+        tmp.rename(path)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
@@ -144,6 +174,16 @@ def atomic_write_csv(df: "pd.DataFrame", path: str | os.PathLike, index: bool = 
     """Write a DataFrame as CSV atomically (``kwargs`` go to ``DataFrame.to_csv``)."""
     with atomic_path(path) as tmp:
         df.to_csv(tmp, index=index, **kwargs)
+    return Path(path)
+
+
+def atomic_write_rows(path: str | os.PathLike, rows: list[dict]) -> Path:
+    """Write dict rows as CSV atomically, the header being every key in first-seen order (no pandas)."""
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
     return Path(path)
 
 

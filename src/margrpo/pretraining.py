@@ -9,7 +9,7 @@ head's parameters in the optimiser.
 from __future__ import annotations
 
 import csv
-import math
+import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,6 +22,9 @@ from tqdm.auto import tqdm
 from margrpo.io import atomic_path, spec_hash
 from margrpo.policy.base import MARPolicy
 from margrpo.policy.toy import mask_ratio_sample, masked_count
+from margrpo.runtime import PRECISIONS, autocast, warmup_cosine
+
+log = logging.getLogger(__name__)
 
 BatchFn = Callable[[int, torch.Generator], tuple[Tensor, list[str]]]  # -> images [B, 3, H, W] in [0, 1], prompts
 
@@ -51,14 +54,8 @@ class PretrainConfig:
     def __post_init__(self):
         if not 0 <= self.mask_ratio_min <= 1 or self.mask_ratio_std <= 0:
             raise ValueError(f"mask_ratio_min must lie in [0, 1] and mask_ratio_std be > 0, got {self.mask_ratio_min}, {self.mask_ratio_std}")
-        if self.precision not in ("no", "bf16", "fp16"):
+        if self.precision not in PRECISIONS:
             raise ValueError(f"Unknown precision: {self.precision!r}; expected 'no', 'bf16' or 'fp16'")
-
-
-def autocast(device: torch.device, precision: str):
-    if precision == "no":
-        return torch.autocast(device.type, enabled=False)
-    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
 
 
 def mar_loss(policy: MARPolicy, sampler, images: Tensor, prompts: list[str], generator: torch.Generator, mul: int, ratio: float) -> Tensor:
@@ -99,13 +96,6 @@ class EMA:
         module.load_state_dict(self.shadow)
 
 
-def _lr_factor(step: int, cfg: PretrainConfig) -> float:
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-
 def train(policy: MARPolicy, batch_fn: BatchFn, cfg: PretrainConfig, state_dir: str | Path, log_path: str | Path | None = None,
           spec: dict | None = None) -> MARPolicy:
     """Train in place and return the EMA policy.
@@ -117,7 +107,6 @@ def train(policy: MARPolicy, batch_fn: BatchFn, cfg: PretrainConfig, state_dir: 
     """
     state_dir = Path(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
-    device = policy.device
     sampler = policy.make_sampler(num_steps=25)  # only the training-time methods are used
     params = list(policy.head_parameters()) if not cfg.train_ar else list(policy.parameters())
     if not cfg.train_ar:  # head warm-up: everything else frozen
@@ -127,21 +116,9 @@ def train(policy: MARPolicy, batch_fn: BatchFn, cfg: PretrainConfig, state_dir: 
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     ema = EMA(policy, cfg.ema_decay)
     generator = torch.Generator().manual_seed(cfg.seed)
-    start = 0
     ckpt = state_dir / "last.pt"
     key = spec_hash({"config": asdict(cfg), "shapes": {k: list(v.shape) for k, v in policy.state_dict().items()}, "spec": spec})
-    if ckpt.exists():
-        state = torch.load(ckpt, map_location=device, weights_only=True)
-        if state.get("spec_hash") == key:
-            policy.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            ema.shadow = state["ema"]
-            generator.set_state(state["generator"])
-            start = int(state["step"])
-            print(f"resumed from {ckpt} at step {start} of {cfg.steps}", flush=True)
-        else:
-            print(f"not resuming from {ckpt}: it was written under another spec ({state.get('spec_hash')}; this run: {key}); starting fresh", flush=True)
-            ckpt.unlink()
+    start = _resume(ckpt, key, policy, optimizer, ema, generator, cfg.steps)
     _trim_log(log_path, start)
     log_rows = []
     policy.train()
@@ -152,33 +129,57 @@ def train(policy: MARPolicy, batch_fn: BatchFn, cfg: PretrainConfig, state_dir: 
             for p in policy.head_parameters():
                 p.requires_grad_(False)
         for group in optimizer.param_groups:
-            group["lr"] = cfg.lr * _lr_factor(step, cfg)
-        images, prompts = batch_fn(cfg.batch_size, generator)
-        prompts = [("" if torch.rand((), generator=generator).item() < cfg.text_dropout else p) for p in prompts]
-        ratio = mask_ratio_sample(generator, cfg.mask_ratio_min, std=cfg.mask_ratio_std)
-        with autocast(device, cfg.precision):
-            loss = mar_loss(policy, sampler, images.to(device), prompts, generator, cfg.diffusion_batch_mul, ratio)
-        optimizer.zero_grad(set_to_none=True)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"non-finite pre-training loss at step {step}")
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_([p for p in params if p.requires_grad], cfg.grad_clip)
-        optimizer.step()
+            group["lr"] = cfg.lr * warmup_cosine(step, cfg.steps, cfg.warmup_steps, floor=0.1)
+        loss, grad_norm = _step(policy, sampler, batch_fn, cfg, optimizer, params, generator, step)
         ema.update(policy)
         log_rows.append({"step": step + 1, "loss": loss.item(), "grad_norm": float(grad_norm), "lr": optimizer.param_groups[0]["lr"], "wall_time_s": time.time() - t0})
         bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
             _append_log(log_path, log_rows)
             log_rows = []
-            tmp = ckpt.with_suffix(".tmp")
-            torch.save({"model": policy.state_dict(), "optimizer": optimizer.state_dict(), "ema": ema.shadow,
-                        "generator": generator.get_state(), "step": step + 1, "config": asdict(cfg), "spec_hash": key}, tmp)
-            tmp.replace(ckpt)
+            with atomic_path(ckpt) as tmp:
+                torch.save({"model": policy.state_dict(), "optimizer": optimizer.state_dict(), "ema": ema.shadow,
+                            "generator": generator.get_state(), "step": step + 1, "config": asdict(cfg), "spec_hash": key}, tmp)
     ema.copy_to(policy)
     for p in policy.parameters():
         p.requires_grad_(True)
     policy.eval()
     return policy
+
+
+def _resume(ckpt: Path, key: str, policy: MARPolicy, optimizer, ema: EMA, generator: torch.Generator, steps: int) -> int:
+    """Load `ckpt` into the training objects if it was written under spec `key`, else delete it: the step to start from."""
+    if not ckpt.exists():
+        return 0
+    state = torch.load(ckpt, map_location=policy.device, weights_only=True)
+    if state.get("spec_hash") != key:
+        log.info("not resuming from %s: it was written under another spec (%s; this run: %s); starting fresh",
+                 ckpt, state.get("spec_hash"), key)
+        ckpt.unlink()
+        return 0
+    policy.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    ema.shadow = state["ema"]
+    generator.set_state(state["generator"])
+    log.info("resumed from %s at step %d of %d", ckpt, int(state["step"]), steps)
+    return int(state["step"])
+
+
+def _step(policy: MARPolicy, sampler, batch_fn: BatchFn, cfg: PretrainConfig, optimizer, params: list, generator: torch.Generator,
+          step: int) -> tuple[Tensor, Tensor]:
+    """One optimizer step on a fresh batch (prompts dropped for CFG, one mask ratio): (loss, grad norm)."""
+    images, prompts = batch_fn(cfg.batch_size, generator)
+    prompts = [("" if torch.rand((), generator=generator).item() < cfg.text_dropout else p) for p in prompts]
+    ratio = mask_ratio_sample(generator, cfg.mask_ratio_min, std=cfg.mask_ratio_std)
+    with autocast(policy.device, cfg.precision):
+        loss = mar_loss(policy, sampler, images.to(policy.device), prompts, generator, cfg.diffusion_batch_mul, ratio)
+    optimizer.zero_grad(set_to_none=True)
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"non-finite pre-training loss at step {step}")
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_([p for p in params if p.requires_grad], cfg.grad_clip)
+    optimizer.step()
+    return loss, grad_norm
 
 
 def _trim_log(path, step: int) -> None:

@@ -12,7 +12,6 @@ held-out scenes, per swap type. The model and the reward live in `margrpo.reward
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +23,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from margrpo.io import atomic_dir
 from margrpo.rewards.toyclip import ToyClip, ToyClipConfig
+from margrpo.runtime import warmup_cosine
 from margrpo.world import prompt_for_spec, prompt_vocabulary, render, scene_for_spec
 from margrpo.world.suites import sample_captioned
 from margrpo.world.negatives import COMPOSITIONAL_SWAPS, SWAP_TYPES, hard_negatives, one_negative, scene_objects, spec_is_true
@@ -126,14 +127,6 @@ def default_vocabulary(world_cfg) -> list[str]:
     return prompt_vocabulary(world_cfg)
 
 
-def _lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
-    """Linear warm-up, then cosine decay to 0."""
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    progress = (step - warmup) / max(1, steps - warmup)
-    return 0.5 * lr * (1 + math.cos(math.pi * progress))
-
-
 def train_toyclip(
     world_cfg,
     steps: int = 1500,
@@ -178,7 +171,7 @@ def train_toyclip(
     bar = tqdm(range(steps), desc="toyclip", disable=not progress, mininterval=5.0)
     for step in bar:
         for group in opt.param_groups:
-            group["lr"] = _lr_at(step, steps, lr, warmup)
+            group["lr"] = lr * warmup_cosine(step, steps, warmup)
         batch = sample_batch(rng, world_cfg, batch_size, n_negatives, paired)
         stats = _update(model, opt, batch, hard_weight, precision, device)
         losses.append({"step": step, **stats})
@@ -227,35 +220,10 @@ def _report(bar, log: Callable[[str], None], step: int, steps: int, stats: dict[
 
 
 def save_atomic(model: ToyClip, out_dir: str | Path) -> Path:
-    """save_pretrained into a sibling temp folder, then rename it onto `out_dir` (replacing an old one).
-
-    The folder gets the usual permissions (mkdtemp makes it private): 0777 / 0666 minus the umask.
-    """
-    import os
-    import shutil
-    import tempfile
-
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
+    """save_pretrained into a sibling temp folder, then rename it onto `out_dir` (replacing an old one)."""
+    with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        for path in [tmp, *tmp.rglob("*")]:
-            path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    return Path(out_dir)
 
 
 @torch.no_grad()

@@ -83,6 +83,16 @@ class Sampler(Protocol):
 # helpers used by both samplers
 
 
+def init_noise(
+    shape: tuple[int, ...],
+    generator: torch.Generator | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """The start of a reverse process, N(0, I), drawn in float32 and cast: the same draws for every dtype."""
+    return torch.randn(shape, generator=generator, device=device, dtype=torch.float32).to(dtype)
+
+
 def check_step_index(step_index: StepIndex, num_steps: int, batch: int | None = None) -> StepIndex:
     """Validate a step index; a 0-dim tensor becomes an int. Returns an int or a LongTensor [N]."""
     if isinstance(step_index, Tensor):

@@ -28,6 +28,7 @@ from margrpo.diffusion.common import (
     expand_std,
     gather_rows,
     gaussian_step,
+    init_noise,
 )
 
 NOISE_SCHEDULES = ("cosine", "linear")
@@ -190,15 +191,7 @@ class DDPMSampler:
         step_index = check_step_index(step_index, self.num_steps)
         return torch.as_tensor(step_index) < (self.num_steps if self.config.stochastic_final else self.num_steps - 1)
 
-    def init_noise(
-        self,
-        shape: tuple[int, ...],
-        generator: torch.Generator | None = None,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype = torch.float32,
-    ) -> Tensor:
-        """x_T ~ N(0, I), drawn in float32 and cast (same draws for every dtype)."""
-        return torch.randn(shape, generator=generator, device=device, dtype=torch.float32).to(dtype)
+    init_noise = staticmethod(init_noise)  # x_T ~ N(0, I)
 
     def step(
         self,

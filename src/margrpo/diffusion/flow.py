@@ -35,6 +35,7 @@ from margrpo.diffusion.common import (
     expand_std,
     gather_rows,
     gaussian_step,
+    init_noise,
 )
 
 TRAIN_TIME_SAMPLINGS = ("logit_normal", "uniform")
@@ -122,15 +123,7 @@ class FlowSDESampler:
         last = self.num_steps if self.config.stochastic_final else self.num_steps - 1
         return (torch.as_tensor(step_index) < last) & (self.config.noise_level > 0)
 
-    def init_noise(
-        self,
-        shape: tuple[int, ...],
-        generator: torch.Generator | None = None,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype = torch.float32,
-    ) -> Tensor:
-        """x_1 ~ N(0, I), drawn in float32 and cast (same draws for every dtype)."""
-        return torch.randn(shape, generator=generator, device=device, dtype=torch.float32).to(dtype)
+    init_noise = staticmethod(init_noise)  # x_1 ~ N(0, I)
 
     def step(
         self,

@@ -13,8 +13,8 @@ import torch
 from tqdm.auto import tqdm
 
 from margrpo.policy.base import MARPolicy
-from margrpo.pretraining import autocast
 from margrpo.rollout import SamplingConfig, generate
+from margrpo.runtime import autocast
 
 
 @torch.no_grad()

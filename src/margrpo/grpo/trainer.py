@@ -9,9 +9,8 @@ the frozen reference -> one optimizer step. Variants (grpo / fix / mte / sim) ar
 from __future__ import annotations
 
 import copy
-import csv
+import logging
 import math
-import resource
 import shutil
 import time
 from dataclasses import asdict, dataclass, fields
@@ -22,7 +21,7 @@ import torch
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
-from margrpo.io import atomic_write_json, non_finite, spec_hash
+from margrpo.io import atomic_path, atomic_write_json, atomic_write_rows, non_finite, spec_hash
 from margrpo.grpo.functions import (
     consistency_mask,
     group_advantages,
@@ -36,10 +35,11 @@ from margrpo.grpo.functions import (
 )
 from margrpo.policy.base import MARPolicy
 from margrpo.prompts.suites import PromptSet
-from margrpo.pretraining import autocast
 from margrpo.rollout import Rollout, SamplingConfig, ar_schedule, generate, make_sampler, recorded, replay, stochastic_steps
+from margrpo.runtime import autocast, peak_memory_mb
 
 VAL_SEED = 20_251_121  # the same validation noise for every run, so checkpoints compare fairly
+log = logging.getLogger(__name__)
 RewardFn = Callable[[torch.Tensor, list[str], list[dict]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
@@ -447,9 +447,8 @@ class GRPOTrainer:
             # tensors and primitives only (loads with weights_only=True); the policy is the ckpt folder beside it
             state = {"step": self.step, "optimizer": self.optimizer.state_dict(), "rows": self.rows,
                      "checkpoints": self.checkpoints, "nonfinite_run": self.nonfinite_run, "spec_hash": self.spec_hash}
-            tmp = self.state_dir / "trainer.pt.tmp"
-            torch.save(state, tmp)
-            tmp.replace(self.state_dir / "trainer.pt")
+            with atomic_path(self.state_dir / "trainer.pt") as tmp:
+                torch.save(state, tmp)
 
     def try_resume(self) -> bool:
         """Resume from state/ only if it was written under this run's spec (`self.spec_hash`); else clear it."""
@@ -464,7 +463,7 @@ class GRPOTrainer:
         except Exception as err:  # an older or foreign state file: it cannot be trusted either
             state, why = {}, f"it cannot be read with weights_only=True ({type(err).__name__})"
         if state.get("spec_hash") != self.spec_hash:
-            print(f"not resuming from {path}: {why}; starting fresh", flush=True)
+            log.info("not resuming from %s: %s; starting fresh", path, why)
             shutil.rmtree(self.state_dir)
             self.state_dir.mkdir(parents=True)
             return False
@@ -474,7 +473,7 @@ class GRPOTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.rows, self.checkpoints = state["step"], state["rows"], state["checkpoints"]
         self.nonfinite_run = state["nonfinite_run"]
-        print(f"resumed from {path} at step {self.step} of {self.cfg.steps}", flush=True)
+        log.info("resumed from %s at step %d of %d", path, self.step, self.cfg.steps)
         return True
 
     def train(self, spec: dict | None = None) -> dict:
@@ -551,23 +550,10 @@ class MicroBatchGradStats:
         return math.sqrt(total), max(var, 0.0)
 
 
-def peak_memory_mb() -> float:
-    if torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated() / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-
-
 def write_outputs(trainer: GRPOTrainer, spec: dict) -> None:
     """metrics.csv (one row per step) and summary.json (checkpoints with validation rewards), atomically."""
     out = trainer.out_dir
-    rows = trainer.rows
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    tmp = out / "metrics.csv.tmp"
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
-    tmp.replace(out / "metrics.csv")
+    atomic_write_rows(out / "metrics.csv", trainer.rows)
     base = next((c for c in trainer.checkpoints if c["step"] == 0), {"val_reward": float("nan"), "val_scores": None})
     summary = {"run_dir": str(out), "variant": spec["variant"]["name"], "steps": trainer.step,
                "checkpoints": [c for c in trainer.checkpoints if c["step"] > 0], "base_val_reward": base["val_reward"],

@@ -21,11 +21,14 @@ so detection- and VQA-based rewards can use the nouns and relations the prompt f
 
 from __future__ import annotations
 
+import logging
 import random
 from pathlib import Path
 
 from margrpo.io import InputError
 from margrpo.prompts.suites import COMPBENCH_CATEGORIES, FILE_CATEGORIES, SOURCES, PromptRecord, prompt_problem, read_jsonl, text_lines
+
+log = logging.getLogger(__name__)
 
 __all__ = ["COMPBENCH_CATEGORIES", "FILE_CATEGORIES", "SOURCES", "TASK_TYPES", "DATA_DIR", "COMPBENCH_DIR", "RL_PROMPTS",
            "read_prompt_file", "compbench_file", "build_file_suites"]
@@ -119,7 +122,7 @@ def build_file_suites(
     eval_prompts = {r.prompt for r in evaluation}
     overlap = [r for r in train if r.prompt in eval_prompts]
     if overlap:
-        print(f"{train_file}: {len(overlap)} prompt(s) are evaluation prompts too; removed from train, e.g. {overlap[0].prompt!r}")
+        log.info(f"{train_file}: {len(overlap)} prompt(s) are evaluation prompts too; removed from train, e.g. {overlap[0].prompt!r}")
         train = [r for r in train if r.prompt not in eval_prompts]
     if val_file is not None:
         val = read_prompt_file(val_file, _category_of(val_file))

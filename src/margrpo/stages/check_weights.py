@@ -5,8 +5,11 @@ Writes a small pointer (policy.json) instead of copying gigabytes; stages load t
 
 from __future__ import annotations
 
+import logging
 import argparse
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 # Files each kind of checkpoint folder must hold (diffusers-style layout for NOVA, Harmon's release layout).
 EXPECTED = {
@@ -48,7 +51,7 @@ def run(args) -> None:
     p = check_folder(args.kind, args.path)
     write_spec(Path(args.out).parent, {"kind": args.kind, "path": str(p)})
     atomic_write_json(args.out, {"kind": args.kind, "path": str(p)})
-    print(f"{args.kind} weights found at {p}")
+    log.info(f"{args.kind} weights found at {p}")
 
 
 if __name__ == "__main__":

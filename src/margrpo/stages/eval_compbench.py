@@ -9,11 +9,14 @@ the same number. The toy world is read from world.json beside the suite unless -
 
 from __future__ import annotations
 
+import logging
 import argparse
 import json
 from pathlib import Path
 
 from margrpo.io import atomic_write_csv
+
+log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +40,7 @@ def run(args: argparse.Namespace) -> None:
     per_image, per_category = evaluate_samples(args.samples_dir, args.suite, cfg)
     atomic_write_csv(per_image, args.out_per_image)
     atomic_write_csv(per_category, args.out_per_category)
-    print(per_category.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    log.info(per_category.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
 
 
 def run_real(args: argparse.Namespace) -> None:
@@ -71,7 +74,7 @@ def run_real(args: argparse.Namespace) -> None:
         table, summary = evaluator.evaluate_samples([s for s in samples if category_of[s.prompt] == cat], cat)
         per_image.append(table)
         per_category.append({"category": cat, "n_images": summary["n_images"], "strict": summary["mean"], "lenient": summary["mean"]})
-        print(f"{cat}: {summary['mean']:.4f} over {summary['n_images']} images ({summary['metric']})", flush=True)
+        log.info(f"{cat}: {summary['mean']:.4f} over {summary['n_images']} images ({summary['metric']})")
     atomic_write_csv(pd.concat(per_image, ignore_index=True), args.out_per_image)
     atomic_write_csv(pd.DataFrame(per_category), args.out_per_category)
 

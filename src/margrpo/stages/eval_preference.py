@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import argparse
 from pathlib import Path
 
@@ -10,6 +11,8 @@ import torch
 from PIL import Image
 
 from margrpo.stages._common import json_arg, reward_options, setup
+
+log = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,7 +61,7 @@ def run(args) -> None:
         if not torch.isfinite(s).all():
             raise SystemExit(f"scorer {name!r} returned non-finite scores")
         rows.append({"scorer": name, "mean": s.mean().item(), "std": s.std().item() if len(s) > 1 else 0.0, "n": len(s)})
-        print(f"{name}: {rows[-1]['mean']:.4f} over {len(s)} images")
+        log.info(f"{name}: {rows[-1]['mean']:.4f} over {len(s)} images")
     atomic_write_csv(pd.DataFrame(rows), args.out)
 
 

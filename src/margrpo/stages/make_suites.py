@@ -6,6 +6,7 @@ world.json (the WorldConfig; `WorldConfig.from_dict(json.load(...))` gives it ba
 
 from __future__ import annotations
 
+import logging
 import argparse
 import collections
 import dataclasses
@@ -15,6 +16,8 @@ from margrpo.io import atomic_write_json
 from margrpo.prompts.suites import write_suite
 from margrpo.world import PALETTE, PRESETS, heldout_in_spec
 from margrpo.world.suites import build_suites
+
+log = logging.getLogger(__name__)
 
 
 def _bool(text: str) -> bool:
@@ -92,12 +95,12 @@ def run(args: argparse.Namespace) -> None:
         write_suite(records, out / f"{split}.jsonl")
     atomic_write_json(out / "world.json", cfg.to_dict())
     heldout = cfg.heldout_pairs()
-    print(f"world: {cfg}")
-    print(f"held-out (colour, shape) pairs, absent from train and val: {sorted(heldout)}")
+    log.info(f"world: {cfg}")
+    log.info(f"held-out (colour, shape) pairs, absent from train and val: {sorted(heldout)}")
     for split, records in suites.items():
         counts = dict(collections.Counter(r.category for r in records))
         unseen = sum(heldout_in_spec(r.spec, heldout) for r in records)
-        print(f"{split}: {len(records)} prompts {counts}; binding a held-out pair: {unseen}")
+        log.info(f"{split}: {len(records)} prompts {counts}; binding a held-out pair: {unseen}")
 
 
 def run_files(args: argparse.Namespace) -> None:
@@ -115,7 +118,7 @@ def run_files(args: argparse.Namespace) -> None:
     sources = {"train_file": args.train_file, "val_file": args.val_file, "eval_dir": args.eval_dir, "categories": list(args.categories)}
     atomic_write_json(out / "world.json", {"source": "files", **sources})
     for split, records in suites.items():
-        print(f"{split}: {len(records)} prompts {dict(collections.Counter(r.category for r in records))}")
+        log.info(f"{split}: {len(records)} prompts {dict(collections.Counter(r.category for r in records))}")
 
 
 if __name__ == "__main__":

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import argparse
 import dataclasses
-import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from margrpo.io import atomic_dir, atomic_path
 from margrpo.stages._common import json_arg, sampling_config, setup, stage_args, write_spec
+
+log = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,11 +51,8 @@ def load_world(path):
 
 def write_policy(policy, out_dir: Path) -> None:
     """save_pretrained into a temp folder, then rename: a half-written policy is never left behind."""
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    policy.save_pretrained(tmp)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.rename(out_dir)
+    with atomic_dir(out_dir) as tmp:
+        policy.save_pretrained(tmp)
 
 
 def write_quality(policy, args, sampling, path, extra: dict | None = None, world_cfg=None, title: str = "") -> dict:
@@ -66,7 +66,7 @@ def write_quality(policy, args, sampling, path, extra: dict | None = None, world
     atomic_write_json(path, report)
     if args.samples_png:
         write_sample_grid(records, images, args.quality_images, args.samples_png, title)
-    print(format_report(report))
+    log.info(format_report(report))
     return report
 
 
@@ -82,9 +82,8 @@ def write_sample_grid(records, images, per_prompt: int, path, title: str, per_ca
     cells = [[images[i * per_prompt + j] for j in range(per_prompt)] for i in rows]
     labels = [f"[{records[i].category}] {records[i].prompt}" for i in rows]
     fig = plot_sample_grid(cells, labels, [f"sample {j + 1}" for j in range(per_prompt)], title)
-    tmp = Path(path).with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
 
 
 def run(args) -> None:
@@ -106,7 +105,7 @@ def run(args) -> None:
                          precision=args.precision)
     torch.manual_seed(cfg.seed)
     policy = ToyMAR(model_cfg).to(device)
-    print(f"toy MAR ({spec['head']} head): {count_parameters(policy) / 1e6:.2f}M parameters, head {count_parameters(policy.diffloss) / 1e6:.2f}M, {policy.seq_len} tokens x {policy.token_dim}")
+    log.info(f"toy MAR ({spec['head']} head): {count_parameters(policy) / 1e6:.2f}M parameters, head {count_parameters(policy.diffloss) / 1e6:.2f}M, {policy.seq_len} tokens x {policy.token_dim}")
     out = Path(args.out_dir)
     state = out.parent / "state"
     write_spec(out.parent, {**stage_args(args), "policy_json": spec, "world": world_cfg.to_dict()})

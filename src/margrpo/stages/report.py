@@ -15,7 +15,7 @@ import json
 import logging
 from pathlib import Path
 
-log = logging.getLogger("margrpo.report")
+log = logging.getLogger(__name__)
 
 # what -> (kind, module under margrpo.reporting, builder function)
 REPORTS: dict[str, tuple[str, str, str]] = {
@@ -71,7 +71,6 @@ def run(args: argparse.Namespace) -> None:
 
     from margrpo.io import atomic_save_figure
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     kind, module, builder = REPORTS[args.what]
     build = getattr(importlib.import_module(f"margrpo.reporting.{module}"), builder)
     result = build(args.results, args.runs_json, confidence=args.confidence)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import argparse
-import shutil
 from pathlib import Path
 
 from PIL import Image
 
+from margrpo.io import atomic_dir
 from margrpo.stages._common import json_arg, sampling_config, setup
+
+log = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,15 +54,11 @@ def run(args) -> None:
     images = sample_images(policy, prompts, sampling_config(json_arg(args.sampling_json, "--sampling-json")),
                            args.images_per_prompt, args.seed, args.batch_size, args.precision)
     out = Path(args.out_dir)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for i, img in enumerate(images):
-        prompt, index = prompts[i // args.images_per_prompt], i % args.images_per_prompt
-        Image.fromarray(img).save(tmp / f"{prompt}_{index:06d}.png")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    print(f"{len(images)} images of {len(prompts)} prompts -> {out}")
+    with atomic_dir(out) as tmp:
+        for i, img in enumerate(images):
+            prompt, index = prompts[i // args.images_per_prompt], i % args.images_per_prompt
+            Image.fromarray(img).save(tmp / f"{prompt}_{index:06d}.png")
+    log.info(f"{len(images)} images of {len(prompts)} prompts -> {out}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from pathlib import Path
 from margrpo.io import atomic_write_json
 from margrpo.reporting.selection import parse_step, select_checkpoint
 
-log = logging.getLogger("margrpo.select")
+log = logging.getLogger(__name__)
 
 
 def _step(text: str) -> str | int:
@@ -37,7 +37,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if not args.summary.is_file():
         raise FileNotFoundError(f"missing {args.summary} (written by `margrpo train`)")
     with open(args.summary, encoding="utf-8") as fh:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import argparse
 from pathlib import Path
 
 from margrpo.io import InputError
 from margrpo.stages._common import json_arg, prompt_set, reward_options, sampling_config, setup, write_spec
+
+log = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -56,7 +59,7 @@ def run(args) -> None:
     trainer.train(run_spec)
     write_outputs(trainer, run_spec)
     best = max(trainer.checkpoints, key=lambda c: c["val_reward"])
-    print(f"done: {trainer.step} steps; base val reward {trainer.checkpoints[0]['val_reward']:.4f}; best {best['val_reward']:.4f} at step {best['step']}")
+    log.info(f"done: {trainer.step} steps; base val reward {trainer.checkpoints[0]['val_reward']:.4f}; best {best['val_reward']:.4f} at step {best['step']}")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from pathlib import Path
 from margrpo.config import validate_section
 from margrpo.stages._common import json_arg, setup, stage_args, write_spec
 
-log = logging.getLogger("margrpo.train_toyclip")
+log = logging.getLogger(__name__)
 
 # --config-json keys and their defaults: the config schema's `toyclip` block (one source of defaults)
 CONFIG_DEFAULTS = validate_section({}, "toyclip", "toyclip")
@@ -58,7 +58,6 @@ def run(args: argparse.Namespace) -> None:
     from margrpo.io import atomic_write_json
     from margrpo.toyclip_training import evaluate_ranking, save_atomic, train_toyclip
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     settings = toyclip_settings(args.config_json)
     if not settings["enabled"]:
         raise SystemExit("toyclip is disabled (enabled: false); the pipeline does not need this stage")
@@ -91,7 +90,7 @@ def run(args: argparse.Namespace) -> None:
     }
     atomic_write_json(args.metrics, metrics)
     per_type = ", ".join(f"{k} {v['accuracy']:.3f}" for k, v in ranking["per_type"].items())
-    print(f"toyclip held-out ranking accuracy: {ranking['overall']:.4f} over {ranking['n']} triples ({per_type}); "
+    log.info(f"toyclip held-out ranking accuracy: {ranking['overall']:.4f} over {ranking['n']} triples ({per_type}); "
           f"trained {settings['steps']} steps in {info['train_seconds']:.0f} s ({info['train_cpu_seconds']:.0f} CPU s) -> {args.out_dir}")
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import argparse
 
 import numpy as np
 import torch
 
 from margrpo.stages._common import json_arg, sampling_config, setup
+
+log = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,7 +51,7 @@ def run(args) -> None:
         with open(tmp, "wb") as f:
             np.savez(f, images=to_uint8(r.images), uncertainty=u.view(-1, h, w).cpu().numpy(), prompts=np.array(prompts),
                      trajectories=trajectories, step_uncertainty=step_maps.transpose(0, 1).reshape(len(prompts), -1, h, w).cpu().numpy())
-    print(f"uncertainty maps of {len(prompts)} prompts (S = {args.trajectories}) -> {args.out}")
+    log.info(f"uncertainty maps of {len(prompts)} prompts (S = {args.trajectories}) -> {args.out}")
 
 
 if __name__ == "__main__":

@@ -5,11 +5,14 @@ The quality report records the policy before and after, so the effect of the war
 
 from __future__ import annotations
 
+import logging
 import argparse
 from pathlib import Path
 
 from margrpo.stages._common import json_arg, sampling_config, setup, stage_args, write_spec
 from margrpo.stages.pretrain import load_world, world_batches, write_policy, write_quality
+
+log = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,7 +54,7 @@ def run(args) -> None:
     write_policy(policy, out)
     after = write_quality(policy, args, sampling, args.quality, {"before_warmup": before}, world_cfg,
                           title=f"{out.parent.name}: after head warm-up ({cfg.steps} steps)")
-    print(f"warm-up: overall strict {before['overall']['strict']:.3f} -> {after['overall']['strict']:.3f}")
+    log.info(f"warm-up: overall strict {before['overall']['strict']:.3f} -> {after['overall']['strict']:.3f}")
 
 
 if __name__ == "__main__":
