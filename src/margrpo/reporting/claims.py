@@ -212,6 +212,109 @@ def _ratio(runs: dict[int, RunScores], refs: dict[int, RunScores], column: str, 
             "t_hi": math.exp(hi) if n > 1 else math.nan, "per_seed": ";".join(f"{math.exp(x):.3f}" for x in logs)}
 
 
+class _Block:
+    """The ladder runs of one (policy, reward): their paired differences, each computed once and listed
+    in `paired`, and the claim rows and power rows they give."""
+
+    def __init__(self, root: Path, policy: str, reward: str, runs: list, variants: Sequence[str] | None, confidence: float):
+        self.name, self.confidence = f"{policy} / {reward}", confidence
+        self.by_variant: dict[str, dict[int, RunScores]] = {}
+        for r in runs:
+            if (r.policy, r.reward) == (policy, reward):
+                self.by_variant.setdefault(r.variant, {})[r.seed] = load_run(root, r.run)
+        self.base_cb = _compbench(root, f"base/{policy}")
+        self.present = [v for v in variants or self.by_variant if v in self.by_variant]
+        self.diffs: dict[tuple, dict | None] = {}
+        self.paired: list[dict] = []
+        self.rows: list[dict] = []
+
+    @staticmethod
+    def label(v: str) -> str:
+        return VARIANT_LABELS.get(v, v) + ("*" if v in ("grpo", "fix") else "")
+
+    def has(self, *variants: str) -> bool:
+        return all(v in self.by_variant for v in variants)
+
+    def pair(self, metric: str, v: str, ref: str | None) -> dict | None:
+        """The paired difference v - ref (None: the base policy); None when no seed has both."""
+        if (metric, v, ref) not in self.diffs:
+            d = difference(self.by_variant[v], None if ref is None else self.by_variant[ref], metric, self.confidence, self.base_cb)
+            self.diffs[(metric, v, ref)] = d if d["n_seeds"] else None
+            if d["n_seeds"]:
+                self.paired.append({"block": self.name, "metric": metric, "method": self.label(v),
+                                    "reference": "base" if ref is None else self.label(ref), **d})
+        return self.diffs[(metric, v, ref)]
+
+    def claim(self, cid: str, text: str, metric: str, method: str, ref: str | None, direction: int = 1, **extra) -> None:
+        """One claim row: the paired difference method - ref on `metric`, and its verdict for `direction`."""
+        d = self.pair(metric, method, ref)
+        if d is None:
+            return
+        self.rows.append({"block": self.name, "claim": cid, "statement": text, "metric": metric,
+                          "comparison": f"{self.label(method)} - {'base' if ref is None else self.label(ref)}",
+                          "n_seeds": d["n_seeds"], "diff": d["diff"], **_decide(d, direction),
+                          "t_lo": d["t_lo"], "t_hi": d["t_hi"], "boot_lo": d["boot_lo"], "boot_hi": d["boot_hi"],
+                          "per_seed": d["per_seed"], **extra})
+
+    def all_pairs(self) -> None:
+        """Every variant against GRPO*, +Fix* and the base, on every metric (the claims_paired table)."""
+        for metric in ("val@best", "val@final", "compbench"):
+            for v in self.present:
+                for ref in ("grpo", "fix", None):
+                    if ref != v and (ref is None or ref in self.by_variant):
+                        self.pair(metric, v, ref)
+
+    def power(self) -> list[dict]:
+        """The half-width of variant - GRPO* on val@best against the target."""
+        out = []
+        for v in self.present:
+            d = self.pair("val@best", v, "grpo") if v != "grpo" and self.has("grpo") else None
+            if d is not None:
+                out.append({"block": self.name, "method": self.label(v), "reference": self.label("grpo"), "n_seeds": d["n_seeds"],
+                            "diff": d["diff"], "t_half": d["t_half"], "boot_half": (d["boot_hi"] - d["boot_lo"]) / 2,
+                            "target": POWER_TARGET, "met": bool(d["t_half"] <= POWER_TARGET)})
+        return out
+
+    def ladder(self) -> None:
+        """(a) the ladder ordering, link by link, on both axes."""
+        chain = [v for v in ("grpo", "fix", "mte", "sim") if self.has(v)]
+        for metric, axis in (("val@best", "validation"), ("compbench", "CompBench")):
+            for lower, upper in zip(chain, chain[1:]):
+                self.claim("a", f"ladder on {axis}: {self.label(upper)} > {self.label(lower)}", metric, upper, lower)
+
+    def frozen_head_gradients(self) -> None:
+        """(b) the frozen head lowers the AR gradient's norm and variance (Fig. 2a / 2b)."""
+        if not self.has("fix", "grpo"):
+            return
+        for column, what in (("grad_norm_ar", "AR gradient norm"), ("grad_var_ar", "AR gradient variance")):
+            r = _ratio(self.by_variant["fix"], self.by_variant["grpo"], column, self.confidence)
+            lo, hi = r["t_lo"], r["t_hi"]
+            self.rows.append({"block": self.name, "claim": "b", "statement": f"{what} lower with the frozen head",
+                              "metric": f"{column} ratio (geometric mean over steps)", "comparison": "+Fix / GRPO",
+                              "n_seeds": r["n_seeds"], "diff": r["diff"], "ci": "t over seeds (log scale)", "lo": lo, "hi": hi,
+                              "verdict": verdict(math.log(lo) if lo > 0 else math.nan, math.log(hi) if hi > 0 else math.nan, -1),
+                              "t_lo": lo, "t_hi": hi, "boot_lo": math.nan, "boot_hi": math.nan, "per_seed": r["per_seed"]})
+
+    def collapse(self) -> None:
+        """(c) end-to-end GRPO collapses where +Fix does not."""
+        if not self.has("fix", "grpo"):
+            return
+        below = {v: sum(float(s.final.mean()) < float(s.base_val.mean()) for s in self.by_variant[v].values()) for v in self.present}
+        counts = ", ".join(f"{self.label(v).rstrip('*')} {below[v]}/{len(self.by_variant[v])}" for v in self.present)
+        self.claim("c", "end-to-end GRPO ends lower than +Fix (seeds ending below the base: " + counts + ")",
+                   "val@final", "fix", "grpo", seeds_below_base=counts)
+        self.claim("c", "end-to-end GRPO ends below the base policy", "val@final", "grpo", None, direction=-1,
+                   seeds_below_base=counts)
+
+    def committed_tokens(self) -> None:
+        """(e) beyond the paper: the loss on committed tokens only, against every other variant."""
+        if not self.has("committed"):
+            return
+        for ref in ("grpo", "fix", "mte", "sim"):
+            if self.has(ref):
+                self.claim("e", f"{self.label('committed')} > {self.label(ref)}", "val@best", "committed", ref)
+
+
 def claims(root: str | Path, spec: dict, confidence: float = 0.95) -> Claims:
     """``spec = {"base": [base/<policy>...], "runs": [train/... ladder runs], "variants": [...],
     "ablations": [ablation/... runs], "fixed": "mte", ...}``: every claim of the paper the runs can test."""
@@ -220,84 +323,16 @@ def claims(root: str | Path, spec: dict, confidence: float = 0.95) -> Claims:
     if not runs:
         raise ValueError("claims: no ladder runs given")
     paired, rows, power, notes = [], [], [], []
-    blocks = list(dict.fromkeys((r.policy, r.reward) for r in runs))
-    for policy, reward in blocks:
-        block = f"{policy} / {reward}"
-        by_variant: dict[str, dict[int, RunScores]] = {}
-        for r in runs:
-            if (r.policy, r.reward) == (policy, reward):
-                by_variant.setdefault(r.variant, {})[r.seed] = load_run(root, r.run)
-        base_cb = _compbench(root, f"base/{policy}")
-        present = [v for v in spec.get("variants") or by_variant if v in by_variant]
-
-        def label(v: str) -> str:
-            star = "*" if v in ("grpo", "fix") else ""
-            return VARIANT_LABELS.get(v, v) + star
-
-        diffs = {}
-
-        def pair(metric: str, v: str, ref: str | None) -> dict | None:
-            """The paired difference v - ref (None: the base policy), computed once and listed in `paired`."""
-            if (metric, v, ref) not in diffs:
-                d = difference(by_variant[v], None if ref is None else by_variant[ref], metric, confidence, base_cb)
-                diffs[(metric, v, ref)] = d if d["n_seeds"] else None
-                if d["n_seeds"]:
-                    paired.append({"block": block, "metric": metric, "method": label(v),
-                                   "reference": "base" if ref is None else label(ref), **d})
-            return diffs[(metric, v, ref)]
-
-        for metric in ("val@best", "val@final", "compbench"):
-            for v in present:
-                for ref in ("grpo", "fix", None):
-                    if ref != v and (ref is None or ref in by_variant):
-                        pair(metric, v, ref)
-        for v in present:
-            d = pair("val@best", v, "grpo") if v != "grpo" and "grpo" in by_variant else None
-            if d is not None:
-                power.append({"block": block, "method": label(v), "reference": label("grpo"), "n_seeds": d["n_seeds"],
-                              "diff": d["diff"], "t_half": d["t_half"], "boot_half": (d["boot_hi"] - d["boot_lo"]) / 2,
-                              "target": POWER_TARGET, "met": bool(d["t_half"] <= POWER_TARGET)})
-
-        def claim(cid: str, text: str, metric: str, method: str, ref: str | None, direction: int = 1, **extra):
-            d = pair(metric, method, ref)
-            if d is None:
-                return
-            rows.append({"block": block, "claim": cid, "statement": text, "metric": metric,
-                         "comparison": f"{label(method)} - {'base' if ref is None else label(ref)}",
-                         "n_seeds": d["n_seeds"], "diff": d["diff"], **_decide(d, direction),
-                         "t_lo": d["t_lo"], "t_hi": d["t_hi"], "boot_lo": d["boot_lo"], "boot_hi": d["boot_hi"],
-                         "per_seed": d["per_seed"], **extra})
-
-        # (a) the ladder ordering, link by link, on both axes
-        chain = [v for v in ("grpo", "fix", "mte", "sim") if v in by_variant]
-        for metric, axis in (("val@best", "validation"), ("compbench", "CompBench")):
-            for lower, upper in zip(chain, chain[1:]):
-                claim("a", f"ladder on {axis}: {label(upper)} > {label(lower)}", metric, upper, lower)
-        # (b) the frozen head lowers the AR gradient's norm and variance (Fig. 2a / 2b)
-        if "fix" in by_variant and "grpo" in by_variant:
-            for column, what in (("grad_norm_ar", "AR gradient norm"), ("grad_var_ar", "AR gradient variance")):
-                r = _ratio(by_variant["fix"], by_variant["grpo"], column, confidence)
-                lo, hi = r["t_lo"], r["t_hi"]
-                rows.append({"block": block, "claim": "b", "statement": f"{what} lower with the frozen head",
-                             "metric": f"{column} ratio (geometric mean over steps)", "comparison": "+Fix / GRPO",
-                             "n_seeds": r["n_seeds"], "diff": r["diff"], "ci": "t over seeds (log scale)", "lo": lo, "hi": hi,
-                             "verdict": verdict(math.log(lo) if lo > 0 else math.nan, math.log(hi) if hi > 0 else math.nan, -1),
-                             "t_lo": lo, "t_hi": hi, "boot_lo": math.nan, "boot_hi": math.nan, "per_seed": r["per_seed"]})
-        # (c) end-to-end GRPO collapses where +Fix does not
-        if "fix" in by_variant and "grpo" in by_variant:
-            below = {v: sum(float(s.final.mean()) < float(s.base_val.mean()) for s in by_variant[v].values()) for v in present}
-            counts = ", ".join(f"{label(v).rstrip('*')} {below[v]}/{len(by_variant[v])}" for v in present)
-            claim("c", "end-to-end GRPO ends lower than +Fix (seeds ending below the base: " + counts + ")",
-                  "val@final", "fix", "grpo", seeds_below_base=counts)
-            claim("c", "end-to-end GRPO ends below the base policy", "val@final", "grpo", None, direction=-1,
-                  seeds_below_base=counts)
-        # (e) beyond the paper: the loss on committed tokens only
-        if "committed" in by_variant:
-            for ref in ("grpo", "fix"):
-                claim("e", f"{label('committed')} > {label(ref)}", "val@best", "committed", ref)
-            for ref in ("mte", "sim"):
-                if ref in by_variant:
-                    claim("e", f"{label('committed')} > {label(ref)}", "val@best", "committed", ref)
+    for policy, reward in dict.fromkeys((r.policy, r.reward) for r in runs):
+        block = _Block(root, policy, reward, runs, spec.get("variants"), confidence)
+        block.all_pairs()
+        power += block.power()
+        block.ladder()
+        block.frozen_head_gradients()
+        block.collapse()
+        block.committed_tokens()
+        paired += block.paired
+        rows += block.rows
     rows += _ablation_claims(root, spec.get("ablations") or [], confidence, notes)
     notes.append(f"Verdict: the t-interval over seeds where a comparison has >= {MIN_SEEDS_FOR_T} seeds, else the paired "
                  "bootstrap over prompts x seeds (column `ci`); reproduced = the interval lies on the claimed side of 0.")
