@@ -1,0 +1,119 @@
+"""The code's shape stays readable: no module over 600 lines, no function over 60, no import cycle.
+
+The import graph is read from the source (imports inside functions and under TYPE_CHECKING are not
+run at import time, so they do not count): an edge A -> B for every module B that importing A runs,
+the parent packages of B included, since importing margrpo.world.captions runs margrpo/world/__init__.py.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 600, 60
+
+
+def _modules() -> dict[str, tuple[Path, bool]]:
+    mods = {}
+    for f in sorted((SRC / "margrpo").rglob("*.py")):
+        parts = list(f.relative_to(SRC).with_suffix("").parts)
+        is_pkg = parts[-1] == "__init__"
+        mods[".".join(parts[:-1] if is_pkg else parts)] = (f, is_pkg)
+    return mods
+
+
+def _import_time_imports(body: list[ast.stmt]):
+    """Import statements that run when the module is imported (not in functions or TYPE_CHECKING)."""
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            yield from _import_time_imports(node.orelse)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        for name in ("body", "orelse", "finalbody", "handlers"):
+            sub = getattr(node, name, None)
+            if isinstance(sub, list):
+                yield from _import_time_imports(sub)
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for m, (f, is_pkg) in mods.items():
+        package = m if is_pkg else m.rpartition(".")[0]
+        for node in _import_time_imports(ast.parse(f.read_text(), str(f)).body):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                mod = ".".join(anchor + [node.module] if node.module else anchor)
+                targets = [mod] + [f"{mod}.{a.name}" for a in node.names]  # `from pkg import submodule`
+            for t in targets:
+                parts = t.split(".")
+                for dep in (".".join(parts[:i]) for i in range(1, len(parts) + 1)):
+                    if dep in mods and dep != m and not m.startswith(dep + "."):  # own packages run first
+                        graph[m].add(dep)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle():
+    graph = import_graph()
+    assert "margrpo.prompts.suites" in graph["margrpo.world.suites"] and "margrpo.world" in graph["margrpo.prompts.suites"]
+    assert cycles(graph) == []
+
+
+@pytest.mark.parametrize("path", sorted((SRC / "margrpo").rglob("*.py")), ids=lambda p: str(p.relative_to(SRC)))
+def test_modules_and_functions_stay_short(path):
+    text = path.read_text()
+    assert len(text.splitlines()) <= MAX_FILE_LINES, f"{path}: {len(text.splitlines())} lines"
+    long = [f"{n.name} ({n.end_lineno - n.lineno + 1} lines)" for n in ast.walk(ast.parse(text))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, f"{path}: {long}"
