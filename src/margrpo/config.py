@@ -241,6 +241,9 @@ def load_config(source: str | Path | dict[str, Any]) -> dict:
     return validate_config(config, str(path), root=folder.parent if folder.name == "config" else folder)
 
 
+LATER_GRPO_KEYS = ("trackers", "ema_decay")  # grpo keys added after runs were cached (issue #17)
+
+
 def train_spec(config: dict, policy: str, reward: str, variant: str, variant_overrides: dict | None = None) -> dict:
     """Everything one GRPO run depends on, and nothing else.
 
@@ -255,6 +258,10 @@ def train_spec(config: dict, policy: str, reward: str, variant: str, variant_ove
     grpo.update(var.pop("overrides", {}) or {})
     if config["policies"][policy].get("rl_frozen"):  # only when set: other runs keep their cached spec
         grpo["frozen"] = list(config["policies"][policy]["rl_frozen"])
+    defaults = schema_section("grpo")["properties"]
+    for key in LATER_GRPO_KEYS:  # at their default they stay out, so that runs cached before them keep their spec
+        if key in grpo and grpo[key] == defaults[key]["default"]:
+            del grpo[key]
     weights = config["rewards"][reward]
     return {
         "grpo": grpo,

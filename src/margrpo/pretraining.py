@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from margrpo.io import atomic_path, spec_hash
 from margrpo.policy.base import MARPolicy
 from margrpo.policy.toy import mask_ratio_sample, masked_count
-from margrpo.runtime import PRECISIONS, autocast, warmup_cosine
+from margrpo.runtime import EMA, PRECISIONS, autocast, warmup_cosine
 
 log = logging.getLogger(__name__)
 
@@ -75,25 +75,6 @@ def mar_loss(policy: MARPolicy, sampler, images: Tensor, prompts: list[str], gen
     out = policy.head(x_t, model_time, zm)
     weight = policy.loss_weight(model_time) if hasattr(policy, "loss_weight") else 1.0
     return sampler.training_loss(out.float(), x0, noise, x_t, t, mse_weight=weight).mean()  # [n] -> mean
-
-
-class EMA:
-    """Exponential moving average of the parameters; evaluation and the saved policy use it."""
-
-    def __init__(self, module: torch.nn.Module, decay: float):
-        self.decay = decay
-        self.shadow = {k: v.detach().clone() for k, v in module.state_dict().items()}
-
-    @torch.no_grad()
-    def update(self, module: torch.nn.Module) -> None:
-        for k, v in module.state_dict().items():
-            if v.dtype.is_floating_point:
-                self.shadow[k].lerp_(v, 1 - self.decay)
-            else:
-                self.shadow[k].copy_(v)
-
-    def copy_to(self, module: torch.nn.Module) -> None:
-        module.load_state_dict(self.shadow)
 
 
 def train(policy: MARPolicy, batch_fn: BatchFn, cfg: PretrainConfig, state_dir: str | Path, log_path: str | Path | None = None,

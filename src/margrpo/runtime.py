@@ -1,10 +1,15 @@
 """What every training loop takes from the machine and the schedule: mixed precision, the
-learning-rate schedule, and peak memory for the logs."""
+learning-rate schedule, peak memory for the logs, the EMA of the weights and the trackers."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import resource
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterable
 
 import torch
 
@@ -31,3 +36,80 @@ def peak_memory_mb() -> float:
     if torch.cuda.is_available():
         return torch.cuda.max_memory_allocated() / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+class EMA:
+    """Exponential moving average of a module's state (or of the entries `names`: what RL trains), kept
+    in float32 so that a decay near 1 still moves it; evaluation and the saved policy use it."""
+
+    def __init__(self, module: torch.nn.Module, decay: float, names: Iterable[str] | None = None):
+        self.decay, state = decay, module.state_dict()
+        self.names = None if names is None else list(names)
+        self.shadow = {k: _master(state[k]) for k in (state if names is None else self.names)}
+
+    @torch.no_grad()
+    def update(self, module: torch.nn.Module) -> None:
+        state = module.state_dict()
+        for k, s in self.shadow.items():
+            if s.dtype.is_floating_point:
+                s.lerp_(state[k].float(), 1 - self.decay)
+            else:
+                s.copy_(state[k])
+
+    def copy_to(self, module: torch.nn.Module) -> None:
+        module.load_state_dict(self.shadow, strict=self.names is None)
+
+    @contextmanager
+    def applied(self, module: torch.nn.Module):
+        """The module holds the average inside the block and its own weights again after it."""
+        raw = {k: v.detach().clone() for k, v in module.state_dict().items() if k in self.shadow}
+        self.copy_to(module)
+        try:
+            yield module
+        finally:
+            module.load_state_dict(raw, strict=self.names is None)
+
+
+def _master(v: torch.Tensor) -> torch.Tensor:
+    return v.detach().float().clone() if v.dtype.is_floating_point else v.detach().clone()
+
+
+TRACKERS = ("tensorboard", "wandb")
+
+
+def check_trackers(names: Iterable[str]) -> None:
+    """Known tracker names, each installed: asking for wandb without it is an error, not a silent no-op."""
+    for name in names:
+        if name not in TRACKERS:
+            raise ValueError(f"unknown tracker {name!r}; expected some of {', '.join(TRACKERS)}")
+        if importlib.util.find_spec("tensorboard" if name == "tensorboard" else "wandb") is None:
+            raise ValueError(f"trackers: {name!r} is asked for but not installed (pip install {name}), or drop it")
+
+
+def log_image_grid(accelerator, tag: str, images: torch.Tensor, step: int) -> None:
+    """Images [N, 3, H, W] in [0, 1] side by side, as one image at `step` in every tracker that takes images."""
+    grid = images.detach().float().clamp(0, 1).cpu().permute(1, 2, 0, 3).flatten(2)  # [3, H, N * W]
+    for tracker in accelerator.trackers:
+        if tracker.name == "tensorboard":
+            tracker.writer.add_image(tag, grid, global_step=step)
+        elif tracker.name == "wandb":
+            tracker.log_images({tag: [grid.permute(1, 2, 0).numpy()]}, step=step)
+
+
+def start_trackers(accelerator, log_dir: Path, name: str, resumed_at: int | None, wandb: dict) -> None:
+    """The accelerator's trackers, once per run, under a fixed run name. A fresh start clears the run's
+    folder; a resume at step s hides what a killed run logged after s (TensorBoard's purge_step; wandb
+    resumes the run of the same id), so no step shows twice. Every log then names its step."""
+    if not accelerator.log_with or accelerator.trackers:
+        return
+    if resumed_at is None and accelerator.is_main_process:
+        shutil.rmtree(Path(log_dir) / name, ignore_errors=True)
+    tensorboard = {} if resumed_at is None else {"purge_step": resumed_at + 1}
+    accelerator.init_trackers(name, init_kwargs={"tensorboard": tensorboard, "wandb": {"resume": "allow", "dir": str(log_dir), **wandb}})
+
+
+def end_trackers(accelerator) -> None:
+    """Close the trackers (flushing them); a later start_trackers opens them again."""
+    for tracker in accelerator.trackers:
+        tracker.finish()
+    accelerator.trackers = []

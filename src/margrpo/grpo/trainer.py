@@ -9,6 +9,7 @@ the frozen reference -> one optimizer step. Variants (grpo / fix / mte / sim) ar
 from __future__ import annotations
 
 import copy
+import contextlib
 import logging
 import math
 import shutil
@@ -36,8 +37,9 @@ from margrpo.grpo.functions import (
 from margrpo.policy.base import MARPolicy
 from margrpo.prompts.suites import PromptSet
 from margrpo.rollout import Rollout, SamplingConfig, ar_schedule, generate, make_sampler, recorded, replay, stochastic_steps
-from margrpo.runtime import autocast, peak_memory_mb
+from margrpo.runtime import EMA, autocast, check_trackers, end_trackers, log_image_grid, peak_memory_mb, start_trackers
 
+RUN_NAME = "grpo"  # the trackers' run: <out>/tb/grpo/
 VAL_SEED = 20_251_121  # the same validation noise for every run, so checkpoints compare fairly
 log = logging.getLogger(__name__)
 RewardFn = Callable[[torch.Tensor, list[str], list[dict]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -98,6 +100,10 @@ class GRPOConfig:
     val_prompts: int = 24
     val_images: int = 1  # images per validation prompt, each from fixed noise: the same for every run
     max_nonfinite: int = 5
+    # accelerate trackers, logging every step's metrics and a validation image grid to <out>/tb/ (wandb:
+    # the wandb run); metrics.csv stays the report's source. ["tensorboard"] costs ~ms per step (measured)
+    trackers: tuple[str, ...] = ("tensorboard",)
+    ema_decay: float | None = None  # EMA of the trained parameters, for validation and the saved checkpoints
     # variant switches
     freeze_head: bool = False  # +Fix
     trajectories: int = 1  # S (+MTE when > 1)
@@ -111,7 +117,10 @@ class GRPOConfig:
     frozen: tuple[str, ...] = ()
 
     def __post_init__(self):
-        self.frozen = tuple(self.frozen)  # from JSON: a list
+        self.frozen, self.trackers = tuple(self.frozen), tuple(self.trackers)  # from JSON: lists
+        check_trackers(self.trackers)
+        if self.ema_decay is not None and not 0 < self.ema_decay < 1:
+            raise ValueError(f"ema_decay must be in (0, 1) or null (no EMA), got {self.ema_decay}")
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"Unknown {name}: {getattr(self, name)!r}; expected one of {', '.join(map(repr, allowed))}")
@@ -194,10 +203,13 @@ def choose_steps(ar_steps: int, stochastic: int, mask_steps: int, diffusion_step
 
 
 class GRPOTrainer:
+    ema: EMA | None = None  # the average of the trained parameters (grpo.ema_decay), made by train()
+
     def __init__(self, policy: MARPolicy, reward_fn: RewardFn, train_prompts: PromptSet, val_prompts: PromptSet,
                  sampling: SamplingConfig, config: GRPOConfig, out_dir: str | Path, accelerator: Accelerator | None = None):
         self.cfg, self.sampling = config, sampling
-        self.accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available())
+        self.accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available(), log_with=list(config.trackers) or None,
+                                                      project_dir=Path(out_dir) / "tb")
         self.policy = policy.to(self.accelerator.device)
         self.reward_fn, self.train_prompts, self.val_prompts = reward_fn, train_prompts, val_prompts
         self.out_dir = Path(out_dir)
@@ -230,8 +242,11 @@ class GRPOTrainer:
         self.spec_hash = self.run_hash(None)
 
     def run_hash(self, spec: dict | None) -> str:
-        """What a resumable state must match: this trainer's configs plus the stage's `spec` (inputs, reward, seed)."""
-        return spec_hash({"grpo": asdict(self.cfg), "sampling": asdict(self.sampling), "spec": spec})
+        """What a resumable state must match: this trainer's configs plus the stage's `spec` (inputs, reward, seed).
+        The trackers change no result and an EMA that is off changes none either: neither counts."""
+        quiet = lambda g: {k: v for k, v in g.items() if k != "trackers" and not (k == "ema_decay" and v is None)}  # noqa: E731
+        spec = {**spec, "grpo": quiet(spec["grpo"])} if spec and "grpo" in spec else spec
+        return spec_hash({"grpo": quiet(asdict(self.cfg)), "sampling": asdict(self.sampling), "spec": spec})
 
     # --- one GRPO step ----------------------------------------------------------------------------
     def choose_steps(self, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -431,22 +446,29 @@ class GRPOTrainer:
         same noise: differences between them are paired (common random numbers)."""
         n, G = min(self.cfg.val_prompts, len(self.val_prompts)), self.cfg.val_images
         scores = []
-        for a in range(0, n, 8):
-            prompts, meta = self.val_prompts.prompts[a : min(n, a + 8)], self.val_prompts.metadata[a : min(n, a + 8)]
-            with autocast(self.accelerator.device, self.cfg.precision):
-                r = generate(self.policy, prompts, self.sampling, group_size=G, generator=torch.Generator().manual_seed(VAL_SEED + a))
-            reward = self.reward_fn(r.images, r.prompts, [m for m in meta for _ in range(G)])[0]
-            scores += reward.view(len(prompts), G).mean(1).tolist()
+        with self.ema.applied(self.policy) if self.ema else contextlib.nullcontext():  # the EMA weights, when on
+            for a in range(0, n, 8):
+                prompts, meta = self.val_prompts.prompts[a : min(n, a + 8)], self.val_prompts.metadata[a : min(n, a + 8)]
+                with autocast(self.accelerator.device, self.cfg.precision):
+                    r = generate(self.policy, prompts, self.sampling, group_size=G, generator=torch.Generator().manual_seed(VAL_SEED + a))
+                reward = self.reward_fn(r.images, r.prompts, [m for m in meta for _ in range(G)])[0]
+                scores += reward.view(len(prompts), G).mean(1).tolist()
+                if a == 0 and self.accelerator.trackers:  # the first image of the first (up to 8) prompts
+                    log_image_grid(self.accelerator, "val/samples", r.images[::G], self.step)
         return scores
 
     def save(self) -> None:
         """Checkpoint (policy folder) + resumable trainer state, written atomically."""
         ckpt = self.state_dir / f"ckpt-{self.step:06d}" / "policy"
         if self.accelerator.is_main_process:
-            self.accelerator.unwrap_model(self.policy).save_pretrained(ckpt)
+            policy = self.accelerator.unwrap_model(self.policy)
+            with self.ema.applied(policy) if self.ema else contextlib.nullcontext():  # selection and evaluation read the EMA
+                policy.save_pretrained(ckpt)
             # tensors and primitives only (loads with weights_only=True); the policy is the ckpt folder beside it
             state = {"step": self.step, "optimizer": self.optimizer.state_dict(), "rows": self.rows,
                      "checkpoints": self.checkpoints, "nonfinite_run": self.nonfinite_run, "spec_hash": self.spec_hash}
+            if self.ema:  # the raw trained weights RL goes on from, and their average
+                state.update(raw={k: v for k, v in policy.state_dict().items() if k in self.ema.shadow}, ema=self.ema.shadow)
             with atomic_path(self.state_dir / "trainer.pt") as tmp:
                 torch.save(state, tmp)
 
@@ -470,6 +492,9 @@ class GRPOTrainer:
         ckpt = self.state_dir / f"ckpt-{state['step']:06d}" / "policy"  # found beside trainer.pt wherever the folder is now
         loaded = load_policy(ckpt, device=self.accelerator.device)
         self.policy.load_state_dict(loaded.state_dict())
+        if self.ema:  # the folder holds the EMA of the trained parameters; RL goes on from the raw ones
+            self.policy.load_state_dict(state["raw"], strict=False)
+            self.ema.shadow = {k: v.to(self.accelerator.device) for k, v in state["ema"].items()}
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.rows, self.checkpoints = state["step"], state["rows"], state["checkpoints"]
         self.nonfinite_run = state["nonfinite_run"]
@@ -481,7 +506,12 @@ class GRPOTrainer:
         trainer's configs plus `spec` (what the stage adds: inputs, reward, seed)."""
         self.spec_hash = self.run_hash(spec)
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        if self.cfg.ema_decay is not None and self.ema is None:  # averaged after every optimizer step
+            self.ema = EMA(self.policy, self.cfg.ema_decay, [n for n, p in self.policy.named_parameters() if p.requires_grad])
+            self.optimizer.register_step_post_hook(lambda *_: self.ema.update(self.policy))
         resumed = self.try_resume()
+        start_trackers(self.accelerator, self.out_dir / "tb", RUN_NAME, self.step if resumed else None,
+                       wandb={"name": self.out_dir.name, "id": f"{self.out_dir.name}-{self.spec_hash}", "config": asdict(self.cfg)})
         if not resumed:
             scores = self.validate()
             self.rows = []
@@ -492,6 +522,7 @@ class GRPOTrainer:
             val_scores = self.validate() if self.step % self.cfg.val_every == 0 or self.step == self.cfg.steps else None
             row["val_reward"] = float("nan") if val_scores is None else sum(val_scores) / len(val_scores)
             self.rows.append(row)
+            self.accelerator.log({k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}, step=self.step)
             if self.step % self.cfg.save_every == 0 or self.step == self.cfg.steps:
                 if math.isfinite(row["val_reward"]):
                     self.checkpoints.append({"step": self.step, "val_reward": row["val_reward"], "val_scores": val_scores,
@@ -500,6 +531,7 @@ class GRPOTrainer:
             bar.update(1)
             bar.set_postfix(reward=f"{row['reward_mean']:.3f}", val=f"{row['val_reward']:.3f}")
         bar.close()
+        end_trackers(self.accelerator)
         return self.rows
 
 def _subset(r: Rollout, rows: torch.Tensor) -> Rollout:

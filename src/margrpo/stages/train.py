@@ -59,7 +59,8 @@ def run(args) -> None:
     trainer.train(run_spec)
     write_outputs(trainer, run_spec)
     best = max(trainer.checkpoints, key=lambda c: c["val_reward"])
-    log.info(f"done: {trainer.step} steps; base val reward {trainer.checkpoints[0]['val_reward']:.4f}; best {best['val_reward']:.4f} at step {best['step']}")
+    ema = f" (EMA weights, decay {cfg.ema_decay})" if cfg.ema_decay else ""  # summary.json's config.ema_decay says the same
+    log.info(f"done: {trainer.step} steps; base val reward {trainer.checkpoints[0]['val_reward']:.4f}; best {best['val_reward']:.4f}{ema} at step {best['step']}")
 
 
 if __name__ == "__main__":
