@@ -215,7 +215,7 @@ def test_later_updates_use_log_probs_from_before_the_first_update(tmp_path):
 
 def test_micro_batch_gradient_variance_matches_the_explicit_computation():
     """The streaming statistic equals stacking each micro-batch's gradient (scaled to the batch mean)."""
-    from margrpo.grpo.trainer import MicroBatchGradStats
+    from margrpo.grpo.grad_stats import MicroBatchGradStats
 
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.zeros(3, 4)), torch.nn.Parameter(torch.zeros(5))]
