@@ -15,6 +15,9 @@ timed steps; peak memory is torch.cuda.max_memory_allocated reset per run (on CP
 RSS, which never resets); the rollout's FLOPs are counted with FlopCounterMode on one rollout
 (`rollout_and_score`: generate + reward + MTE / Sim masks) and divided by its time alone, as a
 fraction of a large square matmul's TFLOP/s measured in the same run (bf16 on CUDA, fp32 on CPU).
+A run that runs out of GPU memory gives an "oom" row and the others go ahead. `--gradient-checkpointing`
+sets a `gradient_checkpointing` switch of GRPOConfig, the policy or its config where one exists; the
+row says "unsupported" where none does.
 
     python benchmarks/real_scale.py [--policies nova,harmon] [--variants grpo,fix,mte,sim,committed]
         [--steps 3] [--device cuda] [--precision bf16] [--gradient-checkpointing] [--tiny] [--threads N] [--out FILE.json]
@@ -124,7 +127,7 @@ def brightness(images, prompts, metadata):
     return r, {"brightness": r}
 
 
-def make_trainer(name: str, variant: str, args, device: torch.device) -> tuple[GRPOTrainer, str]:
+def make_trainer(name: str, variant: str, args, device: torch.device, out: str) -> tuple[GRPOTrainer, str]:
     config = load_config(ROOT / "config" / f"paper-{name}.yaml")
     base, overrides = VARIANTS[variant]
     spec = train_spec(config, name, "hps", base, overrides)
@@ -137,7 +140,6 @@ def make_trainer(name: str, variant: str, args, device: torch.device) -> tuple[G
     ckpt = ckpt if ckpt == "on" else policy_ckpt
     prompts = PromptSet(PROMPTS, [{}] * len(PROMPTS))
     cfg = GRPOConfig.from_spec(spec, precision=args.precision)
-    out = tempfile.mkdtemp(prefix="real_scale-")  # the trainer writes nothing unless it saves
     return GRPOTrainer(policy, brightness, prompts, prompts, sampling, cfg, out, Accelerator(cpu=device.type == "cpu")), ckpt
 
 
@@ -169,7 +171,8 @@ def run(name: str, variant: str, args, device: torch.device, peak_tflops: float)
     """One (policy, variant): warm-up step, `steps` timed steps, then one rollout timed and one counted."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    trainer, ckpt = make_trainer(name, variant, args, device)
+    with tempfile.TemporaryDirectory(prefix="real_scale-") as out:  # the trainer writes nothing unless it saves
+        trainer, ckpt = make_trainer(name, variant, args, device, out)
     trainer.train_step()  # warm-up: allocator, kernels, optimizer state
     seconds = sum(timed(trainer.train_step, device) for _ in range(args.steps)) / args.steps
     memory = peak_memory_mb(device)
@@ -187,12 +190,24 @@ def run(name: str, variant: str, args, device: torch.device, peak_tflops: float)
             "matmul_tflops": peak_tflops, "fraction": tflop / rollout_s / peak_tflops, "gradient_checkpointing": ckpt}
 
 
+def run_or_oom(name: str, variant: str, args, device: torch.device, peak_tflops: float) -> dict:
+    """`run`, or a row saying it ran out of GPU memory (the other runs still go ahead)."""
+    try:
+        return run(name, variant, args, device, peak_tflops)
+    except torch.cuda.OutOfMemoryError:
+        pass
+    gc.collect()  # outside the except block: its traceback no longer holds the trainer
+    torch.cuda.empty_cache()
+    print(f"{name} {variant}: out of GPU memory", flush=True)
+    return {"policy": name, "variant": variant, "error": "out of memory", **{h: None for h, _ in COLUMNS[2:]}}
+
+
 COLUMNS = [("policy", "{}"), ("variant", "{}"), ("s_per_step", "{:.3f}"), ("images_per_s", "{:.2f}"), ("peak_mem_mb", "{:.0f}"),
            ("rollout_s", "{:.3f}"), ("rollout_tflops", "{:.4g}"), ("fraction", "{:.3f}"), ("gradient_checkpointing", "{}")]
 
 
 def print_table(rows: list[dict]) -> None:
-    cells = [[h for h, _ in COLUMNS]] + [[f.format(r[h]) for h, f in COLUMNS] for r in rows]
+    cells = [[h for h, _ in COLUMNS]] + [[f.format(r[h]) if r[h] is not None else "oom" for h, f in COLUMNS] for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
     for c in cells:
         print("  ".join(v.rjust(w) for v, w in zip(c, widths)), flush=True)
@@ -221,7 +236,7 @@ def main() -> None:
     peak = matmul_tflops(device)
     print(f"device {name}; matmul {peak:.4g} TFLOP/s ({'bf16' if device.type == 'cuda' else 'fp32'}); "
           f"precision {args.precision}; {args.steps} timed step(s) after one warm-up{'; tiny policies' if args.tiny else ''}", flush=True)
-    rows = [run(n, v, args, device, peak) for n in policies for v in variants]
+    rows = [run_or_oom(n, v, args, device, peak) for n in policies for v in variants]
     print_table(rows)
     if args.out:
         Path(args.out).write_text(json.dumps({"device": name, "matmul_tflops": peak, "precision": args.precision,
