@@ -1,0 +1,24 @@
+"""The benchmark scripts run end to end on tiny random policies (CPU): every row they promise, with sane numbers."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+
+def test_real_scale_tiny_reports_every_policy_and_variant(repo, tmp_path):
+    out = tmp_path / "tmp.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo / "src"), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, str(repo / "benchmarks/real_scale.py"), "--tiny", "--device", "cpu", "--steps", "1",
+                          "--out", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    rows = {(r["policy"], r["variant"]): r for r in report["rows"]}
+    assert set(rows) == {(p, v) for p in ("nova", "harmon") for v in ("grpo", "fix", "mte", "sim", "committed")}
+    assert report["device"].startswith("cpu") and report["matmul_tflops"] > 0
+    for key, r in rows.items():
+        for field in ("s_per_step", "images_per_s", "fraction"):
+            assert math.isfinite(r[field]) and r[field] > 0, (key, field, r[field])
+        assert r["peak_mem_mb"] > 0 and r["gradient_checkpointing"] == "off"
+        assert any(line.split()[:2] == list(key) for line in run.stdout.splitlines())  # the table has the row too
