@@ -258,6 +258,10 @@ def train_spec(config: dict, policy: str, reward: str, variant: str, variant_ove
     grpo.update(var.pop("overrides", {}) or {})
     if config["policies"][policy].get("rl_frozen"):  # only when set: other runs keep their cached spec
         grpo["frozen"] = list(config["policies"][policy]["rl_frozen"])
+    if config["policies"][policy].get("gradient_checkpointing"):  # memory levers: routed the same way
+        grpo["gradient_checkpointing"] = True
+    if config["policies"][policy].get("lora"):
+        grpo["lora"] = dict(config["policies"][policy]["lora"])
     defaults = schema_section("grpo")["properties"]
     for key in LATER_GRPO_KEYS:  # at their default they stay out, so that runs cached before them keep their spec
         if key in grpo and grpo[key] == defaults[key]["default"]:
@@ -281,10 +285,9 @@ def validate_train_spec(spec: dict, what: str = "--spec-json") -> dict:
     if missing:
         raise ConfigError(f"{what}: missing key(s) {missing} (a margrpo.config.train_spec)")
     spec = copy.deepcopy(spec)
-    frozen = spec["grpo"].pop("frozen", None)
+    routed = {k: spec["grpo"].pop(k) for k in ("frozen", "gradient_checkpointing", "lora") if k in spec["grpo"]}  # policy keys
     spec["grpo"] = validate_section(spec["grpo"], "grpo", f"{what} grpo")
-    if frozen is not None:
-        spec["grpo"]["frozen"] = frozen
+    spec["grpo"].update(routed)
     name = spec["variant"].pop("name", None)
     spec["variant"] = {"name": name, **validate_section(spec["variant"], "variants.*", f"{what} variant")}
     spec["variant"].pop("overrides", None)

@@ -36,6 +36,7 @@ from margrpo.grpo.functions import (
 from margrpo.grpo.grad_stats import MicroBatchGradStats
 from margrpo.io import atomic_path, atomic_write_json, atomic_write_rows, non_finite, spec_hash
 from margrpo.policy.base import MARPolicy
+from margrpo.policy.memory import adapter_parameters, adapters_disabled, add_lora, load_adapters, save_adapters
 from margrpo.prompts.suites import PromptSet
 from margrpo.rollout import Rollout, SamplingConfig, ar_schedule, generate, make_sampler, recorded, replay, stochastic_steps
 from margrpo.runtime import EMA, autocast, check_trackers, end_trackers, log_image_grid, peak_memory_mb, start_trackers
@@ -116,6 +117,11 @@ class GRPOConfig:
     # Parameter-name prefixes RL leaves frozen besides the encoders (no gradient, no optimizer state,
     # shared with the reference). MAR-GRPO's Harmon runs train mar.* only: (llm., proj_in., proj_out.).
     frozen: tuple[str, ...] = ()
+    # Memory levers (policy.memory; from the policy's config like `frozen`): recompute the AR blocks'
+    # activations in backward; LoRA {rank, alpha, dropout, target_modules} on the AR transformer, which
+    # then trains the adapters alone and replays the reference as the same model with adapters disabled.
+    gradient_checkpointing: bool = False
+    lora: dict | None = None
 
     def __post_init__(self):
         self.frozen, self.trackers = tuple(self.frozen), tuple(self.trackers)  # from JSON: lists
@@ -221,8 +227,14 @@ class GRPOTrainer:
             raise ValueError(f"mask_steps |M| = {config.mask_steps} exceeds the {self.ar_steps} AR steps; lower grpo.mask_steps")
         if config.diffusion_steps > stochastic_steps(sampling):
             raise ValueError(f"diffusion_steps |T| = {config.diffusion_steps} exceeds the {stochastic_steps(sampling)} stochastic steps; lower grpo.diffusion_steps")
+        if config.gradient_checkpointing:
+            self.policy.set_gradient_checkpointing(True)
+        if config.lora:
+            add_lora(self.policy, config.lora)
         head = set(map(id, self.policy.head_parameters()))
         trained = set(map(id, self.policy.ar_parameters())) | (set() if config.freeze_head else head)
+        if config.lora:  # the adapters alone
+            trained = set(map(id, adapter_parameters(self.policy)))
         names = [n for n, _ in self.policy.named_parameters()]
         for prefix in config.frozen:
             if not any(n.startswith(prefix) for n in names):
@@ -233,7 +245,9 @@ class GRPOTrainer:
             if id(p) not in trained:  # no gradient computed and no optimizer state
                 p.requires_grad_(False)
         self.ref = None
-        if config.beta > 0:  # the frozen pre-RL policy; what RL never changes is shared, not copied
+        if config.beta > 0 and config.lora:  # the same model: micro_loss replays it with the adapters disabled
+            self.ref = self.policy
+        elif config.beta > 0:  # the frozen pre-RL policy; what RL never changes is shared, not copied
             shared = {id(p): p for p in self.policy.parameters() if not p.requires_grad}  # deepcopy's memo
             self.ref = copy.deepcopy(self.policy, shared).requires_grad_(False).eval()
         self.ar_params = [p for p in self.policy.ar_parameters() if p.requires_grad]
@@ -333,7 +347,7 @@ class GRPOTrainer:
         obj = per_token_policy_objective(rp.log_prob, old, adv, cfg.clip_eps)  # [M, U, n, L]
         kl = None
         if self.ref is not None:
-            with torch.no_grad(), autocast(self.accelerator.device, cfg.precision):
+            with torch.no_grad(), autocast(self.accelerator.device, cfg.precision), adapters_disabled(self.ref):
                 ref = replay(self.ref, rollout, ar, diff, logprob_cfg=cfg.logprob_cfg)
             kl = kl_paper(rp.mean, ref.mean) if cfg.kl == "paper" else kl_gaussian(rp.mean, ref.mean, rp.std, ref.std)
         losses, kls = [], []
@@ -465,6 +479,8 @@ class GRPOTrainer:
             policy = self.accelerator.unwrap_model(self.policy)
             with self.ema.applied(policy) if self.ema else contextlib.nullcontext():  # selection and evaluation read the EMA
                 policy.save_pretrained(ckpt)
+                if self.cfg.lora:  # the base weights above are unchanged; the adapters beside them
+                    save_adapters(policy, ckpt)
             # tensors and primitives only (loads with weights_only=True); the policy is the ckpt folder beside it
             state = {"step": self.step, "optimizer": self.optimizer.state_dict(), "rows": self.rows,
                      "checkpoints": self.checkpoints, "nonfinite_run": self.nonfinite_run, "spec_hash": self.spec_hash}
@@ -493,6 +509,8 @@ class GRPOTrainer:
         ckpt = self.state_dir / f"ckpt-{state['step']:06d}" / "policy"  # found beside trainer.pt wherever the folder is now
         loaded = load_policy(ckpt, device=self.accelerator.device)
         self.policy.load_state_dict(loaded.state_dict())
+        if self.cfg.lora:
+            load_adapters(self.policy, ckpt)
         if self.ema:  # the folder holds the EMA of the trained parameters; RL goes on from the raw ones
             self.policy.load_state_dict(state["raw"], strict=False)
             self.ema.shadow = {k: v.to(self.accelerator.device) for k, v in state["ema"].items()}

@@ -7,17 +7,34 @@ __all__ = ["MARPolicy", "TextCondition", "ToyMAR", "ToyMARConfig", "deterministi
 
 
 def load_policy(path, device="cpu") -> MARPolicy:
-    """Load any policy from a folder (or a `policy.json` pointer written by `margrpo check-weights`)."""
+    """Load any policy from a folder (or a `policy.json` pointer written by `margrpo check-weights`), with
+    the LoRA adapters saved beside it, if any (policy.memory.save_adapters)."""
+    from pathlib import Path
+
+    from margrpo.policy.memory import has_adapters, load_adapters
+
+    p = Path(path)
+    p = _pointed(p) if p.suffix == ".json" else p
+    policy = _load_base(p, device)
+    if has_adapters(p):
+        load_adapters(policy, p)
+    return policy
+
+
+def _pointed(p):
+    """The policy folder a `policy.json` pointer names."""
     from pathlib import Path
 
     from margrpo.io import InputError, read_json
 
-    p = Path(path)
-    if p.suffix == ".json":
-        pointer = read_json(p)
-        if not isinstance(pointer, dict) or "path" not in pointer:
-            raise InputError(f"{p}: expected a pointer {{\"path\": <policy folder>}} (written by `margrpo check-weights`)")
-        p = Path(pointer["path"])
+    pointer = read_json(p)
+    if not isinstance(pointer, dict) or "path" not in pointer:
+        raise InputError(f"{p}: expected a pointer {{\"path\": <policy folder>}} (written by `margrpo check-weights`)")
+    return Path(pointer["path"])
+
+
+def _load_base(p, device) -> MARPolicy:
+    from margrpo.io import InputError, read_json
     from margrpo.policy.nova import NovaPolicy  # cheap: heavy imports happen inside from_pretrained
 
     from margrpo.policy.harmon import HarmonPolicy

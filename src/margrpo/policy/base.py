@@ -125,6 +125,15 @@ class MARPolicy(nn.Module, ABC):
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
+    # --- memory levers (policy.memory; off by default) ---------------------------------------------
+    gradient_checkpointing: bool = False
+    lora_scope: str | None = None  # regex: the module-name prefix of the AR transformer's blocks LoRA adapts
+    lora_targets: tuple[str, ...] = ()  # default LoRA target_modules: leaf names of Linear layers in that scope
+
+    def set_gradient_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute the AR transformer's block activations in backward instead of keeping them."""
+        raise NotImplementedError(f"{type(self).__name__} does not support gradient checkpointing")
+
 
 @contextlib.contextmanager
 def deterministic(module: nn.Module):

@@ -62,6 +62,7 @@ from margrpo.diffusion import DDPMConfig, DDPMSampler, Sampler
 from margrpo.io import atomic_path, atomic_write_json
 from margrpo.policy.base import MARPolicy, TextCondition
 from margrpo.policy.mar_h import MAR, build_mlp, build_vae, vae_key_to_ldm
+from margrpo.policy.memory import hf_checkpointing
 
 CONFIG = "config.json"
 LLM_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
@@ -224,7 +225,8 @@ class HarmonPolicy(MARPolicy):
         seq = torch.cat([cond.hidden.to(v.dtype), v[:, nb:], v[:, :nb]], dim=1)
         attn = torch.cat([cond.mask, cond.mask.new_ones(B, v.shape[1])], dim=1)  # [B, Lt + n + nb]
         position_ids = (attn.long().cumsum(1) - 1).clamp(min=0)  # prompt padding takes no position
-        out = self.llm.model(inputs_embeds=seq, attention_mask=attn, position_ids=position_ids, use_cache=False).last_hidden_state
+        with hf_checkpointing(self.llm, self.gradient_checkpointing):
+            out = self.llm.model(inputs_embeds=seq, attention_mask=attn, position_ids=position_ids, use_cache=False).last_hidden_state
         out = out[:, cond.hidden.shape[1]:]
         out = torch.cat([out[:, -nb:], out[:, :-nb]], dim=1)  # buffers back in front: [B, nb + n, hidden]
         # 4. residual back into MAR's width, then the decoder over all L positions
@@ -265,6 +267,16 @@ class HarmonPolicy(MARPolicy):
 
     def head_parameters(self) -> Iterator[nn.Parameter]:
         return self.mar.diffloss.parameters()
+
+    lora_scope, lora_targets = r"llm\.model\.layers\.\d+\.", ("q_proj", "k_proj", "v_proj", "o_proj")
+
+    def set_gradient_checkpointing(self, enabled: bool = True) -> None:
+        """The Qwen2 layers (transformers' own checkpointing) and MAR-H's encoder/decoder blocks."""
+        self.gradient_checkpointing = self.mar.gradient_checkpointing = enabled
+        if enabled:
+            self.llm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            self.llm.gradient_checkpointing_disable()
 
     # --- checkpoints --------------------------------------------------------------------------------
     def harmon_state_dict(self) -> dict[str, Tensor]:

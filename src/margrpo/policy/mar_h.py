@@ -15,6 +15,7 @@ from diffusers import AutoencoderKL
 from torch import Tensor, nn
 
 from margrpo.policy.layers import modulate, timestep_embedding
+from margrpo.policy.memory import run_blocks
 
 if TYPE_CHECKING:
     from margrpo.policy.harmon import HarmonConfig
@@ -150,6 +151,8 @@ def resize_pos_embed(pe: Tensor, buffer: int, src: int, dst: int) -> Tensor:
 class MAR(nn.Module):
     """MAR's encoder, decoder and head with MAR's parameter names (Harmon's `mar.*`)."""
 
+    gradient_checkpointing = False  # of the encoder and decoder blocks (policy.memory)
+
     def __init__(self, c: HarmonConfig):
         super().__init__()
         self.buffer_size, self.pos_grid = c.buffer_size, c.pos_grid
@@ -182,8 +185,7 @@ class MAR(nn.Module):
         h = self.z_proj(x.to(self.z_proj.weight.dtype)) + pe[nb:][idx]  # [B, n, We]
         buffers = (self.fake_latent + pe[:nb]).expand(B, -1, -1)  # [B, nb, We]
         h = self.z_proj_ln(torch.cat([buffers.to(h.dtype), h], dim=1))
-        for block in self.encoder_blocks:
-            h = block(h)
+        h = run_blocks(self.encoder_blocks, h, checkpointing=self.gradient_checkpointing)
         return self.encoder_norm(h)
 
     def decode(self, h: Tensor, perm: Tensor, known: Tensor, grid: int) -> Tensor:
@@ -199,8 +201,7 @@ class MAR(nn.Module):
             slot = torch.argsort(perm, dim=1).clamp(max=packed.shape[1] - 1)  # [B, L]
             tokens = torch.where(known[..., None], packed.gather(1, slot[..., None].expand(-1, -1, x.shape[-1])), mask_token)
         x = torch.cat([buffers, tokens], dim=1) + resize_pos_embed(self.decoder_pos_embed_learned, nb, self.pos_grid, grid)
-        for block in self.decoder_blocks:
-            x = block(x)
+        x = run_blocks(self.decoder_blocks, x, checkpointing=self.gradient_checkpointing)
         x = self.decoder_norm(x)[:, nb:]
         return x + resize_pos_embed(self.diffusion_pos_embed_learned, 0, self.pos_grid, grid)  # z [B, L, Wd]
 

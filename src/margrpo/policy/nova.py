@@ -32,6 +32,7 @@ from margrpo.diffusion import FlowSDESampler, Sampler
 from margrpo.io import read_json
 from margrpo.policy.base import MARPolicy, TextCondition
 from margrpo.policy.layers import Attention, timestep_embedding
+from margrpo.policy.memory import run_blocks
 
 TRANSFORMER_WEIGHTS = "diffusion_pytorch_model.safetensors"
 TEXT_POSITIONS = 512  # rows of TextEmbed's filler table (NOVA's "maximum positions")
@@ -304,6 +305,8 @@ class DiffusionMLP(nn.Module):
 class NovaTransformer(nn.Module):
     """NOVA's transformer; `state_dict()` has exactly the keys of transformer/diffusion_pytorch_model.safetensors."""
 
+    gradient_checkpointing = False  # of the ViT blocks (policy.memory)
+
     def __init__(self, config: NovaConfig):
         super().__init__()
         c, p = config, config.patch_size
@@ -334,8 +337,7 @@ class NovaTransformer(nn.Module):
         frame = self.mask_embed.bos_token + self.video_pos_embed.first_frame()  # [1, W]
         frame = (frame + self.video_pos.to(frame.dtype)).expand(text.shape[0], -1, -1)  # [B, Lv, W]
         h = torch.cat([text, frame.to(text.dtype)], dim=1)
-        for block in self.video_encoder.blocks:
-            h = block(h)
+        h = run_blocks(self.video_encoder.blocks, h, checkpointing=self.gradient_checkpointing)
         return self.video_encoder.norm(h[:, text.shape[1]:])
 
     def image_condition(self, tokens: Tensor, known: Tensor, c: Tensor) -> Tensor:
@@ -360,14 +362,12 @@ class NovaTransformer(nn.Module):
         h = torch.cat([c.to(x.dtype), seen], dim=1)
         # always masked (even when no row is padded) so rollout and replay use the same attention kernel
         key_mask = torch.cat([valid.new_ones(valid.shape[0], Lc), valid], dim=1)
-        for block in enc.blocks[:split]:
-            h = block(h, key_mask)
+        h = run_blocks(enc.blocks[:split], h, key_mask, checkpointing=self.gradient_checkpointing)
         c, h = h[:, :Lc], h[:, Lc:]
         x = x.scatter(1, idx, torch.where(valid[..., None], h, seen).to(x.dtype))
         # 2. decoder half over [c; all positions]
         h = torch.cat([c, x], dim=1)
-        for block in enc.blocks[split:]:
-            h = block(h)
+        h = run_blocks(enc.blocks[split:], h, checkpointing=self.gradient_checkpointing)
         return enc.norm(h[:, Lc:])
 
 
@@ -488,6 +488,11 @@ class NovaPolicy(MARPolicy):
 
     def head_parameters(self) -> Iterator[nn.Parameter]:
         return self.transformer.image_decoder.parameters()
+
+    lora_scope, lora_targets = r"transformer\.(?:video|image)_encoder\.blocks\.\d+\.", ("qkv", "proj", "fc1", "fc2")
+
+    def set_gradient_checkpointing(self, enabled: bool = True) -> None:
+        self.gradient_checkpointing = self.transformer.gradient_checkpointing = enabled
 
     # --- diffusers-style folder -----------------------------------------------------------------------
     def save_pretrained(self, directory: str | Path, copy_frozen: bool = False) -> None:

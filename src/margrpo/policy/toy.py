@@ -25,6 +25,7 @@ from margrpo.diffusion import DDPMSampler, FlowSDESampler, Sampler
 from margrpo.io import InputError, read_json
 from margrpo.policy.base import MARPolicy, TextCondition
 from margrpo.policy.layers import Block, SimpleMLPAdaLN
+from margrpo.policy.memory import run_blocks
 
 WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer"
 
@@ -117,9 +118,13 @@ class ToyMAR(MARPolicy):
             x = x + ((text * w).sum(1) / w.sum(1).clamp(min=1))[:, None].to(x.dtype)  # [B, 1, W]
         h = torch.cat([text.to(x.dtype), x], dim=1)  # [B, Lt + L, W]
         key_mask = torch.cat([cond.mask, torch.ones(B, L, dtype=torch.bool, device=x.device)], dim=1)
-        for block in self.blocks:
-            h = block(h, key_mask)
+        h = run_blocks(self.blocks, h, key_mask, checkpointing=self.gradient_checkpointing)
         return self.norm(h[:, -L:])  # z [B, L, W]
+
+    lora_scope, lora_targets = r"blocks\.\d+\.", ("qkv", "proj", "mlp.0", "mlp.3")
+
+    def set_gradient_checkpointing(self, enabled: bool = True) -> None:
+        self.gradient_checkpointing = enabled
 
     def head(self, x_t: Tensor, t: Tensor, z: Tensor) -> Tensor:
         """The sampler's native output (flow: velocity; DDPM: eps [+ variance]) for noisy tokens x_t [N, D].

@@ -116,6 +116,17 @@ def _chunks(n: int, size: int) -> Iterator[slice]:
         yield slice(start, min(n, start + size))
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _dtype(name: str, reward: str) -> torch.dtype:
+    """A scorer's model dtype (`reward_models.<name>.dtype`): half precision halves its memory; inputs
+    are cast to it and scores come back as float32 whatever it is."""
+    if name not in DTYPES:
+        raise ValueError(f"{reward}: unknown dtype {name!r}; expected one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
 def _check_batch_size(batch_size: int) -> int:
     if int(batch_size) < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")

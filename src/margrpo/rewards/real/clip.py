@@ -12,6 +12,7 @@ from margrpo.rewards.real._common import (
     _check_batch,
     _check_batch_size,
     _chunks,
+    _dtype,
     _model_and_processor,
     _prepare_transformers,
     _require_file,
@@ -25,19 +26,20 @@ from margrpo.rewards.registry import register_reward
 class _HFClip:
     """A transformers CLIPModel + processor: unit image and text embeddings, batched."""
 
-    def __init__(self, reward: str, path, processor_path, source: str, processor_source: str, device, batch_size: int):
+    def __init__(self, reward: str, path, processor_path, source: str, processor_source: str, device, batch_size: int,
+                 dtype: str = "float32"):
         _prepare_transformers()
         from transformers import AutoProcessor, CLIPModel
 
         model_dir, proc_dir = _model_and_processor(path, processor_path, reward, source, processor_source)
         self.device = torch.device(device)
-        self.batch_size = _check_batch_size(batch_size)
-        self.model = CLIPModel.from_pretrained(model_dir, local_files_only=True).eval().to(self.device)
+        self.batch_size, self.dtype = _check_batch_size(batch_size), _dtype(dtype, reward)
+        self.model = CLIPModel.from_pretrained(model_dir, local_files_only=True).eval().to(self.device, self.dtype)
         self.processor = AutoProcessor.from_pretrained(proc_dir, local_files_only=True)
         self.max_length = _text_max_length(self.processor.tokenizer, self.model.config.text_config.max_position_embeddings)
 
     def image_embeds(self, pil_images: list) -> Tensor:
-        pixels = self.processor(images=pil_images, return_tensors="pt")["pixel_values"].to(self.device)
+        pixels = self.processor(images=pil_images, return_tensors="pt")["pixel_values"].to(self.device, self.dtype)
         return F.normalize(self.model.get_image_features(pixel_values=pixels).float(), dim=-1)  # [b, E]
 
     def text_embeds(self, prompts: list[str]) -> Tensor:
@@ -65,10 +67,11 @@ class PickScoreReward:
     (laion/CLIP-ViT-H-14-laion2B-s32B-b79K), default `path`.
     """
 
-    def __init__(self, path: str, processor_path: str | None = None, device: str = "cpu", batch_size: int = 16):
+    def __init__(self, path: str, processor_path: str | None = None, device: str = "cpu", batch_size: int = 16,
+                 dtype: str = "float32"):
         self.clip = _HFClip("pickscore", path, processor_path, "https://huggingface.co/yuvalkirstain/PickScore_v1",
-                            "https://huggingface.co/laion/CLIP-ViT-H-14-laion2B-s32B-b79K", device, batch_size)
-        self.scale = float(self.clip.model.logit_scale.detach().exp())
+                            "https://huggingface.co/laion/CLIP-ViT-H-14-laion2B-s32B-b79K", device, batch_size, dtype)
+        self.scale = float(self.clip.model.logit_scale.detach().float().exp())
 
     def __call__(self, images: Tensor, prompts: list[str], metadata: list[dict]) -> Tensor:
         _check_batch(images, prompts, metadata)
@@ -87,12 +90,12 @@ class ClipScoreReward:
     """
 
     def __init__(self, path: str, processor_path: str | None = None, form: str = "cosine", device: str = "cpu",
-                 batch_size: int = 32):
+                 batch_size: int = 32, dtype: str = "float32"):
         if form not in CLIP_SCORE_FORMS:
             raise ValueError(f"Unknown form: {form!r}; expected one of {CLIP_SCORE_FORMS}")
         self.form = form
         self.clip = _HFClip("clipscore", path, processor_path, "https://huggingface.co/openai/clip-vit-base-patch32",
-                            "https://huggingface.co/openai/clip-vit-base-patch32", device, batch_size)
+                            "https://huggingface.co/openai/clip-vit-base-patch32", device, batch_size, dtype)
 
     def __call__(self, images: Tensor, prompts: list[str], metadata: list[dict]) -> Tensor:
         _check_batch(images, prompts, metadata)
@@ -149,7 +152,7 @@ class AestheticReward:
     (openai/clip-vit-large-patch14) holding model and image-processor files.
     """
 
-    def __init__(self, path: str, clip_path: str, device: str = "cpu", batch_size: int = 32):
+    def __init__(self, path: str, clip_path: str, device: str = "cpu", batch_size: int = 32, dtype: str = "float32"):
         _prepare_transformers()
         from transformers import AutoConfig, AutoImageProcessor, CLIPVisionModelWithProjection
 
@@ -161,16 +164,16 @@ class AestheticReward:
             raise FileNotFoundError(f"aesthetic: {clip_dir}/preprocessor_config.json not found (the CLIP image "
                                     "processor); download openai/clip-vit-large-patch14 completely")
         self.device = torch.device(device)
-        self.batch_size = _check_batch_size(batch_size)
+        self.batch_size, self.dtype = _check_batch_size(batch_size), _dtype(dtype, "aesthetic")
         config = AutoConfig.from_pretrained(clip_dir, local_files_only=True)
         vision_config = getattr(config, "vision_config", config)
         # a full CLIP checkpoint keeps projection_dim at the top level; the vision tower needs it
         vision_config.projection_dim = getattr(config, "projection_dim", vision_config.projection_dim)
         self.vision = CLIPVisionModelWithProjection.from_pretrained(
             clip_dir, config=vision_config, local_files_only=True
-        ).eval().to(self.device)
+        ).eval().to(self.device, self.dtype)
         self.image_processor = AutoImageProcessor.from_pretrained(clip_dir, local_files_only=True)
-        self.mlp = AestheticMLP.load(mlp_file).to(self.device)
+        self.mlp = AestheticMLP.load(mlp_file).to(self.device, self.dtype)
         if self.mlp.input_size != self.vision.config.projection_dim:
             raise ValueError(f"aesthetic: the MLP takes {self.mlp.input_size}-d embeddings but the CLIP at "
                              f"{clip_dir} projects to {self.vision.config.projection_dim}")
@@ -181,7 +184,7 @@ class AestheticReward:
         pil = _to_pil(images)
         out = []
         for s in _chunks(len(pil), self.batch_size):
-            pixels = self.image_processor(images=pil[s], return_tensors="pt")["pixel_values"].to(self.device)
+            pixels = self.image_processor(images=pil[s], return_tensors="pt")["pixel_values"].to(self.device, self.dtype)
             embeds = F.normalize(self.vision(pixel_values=pixels).image_embeds.float(), dim=-1)  # [b, 768]
-            out.append(self.mlp(embeds).squeeze(-1).cpu())  # [b]
+            out.append(self.mlp(embeds.to(self.dtype)).float().squeeze(-1).cpu())  # [b]
         return torch.cat(out).to(torch.float32)

@@ -17,6 +17,7 @@ from margrpo.rewards.real._common import (
     _check_batch,
     _check_batch_size,
     _chunks,
+    _dtype,
     _model_and_processor,
     _prepare_transformers,
     _to_pil,
@@ -168,14 +169,16 @@ class GroundingDinoReward:
 
     def __init__(self, path: str, processor_path: str | None = None, box_threshold: float = 0.3,
                  nms_iou: float = 0.5, iou_threshold: float = 0.1, near_threshold: float = 0.3,
-                 device: str = "cpu", batch_size: int = 8):
+                 device: str = "cpu", batch_size: int = 8, dtype: str = "float32"):
         _prepare_transformers()
         from transformers import AutoModelForZeroShotObjectDetection, AutoProcessor
 
         source = "https://huggingface.co/IDEA-Research/grounding-dino-base"
         model_dir, proc_dir = _model_and_processor(path, processor_path, "grounding_dino", source)
         self.device = torch.device(device)
-        self.batch_size = _check_batch_size(batch_size)
+        self.batch_size, self.dtype = _check_batch_size(batch_size), _dtype(dtype, "grounding_dino")
+        if self.dtype != torch.float32:  # transformers' Grounding DINO builds float32 tensors inside its forward
+            raise ValueError(f"grounding_dino: dtype {dtype!r} is not supported (transformers' model mixes in float32); use float32")
         self.box_threshold, self.nms_iou = float(box_threshold), float(nms_iou)
         self.iou_threshold, self.near_threshold = float(iou_threshold), float(near_threshold)
         self.model = AutoModelForZeroShotObjectDetection.from_pretrained(model_dir, local_files_only=True).eval().to(self.device)

@@ -16,6 +16,7 @@ from margrpo.rewards.real._common import (
     _check_batch,
     _check_batch_size,
     _chunks,
+    _dtype,
     _import_evaluator_package,
     _require_file,
     _to_pil,
@@ -57,7 +58,7 @@ class HPSv2Reward:
     """
 
     def __init__(self, path: str, clip_path: str | None = None, model_name: str = "ViT-H-14",
-                 device: str = "cpu", batch_size: int = 16):
+                 device: str = "cpu", batch_size: int = 16, dtype: str = "float32"):
         ckpt = _require_file(path, "hpsv2", "path", "the HPS v2.1 checkpoint HPS_v2.1_compressed.pt",
                              "https://huggingface.co/xswu/HPSv2")
         cfg = _load_open_clip_config(clip_path, model_name) if clip_path is not None else None
@@ -82,7 +83,8 @@ class HPSv2Reward:
         if next(iter(state)).startswith("module."):
             state = {k[len("module."):]: v for k, v in state.items()}
         self.model.load_state_dict(state, strict=True)
-        self.model.eval()
+        self.dtype = _dtype(dtype, "hpsv2")
+        self.model.eval().to(self.dtype)
         self.tokenizer = get_tokenizer(model_name)
 
     @torch.no_grad()
@@ -91,7 +93,7 @@ class HPSv2Reward:
         pil = _to_pil(images)
         out = []
         for s in _chunks(len(pil), self.batch_size):
-            pixels = torch.stack([self.preprocess(im) for im in pil[s]]).to(self.device)
+            pixels = torch.stack([self.preprocess(im) for im in pil[s]]).to(self.device, self.dtype)
             text = self.tokenizer(list(prompts[s])).to(self.device)
             img = self.model.encode_image(pixels, normalize=True).float()
             txt = self.model.encode_text(text, normalize=True).float()
@@ -134,7 +136,7 @@ class ImageRewardReward:
     """
 
     def __init__(self, path: str, med_config: str, device: str = "cpu", batch_size: int = 16,
-                 tokenizer_path: str | None = None):
+                 tokenizer_path: str | None = None, dtype: str = "float32"):
         source = "https://huggingface.co/THUDM/ImageReward"
         ckpt = _require_file(path, "imagereward", "path", "the ImageReward checkpoint ImageReward.pt", source)
         med = _require_file(med_config, "imagereward", "med_config", "the BLIP text config med_config.json", source)
@@ -148,6 +150,8 @@ class ImageRewardReward:
         self.batch_size = _check_batch_size(batch_size)
         with _bert_base_uncased_from(tokenizer_path):
             self.model = RM.load(str(ckpt), device=str(self.device), med_config=str(med)).eval()
+        self.dtype = _dtype(dtype, "imagereward")
+        self.model.to(self.dtype)
 
     @torch.no_grad()
     def __call__(self, images: Tensor, prompts: list[str], metadata: list[dict]) -> Tensor:
@@ -155,7 +159,7 @@ class ImageRewardReward:
         pil = _to_pil(images)
         out = []
         for s in _chunks(len(pil), self.batch_size):
-            pixels = torch.stack([self.model.preprocess(im) for im in pil[s]]).to(self.device)
+            pixels = torch.stack([self.model.preprocess(im) for im in pil[s]]).to(self.device, self.dtype)
             text = self.model.blip.tokenizer(list(prompts[s]), padding="max_length", truncation=True, max_length=35,
                                              return_tensors="pt").to(self.device)
             rewards = self.model.score_gard(text.input_ids, text.attention_mask, pixels)  # [b, 1]

@@ -12,6 +12,7 @@ from margrpo.rewards.real._common import (
     _check_batch,
     _check_batch_size,
     _chunks,
+    _dtype,
     _model_and_processor,
     _prepare_transformers,
     _to_pil,
@@ -29,7 +30,8 @@ class _PhraseVQA:
 
     reward = "vqa"
 
-    def __init__(self, reduce: str, skip_tasks: Sequence[str], max_phrases: int, device, batch_size: int):
+    def __init__(self, reduce: str, skip_tasks: Sequence[str], max_phrases: int, device, batch_size: int,
+                 dtype: str = "float32"):
         if reduce not in VQA_REDUCTIONS:
             raise ValueError(f"Unknown reduce: {reduce!r}; expected one of {VQA_REDUCTIONS}")
         if max_phrases < 1:
@@ -38,7 +40,7 @@ class _PhraseVQA:
         self.skip_tasks = {str(t).lower() for t in skip_tasks}
         self.max_phrases = int(max_phrases)
         self.device = torch.device(device)
-        self.batch_size = _check_batch_size(batch_size)
+        self.batch_size, self.dtype = _check_batch_size(batch_size), _dtype(dtype, self.reward)
 
     def _token_id(self, tokenizer, word: str) -> int:
         token_id = tokenizer.convert_tokens_to_ids(word)
@@ -89,14 +91,15 @@ class BlipVQAReward(_PhraseVQA):
     reward = "vqa"
 
     def __init__(self, path: str, processor_path: str | None = None, reduce: str = "product",
-                 skip_tasks: Sequence[str] = (), max_phrases: int = 8, device: str = "cpu", batch_size: int = 16):
-        super().__init__(reduce, skip_tasks, max_phrases, device, batch_size)
+                 skip_tasks: Sequence[str] = (), max_phrases: int = 8, device: str = "cpu", batch_size: int = 16,
+                 dtype: str = "float32"):
+        super().__init__(reduce, skip_tasks, max_phrases, device, batch_size, dtype)
         _prepare_transformers()
         from transformers import AutoProcessor, BlipForQuestionAnswering
 
         source = "https://huggingface.co/Salesforce/blip-vqa-capfilt-large"
         model_dir, proc_dir = _model_and_processor(path, processor_path, self.reward, source)
-        self.model = BlipForQuestionAnswering.from_pretrained(model_dir, local_files_only=True).eval().to(self.device)
+        self.model = BlipForQuestionAnswering.from_pretrained(model_dir, local_files_only=True).eval().to(self.device, self.dtype)
         self.processor = AutoProcessor.from_pretrained(proc_dir, local_files_only=True)
         self.yes_id = self._token_id(self.processor.tokenizer, "yes")
         self.no_id = self._token_id(self.processor.tokenizer, "no")
@@ -105,7 +108,7 @@ class BlipVQAReward(_PhraseVQA):
         m = self.model
         image_embeds = []
         for s in _chunks(len(pil), self.batch_size):
-            pixels = self.processor.image_processor(images=pil[s], return_tensors="pt")["pixel_values"].to(self.device)
+            pixels = self.processor.image_processor(images=pil[s], return_tensors="pt")["pixel_values"].to(self.device, self.dtype)
             image_embeds.append(m.vision_model(pixel_values=pixels)[0])  # [b, N, D]
         image_embeds = torch.cat(image_embeds)  # [B, N, D]
         # Questions are batched by token length, never padded: transformers' BLIP text decoder
@@ -148,14 +151,14 @@ class GitVQAReward(_PhraseVQA):
 
     def __init__(self, path: str, processor_path: str | None = None, reduce: str = "mean",
                  skip_tasks: Sequence[str] = ("spatial", "numeracy"), max_phrases: int = 8, device: str = "cpu",
-                 batch_size: int = 16):
-        super().__init__(reduce, skip_tasks, max_phrases, device, batch_size)
+                 batch_size: int = 16, dtype: str = "float32"):
+        super().__init__(reduce, skip_tasks, max_phrases, device, batch_size, dtype)
         _prepare_transformers()
         from transformers import AutoModelForCausalLM, AutoProcessor
 
         source = "https://huggingface.co/microsoft/git-large-vqav2"
         model_dir, proc_dir = _model_and_processor(path, processor_path, self.reward, source)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).eval().to(self.device)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).eval().to(self.device, self.dtype)
         if type(self.model).__name__ != "GitForCausalLM":
             raise ValueError(f"git_vqa: {model_dir} holds a {type(self.model).__name__}, expected GitForCausalLM")
         self.processor = AutoProcessor.from_pretrained(proc_dir, local_files_only=True)
@@ -174,7 +177,7 @@ class GitVQAReward(_PhraseVQA):
             length = max(len(r) for r in rows)
             input_ids = torch.tensor([r + [self.pad_id] * (length - len(r)) for r in rows], device=self.device)
             mask = torch.tensor([[1] * len(r) + [0] * (length - len(r)) for r in rows], device=self.device)
-            pv = pixels[torch.tensor(owners[s])].to(self.device)
+            pv = pixels[torch.tensor(owners[s])].to(self.device, self.dtype)
             logits = self.model(pixel_values=pv, input_ids=input_ids, attention_mask=mask).logits  # [q, N_img + L, V]
             last = logits.shape[1] - length + torch.tensor([len(r) - 1 for r in rows], device=self.device)  # [q]
             prob = logits[torch.arange(len(rows), device=self.device), last].float().softmax(-1)  # [q, V]
