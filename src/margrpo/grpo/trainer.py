@@ -258,8 +258,10 @@ class GRPOTrainer:
 
     def run_hash(self, spec: dict | None) -> str:
         """What a resumable state must match: this trainer's configs plus the stage's `spec` (inputs, reward, seed).
-        The trackers change no result and an EMA that is off changes none either: neither counts."""
-        quiet = lambda g: {k: v for k, v in g.items() if k != "trackers" and not (k == "ema_decay" and v is None)}  # noqa: E731
+        The trackers change no result, and switches that are off (EMA, LoRA, gradient checkpointing) change none
+        either: none counts, so states written before those switches existed still resume."""
+        off = {"ema_decay": None, "lora": None, "gradient_checkpointing": False}
+        quiet = lambda g: {k: v for k, v in g.items() if k != "trackers" and not (k in off and v == off[k])}  # noqa: E731
         spec = {**spec, "grpo": quiet(spec["grpo"])} if spec and "grpo" in spec else spec
         return spec_hash({"grpo": quiet(asdict(self.cfg)), "sampling": asdict(self.sampling), "spec": spec})
 
