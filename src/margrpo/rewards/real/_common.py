@@ -116,6 +116,13 @@ def _chunks(n: int, size: int) -> Iterator[slice]:
         yield slice(start, min(n, start + size))
 
 
+def _score_in_chunks(images: Tensor, prompts: Sequence[str], batch_size: int, score) -> Tensor:
+    """`score(pil_images, prompts)` -> [b] over chunks of `batch_size` 8-bit images: [B] float32 on the CPU."""
+    pil = _to_pil(images)
+    out = [score(pil[s], list(prompts[s])).float().cpu() for s in _chunks(len(pil), batch_size)]
+    return torch.cat(out).to(torch.float32)
+
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

@@ -11,14 +11,13 @@ from torch import Tensor, nn
 from margrpo.rewards.real._common import (
     _check_batch,
     _check_batch_size,
-    _chunks,
     _dtype,
     _model_and_processor,
     _prepare_transformers,
     _require_file,
     _require_pretrained,
+    _score_in_chunks,
     _text_max_length,
-    _to_pil,
 )
 from margrpo.rewards.registry import register_reward
 
@@ -52,11 +51,8 @@ class _HFClip:
     @torch.no_grad()
     def cosine(self, images: Tensor, prompts: list[str]) -> Tensor:
         """cos(image_i, prompt_i) for each pair: [B] float32 on the CPU."""
-        pil = _to_pil(images)
-        out = []
-        for s in _chunks(len(pil), self.batch_size):
-            out.append((self.image_embeds(pil[s]) * self.text_embeds(list(prompts[s]))).sum(-1).cpu())
-        return torch.cat(out)
+        return _score_in_chunks(images, prompts, self.batch_size,
+                                lambda pil, text: (self.image_embeds(pil) * self.text_embeds(text)).sum(-1))
 
 
 @register_reward("pickscore")
@@ -181,10 +177,9 @@ class AestheticReward:
     @torch.no_grad()
     def __call__(self, images: Tensor, prompts: list[str], metadata: list[dict]) -> Tensor:
         _check_batch(images, prompts, metadata)
-        pil = _to_pil(images)
-        out = []
-        for s in _chunks(len(pil), self.batch_size):
-            pixels = self.image_processor(images=pil[s], return_tensors="pt")["pixel_values"].to(self.device, self.dtype)
-            embeds = F.normalize(self.vision(pixel_values=pixels).image_embeds.float(), dim=-1)  # [b, 768]
-            out.append(self.mlp(embeds.to(self.dtype)).float().squeeze(-1).cpu())  # [b]
-        return torch.cat(out).to(torch.float32)
+        return _score_in_chunks(images, prompts, self.batch_size, lambda pil, _: self._score(pil))
+
+    def _score(self, pil: list) -> Tensor:
+        pixels = self.image_processor(images=pil, return_tensors="pt")["pixel_values"].to(self.device, self.dtype)
+        embeds = F.normalize(self.vision(pixel_values=pixels).image_embeds.float(), dim=-1)  # [b, 768]
+        return self.mlp(embeds.to(self.dtype)).squeeze(-1)  # [b]

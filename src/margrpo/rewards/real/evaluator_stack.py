@@ -15,11 +15,10 @@ from torch import Tensor
 from margrpo.rewards.real._common import (
     _check_batch,
     _check_batch_size,
-    _chunks,
     _dtype,
     _import_evaluator_package,
     _require_file,
-    _to_pil,
+    _score_in_chunks,
 )
 from margrpo.rewards.registry import register_reward
 
@@ -90,15 +89,13 @@ class HPSv2Reward:
     @torch.no_grad()
     def __call__(self, images: Tensor, prompts: list[str], metadata: list[dict]) -> Tensor:
         _check_batch(images, prompts, metadata)
-        pil = _to_pil(images)
-        out = []
-        for s in _chunks(len(pil), self.batch_size):
-            pixels = torch.stack([self.preprocess(im) for im in pil[s]]).to(self.device, self.dtype)
-            text = self.tokenizer(list(prompts[s])).to(self.device)
-            img = self.model.encode_image(pixels, normalize=True).float()
-            txt = self.model.encode_text(text, normalize=True).float()
-            out.append((img * txt).sum(-1).cpu())
-        return torch.cat(out).to(torch.float32)
+        return _score_in_chunks(images, prompts, self.batch_size, self._score)
+
+    def _score(self, pil: list, prompts: list[str]) -> Tensor:
+        pixels = torch.stack([self.preprocess(im) for im in pil]).to(self.device, self.dtype)
+        img = self.model.encode_image(pixels, normalize=True).float()
+        txt = self.model.encode_text(self.tokenizer(prompts).to(self.device), normalize=True).float()
+        return (img * txt).sum(-1)
 
 
 @contextmanager
@@ -156,12 +153,10 @@ class ImageRewardReward:
     @torch.no_grad()
     def __call__(self, images: Tensor, prompts: list[str], metadata: list[dict]) -> Tensor:
         _check_batch(images, prompts, metadata)
-        pil = _to_pil(images)
-        out = []
-        for s in _chunks(len(pil), self.batch_size):
-            pixels = torch.stack([self.model.preprocess(im) for im in pil[s]]).to(self.device, self.dtype)
-            text = self.model.blip.tokenizer(list(prompts[s]), padding="max_length", truncation=True, max_length=35,
-                                             return_tensors="pt").to(self.device)
-            rewards = self.model.score_gard(text.input_ids, text.attention_mask, pixels)  # [b, 1]
-            out.append(rewards.float().squeeze(-1).cpu())
-        return torch.cat(out).to(torch.float32)
+        return _score_in_chunks(images, prompts, self.batch_size, self._score)
+
+    def _score(self, pil: list, prompts: list[str]) -> Tensor:
+        pixels = torch.stack([self.model.preprocess(im) for im in pil]).to(self.device, self.dtype)
+        text = self.model.blip.tokenizer(prompts, padding="max_length", truncation=True, max_length=35,
+                                         return_tensors="pt").to(self.device)
+        return self.model.score_gard(text.input_ids, text.attention_mask, pixels).squeeze(-1)  # [b]
