@@ -206,6 +206,37 @@ def _draw_orders(n_prompts: int, group_size: int, L: int, generator, shared: boo
 
 
 @dataclass
+class _Stream:
+    """A run of consecutive prompts (and their groups' images) that draws from one pair of generators."""
+
+    first: int  # first prompt
+    count: int  # prompts
+    generator: torch.Generator | None
+    mte_generator: torch.Generator | None
+
+
+def _streams(n_prompts: int, generator, mte_generator) -> list[_Stream]:
+    """One stream for all prompts (one generator each), or one per prompt (lists of generators): a
+    group's samples then depend on its own generators alone, not on which other groups share the batch."""
+    if not isinstance(generator, (list, tuple)):
+        return [_Stream(0, n_prompts, generator, mte_generator)]
+    mte = mte_generator if isinstance(mte_generator, (list, tuple)) else [mte_generator] * len(generator)
+    if len(generator) != n_prompts or len(mte) != n_prompts:
+        raise ValueError(f"{len(generator)} generators and {len(mte)} MTE generators for {n_prompts} prompts: "
+                         "pass one generator, or one per prompt")
+    return [_Stream(i, 1, g, m) for i, (g, m) in enumerate(zip(generator, mte))]
+
+
+def _split_rows(rows: tuple[Tensor, Tensor], streams: list[_Stream], group_size: int) -> list[tuple[Tensor, Tensor]]:
+    """The (image, position) rows of each stream; `rows` is sorted by image, as nonzero() returns it."""
+    if len(streams) == 1:
+        return [rows]
+    starts = torch.tensor([s.first * group_size for s in streams[1:]], device=rows[0].device)
+    cuts = [0, *torch.searchsorted(rows[0], starts).tolist(), len(rows[0])]
+    return [(rows[0][a:b], rows[1][a:b]) for a, b in zip(cuts, cuts[1:])]
+
+
+@dataclass
 class _Record:
     """The buffers generation fills step by step (the tensors of a Rollout)."""
 
@@ -244,10 +275,10 @@ def generate(
     sampling: SamplingConfig,
     *,
     group_size: int = 1,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | list[torch.Generator] | None = None,
     trajectories: int = 1,
     mte_steps: Tensor | None = None,
-    mte_generator: torch.Generator | None = None,
+    mte_generator: torch.Generator | list[torch.Generator] | None = None,
     shared_order: bool = False,
     shared_noise: bool = False,
 ) -> Rollout:
@@ -260,6 +291,8 @@ def generate(
     `shared_order`: the images of a group share one generation order (common random numbers for the
     group baseline); `shared_noise`: they share each token's initial diffusion noise (per prompt and
     position), so what differs within a group is the scored SDE noise (and the order, unless shared).
+    `generator` / `mte_generator` may be lists, one per prompt: each group then draws from its own
+    streams, so its samples do not depend on the batch it shares (data-parallel ranks split groups).
     """
     if trajectories < 1:
         raise ValueError("trajectories (S) must be >= 1")
@@ -270,7 +303,8 @@ def generate(
         sampler = make_sampler(policy, sampling)
         scales = cfg_scales(sampling, L, schedule)
         cond, uncond = _conditions(policy, prompts, group_size, guided=sampling.cfg_scale != 1.0)
-        orders = _draw_orders(len(prompts), group_size, L, generator, shared_order).to(device)  # [N, L]
+        streams = _streams(len(prompts), generator, mte_generator)
+        orders = torch.cat([_draw_orders(st.count, group_size, L, st.generator, shared_order) for st in streams]).to(device)  # [N, L]
         N, S1 = len(orders), trajectories - 1
         rec = _Record.empty(len(schedule), sampling.diffusion_steps, N, L, D, S1, mte_steps, device)
         rank = torch.argsort(orders, dim=1)  # rank[n, j] = when token j is generated
@@ -281,9 +315,9 @@ def generate(
             rec.committed[k] = (rank >= L - before) & (rank < L - left)  # [N, L]
             z_c, z_u = _ar(policy, tokens, known, cond, uncond)  # [N, L, W]
             rows = (~known).nonzero(as_tuple=True)  # every still-unknown token is predicted (completion mask)
-            shared = (len(prompts), group_size) if shared_noise else None
-            x = _initial_noise(sampler, rows, shared, L, D, generator, device)
-            _denoise_step(policy, sampler, rec, k, rows, x, z_c, z_u, float(scales[k]), sampling.temperature, generator, mte_generator)
+            parts = _split_rows(rows, streams, group_size)
+            xs = [_initial_noise(sampler, r, st, group_size if shared_noise else None, L, D, device) for r, st in zip(parts, streams)]
+            _denoise_step(policy, sampler, rec, k, parts, xs, z_c, z_u, float(scales[k]), sampling.temperature, streams)
             tokens = torch.where(rec.committed[k][..., None], rec.states[k, -1], tokens)
             known = known | rec.committed[k]
         return Rollout(
@@ -294,27 +328,29 @@ def generate(
         )
 
 
-def _initial_noise(sampler: Sampler, rows, shared: tuple[int, int] | None, L: int, D: int, generator, device) -> Tensor:
-    """x_T of the unknown tokens `rows` [R, D]; `shared` (prompts, group_size): one draw per (prompt, position)."""
+def _initial_noise(sampler: Sampler, rows, stream: _Stream, shared: int | None, L: int, D: int, device) -> Tensor:
+    """x_T of one stream's unknown tokens `rows` [R, D]; `shared` (the group size): one draw per (prompt, position)."""
     if shared is None:
-        return sampler.init_noise((len(rows[0]), D), generator=generator, device=device)
-    n_prompts, group_size = shared
-    return sampler.init_noise((n_prompts, L, D), generator=generator, device=device)[rows[0] // group_size, rows[1]]
+        return sampler.init_noise((len(rows[0]), D), generator=stream.generator, device=device)
+    noise = sampler.init_noise((stream.count, L, D), generator=stream.generator, device=device)
+    return noise[rows[0] // shared - stream.first, rows[1]]
 
 
-def _denoise_step(policy, sampler: Sampler, rec: _Record, k: int, rows, x: Tensor, z_c: Tensor, z_u: Tensor | None,
-                  scale: float, temperature: float, generator, mte_generator) -> None:
-    """The head's full trajectory of every unknown token at AR step k (and MTE's extra ones), into `rec`."""
-    groups = [(x, z_c[rows], None if z_u is None else z_u[rows], generator)]
+def _denoise_step(policy, sampler: Sampler, rec: _Record, k: int, parts, xs: list[Tensor], z_c: Tensor, z_u: Tensor | None,
+                  scale: float, temperature: float, streams: list[_Stream]) -> None:
+    """The head's full trajectory of every unknown token at AR step k (and MTE's extra ones), into `rec`;
+    each stream's rows (`parts`) denoise with its own generators, all in the same head calls."""
+    groups = [(x, z_c[r], None if z_u is None else z_u[r], st.generator) for r, x, st in zip(parts, xs, streams)]
     slot = rec.mte_slot(k)
     if slot is not None:  # MTE: same z_k, every predicted token, batched into the same head calls
-        groups.append(_extra_group(sampler, rows, z_c, z_u, rec.mte_states.shape[1], x.shape[-1], mte_generator))
+        S1 = rec.mte_states.shape[1]
+        groups += [_extra_group(sampler, r, z_c, z_u, S1, xs[0].shape[-1], st.mte_generator) for r, st in zip(parts, streams)]
     results = _denoise_groups(policy, sampler, groups, scale, temperature)
-    traj, lp = results[0]
-    rec.states[k][:, rows[0], rows[1]] = traj
-    rec.log_probs[k][:, rows[0], rows[1]] = lp
-    if slot is not None:
-        _store_extra(rows, rec.mte_states.shape[1], *results[1], rec.mte_states[slot], rec.mte_log_probs[slot])
+    for r, (traj, lp) in zip(parts, results):
+        rec.states[k][:, r[0], r[1]] = traj
+        rec.log_probs[k][:, r[0], r[1]] = lp
+    for r, (traj, lp) in zip(parts, results[len(parts):]):
+        _store_extra(r, rec.mte_states.shape[1], traj, lp, rec.mte_states[slot], rec.mte_log_probs[slot])
 
 
 def _extra_group(sampler, rows, z_c, z_u, S1, D, generator):
