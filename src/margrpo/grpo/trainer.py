@@ -23,6 +23,16 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 from margrpo.grpo.config import GRPOConfig
+from margrpo.grpo.data_parallel import (
+    all_cat,
+    all_objects,
+    all_sum,
+    barrier,
+    broadcast_parameters,
+    group_generators,
+    shard,
+    sum_gradients,
+)
 from margrpo.grpo.functions import (
     consistency_mask,
     group_advantages,
@@ -99,9 +109,15 @@ class GRPOTrainer:
     def __init__(self, policy: MARPolicy, reward_fn: RewardFn, train_prompts: PromptSet, val_prompts: PromptSet,
                  sampling: SamplingConfig, config: GRPOConfig, out_dir: str | Path, accelerator: Accelerator | None = None):
         self.cfg, self.sampling = config, sampling
-        self.accelerator = accelerator or Accelerator(cpu=not torch.cuda.is_available(), log_with=list(config.trackers) or None,
+        self.accelerator = accelerator or Accelerator(cpu=policy.device.type == "cpu", log_with=list(config.trackers) or None,
                                                       project_dir=Path(out_dir) / "tb")
         self.policy = policy.to(self.accelerator.device)
+        # data parallel: this process rolls out these prompt groups of every step's batch (grpo.data_parallel)
+        self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
+        self.groups = shard(config.batch_prompts, self.rank, self.world)
+        if (len(self.groups) * config.group_size) % config.micro_batches:
+            raise ValueError(f"micro_batches ({config.micro_batches}) must divide the {len(self.groups) * config.group_size} "
+                             f"images each of the {self.world} processes rolls out")
         self.reward_fn, self.train_prompts, self.val_prompts = reward_fn, train_prompts, val_prompts
         self.out_dir = Path(out_dir)
         self.state_dir = self.out_dir / "state"
@@ -128,6 +144,7 @@ class GRPOTrainer:
         for p in self.policy.parameters():  # frozen encoders (text, VAE) and, under +Fix, the head:
             if id(p) not in trained:  # no gradient computed and no optimizer state
                 p.requires_grad_(False)
+        broadcast_parameters(self.policy)  # every process from the same weights (LoRA's are random)
         self.ref = None
         if config.beta > 0 and config.lora:  # the same model: micro_loss replays it with the adapters disabled
             self.ref = self.policy
@@ -258,9 +275,12 @@ class GRPOTrainer:
         updates = self.plan_updates(batch)
         for update in updates:
             log = self.update(batch, update)
-        row = {"step": self.step + 1, "reward_mean": batch.rewards.mean().item(), "reward_std": batch.rewards.std().item(),
-               **{f"reward/{k}": v.mean().item() for k, v in batch.components.items()},
-               "adv_mean": batch.adv.mean().item(), "adv_std": batch.adv.std().item(), "frac_zero_std": batch.frac_zero, **log,
+        rewards, adv = all_cat(batch.rewards), all_cat(batch.adv)  # every process's groups
+        components = {k: all_cat(v) for k, v in batch.components.items()}
+        frac_zero = all_cat(torch.tensor([batch.frac_zero], device=batch.adv.device)).mean().item()  # equal shares of groups
+        row = {"step": self.step + 1, "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
+               **{f"reward/{k}": v.mean().item() for k, v in components.items()},
+               "adv_mean": adv.mean().item(), "adv_std": adv.std().item(), "frac_zero_std": frac_zero, **log,
                "lr": self.optimizer.param_groups[0]["lr"], "step_time_s": time.time() - t0, "peak_mem_mb": peak_memory_mb()}
         self.step += 1
         return row
@@ -268,8 +288,11 @@ class GRPOTrainer:
     def rollout_and_score(self) -> StepBatch:
         """Sample prompts, roll out their groups, score them, and derive advantages and the MTE / Sim masks."""
         cfg = self.cfg
-        g_prompts, g_roll, g_mte, g_steps = (step_generator(cfg.seed, self.step, s) for s in range(4))
-        idx = torch.randperm(len(self.train_prompts), generator=g_prompts)[: cfg.batch_prompts].tolist()
+        g_prompts, g_steps = step_generator(cfg.seed, self.step, 0), step_generator(cfg.seed, self.step, 3)
+        chosen = torch.randperm(len(self.train_prompts), generator=g_prompts)[: cfg.batch_prompts].tolist()
+        idx = [chosen[i] for i in self.groups]  # this process's groups; each draws from its own streams
+        g_roll = group_generators(cfg.seed, self.step, 1, self.groups)
+        g_mte = group_generators(cfg.seed, self.step, 2, self.groups) if cfg.trajectories > 1 else None
         prompts = [self.train_prompts.prompts[i] for i in idx]
         meta = [self.train_prompts.metadata[i] for i in idx for _ in range(cfg.group_size)]
         # the |M| AR steps are chosen before the rollout: MTE draws its S - 1 extra trajectories there (Algorithm 2)
@@ -309,9 +332,9 @@ class GRPOTrainer:
         """One optimizer step: accumulate the micro-batches' losses (which sum to the batch loss), then
         clip and step, or skip a non-finite update (stopping after `max_nonfinite` in a row)."""
         tokens, weight = self.loss_weights(batch.rollout, update.ar, update.diff, batch.sim_keep)  # the whole batch's token counts
-        counts = (weight.sum((1, 2, 3)), tokens.sum((1, 2, 3)))
+        counts = (all_sum(weight.sum((1, 2, 3))), all_sum(tokens.sum((1, 2, 3))))  # over every process's images
         self.optimizer.zero_grad(set_to_none=True)
-        grad_stats, stats, total = MicroBatchGradStats(self.ar_params, len(batch.rows)), [], 0.0
+        grad_stats, stats, total = MicroBatchGradStats(self.ar_params, len(batch.rows) * self.world), [], 0.0
         for c, rows in enumerate(batch.rows):
             loss, s = self.micro_loss(batch.subs[c], batch.adv[rows], update.ar, update.diff, batch.pick(batch.mte_mask, c),
                                       batch.pick(batch.sim_keep, c), update.old[c], counts)
@@ -319,6 +342,10 @@ class GRPOTrainer:
             grad_stats.after_backward(last=c == len(batch.rows) - 1)
             stats.append(s)
             total += loss.item()
+        sum_gradients(self.params)  # each process's loss is its share of the batch loss: the sum is the batch gradient
+        grad_stats.sq_sum = all_sum(grad_stats.sq_sum)
+        total = float(all_sum(torch.tensor(total, dtype=torch.float64)))
+        stats = [s for part in all_objects(stats) for s in part]
         grad_norm_ar, grad_var = grad_stats.result()
         finite = math.isfinite(total) and math.isfinite(grad_norm_ar)
         if finite:
@@ -336,7 +363,8 @@ class GRPOTrainer:
         log.update(ratio_min=min(s["ratio_min"] for s in stats), ratio_max=max(s["ratio_max"] for s in stats))
         log.update(grad_norm_ar=grad_norm_ar, grad_var_ar=grad_var, skipped=int(not finite))
         if batch.mte_mask is not None:  # the share of the loss tokens that Eq. 10 averages over S trajectories
-            log["mte_frac"] = float((batch.mte_mask[update.ar][:, None] * tokens).sum() / tokens.sum().clamp(min=1))
+            share = all_sum(torch.stack([(batch.mte_mask[update.ar][:, None] * tokens).sum(), tokens.sum()]))
+            log["mte_frac"] = float(share[0] / share[1].clamp(min=1))
         return log
 
     # --- validation, checkpoints, resume --------------------------------------------------------------
@@ -346,17 +374,17 @@ class GRPOTrainer:
         of 8 prompts comes from VAL_SEED + its offset alone, so every run, variant and step sees the
         same noise: differences between them are paired (common random numbers)."""
         n, G = min(self.cfg.val_prompts, len(self.val_prompts)), self.cfg.val_images
-        scores = []
+        scores = []  # (first prompt, scores) of this process's batches; batch a goes to process (a / 8) mod W
         with self.ema.applied(self.policy) if self.ema else contextlib.nullcontext():  # the EMA weights, when on
-            for a in range(0, n, 8):
+            for a in list(range(0, n, 8))[self.rank :: self.world]:
                 prompts, meta = self.val_prompts.prompts[a : min(n, a + 8)], self.val_prompts.metadata[a : min(n, a + 8)]
                 with autocast(self.accelerator.device, self.cfg.precision):
                     r = generate(self.policy, prompts, self.sampling, group_size=G, generator=torch.Generator().manual_seed(VAL_SEED + a))
                 reward = self.reward_fn(r.images, r.prompts, [m for m in meta for _ in range(G)])[0]
-                scores += reward.view(len(prompts), G).mean(1).tolist()
+                scores.append((a, reward.view(len(prompts), G).mean(1).tolist()))
                 if a == 0 and self.accelerator.trackers:  # the first image of the first (up to 8) prompts
                     log_image_grid(self.accelerator, "val/samples", r.images[::G], self.step)
-        return scores
+        return [x for _, part in sorted(b for shares in all_objects(scores) for b in shares) for x in part]
 
     def save(self) -> None:
         """Checkpoint (policy folder) + resumable trainer state, written atomically."""
@@ -387,10 +415,13 @@ class GRPOTrainer:
             why = f"it holds a run of another spec ({state.get('spec_hash')}; this run: {self.spec_hash})"
         except Exception as err:  # an older or foreign state file: it cannot be trusted either
             state, why = {}, f"it cannot be read with weights_only=True ({type(err).__name__})"
+        barrier()  # every process has read state/ before the main one may clear it
         if state.get("spec_hash") != self.spec_hash:
             log.info("not resuming from %s: %s; starting fresh", path, why)
-            shutil.rmtree(self.state_dir)
-            self.state_dir.mkdir(parents=True)
+            if self.accelerator.is_main_process:
+                shutil.rmtree(self.state_dir)
+                self.state_dir.mkdir(parents=True)
+            barrier()
             return False
         ckpt = self.state_dir / f"ckpt-{state['step']:06d}" / "policy"  # found beside trainer.pt wherever the folder is now
         loaded = load_policy(ckpt, device=self.accelerator.device)
@@ -410,7 +441,8 @@ class GRPOTrainer:
         """Train to `cfg.steps`, resuming from state/ when it was written under the same spec: this
         trainer's configs plus `spec` (what the stage adds: inputs, reward, seed)."""
         self.spec_hash = self.run_hash(spec)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        if self.accelerator.is_main_process:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
         if self.cfg.ema_decay is not None and self.ema is None:  # averaged after every optimizer step
             self.ema = EMA(self.policy, self.cfg.ema_decay, [n for n, p in self.policy.named_parameters() if p.requires_grad])
             self.optimizer.register_step_post_hook(lambda *_: self.ema.update(self.policy))
@@ -421,7 +453,8 @@ class GRPOTrainer:
             scores = self.validate()
             self.rows = []
             self.checkpoints = [{"step": 0, "val_reward": sum(scores) / len(scores), "val_scores": scores, "path": None}]
-        bar = tqdm(total=self.cfg.steps, initial=self.step, desc=f"grpo[{self.cfg.seed}]", mininterval=5)
+        bar = tqdm(total=self.cfg.steps, initial=self.step, desc=f"grpo[{self.cfg.seed}]", mininterval=5,
+                   disable=not self.accelerator.is_main_process)
         while self.step < self.cfg.steps:
             row = self.train_step()
             val_scores = self.validate() if self.step % self.cfg.val_every == 0 or self.step == self.cfg.steps else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 from pathlib import Path
@@ -21,6 +22,13 @@ def setup(threads: int | None, device: str = "auto"):
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("the config asks for device: cuda, but no CUDA device is visible; set device: cpu or auto")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # started by torchrun / accelerate launch: one of several processes
+        from accelerate import PartialState
+
+        state = PartialState(cpu=device == "cpu")  # joins the process group (gloo on CPU, NCCL on GPUs)
+        if not state.is_main_process:  # one log per job: the other processes report warnings only
+            logging.getLogger().setLevel(logging.WARNING)
+        return state.device  # this process's GPU; "cuda" now means it too
     return torch.device(device)
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import logging
 import argparse
+import logging
+import os
 from pathlib import Path
 
 from margrpo.io import InputError
@@ -43,7 +44,8 @@ def run(args) -> None:
     # settings' hashes); state/ is resumed only under the same spec
     run_spec = {**spec, "seed": args.seed,
                 "inputs": {"policy_dir": args.policy_dir, "suites_dir": args.suites_dir, "toyclip_dir": args.toyclip_dir}}
-    write_spec(out, run_spec)
+    if int(os.environ.get("RANK", "0")) == 0:
+        write_spec(out, run_spec)
     try:
         cfg = GRPOConfig.from_spec(spec, precision=spec.get("mixed_precision", "bf16"))
     except (TypeError, ValueError) as err:
@@ -57,6 +59,8 @@ def run(args) -> None:
         sampling_config(spec["sampling"]), cfg, out,
     )
     trainer.train(run_spec)
+    if not trainer.accelerator.is_main_process:  # data parallel: one process writes the run's files
+        return
     write_outputs(trainer, run_spec)
     best = max(trainer.checkpoints, key=lambda c: c["val_reward"])
     ema = f" (EMA weights, decay {cfg.ema_decay})" if cfg.ema_decay else ""  # summary.json's config.ema_decay says the same

@@ -1,0 +1,94 @@
+"""Run under torchrun by tests/test_data_parallel.py: tiny GRPO runs on the gloo backend.
+
+`python -m torch.distributed.run --nproc_per_node W dp_worker.py MODE OUT`:
+  first-update OUT  one GRPO step of each variant; rank 0 saves the parameters and the logged row
+  train OUT         a 4-step run in OUT/run (save_every 2), recording every file each process writes;
+                    with KILL_AT_STEP=s, rank 1 is SIGKILLed in the middle of step s
+"""
+
+import builtins
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from helpers import tiny_policy  # noqa: E402
+from margrpo.grpo.trainer import write_outputs  # noqa: E402
+from test_trainer import make_trainer  # noqa: E402
+
+VARIANTS = {"grpo": {}, "mte-sim": {"freeze_head": True, "trajectories": 3, "sim": True}}
+
+
+def first_update(out: Path) -> None:
+    results = {}
+    for name, variant in VARIANTS.items():
+        # micro_batches is per process: 2 of 2 images each in one process, 1 of 2 in each of two: the same split
+        micro = 2 // int(os.environ["WORLD_SIZE"])
+        trainer = make_trainer(out / name, policy=tiny_policy("flow", seed=1), trackers=[], micro_batches=micro, **variant)
+        row = trainer.train_step()
+        results[name] = {"params": [p.detach().clone() for p in trainer.policy.parameters()],
+                         "grads": [p.grad.clone() for p in trainer.params if p.grad is not None],  # summed over processes
+                         "row": {k: v for k, v in row.items() if isinstance(v, float)}}
+    if trainer.accelerator.is_main_process:
+        torch.save(results, out / "first_update.pt")
+
+
+def record_writes(rank: int) -> list[str]:
+    """Every file or folder this process creates, renames, saves or removes (after this call)."""
+    writes: list[str] = []
+    real_open, real_replace, real_rename, real_save, real_rmtree = builtins.open, os.replace, Path.rename, torch.save, shutil.rmtree
+    real_mkdir = Path.mkdir
+
+    def open_(file, mode="r", *a, **k):
+        if any(c in mode for c in "wax+"):
+            writes.append(f"open {file}")
+        return real_open(file, mode, *a, **k)
+
+    def mkdir(self, *a, **k):
+        if not self.exists():
+            writes.append(f"mkdir {self}")
+        return real_mkdir(self, *a, **k)
+
+    builtins.open = open_
+    os.replace = lambda a, b: (writes.append(f"replace {b}"), real_replace(a, b))[1]
+    Path.rename = lambda self, t: (writes.append(f"rename {t}"), real_rename(self, t))[1]
+    torch.save = lambda obj, f, *a, **k: (writes.append(f"save {f}"), real_save(obj, f, *a, **k))[1]
+    shutil.rmtree = lambda p, *a, **k: (writes.append(f"rmtree {p}"), real_rmtree(p, *a, **k))[1]
+    Path.mkdir = mkdir
+    return writes
+
+
+def train(out: Path) -> None:
+    kill_at = int(os.environ.get("KILL_AT_STEP", "0"))
+    trainer = make_trainer(out / "run", policy=tiny_policy("flow", seed=1), steps=4, save_every=2, val_every=2)
+    rank = trainer.accelerator.process_index
+    if kill_at and rank == 1:
+        step = trainer.train_step
+
+        def dying_step():
+            if trainer.step + 1 == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return step()
+
+        trainer.train_step = dying_step
+    writes = record_writes(rank)
+    trainer.train({"seed": 0})
+    if trainer.accelerator.is_main_process:
+        write_outputs(trainer, {"variant": {"name": "grpo"}})
+    recorded = list(writes)
+    torch.save([p.detach().clone() for p in trainer.policy.parameters()], out / f"params-rank{rank}.pt")
+    (out / f"writes-rank{rank}.json").write_text(json.dumps(recorded))
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    torch.set_num_threads(1)
+    mode, out = sys.argv[1], Path(sys.argv[2])
+    out.mkdir(parents=True, exist_ok=True)
+    {"first-update": first_update, "train": train}[mode](out)
