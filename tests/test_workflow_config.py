@@ -82,6 +82,8 @@ def with_variant(name, **settings):
     (with_variant("grpo", overrides={"group_size": 1}), "variants.grpo.overrides.group_size", "less than the minimum of 2"),
     (with_variant("grpo", overrides={"micro_batches": 5}), "variants.grpo.overrides.micro_batches", "do not divide the 12 images"),
     ({"grpo": {"micro_batches": 5}}, "grpo.micro_batches", "do not divide the 12 images"),
+    ({"train_processes": 2}, "grpo.batch_prompts", "3 prompt groups do not split evenly over train_processes = 2"),
+    ({"train_processes": 3, "grpo": {"micro_batches": 8}}, "grpo.micro_batches", "do not divide the 4 images"),
     ({"policies": {"toy-nova": {"kind": "toy", "model": {"widht": 64}}}}, "policies.toy-nova.model.widht", "unknown key"),
     ({"rewards": {"toyclip": {"toyclip": 1.0}, "mixed": {"toyclip": 1.0, "hpsv3": 1.0}}}, "rewards.mixed.hpsv3", "is not one of"),
     ({"evaluation": {"preference": ["toyclip", "hpsv3"]}}, "evaluation.preference.1", "is not one of"),
@@ -261,3 +263,30 @@ def test_schema_scorer_names_are_the_registry():
     from margrpo.rewards import available_rewards
 
     assert sorted(load_schema()["$defs"]["scorer"]["enum"]) == available_rewards()
+
+
+def test_train_processes_launch_through_torchrun_and_request_one_gpu_each(tmp_path):
+    """train_processes: 2 on cuda: the train rules run `torchrun --nproc_per_node 2`, ask Snakemake for 2 GPUs
+    (which the SLURM executor turns into --gpus=2) and 2 x threads cores; one process stays a plain command."""
+    from types import SimpleNamespace
+
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    cfg = tmp_path / "dp.yaml"
+    cfg.write_text(yaml.safe_dump({"device": "cuda", "train_processes": 2, "threads": 3,
+                                   "grpo": {"batch_prompts": 2, "group_size": 2, "mask_steps": 2, "diffusion_steps": 2}}))
+    args = ["-n", "-p", "--cores", "8", "--resources", "gpu=8", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+            "--configfile", str(REPO / "config/smoke.yaml"), str(cfg)]
+    out = subprocess.run([SNAKEMAKE, *args], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    jobs = [j for j in out.stdout.split("\n\n") if re.search(r"^rule train(_ablation)?:", j, re.M)]
+    assert jobs
+    for job in jobs:
+        assert "Shell command: torchrun --standalone --nproc_per_node 2 --no-python margrpo train " in job, job
+        assert re.search(r"resources: .*\bgpu=2\b", job) and re.search(r"^\s*threads: 6$", job, re.M), job
+        assert "--threads 3 " in job  # per process
+    others = [j for j in out.stdout.split("\n\n") if re.search(r"^rule (sample|pretrain):", j, re.M)]
+    assert others and all("torchrun" not in j and re.search(r"gpu=1\b", j) for j in others)
+    assert set_gres_string(SimpleNamespace(resources=SimpleNamespace(get={"gpu": 2}.get))).strip() == "--gpus=2"
+    single = subprocess.run([SNAKEMAKE, *args[:-1]], cwd=REPO, capture_output=True, text=True)
+    assert single.returncode == 0 and "torchrun" not in single.stdout and "Shell command: margrpo train " in single.stdout

@@ -167,10 +167,14 @@ def _check_variants(config: dict, source: str) -> None:
         _errors(schema_section("grpo"), variant["overrides"], source, fill=False, at=where)  # no defaults: a delta
         g = {**config["grpo"], **variant["overrides"]}
         key = lambda k: f"{where}.{k}" if k in variant["overrides"] else f"grpo.{k}"  # noqa: E731
-        images = g["batch_prompts"] * g["group_size"]
+        procs = config["train_processes"]
+        if g["batch_prompts"] % procs:
+            raise ConfigError(f"{source}: key '{key('batch_prompts')}': {g['batch_prompts']} prompt groups do not split evenly "
+                              f"over train_processes = {procs} (each process rolls out whole groups) in variant {name!r}")
+        images = g["batch_prompts"] * g["group_size"] // procs
         if images % g["micro_batches"]:
             raise ConfigError(f"{source}: key '{key('micro_batches')}': {g['micro_batches']} micro-batches do not divide the "
-                              f"{images} images of a batch (batch_prompts x group_size) in variant {name!r}")
+                              f"{images} images of a batch (batch_prompts x group_size / train_processes) in variant {name!r}")
         for pname, policy in config["policies"].items():
             s = policy["sampling"]
             if g["mask_steps"] > s["ar_steps"]:

@@ -27,6 +27,9 @@ NAME = config["name"]
 RUNS = f"{RESULTS}/{NAME}"  # this experiment's runs, evaluations and report: configs never overwrite each other
 EXP = config["experiments"]
 GPU = 0 if config["device"] == "cpu" else 1  # `resources: gpu` caps concurrent GPU jobs
+TRAIN_PROCS = config["train_processes"]  # data parallel GRPO: one GPU (or `threads` CPU threads) per process
+# `margrpo train` runs as one process, or as TRAIN_PROCS under torchrun (one machine; a free rendezvous port per job)
+TRAIN_LAUNCH = "margrpo" if TRAIN_PROCS == 1 else f"torchrun --standalone --nproc_per_node {TRAIN_PROCS} --no-python margrpo"
 
 def is_toy(policy):
     return config["policies"][policy]["kind"] == "toy"

@@ -16,9 +16,11 @@ rule train:
         run_dir=lambda wc, output: os.path.dirname(output.summary),
         suites_dir=lambda wc, input: os.path.dirname(input.suites[0]),
         toyclip=f"{TOYCLIP}/model",
-    threads: config["threads"]
+        launch=TRAIN_LAUNCH,
+        threads=config["threads"],  # per process
+    threads: config["threads"] * TRAIN_PROCS
     resources:
-        gpu=GPU,
+        gpu=GPU * TRAIN_PROCS,
         runtime=240,
     conda:
         "../../envs/margrpo.yaml"
@@ -27,9 +29,9 @@ rule train:
     benchmark:
         f"benchmarks/{NAME}/train/{{policy}}/{{reward}}/{{variant}}/seed{{seed}}.tsv"
     shell:
-        "margrpo train --policy-dir {input.policy} --suites-dir {params.suites_dir} --spec-json {params.spec:q}"
+        "{params.launch} train --policy-dir {input.policy} --suites-dir {params.suites_dir} --spec-json {params.spec:q}"
         " --toyclip-dir {params.toyclip} --seed {wildcards.seed} --out-dir {params.run_dir}"
-        " --threads {threads} > {log} 2>&1"
+        " --threads {params.threads} > {log} 2>&1"
 
 
 rule train_ablation:
@@ -46,9 +48,11 @@ rule train_ablation:
         run_dir=lambda wc, output: os.path.dirname(output.summary),
         suites_dir=lambda wc, input: os.path.dirname(input.suites[0]),
         toyclip=f"{TOYCLIP}/model",
-    threads: config["threads"]
+        launch=TRAIN_LAUNCH,
+        threads=config["threads"],  # per process
+    threads: config["threads"] * TRAIN_PROCS
     resources:
-        gpu=GPU,
+        gpu=GPU * TRAIN_PROCS,
         runtime=240,
     conda:
         "../../envs/margrpo.yaml"
@@ -57,6 +61,6 @@ rule train_ablation:
     benchmark:
         f"benchmarks/{NAME}/train_ablation/{{policy}}/{{reward}}/{ABLATIONS.wildcard_pattern}/seed{{seed}}.tsv"
     shell:
-        "margrpo train --policy-dir {input.policy} --suites-dir {params.suites_dir} --spec-json {params.spec:q}"
+        "{params.launch} train --policy-dir {input.policy} --suites-dir {params.suites_dir} --spec-json {params.spec:q}"
         " --toyclip-dir {params.toyclip} --seed {wildcards.seed} --out-dir {params.run_dir}"
-        " --threads {threads} > {log} 2>&1"
+        " --threads {params.threads} > {log} 2>&1"

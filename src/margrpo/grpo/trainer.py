@@ -115,6 +115,8 @@ class GRPOTrainer:
         # data parallel: this process rolls out these prompt groups of every step's batch (grpo.data_parallel)
         self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
         self.groups = shard(config.batch_prompts, self.rank, self.world)
+        if config.batch_prompts > len(train_prompts):
+            raise ValueError(f"grpo.batch_prompts ({config.batch_prompts}) exceeds the {len(train_prompts)} training prompts")
         if (len(self.groups) * config.group_size) % config.micro_batches:
             raise ValueError(f"micro_batches ({config.micro_batches}) must divide the {len(self.groups) * config.group_size} "
                              f"images each of the {self.world} processes rolls out")
