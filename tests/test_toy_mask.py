@@ -8,7 +8,6 @@ import torch
 
 from margrpo.grpo.mask_grpo import (
     MaskGRPOConfig,
-    Target,
     kl_terms,
     mask_ratios,
     plan_targets,
