@@ -50,4 +50,8 @@ def _load_base(p, device) -> MARPolicy:
     model_type = raw.get("model_type") if isinstance(raw, dict) else None
     if model_type == "toy-mar":
         return ToyMAR.from_pretrained(p, device)
-    raise InputError(f"{config}: unknown model_type {model_type!r}; known: 'toy-mar', NOVA (model_index.json), 'harmon'")
+    if model_type == "toy-mask":  # the discrete toy policy (not a MARPolicy: it has no diffusion head)
+        from margrpo.policy.toy_mask import ToyMaskPolicy
+
+        return ToyMaskPolicy.from_pretrained(p, device)
+    raise InputError(f"{config}: unknown model_type {model_type!r}; known: 'toy-mar', 'toy-mask', NOVA (model_index.json), 'harmon'")

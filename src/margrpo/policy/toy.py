@@ -77,16 +77,7 @@ class ToyMAR(MARPolicy):
         self.head_type = c.head_type
         self.seq_len, self.token_dim, self.z_dim = c.grid**2, 3 * c.patch_size**2, c.width
         out_factor = 2 if (c.head_type == "ddpm" and c.ddpm_variance == "learned_range") else 1
-        self.text_encoder = BertModel(
-            BertConfig(
-                vocab_size=len(self.tokenizer), hidden_size=c.text_width, num_hidden_layers=c.text_depth,
-                num_attention_heads=c.text_heads, intermediate_size=4 * c.text_width,
-                max_position_embeddings=c.max_text_len, hidden_dropout_prob=c.dropout,
-                attention_probs_dropout_prob=c.dropout, pad_token_id=0,
-                attn_implementation="eager",  # 24 positions: plain attention beats the fused CPU kernels
-            ),
-            add_pooling_layer=False,
-        )
+        self.text_encoder = text_encoder(len(self.tokenizer), c)
         self.text_proj = nn.Linear(c.text_width, c.width)
         self.token_proj = nn.Linear(self.token_dim, c.width)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, c.width))
@@ -102,10 +93,7 @@ class ToyMAR(MARPolicy):
 
     # --- conditioning ---------------------------------------------------------------------------
     def encode_prompts(self, prompts: list[str]) -> TextCondition:
-        batch = self.tokenizer(list(prompts), padding=True, truncation=True, max_length=self.config.max_text_len, return_tensors="pt")
-        ids, mask = batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
-        hidden = self.text_encoder(input_ids=ids, attention_mask=mask).last_hidden_state  # [B, Lt, text_width]
-        return TextCondition(hidden, mask.bool())
+        return encode_text(self.text_encoder, self.tokenizer, prompts, self.config.max_text_len, self.device)
 
     # --- AR model -------------------------------------------------------------------------------
     def ar_forward(self, tokens: Tensor, known_mask: Tensor, cond: TextCondition) -> Tensor:
@@ -226,6 +214,29 @@ class ToyMAR(MARPolicy):
             raise ValueError(f"{d / WEIGHTS}: corrupt or unreadable weights ({err})") from err
         model.load_state_dict(state, strict=True)
         return model.to(device)
+
+
+def text_encoder(vocab_size: int, c) -> BertModel:
+    """The toy policies' tiny BERT prompt encoder (c: a config with text_width, text_depth, text_heads,
+    max_text_len, dropout); shared by the continuous toy MAR and the discrete toy-mask policy."""
+    return BertModel(
+        BertConfig(
+            vocab_size=vocab_size, hidden_size=c.text_width, num_hidden_layers=c.text_depth,
+            num_attention_heads=c.text_heads, intermediate_size=4 * c.text_width,
+            max_position_embeddings=c.max_text_len, hidden_dropout_prob=c.dropout,
+            attention_probs_dropout_prob=c.dropout, pad_token_id=0,
+            attn_implementation="eager",  # 24 positions: plain attention beats the fused CPU kernels
+        ),
+        add_pooling_layer=False,
+    )
+
+
+def encode_text(encoder: BertModel, tokenizer, prompts: list[str], max_len: int, device) -> TextCondition:
+    """Prompts -> TextCondition(hidden [B, Lt, text_width], key-padding mask [B, Lt])."""
+    batch = tokenizer(list(prompts), padding=True, truncation=True, max_length=max_len, return_tensors="pt")
+    ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+    hidden = encoder(input_ids=ids, attention_mask=mask).last_hidden_state  # [B, Lt, text_width]
+    return TextCondition(hidden, mask.bool())
 
 
 def count_parameters(module: nn.Module) -> int:
