@@ -59,6 +59,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--objective", default="sim")
     ap.add_argument("--out", default="/tmp/marval")
+    ap.add_argument("--lr", type=float, default=MARVALConfig.lr)
+    ap.add_argument("--fake-lr", type=float, default=MARVALConfig.fake_lr)
+    ap.add_argument("--skip-teacher", action="store_true", help="no speed and teacher quality (measured by an earlier run)")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -72,14 +75,17 @@ def main() -> None:
     report = {"teacher": args.teacher, "teacher_sampling": dataclasses.asdict(t_sampling),
               "student_sampling": dataclasses.asdict(s_sampling), "threads": args.threads}
 
-    student0 = one_step_policy(teacher).eval()
-    report["speed_images_per_s"] = speed(teacher, student0, t_sampling, s_sampling, [r.prompt for r in records[:32]])
-    print("speed", report["speed_images_per_s"], flush=True)
-    report["quality_teacher"] = quality(teacher, records, t_sampling, world)
-    report["quality_student_step0"] = quality(student0, records, s_sampling, world)
-    print("teacher", report["quality_teacher"], "student@0", report["quality_student_step0"], flush=True)
+    if not args.skip_teacher:
+        student0 = one_step_policy(teacher).eval()
+        report["speed_images_per_s"] = speed(teacher, student0, t_sampling, s_sampling, [r.prompt for r in records[:32]])
+        print("speed", report["speed_images_per_s"], flush=True)
+        report["quality_teacher"] = quality(teacher, records, t_sampling, world)
+        report["quality_student_step0"] = quality(student0, records, s_sampling, world)
+        print("teacher", report["quality_teacher"], "student@0", report["quality_student_step0"], flush=True)
 
-    distiller = MARVALDistiller(teacher, t_sampling, MARVALConfig(steps=args.steps, objective=args.objective, save_every=100))
+    config = MARVALConfig(steps=args.steps, objective=args.objective, save_every=100, lr=args.lr, fake_lr=args.fake_lr)
+    report["marval"] = dataclasses.asdict(config)
+    distiller = MARVALDistiller(teacher, t_sampling, config)
     g = torch.Generator().manual_seed(123)
     with torch.no_grad():
         probe = draw_rows(generate_one_step(distiller.student, [r.prompt for r in records[:16]], t_sampling, generator=g,

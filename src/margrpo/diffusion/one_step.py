@@ -10,6 +10,8 @@ The rollout sizes its record by `SamplingConfig.diffusion_steps`, which must be 
 accepts num_steps >= 1: step 0 is the generation, every later step a *hold* step that returns its
 input unchanged (deterministic, no log-prob; its model time is 0, where the toy head skips the MLP).
 Use diffusion_steps = 2: one generation step, one free hold step, and stochastic_steps() = 1.
+It implements the sampling half of the `Sampler` protocol; the training half (add_noise,
+training_loss) belongs to denoisers: a one-step head is trained by distillation (`margrpo.distill`).
 """
 
 from __future__ import annotations
