@@ -106,7 +106,7 @@ class MARVALRL:
             total = total + self.cfg.shapes_weight * terms["shapes"]
         return {**terms, "total": total}
 
-    def loss(self, rollout: OneStepRollout, terms: dict[str, torch.Tensor], prompts: list[str]) -> tuple[torch.Tensor, dict]:
+    def loss(self, rollout: OneStepRollout, terms: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
         """The reward-gradient loss of one batch and its parts (see the module docstring)."""
         cfg = self.cfg
         parts = {"reward_loss": -cfg.toyclip_weight * terms["toyclip"].mean()}
@@ -132,7 +132,7 @@ class MARVALRL:
         rollout = generate_one_step(self.policy, prompts, self.sampling, group_size=cfg.group_size, generator=g,
                                     with_uncond=bool(cfg.reg_weight))
         terms = self.rewards(rollout.images, rollout.prompts, meta)
-        loss, parts = self.loss(rollout, terms, rollout.prompts)
+        loss, parts = self.loss(rollout, terms)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip).item()
