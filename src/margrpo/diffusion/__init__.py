@@ -2,7 +2,7 @@
 
 Two processes behind one interface (`Sampler`): `DDPMSampler` (MAR / Harmon: eps or v prediction,
 fixed or learned-range variance, respaced) and `FlowSDESampler` (NOVA: flow matching with the
-Flow-GRPO SDE step). Build one by name with `build_sampler("ddpm", num_steps=25)`.
+Flow-GRPO SDE step), plus `OneStepSampler` for one-step generator heads (MARVAL students). Build one by name with `build_sampler("ddpm", num_steps=25)`.
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from __future__ import annotations
 from margrpo.diffusion.common import Sampler, SamplerStepOutput, StepIndex, gaussian_log_prob
 from margrpo.diffusion.ddpm import DDPMConfig, DDPMSampler
 from margrpo.diffusion.flow import FlowConfig, FlowSDESampler
+from margrpo.diffusion.one_step import OneStepConfig, OneStepSampler
 
-SAMPLERS: dict[str, type] = {"ddpm": DDPMSampler, "flow": FlowSDESampler}
+SAMPLERS: dict[str, type] = {"ddpm": DDPMSampler, "flow": FlowSDESampler, "one_step": OneStepSampler}
 
 
 def build_sampler(kind: str, **config) -> Sampler:
@@ -27,6 +28,8 @@ __all__ = [
     "DDPMSampler",
     "FlowConfig",
     "FlowSDESampler",
+    "OneStepConfig",
+    "OneStepSampler",
     "Sampler",
     "SamplerStepOutput",
     "StepIndex",

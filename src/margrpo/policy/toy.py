@@ -21,7 +21,7 @@ from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 
 from margrpo.text import SPECIAL_TOKENS, build_tokenizer  # noqa: F401  (re-exported)
 
-from margrpo.diffusion import DDPMSampler, FlowSDESampler, Sampler
+from margrpo.diffusion import DDPMSampler, FlowSDESampler, OneStepSampler, Sampler
 from margrpo.io import InputError, read_json
 from margrpo.policy.base import MARPolicy, TextCondition
 from margrpo.policy.layers import Block, SimpleMLPAdaLN
@@ -53,6 +53,11 @@ class ToyMARConfig:
     pooled_text: bool = False  # also add the mean text embedding to every image position (class-token style)
     token_norm: tuple[float, float] = (0.0, 1.0)  # (mean, std) of pixel-patch values in [-1, 1]; tokens are standardised
     vocab: list[str] = field(default_factory=list)  # prompt words; the tokenizer maps others to [UNK]
+    # "native": the head is a denoiser for head_type's multi-step sampler. "one_step": the head is a
+    # one-step generator (a MARVAL student, margrpo.distill) whose MLP output at model time 1000 is the
+    # token itself; its sampler is OneStepSampler, x = g(eps_0, z) + one_step_std * eps.
+    head_sampler: str = "native"
+    one_step_std: float = 0.05  # std of the one-step Gaussian (token units): exploration noise and exact log-prob
 
     def __post_init__(self):
         if self.head_type not in ("flow", "ddpm"):
@@ -61,6 +66,8 @@ class ToyMARConfig:
             raise ValueError(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
         if self.head_prediction not in ("x0", "native"):
             raise ValueError(f"Unknown head_prediction: {self.head_prediction!r}; expected 'x0' or 'native'")
+        if self.head_sampler not in ("native", "one_step"):
+            raise ValueError(f"Unknown head_sampler: {self.head_sampler!r}; expected 'native' or 'one_step'")
         if self.width % self.heads or self.text_width % self.text_heads:
             raise ValueError("width must be divisible by heads and text_width by text_heads")
 
@@ -121,8 +128,10 @@ class ToyMAR(MARPolicy):
         analytically from x_t: an MLP narrower than the token (192-768 channels) cannot copy the
         noise through itself, but it can draw the clean patch, which has few degrees of freedom.
         """
+        if self.config.head_sampler == "one_step" and not bool(t.any()):
+            return x_t  # only OneStepSampler's hold steps (model time 0): their output is unused, skip the MLP
         out = self.diffloss(x_t, t, z)
-        if self.config.head_prediction == "native":
+        if self.config.head_prediction == "native" or self.config.head_sampler == "one_step":
             return out
         D = self.token_dim
         x0, rest = out[:, :D].float(), out[:, D:].float()  # the conversion divides by small numbers: float32
@@ -165,6 +174,8 @@ class ToyMAR(MARPolicy):
         return (self.config.grid, self.config.grid)
 
     def make_sampler(self, num_steps: int, noise_level: float = 0.7) -> Sampler:
+        if self.config.head_sampler == "one_step":  # noise_level is the SDE's; the one-step std is the policy's own
+            return OneStepSampler(num_steps=num_steps, std=self.config.one_step_std)
         if self.head_type == "flow":
             return FlowSDESampler(num_steps=num_steps, noise_level=noise_level, train_time_sampling=self.config.flow_train_time)
         return DDPMSampler(num_steps=num_steps, variance=self.config.ddpm_variance)
