@@ -17,6 +17,7 @@ include: "workflow/rules/train.smk"
 include: "workflow/rules/select.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/related.smk"
 
 
 rule all:

@@ -46,6 +46,12 @@ def test_fixed_step_is_taken_even_if_not_best():
     assert select_checkpoint(_summary([0.9, 0.1, 0.2]), 10)["rule"] == "fixed"
 
 
+def test_last_takes_the_last_checkpoint_whatever_its_reward_or_the_listing_order():
+    sel = select_checkpoint(_summary([0.9, 0.1, 0.2], steps=[30, 10, 20]), "last")
+    assert (sel["step"], sel["rule"], sel["val_reward"]) == (30, "fixed", 0.9)
+    assert select_checkpoint(_summary([0.9, 0.1, 0.2]), " LAST ")["step"] == 30
+
+
 def test_fixed_step_missing_names_available_steps():
     with pytest.raises(ValueError, match=r"no checkpoint at step 25; available steps: \[10, 20, 30\]"):
         select_checkpoint(_summary([0.1, 0.2, 0.3]), 25)
@@ -54,8 +60,8 @@ def test_fixed_step_missing_names_available_steps():
 def test_no_checkpoints_and_bad_step_are_errors():
     with pytest.raises(ValueError, match="no checkpoints"):
         select_checkpoint(_summary([]), "best")
-    with pytest.raises(ValueError, match="'best' or a checkpoint step"):
-        parse_step("last")
+    with pytest.raises(ValueError, match="'best', 'last' or a checkpoint step"):
+        parse_step("latest")
     with pytest.raises(ValueError, match=">= 0"):
         parse_step("-1")
 

@@ -150,6 +150,15 @@ def _check_references(config: dict, source: str) -> None:
         need("policies", [exp["ablations"]["policy"]], "experiments.ablations.policy")
         need("rewards", [exp["ablations"]["reward"]], "experiments.ablations.reward")
         need("variants", [exp["ablations"]["variant"]], "experiments.ablations.variant")
+    related = exp["related"]
+    if related["enabled"]:
+        need("rewards", [related["reward"]], "experiments.related.reward")
+        need("policies", [related["mar_grpo"]["policy"], related["marval"]["teacher"]], "experiments.related")
+        need("variants", [related["mar_grpo"]["variant"]], "experiments.related.mar_grpo.variant")
+        teacher = config["policies"][related["marval"]["teacher"]]
+        if teacher["kind"] != "toy" or teacher["head"] != "flow":
+            raise ConfigError(f"{source}: key 'experiments.related.marval.teacher': MARVAL distils a toy policy with a flow head "
+                              f"(toy-nova), not a {teacher['kind']} / {teacher.get('head')} one")
     for name, policy in config["policies"].items():
         if policy["kind"] != "toy" and not policy.get("path"):
             raise ConfigError(f"{source}: key 'policies.{name}.path': a {policy['kind']} policy loads from a local folder; set its path")
@@ -313,8 +322,9 @@ def shared_dirs(config: dict, results: str = "results") -> dict:
     coexist, and share a stage exactly where those settings agree. Each folder's spec.json (written
     by its stage) records what it ran with.
 
-    Returns {"data": dir, "toyclip": dir, "base": {policy: dir}, "warmup": {policy: dir}}; "base"
-    holds results/pretrain/<policy>-<hash> (toy) or results/weights/<policy>-<hash> (real weights).
+    Returns {"data": dir, "toyclip": dir, "base": {policy: dir}, "warmup": {policy: dir}, "related": {policy: dir}};
+    "base" holds results/pretrain/<policy>-<hash> (toy) or results/weights/<policy>-<hash> (real weights);
+    "related" the bases of Table 3's related methods (toy-mask, toy-marval) when that experiment is on.
     """
     def folder(stage: str, label: str, settings: dict) -> str:
         return f"{results}/{stage}/{label}-{spec_hash(settings)}"
@@ -322,7 +332,7 @@ def shared_dirs(config: dict, results: str = "results") -> dict:
     prompts, precision = config["prompts"], config["mixed_precision"]
     data = folder("data", prompts["source"], {"prompts": prompts, "world": config["world"] if prompts["source"] == "shapesworld" else None})
     dirs = {"data": data, "toyclip": folder("toyclip", "toyclip", {"data": data, **_without(config["toyclip"], "enabled")}),
-            "base": {}, "warmup": {}}
+            "base": {}, "warmup": {}, "related": {}}
     for name, policy in config["policies"].items():
         if policy["kind"] == "toy":
             # sampling shapes only the quality report: a change reruns the job, which finds its training
@@ -334,7 +344,44 @@ def shared_dirs(config: dict, results: str = "results") -> dict:
         if policy["warmup"]["enabled"]:
             dirs["warmup"][name] = folder("warmup", name, {"policy": base, "data": data, "precision": precision,
                                                           **_without(policy["warmup"], "enabled")})  # sampling: as pre-training
+    related = config["experiments"]["related"]
+    if related["enabled"]:  # the related methods' bases (issue #19): toy-mask pre-trained, toy-marval distilled
+        teacher = related["marval"]["teacher"]
+        teacher_dir = dirs["warmup"].get(teacher, dirs["base"][teacher])
+        dirs["related"]["toy-mask"] = folder("pretrain", "toy-mask", {"data": data, **_without(related_policy(config, "toy-mask"), "sampling")})
+        dirs["related"]["toy-marval"] = folder("distill", "toy-marval", {"teacher": teacher_dir, "data": data,
+                                                                       **_without(related_policy(config, "toy-marval"), "sampling")})
     return dirs
+
+
+RELATED_POLICIES = {"grpo-onestep": "toy-marval", "marval-rl": "toy-marval", "grpo-mask": "toy-mask", "maskgrpo": "toy-mask"}
+
+
+def related_policy(config: dict, name: str) -> dict:
+    """The policy entry `margrpo pretrain-mask` (toy-mask) or `margrpo distill-marval` (toy-marval) reads."""
+    related = config["experiments"]["related"]
+    if name == "toy-mask":
+        return {"kind": "toy-mask", **related["mask"]}
+    teacher = related["marval"]["teacher"]
+    return {"kind": "toy-marval", "teacher": teacher, "distill": related["marval"]["distill"],
+            "sampling": {**config["policies"][teacher]["sampling"], **related["marval"]["sampling"]}}
+
+
+def related_train_spec(config: dict, method: str) -> dict:
+    """What one related run depends on: `margrpo train`'s spec for GRPO on the one-step policy (|T| = 1),
+    else the spec `margrpo train-related` reads (the method's own settings)."""
+    related = config["experiments"]["related"]
+    reward = related["reward"]
+    settings = dict(related["settings"][method])
+    if method == "grpo-onestep":
+        spec = train_spec(config, related["marval"]["teacher"], reward, "grpo")
+        spec["sampling"] = related_policy(config, "toy-marval")["sampling"]
+        spec["grpo"].update({"diffusion_steps": 1, **settings})
+        return spec
+    sampling = related_policy(config, RELATED_POLICIES[method]).get("sampling", {})
+    return {"method": method, "related": settings, "reward": {"name": reward, "weights": config["rewards"][reward]},
+            "reward_models": {k: v for k, v in config["reward_models"].items() if k in config["rewards"][reward]},
+            "sampling": sampling, "device": config["device"], "mixed_precision": config["mixed_precision"]}
 
 
 def _without(d: dict, *keys: str) -> dict:

@@ -3,6 +3,7 @@ import json
 import re
 import shlex
 from pathlib import PurePosixPath
+from types import SimpleNamespace
 
 import pandas as pd
 from snakemake.utils import Paramspace
@@ -12,7 +13,15 @@ if workflow.overwrite_configfiles:
     config.clear()
     config.update(workflow.config_settings.overwrite_config)
 
-from margrpo.config import pretrain_settings, shared_dirs, train_spec, validate_config  # noqa: E402
+from margrpo.config import (  # noqa: E402
+    RELATED_POLICIES,
+    pretrain_settings,
+    related_policy,
+    related_train_spec,
+    shared_dirs,
+    train_spec,
+    validate_config,
+)
 
 # ../schemas/config.schema.yaml (defaults filled) and every check beyond it: cross references, variant
 # overrides, the ablation table; errors name the key path
@@ -26,6 +35,9 @@ DATA, TOYCLIP = SHARED["data"], SHARED["toyclip"]
 NAME = config["name"]
 RUNS = f"{RESULTS}/{NAME}"  # this experiment's runs, evaluations and report: configs never overwrite each other
 EXP = config["experiments"]
+# Table 3's related bases (toy-mask, toy-marval); placeholders that nothing asks for while the experiment is off
+RELATED_DIRS = SHARED["related"] or {p: f"{RESULTS}/related-off/{p}" for p in ("toy-mask", "toy-marval")}
+POLICY_NAMES = "|".join(re.escape(p) for p in config["policies"])  # the train rule's policies (not the related ones)
 GPU = 0 if config["device"] == "cpu" else 1  # `resources: gpu` caps concurrent GPU jobs
 TRAIN_PROCS = config["train_processes"]  # data parallel GRPO: one GPU (or `threads` CPU threads) per process
 # `margrpo train` runs as one process, or as TRAIN_PROCS under torchrun (one machine; a free rendezvous port per job)
@@ -75,6 +87,8 @@ def get_suites():
 
 def get_base_policy(wildcards):
     """The policy RL starts from: warmed-up if the config asks for warm-up, else pre-trained/loaded."""
+    if wildcards.policy in SHARED["related"]:
+        return f"{SHARED['related'][wildcards.policy]}/policy"
     if wildcards.policy in SHARED["warmup"]:
         return f"{SHARED['warmup'][wildcards.policy]}/policy"
     return get_loaded_policy(wildcards.policy)
@@ -117,13 +131,43 @@ def ablation_runs():
     return [f"ablation/{a['policy']}/{a['reward']}/{p}/seed{s}" for p in ABLATIONS.instance_patterns for s in a["seeds"]]
 
 
+def related_runs():
+    """Every run Table 3 reports: the MAR-GRPO row (ladder runs) and each related method's runs."""
+    R = EXP["related"]
+    if not R["enabled"]:
+        return []
+    mar = [f"train/{R['mar_grpo']['policy']}/{R['reward']}/{R['mar_grpo']['variant']}/seed{s}" for s in R["seeds"]]
+    return mar + [f"train/{RELATED_POLICIES[m]}/{R['reward']}/{m}/seed{s}" for m in R["methods"] for s in R["seeds"]]
+
+
+def related_bases():
+    R = EXP["related"]
+    if not R["enabled"]:
+        return []
+    return sorted({f"base/{R['mar_grpo']['policy']}"} | {f"base/{RELATED_POLICIES[m]}" for m in R["methods"]})
+
+
+RELATED_LABELS = {"grpo-onestep": "GRPO (one-step)", "marval-rl": "MARVAL-RL", "grpo-mask": "GRPO (discrete)", "maskgrpo": "MaskGRPO"}
+
+
+def related_spec():
+    """What `margrpo report table3 / related-wallclock` reads: one entry per method, with its own base."""
+    R, runs = EXP["related"], related_runs()
+    mar = R["mar_grpo"]
+    methods = [{"label": f"MAR-GRPO ({mar['variant']})", "base": f"base/{mar['policy']}", "runs": runs[: len(R["seeds"])]}]
+    for m in R["methods"]:
+        methods.append({"label": RELATED_LABELS[m], "base": f"base/{RELATED_POLICIES[m]}",
+                        "runs": [r for r in runs if r.split("/")[3] == m]})
+    return {"methods": methods}
+
+
 def base_runs():
     policies = set(EXP["ladder"]["policies"]) | set(EXP["table1"]["policies"])
     return [f"base/{p}" for p in sorted(policies)]
 
 
 def all_eval_runs():
-    return sorted(set(base_runs() + ladder_runs() + table1_runs() + ablation_runs()))
+    return sorted(set(base_runs() + ladder_runs() + table1_runs() + ablation_runs() + related_bases() + related_runs()))
 
 
 def get_eval_outputs(runs):
@@ -147,6 +191,8 @@ def variant_for_run(run):
 
 
 def get_report_step(wildcards):
+    if variant_for_run(wildcards.run) in RELATED_POLICIES:  # a related method: the experiment's own rule
+        return EXP["related"]["report_step"]
     variant = config["variants"][variant_for_run(wildcards.run)]
     step = variant["report_step"]
     if step == "last":
@@ -183,7 +229,10 @@ def run_policy(run):
 
 
 def get_sampling_json(wildcards):
-    return json.dumps(config["policies"][run_policy(wildcards.run)]["sampling"])
+    policy = run_policy(wildcards.run)
+    if policy in SHARED["related"]:
+        return json.dumps(related_policy(config, policy).get("sampling", {}))
+    return json.dumps(config["policies"][policy]["sampling"])
 
 
 def get_final_outputs():
@@ -194,6 +243,9 @@ def get_final_outputs():
     figs = ["fig2_dynamics", "fig4_uncertainty", "fig6_samples"]
     if EXP["ablations"]["enabled"]:
         figs += ["fig7a_samples", "fig7b_reward_curves", "fig7c_final_metric"]
+    if EXP["related"]["enabled"]:
+        outs += expand(f"{R}/table3.{{ext}}", ext=["csv", "md", "tex"])
+        figs += ["fig_related_wallclock"]
     outs += expand(f"{R}/{{fig}}.{{ext}}", fig=figs, ext=fmts)
     return outs
 

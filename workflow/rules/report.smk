@@ -8,6 +8,7 @@ report: "../report/workflow.rst"
 
 # categories of the HTML report: one per experiment of the config
 CATEGORY_LADDER, CATEGORY_TABLE1, CATEGORY_ABLATIONS = "ladder: Table 2, Fig. 2, 4, 6", "table1: Table 1", "ablations: Fig. 7"
+CATEGORY_RELATED = "related: Table 3 (MARVAL, MaskGRPO)"
 
 
 rule table1:

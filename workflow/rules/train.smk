@@ -11,6 +11,8 @@ rule train:
     output:
         summary=f"{RUNS}/train/{{policy}}/{{reward}}/{{variant}}/seed{{seed}}/summary.json",
         metrics=f"{RUNS}/train/{{policy}}/{{reward}}/{{variant}}/seed{{seed}}/metrics.csv",
+    wildcard_constraints:
+        policy=POLICY_NAMES,  # toy-mask / toy-marval runs are train_related's
     params:
         spec=get_train_spec,
         run_dir=lambda wc, output: os.path.dirname(output.summary),

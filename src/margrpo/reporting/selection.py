@@ -17,13 +17,13 @@ SELECTION_RULES = ("best", "fixed")
 
 
 def parse_step(step: str | int) -> str | int:
-    """``"best"`` stays ``"best"``; an integer (or its string) becomes an int >= 0."""
-    if isinstance(step, str) and step.strip().lower() == "best":
-        return "best"
+    """``"best"`` and ``"last"`` stay as they are; an integer (or its string) becomes an int >= 0."""
+    if isinstance(step, str) and step.strip().lower() in ("best", "last"):
+        return step.strip().lower()
     try:
         value = int(step)
     except (TypeError, ValueError):
-        raise ValueError(f"step must be 'best' or a checkpoint step (an integer), got {step!r}") from None
+        raise ValueError(f"step must be 'best', 'last' or a checkpoint step (an integer), got {step!r}") from None
     if value < 0:
         raise ValueError(f"step must be >= 0, got {value}")
     return value
@@ -48,6 +48,7 @@ def select_checkpoint(summary: dict[str, Any], step: str | int) -> dict[str, Any
     Args:
         summary: parsed ``summary.json`` with ``checkpoints: [{step, path, val_reward}, ...]``.
         step: ``"best"`` -> the highest finite validation reward, ties to the earliest step;
+            ``"last"`` -> the run's last checkpoint (fixed in advance, whatever the run's length);
             an integer -> exactly that checkpoint (error naming the available steps otherwise).
 
     Returns:
@@ -65,6 +66,8 @@ def select_checkpoint(summary: dict[str, Any], step: str | int) -> dict[str, Any
             )
         # max() keeps the first maximum; candidates are sorted by step, so ties go to the earliest.
         chosen, rule = max(scored, key=lambda c: c["val_reward"]), "best"
+    elif step == "last":
+        chosen, rule = max(cands, key=lambda c: c["step"]), "fixed"
     else:
         matches = [c for c in cands if c["step"] == step]
         if not matches:

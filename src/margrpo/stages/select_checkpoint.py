@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--summary", required=True, type=Path, help="summary.json written by `margrpo train`")
     parser.add_argument(
         "--step", required=True, type=_step,
-        help="'best' = best validation reward (baselines, *); an integer = that checkpoint step (fixed in advance)",
+        help="'best' = best validation reward (baselines, *); 'last' = the last checkpoint; an integer = that checkpoint step (fixed in advance)",
     )
     parser.add_argument("--out", required=True, type=Path, help="selection.json to write")
 
