@@ -34,7 +34,8 @@ import numpy as np
 import pandas as pd
 
 from margrpo.io import atomic_write_csv, atomic_write_text
-from margrpo.reporting.results import MissingResultError, load_metrics, load_selection, load_summary, mean_ci, parse_run
+from margrpo.reporting.results import (MissingResultError, load_compbench_per_image, load_metrics, load_selection, load_summary,
+                                      mean_ci, parse_run)
 from margrpo.reporting.tables import VARIANT_LABELS
 
 __all__ = ["paired_t", "paired_bootstrap", "Claims", "claims", "write_claims", "POWER_TARGET"]
@@ -43,6 +44,7 @@ POWER_TARGET = 0.02  # the CI half-width the default design aims at for variant 
 MIN_SEEDS_FOR_T = 3
 TIE = 1e-9  # differences this small are float round-off of identical runs, not effects
 METRIC_TEXT = {"val@best": "validation reward, best step", "val@final": "validation reward, last step",
+               "val@selected": "validation reward, reported checkpoint",
                "compbench": "CompBench overall (strict), reported checkpoint"}
 
 
@@ -111,6 +113,7 @@ class RunScores:
     best_step: int
     compbench: pd.Series | None  # strict score per image file, at the reported checkpoint
     dynamics: pd.DataFrame = field(repr=False, default=None)  # step, grad_norm_ar, grad_var_ar
+    selected: np.ndarray | None = None  # per-prompt validation reward at the reported checkpoint (selection.json)
 
 
 def _val_scores(entry: dict, where: str) -> np.ndarray:
@@ -122,11 +125,7 @@ def _val_scores(entry: dict, where: str) -> np.ndarray:
 
 
 def _compbench(root: Path, run: str) -> pd.Series | None:
-    path = root / "eval" / run / "compbench_per_image.csv"
-    if not path.is_file():
-        return None
-    df = pd.read_csv(path)
-    return df.set_index("file")["strict"].astype(float)
+    return load_compbench_per_image(root, run, required=False)
 
 
 def load_run(root: str | Path, run: str) -> RunScores:
@@ -142,8 +141,12 @@ def load_run(root: str | Path, run: str) -> RunScores:
     best_scores, final_scores = _val_scores(best, where), _val_scores(final, where)
     metrics = load_metrics(root, run)[["step", "grad_norm_ar", "grad_var_ar"]]
     selected = load_selection(root, run, required=False)
+    at_selected = None
+    if selected is not None:
+        match = [c for c in ckpts if int(c["step"]) == int(selected["step"])]
+        at_selected = _val_scores(match[0], where) if match else None
     return RunScores(run, parse_run(run).seed, base, best_scores, final_scores, int(best["step"]),
-                     _compbench(root, run) if selected is not None else None, metrics)
+                     _compbench(root, run) if selected is not None else None, metrics, at_selected)
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,9 +171,12 @@ def _per_prompt(a: RunScores, b: RunScores | None, metric: str, base_compbench: 
             return np.array([])
         joined = pd.concat([x, y], axis=1, join="inner")
         return (joined.iloc[:, 0] - joined.iloc[:, 1]).to_numpy()
-    pick = {"val@best": "best", "val@final": "final"}[metric]
+    pick = {"val@best": "best", "val@final": "final", "val@selected": "selected"}[metric]
     x = getattr(a, pick)
     y = a.base_val if b is None else getattr(b, pick)
+    if x is None or y is None:
+        raise ValueError(f"{a.run}{'' if b is None else ' or ' + b.run}: no validated checkpoint at the step its "
+                         "selection.json reports (written by `margrpo select`)")
     if x.shape != y.shape:
         raise ValueError(f"{a.run} and {b.run if b else 'its base'} were validated on different prompts ({x.shape} vs {y.shape})")
     return x - y

@@ -8,6 +8,7 @@ absent. Result layout (DESIGN 1, ``results/<rule>/<run>/...``):
     <root>/<run>/summary.json                 checkpoints and their val reward    (margrpo train)
     <root>/select/<run>/selection.json        the checkpoint to report            (margrpo select)
     <root>/eval/<run>/compbench.csv           category, n_images, strict, lenient (margrpo eval-compbench)
+    <root>/eval/<run>/compbench_per_image.csv file, prompt, ..., strict, lenient  (margrpo eval-compbench)
     <root>/eval/<run>/preference.csv          scorer, mean, std, n                (margrpo eval-preference)
     <root>/samples/<run>/samples/<prompt>_<index:06d>.png                         (margrpo sample)
     <root>/uncertainty/maps.npz               images, uncertainty, prompts[, trajectories]
@@ -41,6 +42,7 @@ __all__ = [
     "load_summary",
     "load_selection",
     "load_compbench",
+    "load_compbench_per_image",
     "load_preference",
     "eval_scores",
     "list_samples",
@@ -239,6 +241,16 @@ def load_compbench(root: str | Path, run: str) -> pd.DataFrame:
             }
         )
     return pd.concat([cats, overall], ignore_index=True)
+
+
+def load_compbench_per_image(root: str | Path, run: str, required: bool = True) -> pd.Series | None:
+    """Strict CompBench score per image file (the index pairs two runs' images of one prompt and index);
+    with ``required=False`` an absent file gives None."""
+    path = Path(root) / "eval" / run / "compbench_per_image.csv"
+    if not required and not path.is_file():
+        return None
+    df = _read_csv(path, "margrpo eval-compbench", ["file", "strict"])
+    return df.set_index("file")["strict"].astype(float)
 
 
 def load_preference(root: str | Path, run: str) -> pd.DataFrame:

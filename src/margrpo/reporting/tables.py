@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -31,7 +31,8 @@ __all__ = ["VARIANT_LABELS", "Table", "RowSpec", "build_table", "table1", "table
 # Variant name -> the paper's row label (Table 2). Unknown variants keep their name.
 VARIANT_LABELS = {"grpo": "GRPO", "fix": "+Fix", "mte": "+MTE", "sim": "+Sim", "committed": "+Fix (committed)"}
 METRIC_GROUPS = {"pref": "Preference (mean score)", "compbench": "T2I-CompBench (strict)",
-                 "val": "Validation reward", "gain": "Gain over the base policy"}
+                 "val": "Validation reward", "gain": "Gain over the base policy", "base": "Base policy",
+                 "time": "Wall-clock"}
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ class Table:
     metrics: list[tuple[str, str]]  # (group, metric) in column order
     label_columns: list[str]  # label columns shown in Markdown / LaTeX
     digits: int = 3
+    # metric -> +1 (higher is better: the default), -1 (lower is better) or 0 (not ranked: never bold)
+    ranking: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def column(self, metric: tuple[str, str], stat: str) -> str:
         return f"{metric[0]}/{metric[1]}/{stat}"
@@ -246,8 +249,15 @@ def _headers(table: Table) -> list[str]:
 
 
 def _blocks(table: Table) -> list[list[int]]:
-    """Row indices grouped by consecutive (policy, reward-block) — a new block starts at each Base row."""
+    """Row indices grouped by consecutive (policy, reward-block) — a new block starts at each Base row,
+    or, where the data has a ``block`` column, wherever its value changes."""
     blocks: list[list[int]] = []
+    if "block" in table.data.columns:
+        for i, block in enumerate(table.data["block"]):
+            if not blocks or block != table.data.at[i - 1, "block"]:
+                blocks.append([])
+            blocks[-1].append(i)
+        return blocks
     for i, variant in enumerate(table.data["variant"]):
         if variant == "base" or not blocks:
             blocks.append([])
@@ -256,13 +266,15 @@ def _blocks(table: Table) -> list[list[int]]:
 
 
 def _best(table: Table) -> set[tuple[int, tuple[str, str]]]:
-    """(row, metric) cells holding the best (maximal) mean of their column within their block; a lone value is not marked."""
+    """(row, metric) cells holding the best mean of their column within their block (the maximum, or the
+    minimum where ``table.ranking`` says lower is better); a lone value is not marked."""
     best = set()
     for block in _blocks(table):
         for m in table.metrics:
+            direction = table.ranking.get(m, 1)
             means = table.data.loc[block, table.column(m, "mean")]
-            if means.notna().sum() > 1:
-                top = means.max()
+            if direction and means.notna().sum() > 1:
+                top = means.max() if direction > 0 else means.min()
                 best |= {(i, m) for i in block if means[i] == top}
     return best
 

@@ -5,7 +5,7 @@
 
 Tables write ``<prefix>.csv`` (every number: mean / ci / n columns), ``<prefix>.md`` and
 ``<prefix>.tex``; figures write ``<prefix>.<fmt>`` for each of ``--formats``. The JSON each
-Snakemake rule passes is documented on the builder (``margrpo.reporting.tables`` / ``figures``).
+Snakemake rule passes is documented on the builder (``margrpo.reporting.tables`` / ``figures`` / ``related``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ REPORTS: dict[str, tuple[str, str, str]] = {
     "table1": ("table", "tables", "table1"),
     "table2": ("table", "tables", "table2"),
     "val-gain": ("table", "tables", "val_gain"),
+    "table3": ("table", "related", "table3"),
     "claims": ("claims", "claims", "claims"),
     "dynamics": ("figure", "figures", "dynamics"),
     "uncertainty": ("figure", "figures", "uncertainty"),
@@ -29,6 +30,7 @@ REPORTS: dict[str, tuple[str, str, str]] = {
     "ablation-samples": ("figure", "figures", "ablation_samples"),
     "ablation-curves": ("figure", "figures", "ablation_curves"),
     "ablation-final": ("figure", "figures", "ablation_final"),
+    "related-wallclock": ("figure", "related", "related_wallclock"),
 }
 
 
