@@ -83,19 +83,41 @@ def build_reward(spec: dict, toyclip_dir: str | None):
         raise InputError(f"--spec-json: reward: {err}") from None
 
 
-def mask_job(args, spec: dict, policy, reward, train, val) -> Job:
+def mask_settings(args, spec: dict):
+    """(MaskGRPOConfig, MaskSamplingConfig) of a grpo-mask / maskgrpo spec."""
+    from margrpo.grpo.mask_grpo import MaskGRPOConfig
+
+    related = dict(spec.get("related", {}))
+    if related.pop("method", METHODS[args.method]) != METHODS[args.method]:
+        raise InputError(f"--spec-json: related.method disagrees with --method {args.method}")
+    related["seed"] = args.seed
+    cfg = dataclass_from(MaskGRPOConfig, related, "--spec-json: related", fixed={"method": METHODS[args.method]})
+    return cfg, mask_sampling(spec.get("sampling"), "--spec-json: sampling")
+
+
+def marval_settings(args, spec: dict):
+    """(MARVALRLConfig, SamplingConfig) of a marval-rl spec; the reward weights come from reward.weights."""
+    from margrpo.distill import MARVALRLConfig
+
+    weights = spec["reward"]["weights"]
+    if set(weights) - {"toyclip", "shapes"} or not weights.get("toyclip"):
+        raise InputError(f"--spec-json: reward.weights: marval-rl needs a non-zero toyclip weight (its gradient) and "
+                         f"takes toyclip and shapes only, got {weights}")
+    related = {**spec.get("related", {}), "seed": args.seed}
+    cfg = dataclass_from(MARVALRLConfig, related, "--spec-json: related",
+                         fixed={"toyclip_weight": float(weights["toyclip"]), "shapes_weight": float(weights.get("shapes", 0.0))})
+    if cfg.reg_weight:
+        raise InputError("--spec-json: related.reg_weight > 0 needs the teacher's distiller, which train-related does not build; set it to 0")
+    return cfg, sampling_config(spec.get("sampling", {}))
+
+
+def mask_job(args, cfg, sampling, policy, reward, train, val) -> Job:
     """Plain GRPO or MaskGRPO on a toy-mask policy (grpo/mask_grpo.py's step and validation)."""
     from margrpo.grpo import mask_grpo
     from margrpo.policy.toy_mask import ToyMaskPolicy
 
     if not isinstance(policy, ToyMaskPolicy):
         raise InputError(f"{args.policy_dir}: --method {args.method} trains a toy-mask policy, got {type(policy).__name__}")
-    related = dict(spec.get("related", {}))
-    if related.pop("method", METHODS[args.method]) != METHODS[args.method]:
-        raise InputError(f"--spec-json: related.method disagrees with --method {args.method}")
-    related["seed"] = args.seed
-    cfg = dataclass_from(mask_grpo.MaskGRPOConfig, related, "--spec-json: related", fixed={"method": METHODS[args.method]})
-    sampling = mask_sampling(spec.get("sampling"), "--spec-json: sampling")
     if cfg.batch_prompts > len(train):
         raise InputError(f"--spec-json: related.batch_prompts ({cfg.batch_prompts}) exceeds the {len(train)} training prompts")
     ref, optimizer, params = mask_grpo.prepare(policy, cfg)
@@ -104,25 +126,15 @@ def mask_job(args, spec: dict, policy, reward, train, val) -> Job:
     return Job(cfg, policy, optimizer, step, validate)
 
 
-def marval_job(args, spec: dict, policy, reward, train, val) -> Job:
+def marval_job(args, cfg, sampling, policy, reward, train, val) -> Job:
     """MARVAL-RL on a one-step policy: toyclip's gradient (and shapes by REINFORCE) with the reward mix's weights."""
-    from margrpo.distill import MARVALRL, MARVALRLConfig
+    from margrpo.distill import MARVALRL
     from margrpo.policy import ToyMAR
 
     if not isinstance(policy, ToyMAR) or policy.config.head_sampler != "one_step":
         raise InputError(f"{args.policy_dir}: marval-rl trains a one-step policy (written by distill-marval), got "
                          f"{type(policy).__name__}" + (f" with head_sampler {policy.config.head_sampler!r}" if isinstance(policy, ToyMAR) else ""))
-    weights = spec["reward"]["weights"]
-    if set(weights) - {"toyclip", "shapes"} or "toyclip" not in reward.scorers:
-        raise InputError(f"--spec-json: reward.weights: marval-rl needs a non-zero toyclip weight (its gradient) and "
-                         f"takes toyclip and shapes only, got {weights}")
-    related = {**spec.get("related", {}), "seed": args.seed}
-    cfg = dataclass_from(MARVALRLConfig, related, "--spec-json: related",
-                         fixed={"toyclip_weight": float(weights["toyclip"]), "shapes_weight": float(weights.get("shapes", 0.0))})
-    if cfg.reg_weight:
-        raise InputError("--spec-json: related.reg_weight > 0 needs the teacher's distiller, which train-related does not build; set it to 0")
-    rl = MARVALRL(policy, reward.scorers["toyclip"].model, reward.scorers.get("shapes"), train, val,
-                  sampling_config(spec.get("sampling", {})), cfg)
+    rl = MARVALRL(policy, reward.scorers["toyclip"].model, reward.scorers.get("shapes"), train, val, sampling, cfg)
 
     def step(i: int) -> dict:
         assert rl.step == i, (rl.step, i)
@@ -176,6 +188,7 @@ def run(args) -> None:
     from margrpo.policy import load_policy
 
     spec = read_spec(args)
+    cfg, sampling = (marval_settings if args.method == "marval-rl" else mask_settings)(args, spec)
     device = setup(args.threads, spec.get("device", "auto"))
     out = Path(args.out_dir)
     run_spec = {**spec, "seed": args.seed,
@@ -185,7 +198,7 @@ def run(args) -> None:
     suites = Path(args.suites_dir)
     train, val = prompt_set(suites / "train.jsonl"), prompt_set(suites / "val.jsonl")
     build = marval_job if args.method == "marval-rl" else mask_job
-    job = build(args, spec, load_policy(args.policy_dir, device), reward, train, val)
+    job = build(args, cfg, sampling, load_policy(args.policy_dir, device), reward, train, val)
     config = dataclasses.asdict(job.config)
     run_hash = spec_hash({"spec": run_spec, "config": config})
     state_dir = out / "state"
