@@ -124,7 +124,7 @@ def test_pretrain_mask_writes_a_loadable_policy_and_its_quality_report(mask_poli
 
 
 @pytest.mark.parametrize("method", ["grpo-mask", "maskgrpo"])
-def test_train_related_on_toy_mask_writes_the_files_of_margrpo_train(method, mask_policy, data):
+def test_train_related_on_toy_mask_writes_the_files_of_margrpo_train(method, mask_policy, data, logged):
     out = data.parent / "runs" / method
     spec = related_spec(method, data, {"shapes": 1.0}, MASK_SAMPLING, iterations=2)
     train_related(method, mask_policy, data, spec, out)
@@ -135,7 +135,9 @@ def test_train_related_on_toy_mask_writes_the_files_of_margrpo_train(method, mas
     assert summary["base_val_scores"] == first["base_val_scores"]
     # a second run finds its state written under the same spec: it resumes at the end and rewrites the same files
     (out / "summary.json").unlink()
+    logged()
     train_related(method, mask_policy, data, spec, out)
+    assert "resumed from" in logged()
     again = json.loads((out / "summary.json").read_text())
     assert again["checkpoints"] == summary["checkpoints"]
 
