@@ -202,3 +202,14 @@ def test_an_unknown_key_is_a_one_line_error_naming_it(stage, bad, data, tmp_path
         main(argv)
     message = str(err.value)
     assert "bogus_key" in message and "\n" not in message and message.startswith(f"margrpo {stage}: error:")
+
+
+def test_a_method_on_the_wrong_policy_or_reward_is_a_one_line_error(mask_policy, one_step_policy, data, toyclip_dir, tmp_path):
+    cases = [("grpo-mask", one_step_policy, related_spec("grpo-mask", data, {"shapes": 1.0}, MASK_SAMPLING), "toy-mask policy"),
+             ("marval-rl", mask_policy, related_spec("marval-rl", data, {"toyclip": 1.0}, ONE_STEP_SAMPLING), "one-step policy"),
+             ("marval-rl", one_step_policy, related_spec("marval-rl", data, {"shapes": 1.0}, ONE_STEP_SAMPLING), "toyclip weight"),
+             ("maskgrpo", mask_policy, related_spec("grpo-mask", data, {"shapes": 1.0}, MASK_SAMPLING), "disagrees with --method")]
+    for method, policy, spec, words in cases:
+        with pytest.raises(SystemExit) as err:
+            train_related(method, policy, data, spec, tmp_path / method, toyclip=toyclip_dir)
+        assert words in str(err.value) and "\n" not in str(err.value), str(err.value)

@@ -69,7 +69,8 @@ def read_spec(args) -> dict:
     reward = check_keys(spec.get("reward"), ("name", "weights"), "--spec-json: reward")
     if not isinstance(reward.get("weights"), dict) or not reward["weights"]:
         raise InputError("--spec-json: reward.weights: expected a non-empty object {scorer: weight}")
-    check_keys(spec.get("related", {}), tuple(spec.get("related", {})), "--spec-json: related")  # an object
+    if not isinstance(spec.get("related", {}), dict):
+        raise InputError("--spec-json: related: expected a JSON object of the method's settings")
     return {**spec, "method": args.method}
 
 
