@@ -24,6 +24,8 @@ def dataclass_from(cls, value, where: str, fixed: dict | None = None):
     fixed = fixed or {}
     value = {} if value is None else value
     names = tuple(f.name for f in dataclasses.fields(cls) if f.name not in fixed)
+    if isinstance(value, dict) and set(value) & set(fixed):
+        raise InputError(f"{where}: {sorted(set(value) & set(fixed))[0]!r} is set by the stage, not in this entry")
     check_keys(value, names, where)
     try:
         return cls(**value, **fixed)
