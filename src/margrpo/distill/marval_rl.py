@@ -147,6 +147,17 @@ class MARVALRL:
                 "lr": self.optimizer.param_groups[0]["lr"], "step_time_s": time.time() - t0}
 
     @torch.no_grad()
+    def validate_scores(self, reward_fn=None) -> list[float]:
+        """Per-prompt reward of the first `val_prompts` validation prompts, one image each, from fixed noise
+        (VAL_SEED: paired across runs and steps); under `reward_fn` (a RewardMix: (total, components)) when
+        given, else this trainer's own mixed reward."""
+        n = min(self.cfg.val_prompts, len(self.val_prompts))
+        prompts, meta = self.val_prompts.prompts[:n], self.val_prompts.metadata[:n]
+        rollout = generate_one_step(self.policy, prompts, self.sampling, generator=torch.Generator().manual_seed(VAL_SEED))
+        total = reward_fn(rollout.images, prompts, meta)[0] if reward_fn else self.rewards(rollout.images, prompts, meta)["total"]
+        return total.tolist()
+
+    @torch.no_grad()
     def validate(self) -> float:
         """Mean mixed reward over the first `val_prompts` validation prompts, from fixed noise (paired across runs)."""
         n = min(self.cfg.val_prompts, len(self.val_prompts))

@@ -20,13 +20,21 @@ from margrpo.runtime import autocast
 @torch.no_grad()
 def sample_images(policy: MARPolicy, prompts: list[str], sampling: SamplingConfig, images_per_prompt: int = 1,
                   seed: int = 0, batch_size: int = 32, precision: str = "bf16", desc: str = "sample") -> np.ndarray:
-    """uint8 images [len(prompts) * images_per_prompt, H, W, 3], prompt-major, deterministic per seed."""
+    """uint8 images [len(prompts) * images_per_prompt, H, W, 3], prompt-major, deterministic per seed.
+    A toy-mask policy (`ToyMaskPolicy`, with a `MaskSamplingConfig`) samples through `mask_rollout.generate`."""
+    from margrpo.policy.toy_mask import ToyMaskPolicy
+
     out = []
     per_batch = max(1, batch_size // images_per_prompt)
     for a in tqdm(range(0, len(prompts), per_batch), desc=desc, mininterval=5):
         g = torch.Generator().manual_seed(seed * 100_003 + a)
-        with autocast(policy.device, precision):
-            r = generate(policy, prompts[a : a + per_batch], sampling, group_size=images_per_prompt, generator=g)
+        if isinstance(policy, ToyMaskPolicy):  # discrete tokens: no autocast, MaskGIT's sampler
+            from margrpo.mask_rollout import generate as mask_generate
+
+            r = mask_generate(policy, prompts[a : a + per_batch], sampling, images_per_prompt, g)
+        else:
+            with autocast(policy.device, precision):
+                r = generate(policy, prompts[a : a + per_batch], sampling, group_size=images_per_prompt, generator=g)
         out.append((r.images.float().clamp(0, 1) * 255).round().byte().permute(0, 2, 3, 1).cpu().numpy())
     return np.concatenate(out)
 

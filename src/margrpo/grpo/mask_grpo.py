@@ -253,11 +253,30 @@ def train_step(policy: ToyMaskPolicy, ref: ToyMaskPolicy | None, optimizer, para
 
 
 @torch.no_grad()
-def validate(policy: ToyMaskPolicy, reward_fn: RewardFn, prompts: PromptSet, sampling: MaskSamplingConfig, n: int) -> float:
-    """Mean reward of one image for each of the first `n` prompts, from fixed noise (paired across runs and steps)."""
+def validate_scores(policy: ToyMaskPolicy, reward_fn: RewardFn, prompts: PromptSet, sampling: MaskSamplingConfig,
+                    n: int) -> list[float]:
+    """Reward of one image for each of the first `n` prompts, from fixed noise (VAL_SEED: the same draw for
+    every run, method and step, so differences between them are paired)."""
     n = min(n, len(prompts))
     r = generate(policy, prompts.prompts[:n], sampling, 1, torch.Generator().manual_seed(VAL_SEED))
-    return reward_fn(r.images, r.prompts, prompts.metadata[:n])[0].mean().item()
+    return reward_fn(r.images, r.prompts, prompts.metadata[:n])[0].tolist()
+
+
+def validate(policy: ToyMaskPolicy, reward_fn: RewardFn, prompts: PromptSet, sampling: MaskSamplingConfig, n: int) -> float:
+    """Mean reward of one image for each of the first `n` prompts, from fixed noise (paired across runs and steps)."""
+    scores = validate_scores(policy, reward_fn, prompts, sampling, n)
+    return sum(scores) / len(scores)
+
+
+def prepare(policy: ToyMaskPolicy, config: MaskGRPOConfig) -> tuple[ToyMaskPolicy | None, torch.optim.Optimizer, list]:
+    """(reference, optimizer, trained parameters) of a run: the text encoder frozen (as in the MAR trainer),
+    the reference a frozen copy of the policy as it is now (None when beta = 0), AdamW over the rest."""
+    for name, p in policy.named_parameters():
+        p.requires_grad_(not name.startswith("text_encoder."))
+    params = [p for p in policy.parameters() if p.requires_grad]
+    ref = copy.deepcopy(policy).requires_grad_(False).eval() if config.beta > 0 else None
+    optimizer = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.999), weight_decay=config.weight_decay)
+    return ref, optimizer, params
 
 
 def train_mask_grpo(policy: ToyMaskPolicy, reward_fn: RewardFn, prompts: PromptSet, config: MaskGRPOConfig,
@@ -269,11 +288,7 @@ def train_mask_grpo(policy: ToyMaskPolicy, reward_fn: RewardFn, prompts: PromptS
     as it was on entry.
     """
     sampling = sampling or MaskSamplingConfig()
-    for name, p in policy.named_parameters():
-        p.requires_grad_(not name.startswith("text_encoder."))
-    params = [p for p in policy.parameters() if p.requires_grad]
-    ref = copy.deepcopy(policy).requires_grad_(False).eval() if config.beta > 0 else None
-    optimizer = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.999), weight_decay=config.weight_decay)
+    ref, optimizer, params = prepare(policy, config)
     rows = []
     bar = tqdm(range(config.steps), desc=f"{config.method}[{config.seed}]", mininterval=5)
     for step in bar:

@@ -40,6 +40,16 @@ def resolve_policy(path: str) -> str:
     return path
 
 
+def policy_sampling(policy, text: str):
+    """The sampling settings of --sampling-json for this policy: MaskSamplingConfig fields for a toy-mask
+    policy, the schema's `policies.*.sampling` (SamplingConfig) for every MAR policy."""
+    from margrpo.policy.toy_mask import ToyMaskPolicy
+    from margrpo.stages._related import mask_sampling
+
+    value = json_arg(text, "--sampling-json")
+    return mask_sampling(value, "--sampling-json") if isinstance(policy, ToyMaskPolicy) else sampling_config(value)
+
+
 def run(args) -> None:
     from margrpo.evaluation.quality import sample_images
     from margrpo.policy import load_policy
@@ -51,7 +61,7 @@ def run(args) -> None:
     if args.max_prompts:
         records = records[: args.max_prompts]
     prompts = [r.prompt for r in records]
-    images = sample_images(policy, prompts, sampling_config(json_arg(args.sampling_json, "--sampling-json")),
+    images = sample_images(policy, prompts, policy_sampling(policy, args.sampling_json),
                            args.images_per_prompt, args.seed, args.batch_size, args.precision)
     out = Path(args.out_dir)
     with atomic_dir(out) as tmp:

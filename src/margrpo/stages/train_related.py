@@ -1,0 +1,218 @@
+"""`margrpo train-related`: one run of a related method (issue #19) in the files of `margrpo train`.
+
+    margrpo train-related --method {grpo-mask,maskgrpo,marval-rl} --policy-dir P --suites-dir S \
+        --spec-json '<json>' --toyclip-dir T --seed N --out-dir RUN
+
+Methods: `grpo-mask` (plain GRPO with exact log-probs) and `maskgrpo` (MaskGRPO) on a toy-mask policy
+(grpo/mask_grpo.py); `marval-rl` (reward gradients through a one-step policy, distill/marval_rl.py) on
+a one-step toy-marval policy. The spec: {"method", "related": MaskGRPOConfig fields (grpo-mask /
+maskgrpo; `method` comes from --method) or MARVALRLConfig fields (marval-rl; the reward weights come
+from `reward.weights`), "reward": {"name", "weights"}, "reward_models", "sampling" (the policy's:
+MaskSamplingConfig fields for toy-mask, the schema's `policies.*.sampling` for marval-rl), "device",
+"mixed_precision" (recorded; these methods run in float32)}. Unknown keys are one-line errors.
+
+RUN gets metrics.csv, summary.json (grpo/trainer.py's format: checkpoints with per-prompt validation
+scores, base_val_*, variant = the method) and state/ckpt-XXXXXX/policy at every validation. Validation
+scores the first `val_prompts` prompts of val.jsonl, one image each, under the run's reward mix, from a
+fixed generator (the same noise for every run and step). Resume: state/trainer.pt (optimizer, metrics,
+checkpoints) is read back when it was written under the same spec and seed; otherwise the run starts fresh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from margrpo.io import InputError
+from margrpo.stages._common import json_arg, prompt_set, reward_options, sampling_config, setup, write_spec
+from margrpo.stages._related import check_keys, dataclass_from, mask_sampling
+
+log = logging.getLogger(__name__)
+METHODS = {"grpo-mask": "grpo", "maskgrpo": "mask_grpo", "marval-rl": None}  # --method -> MaskGRPOConfig.method
+SPEC_KEYS = ("method", "related", "reward", "reward_models", "sampling", "device", "mixed_precision")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--method", required=True, choices=sorted(METHODS))
+    p.add_argument("--policy-dir", required=True, help="base policy folder: toy-mask (grpo-mask, maskgrpo) or one-step toy-marval (marval-rl)")
+    p.add_argument("--suites-dir", required=True, help="folder with train.jsonl and val.jsonl")
+    p.add_argument("--spec-json", required=True, help="the run's settings: method, related, reward, reward_models, sampling, device, mixed_precision")
+    p.add_argument("--toyclip-dir", default=None, help="trained toyclip model (when the reward uses it; marval-rl always does)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out-dir", required=True, help="run folder: metrics.csv, summary.json, state/ (checkpoints)")
+    p.add_argument("--threads", type=int, default=None)
+
+
+@dataclass
+class Job:
+    """One method, ready to run: its config, policy and optimizer, and the loop's callables."""
+
+    config: object
+    policy: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    step_fn: Callable[[int], dict]
+    validate_fn: Callable[[], list]
+    set_step: Callable[[int], None] = lambda step: None  # a resumed run tells the method where it is
+
+
+def read_spec(args) -> dict:
+    spec = check_keys(json_arg(args.spec_json, "--spec-json"), SPEC_KEYS, "--spec-json")
+    if spec.get("method", args.method) != args.method:
+        raise InputError(f"--spec-json: method {spec['method']!r} disagrees with --method {args.method}")
+    reward = check_keys(spec.get("reward"), ("name", "weights"), "--spec-json: reward")
+    if not isinstance(reward.get("weights"), dict) or not reward["weights"]:
+        raise InputError("--spec-json: reward.weights: expected a non-empty object {scorer: weight}")
+    if not isinstance(spec.get("related", {}), dict):
+        raise InputError("--spec-json: related: expected a JSON object of the method's settings")
+    return {**spec, "method": args.method}
+
+
+def build_reward(spec: dict, toyclip_dir: str | None):
+    from margrpo.rewards import build_reward_mix
+
+    weights = spec["reward"]["weights"]
+    try:
+        return build_reward_mix(weights, reward_options(weights, spec.get("reward_models", {}), toyclip_dir))
+    except ValueError as err:
+        raise InputError(f"--spec-json: reward: {err}") from None
+
+
+def mask_settings(args, spec: dict):
+    """(MaskGRPOConfig, MaskSamplingConfig) of a grpo-mask / maskgrpo spec."""
+    from margrpo.grpo.mask_grpo import MaskGRPOConfig
+
+    related = dict(spec.get("related", {}))
+    if related.pop("method", METHODS[args.method]) != METHODS[args.method]:
+        raise InputError(f"--spec-json: related.method disagrees with --method {args.method}")
+    related["seed"] = args.seed
+    cfg = dataclass_from(MaskGRPOConfig, related, "--spec-json: related", fixed={"method": METHODS[args.method]})
+    return cfg, mask_sampling(spec.get("sampling"), "--spec-json: sampling")
+
+
+def marval_settings(args, spec: dict):
+    """(MARVALRLConfig, SamplingConfig) of a marval-rl spec; the reward weights come from reward.weights."""
+    from margrpo.distill import MARVALRLConfig
+
+    weights = spec["reward"]["weights"]
+    if set(weights) - {"toyclip", "shapes"} or not weights.get("toyclip"):
+        raise InputError(f"--spec-json: reward.weights: marval-rl needs a non-zero toyclip weight (its gradient) and "
+                         f"takes toyclip and shapes only, got {weights}")
+    related = {**spec.get("related", {}), "seed": args.seed}
+    cfg = dataclass_from(MARVALRLConfig, related, "--spec-json: related",
+                         fixed={"toyclip_weight": float(weights["toyclip"]), "shapes_weight": float(weights.get("shapes", 0.0))})
+    if cfg.reg_weight:
+        raise InputError("--spec-json: related.reg_weight > 0 needs the teacher's distiller, which train-related does not build; set it to 0")
+    return cfg, sampling_config(spec.get("sampling", {}))
+
+
+def mask_job(args, cfg, sampling, policy, reward, train, val) -> Job:
+    """Plain GRPO or MaskGRPO on a toy-mask policy (grpo/mask_grpo.py's step and validation)."""
+    from margrpo.grpo import mask_grpo
+    from margrpo.policy.toy_mask import ToyMaskPolicy
+
+    if not isinstance(policy, ToyMaskPolicy):
+        raise InputError(f"{args.policy_dir}: --method {args.method} trains a toy-mask policy, got {type(policy).__name__}")
+    if cfg.batch_prompts > len(train):
+        raise InputError(f"--spec-json: related.batch_prompts ({cfg.batch_prompts}) exceeds the {len(train)} training prompts")
+    ref, optimizer, params = mask_grpo.prepare(policy, cfg)
+    step = lambda i: mask_grpo.train_step(policy, ref, optimizer, params, reward, train, cfg, sampling, i)  # noqa: E731
+    validate = lambda: mask_grpo.validate_scores(policy, reward, val, sampling, cfg.val_prompts)  # noqa: E731
+    return Job(cfg, policy, optimizer, step, validate)
+
+
+def marval_job(args, cfg, sampling, policy, reward, train, val) -> Job:
+    """MARVAL-RL on a one-step policy: toyclip's gradient (and shapes by REINFORCE) with the reward mix's weights."""
+    from margrpo.distill import MARVALRL
+    from margrpo.policy import ToyMAR
+
+    if not isinstance(policy, ToyMAR) or policy.config.head_sampler != "one_step":
+        raise InputError(f"{args.policy_dir}: marval-rl trains a one-step policy (written by distill-marval), got "
+                         f"{type(policy).__name__}" + (f" with head_sampler {policy.config.head_sampler!r}" if isinstance(policy, ToyMAR) else ""))
+    rl = MARVALRL(policy, reward.scorers["toyclip"].model, reward.scorers.get("shapes"), train, val, sampling, cfg)
+
+    def step(i: int) -> dict:
+        assert rl.step == i, (rl.step, i)
+        return rl.train_step()
+
+    return Job(cfg, policy, rl.optimizer, step, lambda: rl.validate_scores(reward), set_step=lambda i: setattr(rl, "step", i))
+
+
+def state_saver(job: Job, state_dir: Path, run_hash: str):
+    """save_fn of the loop: the checkpoint's policy folder, then state/trainer.pt (what a resume reads)."""
+    from margrpo.io import atomic_dir, atomic_path
+
+    def save(path: Path, state) -> None:
+        with atomic_dir(path) as tmp:
+            job.policy.save_pretrained(tmp)
+        record = {"step": state.step, "rows": state.rows, "checkpoints": state.checkpoints,
+                  "optimizer": job.optimizer.state_dict(), "spec_hash": run_hash}
+        with atomic_path(state_dir / "trainer.pt") as tmp:
+            torch.save(record, tmp)
+
+    return save
+
+
+def try_resume(job: Job, state_dir: Path, run_hash: str):
+    """The loop's state from state/trainer.pt when written under this run's hash (policy and optimizer restored); else None."""
+    from margrpo.grpo.run_loop import RunState, checkpoint_path
+    from margrpo.policy import load_policy
+
+    path = state_dir / "trainer.pt"
+    if not path.is_file():
+        return None
+    try:
+        record = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # an unreadable state cannot be trusted
+        record = {"spec_hash": f"unreadable ({type(err).__name__})"}
+    if record.get("spec_hash") != run_hash:
+        log.info("not resuming from %s: written under %s, this run is %s; starting fresh", path, record.get("spec_hash"), run_hash)
+        shutil.rmtree(state_dir)
+        return None
+    weights = load_policy(checkpoint_path(state_dir, record["step"]), job.policy.device).state_dict()
+    job.policy.load_state_dict(weights)
+    job.optimizer.load_state_dict(record["optimizer"])
+    job.set_step(record["step"])
+    log.info("resumed from %s at step %d", path, record["step"])
+    return RunState(record["step"], record["rows"], record["checkpoints"])
+
+
+def run(args) -> None:
+    from margrpo.grpo.run_loop import train_loop, write_run_outputs
+    from margrpo.io import spec_hash
+    from margrpo.policy import load_policy
+
+    spec = read_spec(args)
+    cfg, sampling = (marval_settings if args.method == "marval-rl" else mask_settings)(args, spec)
+    device = setup(args.threads, spec.get("device", "auto"))
+    out = Path(args.out_dir)
+    run_spec = {**spec, "seed": args.seed,
+                "inputs": {"policy_dir": args.policy_dir, "suites_dir": args.suites_dir, "toyclip_dir": args.toyclip_dir}}
+    write_spec(out, run_spec)
+    reward = build_reward(spec, args.toyclip_dir)
+    suites = Path(args.suites_dir)
+    train, val = prompt_set(suites / "train.jsonl"), prompt_set(suites / "val.jsonl")
+    build = marval_job if args.method == "marval-rl" else mask_job
+    job = build(args, cfg, sampling, load_policy(args.policy_dir, device), reward, train, val)
+    config = dataclasses.asdict(job.config)
+    run_hash = spec_hash({"spec": run_spec, "config": config})
+    state_dir = out / "state"
+    state = try_resume(job, state_dir, run_hash)
+    state = train_loop(job.config.steps, job.config.val_every, job.step_fn, job.validate_fn,
+                       state_saver(job, state_dir, run_hash), state_dir, state, desc=f"{args.method}[{args.seed}]")
+    write_run_outputs(out, state, args.method, run_spec, config)
+    best = max(state.checkpoints, key=lambda c: c["val_reward"])
+    log.info(f"done: {state.step} steps; base val reward {state.checkpoints[0]['val_reward']:.4f}; "
+             f"best {best['val_reward']:.4f} at step {best['step']}")
+
+
+if __name__ == "__main__":
+    from margrpo.cli import main
+
+    main(["train-related", *__import__("sys").argv[1:]])

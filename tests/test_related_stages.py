@@ -1,0 +1,215 @@
+"""The related-method stages end to end through `margrpo.cli.main` on tiny models: pretrain-mask,
+distill-marval, train-related (grpo-mask, maskgrpo, marval-rl), and `select` / `sample` on their outputs."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from margrpo.cli import main
+from margrpo.world import WorldConfig, prompt_vocabulary
+
+TINY_MASK = {"width": 32, "depth": 1, "heads": 2, "text_width": 16, "text_depth": 1, "text_heads": 2}
+MASK_SAMPLING = {"steps": 4, "cfg_scale": 2.0}
+TEACHER_SAMPLING = {"ar_steps": 4, "diffusion_steps": 5, "cfg_scale": 2.0}
+ONE_STEP_SAMPLING = {"ar_steps": 4, "diffusion_steps": 2, "cfg_scale": 1.0}
+RELATED = {"steps": 2, "batch_prompts": 2, "group_size": 2, "val_every": 1, "val_prompts": 3}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    """Tiny ShapesWorld suites of a snapped 64-px world (one toy-mask token per cell) and its world.json."""
+    out = tmp_path_factory.mktemp("related") / "data"
+    main(["make-suites", "--out-dir", str(out), "--preset", "grid4", "--n-train", "12", "--n-val", "6", "--n-eval", "8"])
+    return out
+
+
+def world(data: Path) -> dict:
+    return json.loads((data / "world.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def mask_policy(data) -> Path:
+    out = data.parent / "pretrain-mask"
+    entry = {"kind": "toy-mask", "model": TINY_MASK, "pretrain": {"steps": 3, "batch_size": 8, "warmup_steps": 1},
+             "sampling": MASK_SAMPLING}
+    main(["pretrain-mask", "--world", str(data / "world.json"), "--eval-suite", str(data / "eval.jsonl"),
+          "--policy-json", json.dumps(entry), "--out-dir", str(out / "policy"), "--quality", str(out / "quality.json"),
+          "--threads", "1"])
+    return out / "policy"
+
+
+@pytest.fixture(scope="module")
+def one_step_policy(data) -> Path:
+    """A tiny toy-nova teacher (its spec.json as `margrpo pretrain` writes it), distilled for 2 steps."""
+    from margrpo.policy import ToyMAR, ToyMARConfig
+
+    torch.manual_seed(0)
+    teacher = ToyMAR(ToyMARConfig(head_type="flow", vocab=prompt_vocabulary(), width=32, depth=1, heads=2, head_width=32,
+                                  head_depth=1, text_width=16, text_depth=1, text_heads=2))
+    root = data.parent / "teacher"
+    teacher.save_pretrained(root / "policy")
+    (root / "spec.json").write_text(json.dumps({"policy_json": {"kind": "toy", "sampling": TEACHER_SAMPLING}}))
+    out = data.parent / "marval"
+    entry = {"kind": "toy-marval", "teacher": "toy-nova", "sampling": ONE_STEP_SAMPLING,
+             "distill": {"steps": 2, "batch_prompts": 2, "rows": 16, "save_every": 1}}
+    main(["distill-marval", "--teacher", str(root / "policy"), "--suites-dir", str(data), "--policy-json", json.dumps(entry),
+          "--out-dir", str(out / "policy"), "--quality", str(out / "quality.json"), "--threads", "1"])
+    return out / "policy"
+
+
+@pytest.fixture(scope="module")
+def toyclip_dir(data) -> Path:
+    from margrpo.rewards.toyclip import ToyClip, ToyClipConfig
+
+    torch.manual_seed(0)
+    path = data.parent / "toyclip" / "model"
+    ToyClip(ToyClipConfig(image_size=64, vocab=prompt_vocabulary(), width=16, embed_dim=16, text_width=16, text_depth=1,
+                          text_heads=2)).save_pretrained(path)
+    return path
+
+
+def related_spec(method: str, data: Path, weights: dict, sampling: dict, **related) -> dict:
+    return {"method": method, "related": {**RELATED, **related}, "reward": {"name": "mix", "weights": weights},
+            "reward_models": {"shapes": {"world": world(data)}} if "shapes" in weights else {},
+            "sampling": sampling, "device": "cpu", "mixed_precision": "no"}
+
+
+def train_related(method, policy, data, spec, out, toyclip=None):
+    argv = ["train-related", "--method", method, "--policy-dir", str(policy), "--suites-dir", str(data),
+            "--spec-json", json.dumps(spec), "--seed", "3", "--out-dir", str(out), "--threads", "1"]
+    main(argv + (["--toyclip-dir", str(toyclip)] if toyclip else []))
+
+
+def check_run(out: Path, method: str, steps: int = 2, val_prompts: int = 3) -> dict:
+    """metrics.csv and summary.json in `margrpo train`'s format, read by the reporting code and `margrpo select`."""
+    import pandas as pd
+
+    from margrpo.policy import load_policy
+    from margrpo.reporting.results import load_summary
+
+    metrics = pd.read_csv(out / "metrics.csv")
+    assert metrics["step"].tolist() == list(range(1, steps + 1))
+    for col in ("reward_mean", "reward_std", "step_time_s", "val_reward"):
+        assert metrics[col].notna().all(), col  # val_every 1: every step validated
+    summary = load_summary(out.parent, out.name)
+    assert summary["variant"] == method and summary["steps"] == steps
+    assert summary["spec"]["method"] == method and summary["spec"]["seed"] == 3 and summary["config"]["seed"] == 3
+    assert len(summary["base_val_scores"]) == val_prompts
+    assert summary["base_val_reward"] == pytest.approx(sum(summary["base_val_scores"]) / val_prompts)
+    assert [c["step"] for c in summary["checkpoints"]] == list(range(1, steps + 1))
+    for c, val in zip(summary["checkpoints"], metrics["val_reward"]):
+        assert len(c["val_scores"]) == val_prompts and c["val_reward"] == pytest.approx(val)
+        assert c["path"] == str(out / "state" / f"ckpt-{c['step']:06d}" / "policy")
+        load_policy(c["path"])
+    for step in ("best", "2"):
+        main(["select", "--summary", str(out / "summary.json"), "--step", step, "--out", str(out / f"select-{step}.json")])
+    selection = json.loads((out / "select-2.json").read_text())
+    assert selection["step"] == 2 and selection["policy"] == summary["checkpoints"][1]["path"]
+    return summary
+
+
+def test_pretrain_mask_writes_a_loadable_policy_and_its_quality_report(mask_policy):
+    from margrpo.policy import load_policy
+    from margrpo.policy.toy_mask import ToyMaskPolicy
+
+    policy = load_policy(mask_policy)
+    assert isinstance(policy, ToyMaskPolicy) and policy.config.width == 32
+    assert policy.world == WorldConfig.from_dict(json.loads((mask_policy.parents[1] / "data" / "world.json").read_text()))
+    quality = json.loads((mask_policy.parent / "quality.json").read_text())
+    assert quality["n_images"] == 8 * 2 and {"strict", "lenient", "shuffled_strict"} <= set(quality["overall"])
+    assert quality["per_category"] and quality["pretrain"]["steps"] == 3
+    assert (mask_policy.parent / "spec.json").is_file() and (mask_policy.parent / "state" / "log.csv").is_file()
+
+
+@pytest.mark.parametrize("method", ["grpo-mask", "maskgrpo"])
+def test_train_related_on_toy_mask_writes_the_files_of_margrpo_train(method, mask_policy, data, logged):
+    out = data.parent / "runs" / method
+    spec = related_spec(method, data, {"shapes": 1.0}, MASK_SAMPLING, iterations=2)
+    train_related(method, mask_policy, data, spec, out)
+    summary = check_run(out, method)
+    assert summary["config"]["method"] == {"grpo-mask": "grpo", "maskgrpo": "mask_grpo"}[method]
+    # the base validation is the same draw for every method and seed: common random numbers
+    first = json.loads((data.parent / "runs" / "grpo-mask" / "summary.json").read_text())
+    assert summary["base_val_scores"] == first["base_val_scores"]
+    # a second run finds its state written under the same spec: it resumes at the end and rewrites the same files
+    (out / "summary.json").unlink()
+    logged()
+    train_related(method, mask_policy, data, spec, out)
+    assert "resumed from" in logged()
+    again = json.loads((out / "summary.json").read_text())
+    assert again["checkpoints"] == summary["checkpoints"]
+
+
+def test_distill_marval_writes_a_one_step_policy_and_marval_rl_trains_it(one_step_policy, data, toyclip_dir):
+    from margrpo.policy import ToyMAR, load_policy
+
+    student = load_policy(one_step_policy)
+    assert isinstance(student, ToyMAR) and student.config.head_sampler == "one_step"
+    quality = json.loads((one_step_policy.parent / "quality.json").read_text())
+    assert quality["n_images"] == 8 * 2 and quality["distill"]["steps"] == 2 and quality["teacher"] == "toy-nova"
+    out = data.parent / "runs" / "marval-rl"
+    spec = related_spec("marval-rl", data, {"toyclip": 1.0, "shapes": 0.5}, ONE_STEP_SAMPLING, lr=1e-3)
+    train_related("marval-rl", one_step_policy, data, spec, out, toyclip_dir)
+    summary = check_run(out, "marval-rl")
+    assert summary["config"]["toyclip_weight"] == 1.0 and summary["config"]["shapes_weight"] == 0.5
+    metrics = __import__("pandas").read_csv(out / "metrics.csv")
+    assert {"reward/toyclip", "reward/shapes", "grad_norm"} <= set(metrics.columns)
+
+
+def _pngs(folder: Path) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("*.png"))}
+
+
+def test_sample_on_a_toy_mask_policy_and_a_one_step_policy(mask_policy, one_step_policy, data):
+    from margrpo.prompts.suites import load_suite
+
+    prompts = [r.prompt for r in load_suite(data / "eval.jsonl")[:3]]
+    runs = {}
+    for name, policy, sampling in (("mask", mask_policy, MASK_SAMPLING), ("mask-again", mask_policy, MASK_SAMPLING),
+                                   ("one-step", one_step_policy, ONE_STEP_SAMPLING)):
+        out = data.parent / "samples" / name
+        main(["sample", "--policy", str(policy), "--suite", str(data / "eval.jsonl"), "--sampling-json", json.dumps(sampling),
+              "--images-per-prompt", "2", "--max-prompts", "3", "--seed", "5", "--out-dir", str(out), "--threads", "1"])
+        runs[name] = _pngs(out)
+        assert sorted(runs[name]) == sorted(f"{p}_{i:06d}.png" for p in prompts for i in range(2))
+    assert runs["mask"] == runs["mask-again"]  # deterministic from --seed
+
+
+@pytest.mark.parametrize("stage, bad", [
+    ("train-related", {"spec": {"bogus_key": 1}}),
+    ("train-related", {"related": {"bogus_key": 1}}),
+    ("train-related", {"sampling": {"bogus_key": 1}}),
+    ("pretrain-mask", {"entry": {"bogus_key": 1}}),
+    ("pretrain-mask", {"model": {"bogus_key": 1}}),
+    ("distill-marval", {"distill": {"bogus_key": 1}}),
+])
+def test_an_unknown_key_is_a_one_line_error_naming_it(stage, bad, data, tmp_path):
+    if stage == "train-related":
+        spec = related_spec("grpo-mask", data, {"shapes": 1.0}, {**MASK_SAMPLING, **bad.get("sampling", {})}, **bad.get("related", {}))
+        argv = ["train-related", "--method", "grpo-mask", "--policy-dir", str(tmp_path / "none"), "--suites-dir", str(data),
+                "--spec-json", json.dumps({**spec, **bad.get("spec", {})}), "--out-dir", str(tmp_path / "run")]
+    elif stage == "pretrain-mask":
+        entry = {"kind": "toy-mask", "model": {**TINY_MASK, **bad.get("model", {})}, **bad.get("entry", {})}
+        argv = ["pretrain-mask", "--world", str(data / "world.json"), "--eval-suite", str(data / "eval.jsonl"),
+                "--policy-json", json.dumps(entry), "--out-dir", str(tmp_path / "p" / "policy"), "--quality", str(tmp_path / "q.json")]
+    else:
+        entry = {"kind": "toy-marval", "teacher": "t", "distill": bad["distill"], "sampling": ONE_STEP_SAMPLING}
+        argv = ["distill-marval", "--teacher", str(tmp_path / "t" / "policy"), "--suites-dir", str(data),
+                "--policy-json", json.dumps(entry), "--out-dir", str(tmp_path / "d" / "policy"), "--quality", str(tmp_path / "q.json")]
+    with pytest.raises(SystemExit) as err:
+        main(argv)
+    message = str(err.value)
+    assert "bogus_key" in message and "\n" not in message and message.startswith(f"margrpo {stage}: error:")
+
+
+def test_a_method_on_the_wrong_policy_or_reward_is_a_one_line_error(mask_policy, one_step_policy, data, toyclip_dir, tmp_path):
+    cases = [("grpo-mask", one_step_policy, related_spec("grpo-mask", data, {"shapes": 1.0}, MASK_SAMPLING), "toy-mask policy"),
+             ("marval-rl", mask_policy, related_spec("marval-rl", data, {"toyclip": 1.0}, ONE_STEP_SAMPLING), "one-step policy"),
+             ("marval-rl", one_step_policy, related_spec("marval-rl", data, {"shapes": 1.0}, ONE_STEP_SAMPLING), "toyclip weight"),
+             ("maskgrpo", mask_policy, related_spec("grpo-mask", data, {"shapes": 1.0}, MASK_SAMPLING), "disagrees with --method")]
+    for method, policy, spec, words in cases:
+        with pytest.raises(SystemExit) as err:
+            train_related(method, policy, data, spec, tmp_path / method, toyclip=toyclip_dir)
+        assert words in str(err.value) and "\n" not in str(err.value), str(err.value)
