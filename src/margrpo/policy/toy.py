@@ -196,35 +196,53 @@ class ToyMAR(MARPolicy):
 
     # --- Hugging Face style persistence ---------------------------------------------------------------
     def save_pretrained(self, directory: str | Path) -> None:
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        save_file(state, str(d / WEIGHTS), metadata={"format": "pt"})
-        (d / CONFIG).write_text(json.dumps({"model_type": "toy-mar", **asdict(self.config)}, indent=1))
-        self.tokenizer.save_pretrained(str(d / TOKENIZER))
+        save_folder(self, "toy-mar", directory)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, device: str | torch.device = "cpu") -> ToyMAR:
-        d = Path(directory)
-        missing = [n for n in (CONFIG, WEIGHTS, TOKENIZER) if not (d / n).exists()]
-        if missing:
-            raise FileNotFoundError(f"{d}: not a toy MAR checkpoint; missing {', '.join(missing)} (expected {CONFIG}, {WEIGHTS}, {TOKENIZER}/)")
-        raw = read_json(d / CONFIG)
-        if not isinstance(raw, dict) or raw.pop("model_type", None) != "toy-mar":
-            raise InputError(f"{d / CONFIG}: model_type is not 'toy-mar'")
+        raw = read_folder_config(directory, "toy-mar")
         if "token_norm" in raw:
             raw["token_norm"] = tuple(raw["token_norm"])
-        try:
-            config = ToyMARConfig(**raw)
-        except (TypeError, ValueError) as err:
-            raise InputError(f"{d / CONFIG}: {err}") from None
-        model = cls(config, PreTrainedTokenizerFast.from_pretrained(str(d / TOKENIZER)))
-        try:
-            state = load_file(str(d / WEIGHTS))
-        except Exception as err:  # safetensors raises its own error types for truncated files
-            raise ValueError(f"{d / WEIGHTS}: corrupt or unreadable weights ({err})") from err
-        model.load_state_dict(state, strict=True)
-        return model.to(device)
+        return load_folder(cls, ToyMARConfig, raw, directory).to(device)
+
+
+def save_folder(model: nn.Module, model_type: str, directory: str | Path) -> None:
+    """A toy policy's folder: weights (safetensors), config.json (with its model_type) and the tokenizer."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(state, str(d / WEIGHTS), metadata={"format": "pt"})
+    (d / CONFIG).write_text(json.dumps({"model_type": model_type, **asdict(model.config)}, indent=1))
+    model.tokenizer.save_pretrained(str(d / TOKENIZER))
+
+
+def read_folder_config(directory: str | Path, model_type: str) -> dict:
+    """config.json of a toy policy folder (its model_type checked and removed); errors name the file."""
+    d = Path(directory)
+    missing = [n for n in (CONFIG, WEIGHTS, TOKENIZER) if not (d / n).exists()]
+    if missing:
+        raise FileNotFoundError(f"{d}: not a {model_type} checkpoint; missing {', '.join(missing)} (expected {CONFIG}, {WEIGHTS}, {TOKENIZER}/)")
+    raw = read_json(d / CONFIG)
+    if not isinstance(raw, dict) or raw.pop("model_type", None) != model_type:
+        raise InputError(f"{d / CONFIG}: model_type is not {model_type!r}")
+    return raw
+
+
+def load_folder(cls, config_cls, raw: dict, directory: str | Path):
+    """`cls(config_cls(**raw), tokenizer)` with the folder's weights loaded strictly; bad fields and corrupt
+    weights name their file."""
+    d = Path(directory)
+    try:
+        config = config_cls(**raw)
+    except (TypeError, ValueError) as err:
+        raise InputError(f"{d / CONFIG}: {err}") from None
+    model = cls(config, PreTrainedTokenizerFast.from_pretrained(str(d / TOKENIZER)))
+    try:
+        state = load_file(str(d / WEIGHTS))
+    except Exception as err:  # safetensors raises its own error types for truncated files
+        raise ValueError(f"{d / WEIGHTS}: corrupt or unreadable weights ({err})") from err
+    model.load_state_dict(state, strict=True)
+    return model
 
 
 def text_encoder(vocab_size: int, c) -> BertModel:

@@ -18,22 +18,19 @@ policies' live in `margrpo.rollout`.
 from __future__ import annotations
 
 import itertools
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerFast
 
-from margrpo.io import InputError, read_json
 from margrpo.policy.base import TextCondition
 from margrpo.policy.layers import Block
 from margrpo.policy.memory import run_blocks
-from margrpo.policy.toy import CONFIG, TOKENIZER, WEIGHTS, encode_text, text_encoder
+from margrpo.policy.toy import encode_text, load_folder, read_folder_config, save_folder, text_encoder
 from margrpo.text import build_tokenizer
 from margrpo.world import PRESETS, ObjectSpec, Scene, WorldConfig, render
 
@@ -193,26 +190,8 @@ class ToyMaskPolicy(nn.Module):
 
     # --- Hugging Face style persistence ---------------------------------------------------------------
     def save_pretrained(self, directory: str | Path) -> None:
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        save_file(state, str(d / WEIGHTS), metadata={"format": "pt"})
-        (d / CONFIG).write_text(json.dumps({"model_type": MODEL_TYPE, **asdict(self.config)}, indent=1))
-        self.tokenizer.save_pretrained(str(d / TOKENIZER))
+        save_folder(self, MODEL_TYPE, directory)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, device: str | torch.device = "cpu") -> ToyMaskPolicy:
-        d = Path(directory)
-        missing = [n for n in (CONFIG, WEIGHTS, TOKENIZER) if not (d / n).exists()]
-        if missing:
-            raise FileNotFoundError(f"{d}: not a toy-mask checkpoint; missing {', '.join(missing)} (expected {CONFIG}, {WEIGHTS}, {TOKENIZER}/)")
-        raw = read_json(d / CONFIG)
-        if not isinstance(raw, dict) or raw.pop("model_type", None) != MODEL_TYPE:
-            raise InputError(f"{d / CONFIG}: model_type is not {MODEL_TYPE!r}")
-        try:
-            config = ToyMaskConfig(**raw)
-        except (TypeError, ValueError) as err:
-            raise InputError(f"{d / CONFIG}: {err}") from None
-        model = cls(config, PreTrainedTokenizerFast.from_pretrained(str(d / TOKENIZER)))
-        model.load_state_dict(load_file(str(d / WEIGHTS)), strict=True)
-        return model.to(device).eval()
+        return load_folder(cls, ToyMaskConfig, read_folder_config(directory, MODEL_TYPE), directory).to(device).eval()
