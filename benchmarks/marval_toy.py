@@ -61,7 +61,12 @@ def main() -> None:
     ap.add_argument("--out", default="/tmp/marval")
     ap.add_argument("--lr", type=float, default=MARVALConfig.lr)
     ap.add_argument("--fake-lr", type=float, default=MARVALConfig.fake_lr)
+    ap.add_argument("--regression-weight", type=float, default=MARVALConfig.regression_weight)
+    ap.add_argument("--warm-start", type=int, default=MARVALConfig.warm_start)
+    ap.add_argument("--regression-rows", type=int, default=MARVALConfig.regression_rows)
+    ap.add_argument("--batch-prompts", type=int, default=MARVALConfig.batch_prompts)
     ap.add_argument("--skip-teacher", action="store_true", help="no speed and teacher quality (measured by an earlier run)")
+    ap.add_argument("--teacher-ode", action="store_true", help="also score the teacher's ODE sampler (noise_level 0)")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -83,7 +88,12 @@ def main() -> None:
         report["quality_student_step0"] = quality(student0, records, s_sampling, world)
         print("teacher", report["quality_teacher"], "student@0", report["quality_student_step0"], flush=True)
 
-    config = MARVALConfig(steps=args.steps, objective=args.objective, save_every=100, lr=args.lr, fake_lr=args.fake_lr)
+    if args.teacher_ode:  # the regression targets' sampler
+        report["quality_teacher_ode"] = quality(teacher, records, dataclasses.replace(t_sampling, noise_level=0.0), world)
+        print("teacher ODE", report["quality_teacher_ode"], flush=True)
+    config = MARVALConfig(steps=args.steps, objective=args.objective, save_every=100, lr=args.lr, fake_lr=args.fake_lr,
+                          regression_weight=args.regression_weight, warm_start=args.warm_start,
+                          batch_prompts=args.batch_prompts, regression_rows=args.regression_rows)
     report["marval"] = dataclasses.asdict(config)
     distiller = MARVALDistiller(teacher, t_sampling, config)
     g = torch.Generator().manual_seed(123)
@@ -97,6 +107,7 @@ def main() -> None:
     report["distance_final"] = teacher_distance(distiller.teacher_head, distiller.student, probe)
     report["quality_student_final"] = quality(distiller.student.eval(), records, s_sampling, world)
     report["distill_last_rows"] = rows[-3:]
+    report["distill_trace"] = [{k: r[k] for k in ("step", "var_loss", "reg_loss", "fake_loss")} for r in rows[9::10]]
     print(json.dumps(report, indent=1), flush=True)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "report.json").write_text(json.dumps(report, indent=1))

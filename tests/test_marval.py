@@ -48,7 +48,8 @@ def _rows(distiller, seed=5):
 def test_distillation_moves_the_student_toward_the_teachers_samples(objective):
     """The moment distance of the student's tokens to the teacher's 20-step guided samples, at the same z, drops."""
     distiller = MARVALDistiller(tiny_policy("flow"), TEACHER_SAMPLING,
-                                MARVALConfig(steps=25, batch_prompts=4, rows=64, objective=objective, lr=1e-3, fake_lr=1e-3))
+                                MARVALConfig(steps=25, batch_prompts=4, rows=64, objective=objective, lr=1e-3, fake_lr=1e-3,
+                                             regression_weight=0.0, warm_start=0))  # the variational term alone
     rows = _rows(distiller)
     before = teacher_distance(distiller.teacher_head, distiller.student, rows, draws=16)
     head = [p.detach().clone() for p in distiller.student.diffloss.parameters()]
@@ -60,6 +61,46 @@ def test_distillation_moves_the_student_toward_the_teachers_samples(objective):
     assert any(not torch.equal(a, b) for a, b in zip(head, distiller.student.diffloss.parameters()))
     assert all(torch.equal(a, b) for a, b in zip(ar, distiller.student.ar_parameters()))  # the AR model stays frozen
     assert metrics[-1]["fake_loss"] < metrics[0]["fake_loss"]  # the fake score head learns the student's tokens
+
+
+def test_regression_term_moves_the_student_toward_the_teachers_ode_samples():
+    """DMD's regression term: the student's paired distance to the teacher's ODE sample from the same noise drops,
+    and by more than with the variational term alone; warm-start iterations have no variational loss."""
+    def run(**kw):
+        cfg = MARVALConfig(steps=20, batch_prompts=4, rows=64, regression_rows=64, lr=1e-3, fake_lr=1e-3, **kw)
+        distiller = MARVALDistiller(tiny_policy("flow"), TEACHER_SAMPLING, cfg)
+        rows = _rows(distiller)
+        before = teacher_distance(distiller.teacher_head, distiller.student, rows, draws=4, steps=TEACHER_SAMPLING.diffusion_steps)
+        metrics = distiller.train(PROMPT_SET)
+        after = teacher_distance(distiller.teacher_head, distiller.student, rows, draws=4, steps=TEACHER_SAMPLING.diffusion_steps)
+        return before, after, metrics
+
+    before, after, metrics = run(regression_weight=1.0, warm_start=10)
+    assert after["paired"] < 0.7 * before["paired"], (before, after)
+    assert all(math.isnan(r["var_loss"]) for r in metrics[:10]) and all(math.isfinite(r["var_loss"]) for r in metrics[10:])
+    assert all(math.isfinite(r["reg_loss"]) for r in metrics) and metrics[-1]["reg_loss"] < metrics[0]["reg_loss"]
+    _, without, _ = run(regression_weight=0.0, warm_start=0)
+    assert after["paired"] < without["paired"], (after, without)
+    with pytest.raises(ValueError):
+        MARVALConfig(regression_weight=0.0, warm_start=5)  # a warm start needs the regression term
+
+
+def test_teacher_ode_is_the_flow_samplers_deterministic_chain():
+    """teacher_ode matches the Euler ODE of FlowSDESampler(noise_level=0) on the head's guided velocity."""
+    from margrpo.diffusion.flow import FlowSDESampler
+    from margrpo.distill.marval import guided_x0, teacher_ode
+
+    distiller = MARVALDistiller(tiny_policy("flow"), TEACHER_SAMPLING, MARVALConfig(rows=8))
+    rows = _rows(distiller)
+    head, policy = distiller.teacher_head, distiller.student
+    noise = torch.randn(len(rows.cfg), policy.token_dim, generator=torch.Generator().manual_seed(1))
+    sampler, x = FlowSDESampler(num_steps=5, noise_level=0.0), noise
+    for i in range(5):
+        t = torch.full((len(x),), float(sampler.sigmas[i]))
+        v = (x - guided_x0(head, x, t, rows)) / t[:, None]
+        x = sampler.step(v, i, x, generator=torch.Generator().manual_seed(i)).prev_sample  # no noise is drawn
+    assert torch.allclose(teacher_ode(head, rows, noise, 5), x, atol=1e-5)
+    assert torch.equal(teacher_ode(head, rows, noise, 5), teacher_ode(head, rows, noise, 5))  # deterministic
 
 
 def test_grpo_runs_unchanged_on_the_one_step_policy_with_ratio_one(tmp_path):

@@ -6,7 +6,7 @@ gradients through the one-step generator. The one-step policy is a plain `ToyMAR
 (`head_sampler: one_step`), so the GRPO trainer and rollout run on it unchanged.
 """
 
-from margrpo.distill.marval import MARVALConfig, MARVALDistiller, generator_loss, teacher_distance
+from margrpo.distill.marval import MARVALConfig, MARVALDistiller, generator_loss, teacher_distance, teacher_ode
 from margrpo.distill.marval_rl import MARVALRL, MARVALRLConfig
 from margrpo.distill.one_step import OneStepRollout, committed_log_prob, generate_one_step, one_step_policy
 
@@ -21,4 +21,5 @@ __all__ = [
     "generator_loss",
     "one_step_policy",
     "teacher_distance",
+    "teacher_ode",
 ]
