@@ -103,6 +103,19 @@ def choose_steps(ar_steps: int, stochastic: int, mask_steps: int, diffusion_step
     return ar, diff
 
 
+@torch.no_grad()
+def validation_batch(policy: MARPolicy, reward_fn: RewardFn, val: PromptSet, a: int, n: int, sampling: SamplingConfig,
+                     images: int, precision: str) -> tuple[list[float], torch.Tensor]:
+    """Scores of validation prompts a .. min(n, a + 8) - 1 (each the mean over its `images` images) and the images.
+    The noise comes from VAL_SEED + a alone, so every run, method and step that samples through `generate`
+    sees the same noise: differences between them are paired (common random numbers)."""
+    prompts, meta = val.prompts[a : min(n, a + 8)], val.metadata[a : min(n, a + 8)]
+    with autocast(policy.device, precision):
+        r = generate(policy, prompts, sampling, group_size=images, generator=torch.Generator().manual_seed(VAL_SEED + a))
+    reward = reward_fn(r.images, r.prompts, [m for m in meta for _ in range(images)])[0]
+    return reward.view(len(prompts), images).mean(1).tolist(), r.images
+
+
 class GRPOTrainer:
     ema: EMA | None = None  # the average of the trained parameters (grpo.ema_decay), made by train()
 
@@ -379,13 +392,10 @@ class GRPOTrainer:
         scores = []  # (first prompt, scores) of this process's batches; batch a goes to process (a / 8) mod W
         with self.ema.applied(self.policy) if self.ema else contextlib.nullcontext():  # the EMA weights, when on
             for a in list(range(0, n, 8))[self.rank :: self.world]:
-                prompts, meta = self.val_prompts.prompts[a : min(n, a + 8)], self.val_prompts.metadata[a : min(n, a + 8)]
-                with autocast(self.accelerator.device, self.cfg.precision):
-                    r = generate(self.policy, prompts, self.sampling, group_size=G, generator=torch.Generator().manual_seed(VAL_SEED + a))
-                reward = self.reward_fn(r.images, r.prompts, [m for m in meta for _ in range(G)])[0]
-                scores.append((a, reward.view(len(prompts), G).mean(1).tolist()))
+                batch, images = validation_batch(self.policy, self.reward_fn, self.val_prompts, a, n, self.sampling, G, self.cfg.precision)
+                scores.append((a, batch))
                 if a == 0 and self.accelerator.trackers:  # the first image of the first (up to 8) prompts
-                    log_image_grid(self.accelerator, "val/samples", r.images[::G], self.step)
+                    log_image_grid(self.accelerator, "val/samples", images[::G], self.step)
         return [x for _, part in sorted(b for shares in all_objects(scores) for b in shares) for x in part]
 
     def save(self) -> None:

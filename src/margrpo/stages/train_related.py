@@ -141,7 +141,13 @@ def marval_job(args, cfg, sampling, policy, reward, train, val) -> Job:
         assert rl.step == i, (rl.step, i)
         return rl.train_step()
 
-    return Job(cfg, policy, rl.optimizer, step, lambda: rl.validate_scores(reward), set_step=lambda i: setattr(rl, "step", i))
+    def validate() -> list[float]:  # as `margrpo train` validates (rollout.generate, VAL_SEED + batch offset):
+        from margrpo.grpo.trainer import validation_batch  # GRPO on the same one-step base then shares its base scores
+
+        n = min(cfg.val_prompts, len(val))
+        return [x for a in range(0, n, 8) for x in validation_batch(policy, reward, val, a, n, sampling, 1, "no")[0]]
+
+    return Job(cfg, policy, rl.optimizer, step, validate, set_step=lambda i: setattr(rl, "step", i))
 
 
 def state_saver(job: Job, state_dir: Path, run_hash: str):
