@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from margrpo.grpo.data_parallel import group_generators, shard
+from margrpo.grpo.data_parallel import shard
+from margrpo.grpo.streams import group_generators
 
 WORKER = Path(__file__).parent / "dp_worker.py"
 SRC = Path(__file__).parents[1] / "src"

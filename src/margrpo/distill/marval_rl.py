@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from margrpo.distill.marval import MARVALDistiller, draw_rows
 from margrpo.distill.one_step import OneStepRollout, committed_log_prob, generate_one_step
 from margrpo.grpo.functions import group_advantages
+from margrpo.grpo.streams import VAL_SEED
 from margrpo.policy.toy import ToyMAR
 from margrpo.prompts.suites import PromptSet
 from margrpo.rollout import SamplingConfig
@@ -41,7 +42,6 @@ from margrpo.rollout import SamplingConfig
 log = logging.getLogger(__name__)
 SHAPES_GRADS = ("reinforce", "none")
 TRAINED = ("all", "head")
-VAL_SEED = 20_251_121  # the GRPO trainer's validation seed: the same noise for every run
 
 
 @dataclass
@@ -145,17 +145,6 @@ class MARVALRL:
                 **{f"reward/{k}": v.detach().mean().item() for k, v in terms.items() if k != "total"},
                 "loss": loss.item(), **parts, "grad_norm": grad_norm, "skipped": int(skipped),
                 "lr": self.optimizer.param_groups[0]["lr"], "step_time_s": time.time() - t0}
-
-    @torch.no_grad()
-    def validate_scores(self, reward_fn=None) -> list[float]:
-        """Per-prompt reward of the first `val_prompts` validation prompts, one image each, from fixed noise
-        (VAL_SEED: paired across runs and steps); under `reward_fn` (a RewardMix: (total, components)) when
-        given, else this trainer's own mixed reward."""
-        n = min(self.cfg.val_prompts, len(self.val_prompts))
-        prompts, meta = self.val_prompts.prompts[:n], self.val_prompts.metadata[:n]
-        rollout = generate_one_step(self.policy, prompts, self.sampling, generator=torch.Generator().manual_seed(VAL_SEED))
-        total = reward_fn(rollout.images, prompts, meta)[0] if reward_fn else self.rewards(rollout.images, prompts, meta)["total"]
-        return total.tolist()
 
     @torch.no_grad()
     def validate(self) -> float:

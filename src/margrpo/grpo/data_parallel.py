@@ -19,13 +19,6 @@ import torch.distributed as dist
 BUCKET_ELEMENTS = 1 << 26  # 256 MB of float32 per all-reduce
 
 
-def group_generators(seed: int, step: int, stream: int, groups: range) -> list[torch.Generator]:
-    """One generator per prompt group, from (seed, step, stream, group index in the step's batch): a
-    group draws the same samples whichever process rolls it out, so a run's samples do not depend on
-    the number of processes."""
-    return [torch.Generator().manual_seed(((seed * 1_000_003 + step) * 16 + stream) * 65_536 + 1 + g) for g in groups]
-
-
 def shard(n: int, rank: int, world: int) -> range:
     """The contiguous share of n items (prompt groups) that process `rank` of `world` takes."""
     if n % world:

@@ -47,6 +47,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from margrpo.grpo.functions import group_advantages, masked_mean, per_token_policy_objective, policy_ratio_stats
+from margrpo.grpo.streams import VAL_SEED, step_generator
 from margrpo.mask_rollout import MaskGITSampler, MaskRollout, MaskSamplingConfig, conditions, generate
 from margrpo.policy.base import deterministic
 from margrpo.policy.toy_mask import ToyMaskPolicy
@@ -58,7 +59,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 METHODS, KLS = ("grpo", "mask_grpo"), ("k3", "exact")
-VAL_SEED = 20_251_121  # the MAR trainer's validation seed: the same validation noise for every run
 
 
 @dataclass
@@ -192,11 +192,6 @@ class ScoredBatch:
     components: dict[str, Tensor]  # each reward term [N]
     adv: Tensor  # [N]
     frac_zero: float
-
-
-def step_generator(seed: int, step: int, stream: int) -> torch.Generator:
-    """Per-step RNG derived from (seed, step, stream), as the MAR trainer's: a rerun draws the same."""
-    return torch.Generator().manual_seed((seed * 1_000_003 + step) * 16 + stream)
 
 
 def rollout_and_score(policy: ToyMaskPolicy, reward_fn: RewardFn, prompts: PromptSet, cfg: MaskGRPOConfig,

@@ -77,7 +77,8 @@ def train_loop(steps: int, val_every: int, step_fn: StepFn, validate_fn: Validat
 
 
 def write_run_outputs(out_dir: str | Path, state: RunState, variant: str, spec: dict, config: dict) -> dict:
-    """metrics.csv (one row per step) and summary.json in the GRPO trainer's format, atomically; returns the summary."""
+    """metrics.csv (one row per step) and summary.json, atomically; returns the summary. Every RL run writes
+    these two files, in this format (the GRPO trainer too): select, evaluate and report read them."""
     out = Path(out_dir)
     atomic_write_rows(out / "metrics.csv", state.rows)
     base = next((c for c in state.checkpoints if c["step"] == 0), {"val_reward": float("nan"), "val_scores": None})

@@ -29,7 +29,6 @@ from margrpo.grpo.data_parallel import (
     all_sum,
     barrier,
     broadcast_parameters,
-    group_generators,
     shard,
     sum_gradients,
 )
@@ -45,7 +44,9 @@ from margrpo.grpo.functions import (
     uncertainty_mask,
 )
 from margrpo.grpo.grad_stats import MicroBatchGradStats
-from margrpo.io import atomic_path, atomic_write_json, atomic_write_rows, non_finite, spec_hash
+from margrpo.grpo.run_loop import RunState, write_run_outputs
+from margrpo.grpo.streams import VAL_SEED, group_generators, step_generator
+from margrpo.io import atomic_path, spec_hash
 from margrpo.policy.base import MARPolicy
 from margrpo.policy.memory import adapter_parameters, adapters_disabled, add_lora, load_adapters, save_adapters
 from margrpo.prompts.suites import PromptSet
@@ -53,7 +54,6 @@ from margrpo.rollout import Rollout, SamplingConfig, ar_schedule, generate, make
 from margrpo.runtime import EMA, autocast, end_trackers, log_image_grid, peak_memory_mb, start_trackers
 
 RUN_NAME = "grpo"  # the trackers' run: <out>/tb/grpo/
-VAL_SEED = 20_251_121  # the same validation noise for every run, so checkpoints compare fairly
 log = logging.getLogger(__name__)
 RewardFn = Callable[[torch.Tensor, list[str], list[dict]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
@@ -87,11 +87,6 @@ class Update:
     ar: torch.Tensor
     diff: torch.Tensor
     old: list[tuple[torch.Tensor, torch.Tensor | None] | None]
-
-
-def step_generator(seed: int, step: int, stream: int) -> torch.Generator:
-    """Per-step RNG derived from (seed, step, stream): a resumed run draws exactly what it would have."""
-    return torch.Generator().manual_seed((seed * 1_000_003 + step) * 16 + stream)
 
 
 def choose_steps(ar_steps: int, stochastic: int, mask_steps: int, diffusion_steps: int,
@@ -497,12 +492,5 @@ def _subset(r: Rollout, rows: torch.Tensor) -> Rollout:
 
 def write_outputs(trainer: GRPOTrainer, spec: dict) -> None:
     """metrics.csv (one row per step) and summary.json (checkpoints with validation rewards), atomically."""
-    out = trainer.out_dir
-    atomic_write_rows(out / "metrics.csv", trainer.rows)
-    base = next((c for c in trainer.checkpoints if c["step"] == 0), {"val_reward": float("nan"), "val_scores": None})
-    summary = {"run_dir": str(out), "variant": spec["variant"]["name"], "steps": trainer.step,
-               "checkpoints": [c for c in trainer.checkpoints if c["step"] > 0], "base_val_reward": base["val_reward"],
-               "base_val_scores": base["val_scores"],
-               "spec": spec, "config": asdict(trainer.cfg)}
-    bad = non_finite(summary)  # strict JSON: null in their place, and why
-    atomic_write_json(out / "summary.json", {**summary, **({"non_finite": bad} if bad else {})}, indent=1)
+    state = RunState(trainer.step, trainer.rows, trainer.checkpoints)
+    write_run_outputs(trainer.out_dir, state, spec["variant"]["name"], spec, asdict(trainer.cfg))

@@ -19,6 +19,16 @@ def check_keys(value, allowed: tuple[str, ...], where: str) -> dict:
     return value
 
 
+def policy_entry(text: str, kind: str, keys: tuple[str, ...], stage: str) -> dict:
+    """The --policy-json entry of a related policy: known keys only, and the `kind` this stage builds."""
+    from margrpo.stages._common import json_arg
+
+    entry = check_keys(json_arg(text, "--policy-json"), keys, "--policy-json")
+    if entry.get("kind") != kind:
+        raise InputError(f"--policy-json: kind must be {kind!r} for {stage}, got {entry.get('kind')!r}")
+    return entry
+
+
 def dataclass_from(cls, value, where: str, fixed: dict | None = None):
     """`cls(**value, **fixed)`: unknown keys, keys the stage sets itself (`fixed`) and bad values are one-line errors."""
     fixed = fixed or {}

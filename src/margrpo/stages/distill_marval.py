@@ -23,8 +23,8 @@ import logging
 from pathlib import Path
 
 from margrpo.io import InputError
-from margrpo.stages._common import json_arg, prompt_set, sampling_config, setup, stage_args, write_spec
-from margrpo.stages._related import check_keys, dataclass_from, teacher_sampling
+from margrpo.stages._common import prompt_set, sampling_config, setup, stage_args, write_spec
+from margrpo.stages._related import dataclass_from, policy_entry, teacher_sampling
 
 log = logging.getLogger(__name__)
 ENTRY_KEYS = ("kind", "teacher", "distill", "sampling")
@@ -44,9 +44,7 @@ def read_entry(text: str):
     """(MARVALConfig, the student's SamplingConfig, the teacher's name) of the --policy-json entry."""
     from margrpo.distill import MARVALConfig
 
-    entry = check_keys(json_arg(text, "--policy-json"), ENTRY_KEYS, "--policy-json")
-    if entry.get("kind") != "toy-marval":
-        raise InputError(f"--policy-json: kind must be 'toy-marval' for distill-marval, got {entry.get('kind')!r}")
+    entry = policy_entry(text, "toy-marval", ENTRY_KEYS, "distill-marval")
     config = dataclass_from(MARVALConfig, entry.get("distill"), "--policy-json: distill")
     return config, sampling_config(entry.get("sampling", {})), entry.get("teacher")
 

@@ -16,9 +16,8 @@ import dataclasses
 import logging
 from pathlib import Path
 
-from margrpo.io import InputError
-from margrpo.stages._common import json_arg, setup, stage_args, write_spec
-from margrpo.stages._related import check_keys, dataclass_from, mask_sampling
+from margrpo.stages._common import setup, stage_args, write_spec
+from margrpo.stages._related import dataclass_from, mask_sampling, policy_entry
 
 log = logging.getLogger(__name__)
 ENTRY_KEYS = ("kind", "model", "pretrain", "sampling")
@@ -38,9 +37,7 @@ def read_entry(text: str):
     """(ToyMaskConfig fields, MaskPretrainConfig, MaskSamplingConfig) of the --policy-json entry."""
     from margrpo.mask_pretraining import MaskPretrainConfig
 
-    entry = check_keys(json_arg(text, "--policy-json"), ENTRY_KEYS, "--policy-json")
-    if entry.get("kind") != "toy-mask":
-        raise InputError(f"--policy-json: kind must be 'toy-mask' for pretrain-mask, got {entry.get('kind')!r}")
+    entry = policy_entry(text, "toy-mask", ENTRY_KEYS, "pretrain-mask")
     pretrain = dataclass_from(MaskPretrainConfig, entry.get("pretrain"), "--policy-json: pretrain")
     return entry.get("model", {}), pretrain, mask_sampling(entry.get("sampling"), "--policy-json: sampling")
 
