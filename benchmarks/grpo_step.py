@@ -37,7 +37,10 @@ from margrpo.rollout import SamplingConfig, ar_schedule, generate, replay, stoch
 from margrpo.runtime import autocast, peak_memory_mb
 from margrpo.world import prompt_vocabulary
 
-PROMPTS = ["a red circle", "a blue square and a green triangle", "three yellow circles", "a cyan square above a magenta circle"]
+PROMPTS = [
+    "a red circle", "a blue square and a green triangle", "three yellow circles", "a cyan square above a magenta circle",
+    "two green triangles", "a hollow blue circle to the left of a striped red square",
+]  # >= the default ladder's 6 prompts per step
 
 
 def reward(images, prompts, metadata):

@@ -161,27 +161,30 @@ def guided_output(policy: MARPolicy, x: Tensor, t: Tensor, z_c: Tensor, z_u: Ten
 
 
 def _denoise_groups(policy, sampler: Sampler, groups, scale, temperature):
-    """Denoise several row groups (x [R, D], z_c, z_u, generator) with one head call per diffusion step.
+    """Denoise several row groups (x [R, D], z_c, z_u, generator) with one head call and one sampler
+    step per diffusion step.
 
-    Each group draws its noise from its own generator, so batching MTE's extra trajectories with the
-    committed one changes no sample; it only saves head calls (tiny matmuls are overhead-bound).
+    Each group draws its noise from its own generator (`variance_noise`), so batching the groups, MTE's
+    extra trajectories among them, changes no sample; it only saves calls (small tensors are overhead-bound).
     Returns [(states [T+1, R, D], log-probs [T, R])] per group.
     """
     sizes = [g[0].shape[0] for g in groups]
-    xs = [g[0] for g in groups]
+    x = torch.cat([g[0] for g in groups])
     z_c = torch.cat([g[1] for g in groups])
     z_u = None if groups[0][2] is None else torch.cat([g[2] for g in groups])
-    states, log_probs = [[x.float()] for x in xs], [[] for _ in groups]
+    states, log_probs = [x.float()], []
     for i in range(sampler.num_steps):
-        x = torch.cat(xs)
         t = sampler.model_time(i).expand(x.shape[0]).to(x.device)
-        outs = guided_output(policy, x, t, z_c, z_u, scale).float().split(sizes)
-        for g, (out, (_, _, _, generator)) in enumerate(zip(outs, groups)):
-            step = sampler.step(out, i, xs[g], generator=generator, temperature=temperature)
-            xs[g] = step.prev_sample
-            states[g].append(xs[g].float())
-            log_probs[g].append(step.log_prob if step.log_prob is not None else torch.zeros(sizes[g], device=x.device))
-    return [(torch.stack(st), torch.stack(lp)) for st, lp in zip(states, log_probs)]
+        out = guided_output(policy, x, t, z_c, z_u, scale).float()
+        noise = None
+        if bool(sampler.is_stochastic(i)):  # the draws the step would make from each group's generator, in order
+            noise = torch.cat([torch.randn((n, x.shape[-1]), generator=g[3], device=x.device, dtype=torch.float32)
+                               for n, g in zip(sizes, groups)])
+        step = sampler.step(out, i, x, temperature=temperature, variance_noise=noise)
+        x = step.prev_sample
+        states.append(x.float())
+        log_probs.append(step.log_prob if step.log_prob is not None else torch.zeros(len(x), device=x.device))
+    return list(zip(torch.stack(states).split(sizes, dim=1), torch.stack(log_probs).split(sizes, dim=1)))
 
 
 def _conditions(policy: MARPolicy, prompts: list[str], group_size: int, guided: bool):

@@ -63,6 +63,7 @@ class Sampler(Protocol):
         generator: torch.Generator | None = None,
         temperature: float = 1.0,
         prev_sample: Tensor | None = None,
+        variance_noise: Tensor | None = None,
     ) -> SamplerStepOutput: ...
 
     def sample_train_time(
@@ -154,12 +155,15 @@ def gaussian_step(
     sample_dtype: torch.dtype,
     generator: torch.Generator | None,
     prev_sample: Tensor | None,
+    variance_noise: Tensor | None = None,
 ) -> SamplerStepOutput:
     """Draw x_{t-1} ~ N(mean, std^2 I) (or score a given one) and return the step output.
 
     mean, pred_x0: [N, D] float32; std: broadcastable float32, already multiplied by the temperature
     and 0 on final-step rows; stochastic: bool, 0-dim for an int step index or [N] per row.
 
+    `variance_noise` [N, D] float32: the standard normal draw to use instead of one from `generator`
+    (rows drawn from several generators can then take one step: the rollout batches its groups so).
     The log-probability is always evaluated on the *returned* prev_sample (after the cast to the
     sample dtype), so a later call with `prev_sample=` that tensor reproduces it bit for bit.
     """
@@ -170,7 +174,9 @@ def gaussian_step(
         if scalar_final:
             prev_sample = mean.to(sample_dtype)  # deterministic final step: no noise drawn
         else:
-            noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=torch.float32)
+            noise = variance_noise if variance_noise is not None else torch.randn(mean.shape, generator=generator, device=mean.device, dtype=torch.float32)
+            if noise.shape != mean.shape:
+                raise ValueError(f"variance_noise must have the sample's shape {tuple(mean.shape)}, got {tuple(noise.shape)}")
             prev_sample = (mean + std * noise).to(sample_dtype)  # rows with std == 0 get the mean
     elif prev_sample.shape != mean.shape:
         raise ValueError(

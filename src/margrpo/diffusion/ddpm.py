@@ -202,6 +202,7 @@ class DDPMSampler:
         generator: torch.Generator | None = None,
         temperature: float = 1.0,
         prev_sample: Tensor | None = None,
+        variance_noise: Tensor | None = None,
     ) -> SamplerStepOutput:
         """One reverse step x_t -> x_{t-1} ~ N(mu, sigma^2 I) of the respaced process.
 
@@ -249,6 +250,7 @@ class DDPMSampler:
             sample_dtype=sample.dtype,
             generator=generator,
             prev_sample=prev_sample,
+            variance_noise=variance_noise,
         )
 
     def _pred_x0(self, pred: Tensor, x_t: Tensor, process: _Process, index: StepIndex) -> Tensor:

@@ -134,6 +134,7 @@ class FlowSDESampler:
         generator: torch.Generator | None = None,
         temperature: float = 1.0,
         prev_sample: Tensor | None = None,
+        variance_noise: Tensor | None = None,
     ) -> SamplerStepOutput:
         """One SDE step t_i -> t_{i+1}: the Euler-Maruyama step derived in the module docstring.
 
@@ -176,6 +177,7 @@ class FlowSDESampler:
             sample_dtype=sample.dtype,
             generator=generator,
             prev_sample=prev_sample,
+            variance_noise=variance_noise,
         )
 
     # -- training ---------------------------------------------------------------------------------

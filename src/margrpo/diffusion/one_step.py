@@ -83,6 +83,7 @@ class OneStepSampler:
         generator: torch.Generator | None = None,
         temperature: float = 1.0,
         prev_sample: Tensor | None = None,
+        variance_noise: Tensor | None = None,
     ) -> SamplerStepOutput:
         """Step 0: draw (or score) x ~ N(model_output, (std * temperature)^2 I). Hold step: x = sample.
 
@@ -101,4 +102,4 @@ class OneStepSampler:
 
         # 3. Draw (or score the given) x and its log-probability; the clean estimate is the mean itself.
         return gaussian_step(mean, std, mean, step_index, stochastic, sample_dtype=sample.dtype,
-                             generator=generator, prev_sample=prev_sample)
+                             generator=generator, prev_sample=prev_sample, variance_noise=variance_noise)
