@@ -233,7 +233,7 @@ class GRPOTrainer:
                    old: tuple[torch.Tensor, torch.Tensor | None] | None = None,
                    counts: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, dict]:
         """Loss of one micro-batch (already a sub-rollout): mean over chosen AR steps of its share of the
-        batch's token-mean loss (Eq. 7).
+        batch's token-mean loss (Eq. 7); under `reinforce`, the sum over them (the official update).
 
         `mte_mask` [K, n, L]: M^k of each AR step (Eq. 10). `old`: (log_prob_old, MTE log_prob_old) of
         these steps, from `old_log_probs` before the first optimizer step; None when the parameters are
@@ -272,8 +272,11 @@ class GRPOTrainer:
             losses.append(-masked_mean(o, weight[m], counts[0][m]))
             if kl is not None:
                 kls.append(masked_mean(kl[m], tokens[m], counts[1][m]))
-        policy_term = torch.stack(losses).mean()
-        kl_term = torch.stack(kls).mean() if kls else torch.zeros((), device=policy_term.device)
+        # Eq. 7 averages over the chosen AR steps; the official REINFORCE update calls backward once per
+        # chosen step, so its gradients are the sum over the |M| steps
+        reduce = torch.sum if cfg.reinforce else torch.mean
+        policy_term = reduce(torch.stack(losses))
+        kl_term = reduce(torch.stack(kls)) if kls else torch.zeros((), device=policy_term.device)
         stats = policy_ratio_stats(rp.log_prob, old, adv, tokens, cfg.clip_eps)
         stats.update(policy_loss=policy_term.item(), kl=kl_term.item())
         return policy_term + cfg.beta * kl_term, stats
@@ -319,17 +322,13 @@ class GRPOTrainer:
                          ar, diff, mte_mask, sim_keep)
 
     def plan_updates(self, batch: StepBatch) -> list[Update]:
-        """The optimizer steps of this rollout: all chosen AR steps in each of `updates_per_rollout` updates,
-        or (REINFORCE, official code) one update per chosen AR step; with the log_prob_old each one uses.
+        """The optimizer steps of this rollout, each over all chosen AR steps (`updates_per_rollout`; one
+        under `reinforce`, as the official code), with the log_prob_old each one uses.
 
         log_prob_old comes from the parameters before the first optimizer step. The first update runs on
         exactly those and reads them off its own pass (None); later updates need a no-grad pass now.
         """
-        cfg, ar, diff = self.cfg, batch.ar, batch.diff
-        if cfg.reinforce:
-            steps = [(ar[i : i + 1], diff[i : i + 1]) for i in range(len(ar))]
-        else:
-            steps = [(ar, diff)] * cfg.updates_per_rollout
+        steps = [(batch.ar, batch.diff)] * self.cfg.updates_per_rollout
         plan, cache = [Update(*steps[0], [None] * len(batch.rows))], {}
         for ar_u, diff_u in steps[1:]:
             key = (tuple(ar_u.tolist()), tuple(diff_u.flatten().tolist()))
