@@ -405,7 +405,7 @@ class GRPOTrainer:
             state = {"step": self.step, "optimizer": self.optimizer.state_dict(), "rows": self.rows,
                      "checkpoints": self.checkpoints, "nonfinite_run": self.nonfinite_run, "spec_hash": self.spec_hash}
             if self.ema:  # the raw trained weights RL goes on from, and their average
-                state.update(raw={k: v for k, v in policy.state_dict().items() if k in self.ema.shadow}, ema=self.ema.shadow)
+                state.update(raw=self.ema.tracked(policy), ema=self.ema.shadow)
             with atomic_path(self.state_dir / "trainer.pt") as tmp:
                 torch.save(state, tmp)
 
@@ -435,7 +435,7 @@ class GRPOTrainer:
         if self.cfg.lora:
             load_adapters(self.policy, ckpt)
         if self.ema:  # the folder holds the EMA of the trained parameters; RL goes on from the raw ones
-            self.policy.load_state_dict(state["raw"], strict=False)
+            self.ema.assign(self.policy, state["raw"])
             self.ema.shadow = {k: v.to(self.accelerator.device) for k, v in state["ema"].items()}
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.rows, self.checkpoints = state["step"], state["rows"], state["checkpoints"]
