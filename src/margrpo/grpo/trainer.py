@@ -46,7 +46,7 @@ from margrpo.grpo.functions import (
 from margrpo.grpo.grad_stats import MicroBatchGradStats
 from margrpo.grpo.run_loop import RunState, write_run_outputs
 from margrpo.grpo.streams import VAL_SEED, group_generators, step_generator
-from margrpo.io import atomic_path, spec_hash
+from margrpo.io import InputError, atomic_path, record_checksums, refuse_symlink, spec_hash, verify_checksums
 from margrpo.policy.base import MARPolicy
 from margrpo.policy.memory import adapter_parameters, adapters_disabled, add_lora, load_adapters, save_adapters
 from margrpo.prompts.suites import PromptSet
@@ -408,6 +408,7 @@ class GRPOTrainer:
                 state.update(raw=self.ema.tracked(policy), ema=self.ema.shadow)
             with atomic_path(self.state_dir / "trainer.pt") as tmp:
                 torch.save(state, tmp)
+            record_checksums(self.state_dir, ["trainer.pt"])  # a resume checks it (a bit flip loads silently)
 
     def try_resume(self) -> bool:
         """Resume from state/ only if it was written under this run's spec (`self.spec_hash`); else clear it."""
@@ -417,8 +418,11 @@ class GRPOTrainer:
         if not path.exists():
             return False
         try:
+            verify_checksums(self.state_dir, ["trainer.pt"])
             state = torch.load(path, map_location="cpu", weights_only=True)
             why = f"it holds a run of another spec ({state.get('spec_hash')}; this run: {self.spec_hash})"
+        except InputError as err:  # changed or damaged since it was written
+            state, why = {}, str(err)
         except Exception as err:  # an older or foreign state file: it cannot be trusted either
             state, why = {}, f"it cannot be read with weights_only=True ({type(err).__name__})"
         barrier()  # every process has read state/ before the main one may clear it
@@ -447,6 +451,7 @@ class GRPOTrainer:
         """Train to `cfg.steps`, resuming from state/ when it was written under the same spec: this
         trainer's configs plus `spec` (what the stage adds: inputs, reward, seed)."""
         self.spec_hash = self.run_hash(spec)
+        refuse_symlink(self.state_dir, "state folder")  # a resume of another spec clears it
         if self.accelerator.is_main_process:
             self.state_dir.mkdir(parents=True, exist_ok=True)
         if self.cfg.ema_decay is not None and self.ema is None:  # averaged after every optimizer step
