@@ -122,7 +122,7 @@ def test_a_metrics_csv_cut_mid_line_names_the_line(run, tmp_path):
     text = (out / "metrics.csv").read_text()
     assert len(text.splitlines()) == 3
     (out / "metrics.csv").write_text(text[: -len(text.splitlines()[-1]) // 2])  # the last row cut halfway
-    with pytest.raises(InputError, match=r"metrics.csv:3: "):
+    with pytest.raises(InputError, match=r"metrics.csv:3: the last row is cut mid-line"):
         load_metrics(tmp_path, "run")
 
 

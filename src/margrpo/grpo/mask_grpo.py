@@ -245,7 +245,8 @@ def train_step(policy: ToyMaskPolicy, ref: ToyMaskPolicy | None, optimizer, para
     r = batch.rollout
     targets = plan_targets(cfg, r, step_generator(cfg.seed, step, 2))
     with torch.no_grad():  # the first update reads log_prob_old off its own pass
-        olds = [None] + [token_log_probs(policy, r.prompts, r.tokens, t.masked, sampling, cfg.logprob_cfg)[0] for t in targets[1:]]
+        olds = [None] + [token_log_probs(policy, r.prompts, r.tokens, t.masked, sampling, cfg.logprob_cfg)[0]
+                         for t in targets[1:]]
     logs = [update(policy, ref, optimizer, params, cfg, batch, t, old) for t, old in zip(targets, olds)]
     mean = lambda k: sum(s[k] for s in logs) / len(logs)  # noqa: E731
     return {"step": step + 1, "reward_mean": batch.rewards.mean().item(), "reward_std": batch.rewards.std().item(),

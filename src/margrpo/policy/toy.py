@@ -253,7 +253,8 @@ def load_folder(cls, config_cls, raw: dict, directory: str | Path):
 def check_state(state: dict, expected: dict, weights: Path, config: Path) -> None:
     """Weights whose keys and shapes are those of the model `config` describes, else one line naming both files."""
     missing, unexpected = sorted(expected.keys() - state.keys()), sorted(state.keys() - expected.keys())
-    shapes = [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items() if k in state and state[k].shape != v.shape]
+    shapes = [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}"
+              for k, v in expected.items() if k in state and state[k].shape != v.shape]
     if missing or unexpected or shapes:
         parts = [f"{name} {keys[:3]}{' ...' if len(keys) > 3 else ''}"
                  for name, keys in (("missing", missing), ("unexpected", unexpected), ("shape (file vs config)", shapes)) if keys]

@@ -202,13 +202,14 @@ def check_csv(path: Path) -> None:
         raise InputError(f"{path}: not UTF-8 text ({err})") from None
     if not text.strip():
         raise InputError(f"{path}: empty (no header); rerun the stage that writes it")
+    if not text.endswith("\n"):
+        last = text.count("\n") + 1
+        raise InputError(f"{path}:{last}: the last row is cut mid-line (no line end); the file was cut or edited")
     reader = csv.reader(io.StringIO(text))
     width = len(next(reader))
     for row in reader:
         if len(row) != width:
-            raise InputError(f"{path}:{reader.line_num}: {len(row)} fields where the header has {width}; the file was cut or edited")
-    if not text.endswith("\n"):
-        raise InputError(f"{path}:{reader.line_num}: the last row is cut mid-line (no line end); the file was cut or edited")
+            raise InputError(f"{path}:{reader.line_num}: {len(row)} fields where the header has {width}; the file was edited")
 
 
 def _read_csv(path: Path, producer: str, required: Sequence[str]) -> pd.DataFrame:
