@@ -52,8 +52,9 @@ def _fake_run(root, run, base, best, final, steps=(8, 16), grad=1.0):
              for s, v in zip(steps, (best, final))]
     atomic_write_json(root / run / "summary.json", {"checkpoints": ckpts, "base_val_reward": float(np.mean(base)),
                                                     "base_val_scores": list(base)})
-    pd.DataFrame({"step": [1, 2, 3], "grad_norm_ar": [grad, grad, grad], "grad_var_ar": [grad, grad, grad],
-                  "val_reward": [math.nan] * 3}).to_csv(root / run / "metrics.csv", index=False)
+    val, rows = {c["step"]: c["val_reward"] for c in ckpts}, range(1, steps[-1] + 1)  # as the trainer logs them
+    pd.DataFrame({"step": list(rows), "grad_norm_ar": grad, "grad_var_ar": grad,
+                  "val_reward": [val.get(s, math.nan) for s in rows]}).to_csv(root / run / "metrics.csv", index=False)
     atomic_write_json(root / "select" / run / "selection.json", {"rule": "best", "step": steps[0]})
 
 

@@ -80,6 +80,23 @@ def test_log_probs_equal_categorical():
     assert lp.requires_grad and (lp < 0).all()
 
 
+def test_cond_only_log_probs_are_the_conditional_branch_as_the_official_training_pass():
+    """Issue 27.10: the official MaskGRPO training pass scores without CFG (mask_grpo_trainer.py l. 664-686)."""
+    policy = tiny()
+    perturb(policy)
+    sampling = MaskSamplingConfig(cfg_scale=2.5, temperature=0.7)
+    r = rollout(policy, sampling)
+    masked = remask(r.tokens, 0.8, torch.Generator().manual_seed(0))[None]
+    guided, _ = token_log_probs(policy, r.prompts, r.tokens, masked, sampling)
+    cond_only, _ = token_log_probs(policy, r.prompts, r.tokens, masked, sampling, "cond_only")
+    with torch.no_grad():
+        logits = policy.logits(torch.where(masked[0], policy.mask_id, r.tokens), policy.encode_prompts(r.prompts))
+        want = torch.distributions.Categorical(logits=logits / 0.7).log_prob(r.tokens)
+    torch.testing.assert_close(cond_only[0], want, atol=1e-5, rtol=0)
+    assert not torch.allclose(guided, cond_only, atol=1e-3)
+    assert MaskGRPOConfig().logprob_cfg == "exact"
+
+
 @pytest.mark.parametrize("method", ["grpo", "mask_grpo"])
 def test_ratio_is_one_on_unchanged_parameters(method):
     policy = tiny()
@@ -197,8 +214,8 @@ def test_decode_encode_renders_the_same_scene():
         assert got == want and len(got) == len(scene.objects)
 
 
-@pytest.mark.parametrize("method", ["grpo", "mask_grpo"])
-def test_a_few_steps_run_and_log_finite_metrics(method):
+@pytest.mark.parametrize("method,logprob_cfg", [("grpo", "exact"), ("mask_grpo", "exact"), ("mask_grpo", "cond_only")])
+def test_a_few_steps_run_and_log_finite_metrics(method, logprob_cfg):
     policy = tiny()
     before = {n: p.detach().clone() for n, p in policy.named_parameters()}
     prompts = PromptSet(PROMPTS, [{"i": i} for i in range(3)])
@@ -207,7 +224,8 @@ def test_a_few_steps_run_and_log_finite_metrics(method):
         r = images[:, 0].mean((1, 2)) - images[:, 1].mean((1, 2))
         return r, {"redness": r}
 
-    cfg = MaskGRPOConfig(method=method, steps=2, batch_prompts=2, group_size=3, iterations=2, val_every=1, val_prompts=3, lr=1e-3)
+    cfg = MaskGRPOConfig(method=method, steps=2, batch_prompts=2, group_size=3, iterations=2, val_every=1, val_prompts=3, lr=1e-3,
+                         logprob_cfg=logprob_cfg)
     rows = train_mask_grpo(policy, redness, prompts, cfg, val_prompts=prompts)
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
@@ -226,6 +244,8 @@ def test_config_rejects_unknown_options():
         MaskGRPOConfig(method="ppo")
     with pytest.raises(ValueError, match="Unknown kl"):
         MaskGRPOConfig(kl="k2")
+    with pytest.raises(ValueError, match="Unknown logprob_cfg"):
+        MaskGRPOConfig(logprob_cfg="uncond")
     with pytest.raises(ValueError, match="Unknown selection"):
         MaskSamplingConfig(selection="greedy")
     with pytest.raises(ValueError, match="snapped world"):

@@ -89,6 +89,28 @@ def test_a_killed_and_resumed_ema_run_equals_an_uninterrupted_one(tmp_path):
         assert torch.allclose(v, resumed.ema.shadow[k], atol=1e-7), k
 
 
+def test_ema_of_lora_adapters_trains_saves_and_resumes(tmp_path):
+    """Issue 27.8: ema_decay with lora crashed at the first step (the EMA looked the adapters up in a state_dict
+    that hides them). The EMA averages the adapters, the checkpoint holds their average, a resume goes on exactly."""
+    make = lambda out: make_trainer(out, policy=tiny_policy("flow", seed=1), steps=3, ema_decay=0.5, lora={"rank": 4})  # noqa: E731
+    full = make(tmp_path / "full")
+    rows_full = full.train()
+    adapters = {n for n, p in full.policy.named_parameters() if ".lora_" in n}
+    assert adapters and set(full.ema.shadow) == adapters
+    saved = dict(load_policy(tmp_path / "full/state/ckpt-000003/policy").named_parameters())
+    assert all(torch.equal(saved[k], v) for k, v in full.ema.shadow.items())
+    raw = dict(full.policy.named_parameters())
+    assert any(not torch.equal(saved[k], raw[k]) for k in adapters)  # the average lags the raw adapters
+    kill_after(make(tmp_path / "part"), 2)
+    resumed = make(tmp_path / "part")
+    rows = resumed.train()
+    assert rows[-1]["val_reward"] == pytest.approx(rows_full[-1]["val_reward"], rel=1e-6, abs=1e-9)
+    for (n, a), b in zip(full.policy.named_parameters(), resumed.policy.parameters()):
+        assert torch.allclose(a, b, atol=1e-7), n
+    for k, v in full.ema.shadow.items():
+        assert torch.allclose(v, resumed.ema.shadow[k], atol=1e-7), k
+
+
 def test_ema_off_and_trackers_leave_metrics_and_checkpoints_as_before(tmp_path):
     """Default settings: the state holds the keys it always held, the checkpoint the raw weights, the
     resume key is the one of states written before these settings; the trackers change no number."""

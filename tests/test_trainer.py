@@ -320,3 +320,26 @@ def test_from_spec_rejects_unknown_keys_instead_of_dropping_them():
     with pytest.raises(ValueError, match=r"unknown GRPO setting\(s\) \['stepz', 'topfrac'\]"):
         GRPOConfig.from_spec({"grpo": {"stepz": 3}, "variant": {"name": "sim", "report_step": None, "topfrac": 0.1}})
     assert GRPOConfig.from_spec({"grpo": {"steps": 3}, "variant": {"name": "fix", "freeze_head": True}}).freeze_head
+
+
+def test_reinforce_is_the_official_update_one_step_summing_the_chosen_steps(tmp_path):
+    """Issue 27.9: no clip; backward once per chosen AR step (each loss a mean over its chosen diffusion steps
+    and tokens), so the |M| gradients are summed; one optimizer step per rollout."""
+    trainer = make_trainer(tmp_path, reinforce=True, micro_batches=1, grad_clip=0.0)
+    assert trainer.cfg.clip_eps is None
+    steps = []
+    trainer.optimizer.register_step_post_hook(lambda *_: steps.append(trainer.step))
+    batch = trainer.rollout_and_score()
+    assert len(trainer.plan_updates(batch)) == 1
+    grads = []
+    for ar, diff in [(batch.ar, batch.diff)] + [(batch.ar[i : i + 1], batch.diff[i : i + 1]) for i in range(len(batch.ar))]:
+        trainer.optimizer.zero_grad(set_to_none=True)
+        trainer.micro_loss(batch.rollout, batch.adv, ar, diff, None, None)[0].backward()
+        grads.append(torch.cat([p.grad.flatten() for p in trainer.params if p.grad is not None]))
+    assert len(grads) == 4 and grads[0].norm() > 0
+    total = sum(grads[1:])  # float32: the batched pass and the single-step ones round differently (~1e-7 relative)
+    assert ((grads[0] - total).norm() / total.norm()).item() < 5e-6
+    trainer.train_step()
+    assert steps == [0]  # one optimizer step for the |M| = 3 chosen steps
+    with pytest.raises(ValueError, match="reinforce: true takes one optimizer step per rollout"):
+        GRPOConfig(reinforce=True, updates_per_rollout=2)

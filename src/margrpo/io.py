@@ -37,6 +37,12 @@ __all__ = [
     "spec_hash",
     "read_json",
     "InputError",
+    "CHECKSUMS",
+    "sha256_file",
+    "record_checksums",
+    "verify_checksums",
+    "save_safetensors",
+    "refuse_symlink",
 ]
 
 
@@ -205,3 +211,75 @@ def atomic_save_figure(
             fig.savefig(tmp, format=fmt, dpi=dpi, **kwargs)
         paths.append(path)
     return paths
+
+
+# --- checks carried by the results (issue 27.5) ----------------------------------------------------------
+CHECKSUMS = "checksums.json"  # in a folder: {path relative to it: sha256} of the files a stage wrote there
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _written_files(folder: Path) -> list[str]:
+    """Every file under `folder` not reached through a link, except the manifest and temporary (dot) files."""
+    out = []
+    for root, dirs, files in os.walk(folder):  # does not follow linked folders (NOVA's frozen parts)
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in files:
+            p = Path(root) / name
+            if not name.startswith(".") and not p.is_symlink():
+                out.append(p.relative_to(folder).as_posix())
+    return [n for n in sorted(out) if n != CHECKSUMS]
+
+
+def _manifest(folder: Path) -> dict[str, str]:
+    path = folder / CHECKSUMS
+    if not path.is_file():
+        return {}
+    sums = read_json(path)
+    if not isinstance(sums, dict) or not all(isinstance(v, str) for v in sums.values()):
+        raise InputError(f"{path}: expected {{file: sha256}}")
+    return sums
+
+
+def record_checksums(folder: str | os.PathLike, names: Iterable[str] | None = None) -> None:
+    """Add the sha256 of `names` (relative to `folder`; None: every file written there) to its checksums.json,
+    so that a later load tells a changed or damaged file from the one this stage wrote (`verify_checksums`)."""
+    d = Path(folder)
+    sums = _manifest(d)
+    sums.update({n: sha256_file(d / n) for n in (_written_files(d) if names is None else names)})
+    atomic_write_json(d / CHECKSUMS, dict(sorted(sums.items())), indent=1)
+
+
+def verify_checksums(folder: str | os.PathLike, names: Iterable[str] | None = None) -> None:
+    """Each file of `folder`'s checksums.json (or those of `names` it lists) still has its recorded sha256, else
+    InputError naming the file. A folder without the file (published weights, older runs) is not checked."""
+    d = Path(folder)
+    sums = _manifest(d)
+    for name in sums if names is None else [n for n in names if n in sums]:
+        path = d / name
+        if path.is_file() and sha256_file(path) != sums[name]:  # a missing file is the loader's to name
+            raise InputError(f"{path}: sha256 differs from the one recorded in {d / CHECKSUMS} when it was written; "
+                             "the file was changed or damaged since")
+
+
+def save_safetensors(tensors: dict, path: str | os.PathLike) -> None:
+    """safetensors' save_file, atomically and with the usual permissions (it creates its files 0600)."""
+    from safetensors.torch import save_file
+
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+
+
+def refuse_symlink(path: str | os.PathLike, what: str = "folder") -> Path:
+    """`path` itself, unless it is a symbolic link: a stage that clears or rewrites a folder never does so through one."""
+    path = Path(path)
+    if path.is_symlink():
+        raise InputError(f"{path}: is a symbolic link (to {os.readlink(path)}); the {what} is cleared and rewritten, "
+                         "so it must be a real folder")
+    return path

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from margrpo.io import atomic_path, spec_hash
+from margrpo.io import InputError, atomic_path, record_checksums, spec_hash, verify_checksums
 from margrpo.policy.base import MARPolicy
 from margrpo.policy.toy import mask_ratio_sample, masked_count
 from margrpo.runtime import EMA, PRECISIONS, autocast, warmup_cosine
@@ -121,6 +121,7 @@ def train(policy: MARPolicy, batch_fn: BatchFn, cfg: PretrainConfig, state_dir: 
             with atomic_path(ckpt) as tmp:
                 torch.save({"model": policy.state_dict(), "optimizer": optimizer.state_dict(), "ema": ema.shadow,
                             "generator": generator.get_state(), "step": step + 1, "config": asdict(cfg), "spec_hash": key}, tmp)
+            record_checksums(state_dir, [ckpt.name])
     ema.copy_to(policy)
     for p in policy.parameters():
         p.requires_grad_(True)
@@ -132,10 +133,14 @@ def _resume(ckpt: Path, key: str, policy: MARPolicy, optimizer, ema: EMA, genera
     """Load `ckpt` into the training objects if it was written under spec `key`, else delete it: the step to start from."""
     if not ckpt.exists():
         return 0
-    state = torch.load(ckpt, map_location=policy.device, weights_only=True)
+    try:
+        verify_checksums(ckpt.parent, [ckpt.name])
+        state = torch.load(ckpt, map_location=policy.device, weights_only=True)
+        why = f"it was written under another spec ({state.get('spec_hash')}; this run: {key})"
+    except InputError as err:  # changed or damaged since it was written
+        state, why = {}, str(err)
     if state.get("spec_hash") != key:
-        log.info("not resuming from %s: it was written under another spec (%s; this run: %s); starting fresh",
-                 ckpt, state.get("spec_hash"), key)
+        log.info("not resuming from %s: %s; starting fresh", ckpt, why)
         ckpt.unlink()
         return 0
     policy.load_state_dict(state["model"])

@@ -35,7 +35,9 @@ class GRPOConfig:
     mask_steps: int = 12  # |M| AR steps per rollout
     diffusion_steps: int = 10  # |T| diffusion steps per chosen AR step
     updates_per_rollout: int = 1
-    reinforce: bool = False  # official code: no clip, one optimizer step per chosen AR step
+    # official code: no clip, the per-step losses of the |M| chosen AR steps summed (not averaged), one
+    # optimizer step per rollout (nova trainer l. 690-740, 1025-1293)
+    reinforce: bool = False
     logprob_cfg: str = "exact"  # "exact" or "cond_only"
     # "recorded": log_prob_old from the rollout record (exact in float32). "recomputed": a no-grad pass
     # of the training replay before the first update. Under bf16 the rollout and the batched replay
@@ -98,6 +100,9 @@ class GRPOConfig:
             raise ValueError("top_frac (k) must be in [0, 1]")
         if self.reinforce and self.clip_eps is not None:
             self.clip_eps = None  # the official form has no clipping; say so in the resolved config
+        if self.reinforce and self.updates_per_rollout != 1:
+            raise ValueError(f"reinforce: true takes one optimizer step per rollout (the official update; without a ratio "
+                             f"later steps would be off-policy), got updates_per_rollout {self.updates_per_rollout}; set it to 1")
         if self.old_logprob == "recorded" and self.logprob_cfg == "cond_only" and not self.reinforce:
             raise ValueError("old_logprob: recorded with logprob_cfg: cond_only gives ratio != 1 from the first update "
                              "(the rollout was guided, the replay is not), so the clip acts on a mismatch, not on "

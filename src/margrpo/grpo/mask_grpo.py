@@ -30,7 +30,11 @@ What is ours, not the paper's: the official rollout for images is its "emerge" s
 token unmasked with probability (k_t - k_s) / k_t per step); ours commits a fixed cosine-scheduled
 count at random positions (`MaskSamplingConfig.selection: random`), which is the same kind of
 parameter-free unmasking with a deterministic count. CFG is u + s (c - u) on the logits in the
-rollout and in every log-prob pass (the official code uses MUSE's (1 + s) c - s u: s shifted by one).
+rollout and (`logprob_cfg: exact`, default) in every log-prob pass (the official code uses MUSE's
+(1 + s) c - s u: s shifted by one). The official training pass scores the conditional branch alone
+(its CFG is commented out, mask_grpo_trainer.py l. 664-686): `logprob_cfg: cond_only` does that.
+Both are self-consistent, as every log-prob (new, old, reference) comes from the same pass: they
+differ in which policy is trained, the guided one that generates or the conditional one.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import copy
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -58,7 +62,7 @@ if TYPE_CHECKING:
     from margrpo.grpo.trainer import RewardFn
 
 log = logging.getLogger(__name__)
-METHODS, KLS = ("grpo", "mask_grpo"), ("k3", "exact")
+METHODS, KLS, LOGPROB_CFGS = ("grpo", "mask_grpo"), ("k3", "exact"), ("exact", "cond_only")
 
 
 @dataclass
@@ -78,12 +82,15 @@ class MaskGRPOConfig:
     iterations: int = 4  # mu: optimizer steps per rollout batch (MaskGRPO: one re-mask ratio each; official T2I: 6)
     mask_steps: int | None = None  # grpo: unmasking steps scored per update, drawn uniformly (None: all K)
     min_mask_ratio: float = 0.6  # mask_grpo: r_min of the high-truncated re-mask ratios (official T2I script)
+    # "exact": log-probs under the rollout's guidance; "cond_only": the conditional branch alone, as the official
+    # training pass (mask_grpo_trainer.py l. 664-686, CFG commented out)
+    logprob_cfg: str = "exact"
     val_every: int = 10
     val_prompts: int = 24
     seed: int = 0
 
     def __post_init__(self):
-        for name, allowed in (("method", METHODS), ("kl", KLS)):
+        for name, allowed in (("method", METHODS), ("kl", KLS), ("logprob_cfg", LOGPROB_CFGS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"Unknown {name}: {getattr(self, name)!r}; expected one of {', '.join(map(repr, allowed))}")
         if self.group_size < 2:
@@ -102,13 +109,16 @@ class MaskGRPOConfig:
 
 
 def token_log_probs(policy: ToyMaskPolicy, prompts: list[str], tokens: Tensor, masked: Tensor,
-                    sampling: MaskSamplingConfig) -> tuple[Tensor, Tensor]:
+                    sampling: MaskSamplingConfig, logprob_cfg: str = "exact") -> tuple[Tensor, Tensor]:
     """log p(tokens_j | state) at every position j for M states at once, in one pass (two with CFG).
 
     tokens [N, L] finished images; masked [M, N, L] bool: state m shows `tokens` where False and
-    [MASK] where True. The categorical is the rollout's: guided logits over the temperature.
+    [MASK] where True. The categorical is the rollout's: guided logits over the temperature
+    (`logprob_cfg="cond_only"`: the conditional logits, as the official training pass).
     Returns (log-probs of the tokens [M, N, L], full log-probs [M, N, L, V]), float32, with gradients.
     """
+    if logprob_cfg == "cond_only":
+        sampling = replace(sampling, cfg_scale=1.0)
     M, N, L = masked.shape
     states = torch.where(masked, policy.mask_id, tokens).reshape(M * N, L)  # [M*N, L]
     with deterministic(policy):
@@ -211,11 +221,11 @@ def update(policy: ToyMaskPolicy, ref: ToyMaskPolicy | None, optimizer, params: 
     """One optimizer step on one target; `old` None: the parameters are still the rollout's, so this
     pass's own log-probs (detached) are log_prob_old. A non-finite loss or gradient skips the step."""
     r = batch.rollout
-    lp, logp = token_log_probs(policy, r.prompts, r.tokens, target.masked, r.sampling)
+    lp, logp = token_log_probs(policy, r.prompts, r.tokens, target.masked, r.sampling, cfg.logprob_cfg)
     ref_terms = None
     if ref is not None:
         with torch.no_grad():
-            ref_terms = token_log_probs(ref, r.prompts, r.tokens, target.masked, r.sampling)
+            ref_terms = token_log_probs(ref, r.prompts, r.tokens, target.masked, r.sampling, cfg.logprob_cfg)
     loss, stats = surrogate_loss(cfg, lp, logp, lp.detach() if old is None else old, ref_terms, batch.adv, target.weights)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -235,7 +245,8 @@ def train_step(policy: ToyMaskPolicy, ref: ToyMaskPolicy | None, optimizer, para
     r = batch.rollout
     targets = plan_targets(cfg, r, step_generator(cfg.seed, step, 2))
     with torch.no_grad():  # the first update reads log_prob_old off its own pass
-        olds = [None] + [token_log_probs(policy, r.prompts, r.tokens, t.masked, sampling)[0] for t in targets[1:]]
+        olds = [None] + [token_log_probs(policy, r.prompts, r.tokens, t.masked, sampling, cfg.logprob_cfg)[0]
+                         for t in targets[1:]]
     logs = [update(policy, ref, optimizer, params, cfg, batch, t, old) for t, old in zip(targets, olds)]
     mean = lambda k: sum(s[k] for s in logs) / len(logs)  # noqa: E731
     return {"step": step + 1, "reward_mean": batch.rewards.mean().item(), "reward_std": batch.rewards.std().item(),

@@ -46,7 +46,7 @@ from margrpo.grpo.functions import (
 from margrpo.grpo.grad_stats import MicroBatchGradStats
 from margrpo.grpo.run_loop import RunState, write_run_outputs
 from margrpo.grpo.streams import VAL_SEED, group_generators, step_generator
-from margrpo.io import atomic_path, spec_hash
+from margrpo.io import InputError, atomic_path, record_checksums, refuse_symlink, spec_hash, verify_checksums
 from margrpo.policy.base import MARPolicy
 from margrpo.policy.memory import adapter_parameters, adapters_disabled, add_lora, load_adapters, save_adapters
 from margrpo.prompts.suites import PromptSet
@@ -233,7 +233,7 @@ class GRPOTrainer:
                    old: tuple[torch.Tensor, torch.Tensor | None] | None = None,
                    counts: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, dict]:
         """Loss of one micro-batch (already a sub-rollout): mean over chosen AR steps of its share of the
-        batch's token-mean loss (Eq. 7).
+        batch's token-mean loss (Eq. 7); under `reinforce`, the sum over them (the official update).
 
         `mte_mask` [K, n, L]: M^k of each AR step (Eq. 10). `old`: (log_prob_old, MTE log_prob_old) of
         these steps, from `old_log_probs` before the first optimizer step; None when the parameters are
@@ -272,8 +272,11 @@ class GRPOTrainer:
             losses.append(-masked_mean(o, weight[m], counts[0][m]))
             if kl is not None:
                 kls.append(masked_mean(kl[m], tokens[m], counts[1][m]))
-        policy_term = torch.stack(losses).mean()
-        kl_term = torch.stack(kls).mean() if kls else torch.zeros((), device=policy_term.device)
+        # Eq. 7 averages over the chosen AR steps; the official REINFORCE update calls backward once per
+        # chosen step, so its gradients are the sum over the |M| steps
+        reduce = torch.sum if cfg.reinforce else torch.mean
+        policy_term = reduce(torch.stack(losses))
+        kl_term = reduce(torch.stack(kls)) if kls else torch.zeros((), device=policy_term.device)
         stats = policy_ratio_stats(rp.log_prob, old, adv, tokens, cfg.clip_eps)
         stats.update(policy_loss=policy_term.item(), kl=kl_term.item())
         return policy_term + cfg.beta * kl_term, stats
@@ -319,17 +322,13 @@ class GRPOTrainer:
                          ar, diff, mte_mask, sim_keep)
 
     def plan_updates(self, batch: StepBatch) -> list[Update]:
-        """The optimizer steps of this rollout: all chosen AR steps in each of `updates_per_rollout` updates,
-        or (REINFORCE, official code) one update per chosen AR step; with the log_prob_old each one uses.
+        """The optimizer steps of this rollout, each over all chosen AR steps (`updates_per_rollout`; one
+        under `reinforce`, as the official code), with the log_prob_old each one uses.
 
         log_prob_old comes from the parameters before the first optimizer step. The first update runs on
         exactly those and reads them off its own pass (None); later updates need a no-grad pass now.
         """
-        cfg, ar, diff = self.cfg, batch.ar, batch.diff
-        if cfg.reinforce:
-            steps = [(ar[i : i + 1], diff[i : i + 1]) for i in range(len(ar))]
-        else:
-            steps = [(ar, diff)] * cfg.updates_per_rollout
+        steps = [(batch.ar, batch.diff)] * self.cfg.updates_per_rollout
         plan, cache = [Update(*steps[0], [None] * len(batch.rows))], {}
         for ar_u, diff_u in steps[1:]:
             key = (tuple(ar_u.tolist()), tuple(diff_u.flatten().tolist()))
@@ -406,9 +405,10 @@ class GRPOTrainer:
             state = {"step": self.step, "optimizer": self.optimizer.state_dict(), "rows": self.rows,
                      "checkpoints": self.checkpoints, "nonfinite_run": self.nonfinite_run, "spec_hash": self.spec_hash}
             if self.ema:  # the raw trained weights RL goes on from, and their average
-                state.update(raw={k: v for k, v in policy.state_dict().items() if k in self.ema.shadow}, ema=self.ema.shadow)
+                state.update(raw=self.ema.tracked(policy), ema=self.ema.shadow)
             with atomic_path(self.state_dir / "trainer.pt") as tmp:
                 torch.save(state, tmp)
+            record_checksums(self.state_dir, ["trainer.pt"])  # a resume checks it (a bit flip loads silently)
 
     def try_resume(self) -> bool:
         """Resume from state/ only if it was written under this run's spec (`self.spec_hash`); else clear it."""
@@ -418,8 +418,11 @@ class GRPOTrainer:
         if not path.exists():
             return False
         try:
+            verify_checksums(self.state_dir, ["trainer.pt"])
             state = torch.load(path, map_location="cpu", weights_only=True)
             why = f"it holds a run of another spec ({state.get('spec_hash')}; this run: {self.spec_hash})"
+        except InputError as err:  # changed or damaged since it was written
+            state, why = {}, str(err)
         except Exception as err:  # an older or foreign state file: it cannot be trusted either
             state, why = {}, f"it cannot be read with weights_only=True ({type(err).__name__})"
         barrier()  # every process has read state/ before the main one may clear it
@@ -436,7 +439,7 @@ class GRPOTrainer:
         if self.cfg.lora:
             load_adapters(self.policy, ckpt)
         if self.ema:  # the folder holds the EMA of the trained parameters; RL goes on from the raw ones
-            self.policy.load_state_dict(state["raw"], strict=False)
+            self.ema.assign(self.policy, state["raw"])
             self.ema.shadow = {k: v.to(self.accelerator.device) for k, v in state["ema"].items()}
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.rows, self.checkpoints = state["step"], state["rows"], state["checkpoints"]
@@ -448,6 +451,7 @@ class GRPOTrainer:
         """Train to `cfg.steps`, resuming from state/ when it was written under the same spec: this
         trainer's configs plus `spec` (what the stage adds: inputs, reward, seed)."""
         self.spec_hash = self.run_hash(spec)
+        refuse_symlink(self.state_dir, "state folder")  # a resume of another spec clears it
         if self.accelerator.is_main_process:
             self.state_dir.mkdir(parents=True, exist_ok=True)
         if self.cfg.ema_decay is not None and self.ema is None:  # averaged after every optimizer step

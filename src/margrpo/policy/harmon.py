@@ -59,7 +59,7 @@ from torch import Tensor, nn
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 
 from margrpo.diffusion import DDPMConfig, DDPMSampler, Sampler
-from margrpo.io import atomic_path, atomic_write_json
+from margrpo.io import atomic_path, atomic_write_json, record_checksums, verify_checksums
 from margrpo.policy.base import MARPolicy, TextCondition
 from margrpo.policy.mar_h import MAR, build_mlp, build_vae, vae_key_to_ldm
 from margrpo.policy.memory import hf_checkpointing
@@ -308,6 +308,7 @@ class HarmonPolicy(MARPolicy):
             self.tokenizer.save_pretrained(str(llm_dir))
         settings = {f.name: getattr(c, f.name) for f in fields(c) if f.name != "llm"}  # the LLM's own config.json holds `llm`
         atomic_write_json(d / CONFIG, {"model_type": "harmon", **settings})
+        record_checksums(d)  # checked on load
 
     @staticmethod
     def is_checkpoint(path: str | Path) -> bool:
@@ -330,6 +331,7 @@ class HarmonPolicy(MARPolicy):
         """
         # 1. the folder: our config.json (or Harmon-1.5B defaults), every expected file, the LLM's config
         d = Path(local_dir)
+        verify_checksums(d)
         config = _read_config(d)
         expected = [d / config.weights_name, d / config.vae_name] + [d / config.llm_dir / f for f in LLM_FILES]
         missing = [str(p) for p in expected if not p.is_file()]

@@ -139,14 +139,16 @@ def adapters_disabled(module: nn.Module | None):
 
 
 def save_adapters(policy: nn.Module, directory: str | Path) -> None:
-    """adapter_model.safetensors (peft's key format: no adapter name) + adapter_config.json beside the policy."""
-    from safetensors.torch import save_file
+    """adapter_model.safetensors (peft's key format: no adapter name) + adapter_config.json beside the policy,
+    their sha256 in the folder's checksums.json."""
+    from margrpo.io import record_checksums, save_safetensors
 
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     state = {_ADAPTER_NAME.sub(r".\1.", n): p.detach().contiguous().cpu() for n, p in _adapter_items(policy)}
-    save_file(state, str(d / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    save_safetensors(state, d / ADAPTER_WEIGHTS)
     policy.peft_config["default"].save_pretrained(str(d))
+    record_checksums(d, [ADAPTER_WEIGHTS, ADAPTER_CONFIG])
 
 
 def has_adapters(directory: str | Path) -> bool:
@@ -158,7 +160,10 @@ def load_adapters(policy: nn.Module, directory: str | Path) -> None:
     from peft import LoraConfig
     from safetensors.torch import load_file
 
+    from margrpo.io import verify_checksums
+
     d = Path(directory)
+    verify_checksums(d, [ADAPTER_WEIGHTS, ADAPTER_CONFIG])
     if not lora_layers(policy):
         _inject(policy, LoraConfig.from_pretrained(str(d)))
     state = load_file(str(d / ADAPTER_WEIGHTS))

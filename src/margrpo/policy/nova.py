@@ -25,11 +25,11 @@ from typing import Iterator
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from margrpo.diffusion import FlowSDESampler, Sampler
-from margrpo.io import read_json
+from margrpo.io import read_json, record_checksums, save_safetensors, verify_checksums
 from margrpo.policy.base import MARPolicy, TextCondition
 from margrpo.policy.layers import Attention, timestep_embedding
 from margrpo.policy.memory import run_blocks
@@ -506,7 +506,7 @@ class NovaPolicy(MARPolicy):
         (d / "transformer").mkdir(parents=True, exist_ok=True)
         (d / "scheduler").mkdir(exist_ok=True)
         state = {k: v.detach().contiguous().cpu() for k, v in self.transformer.state_dict().items()}
-        save_file(state, str(d / "transformer" / TRANSFORMER_WEIGHTS), metadata={"format": "pt"})
+        save_safetensors(state, d / "transformer" / TRANSFORMER_WEIGHTS)
         _write_json(d / "transformer" / "config.json", self.config.to_nova_json())
         _write_json(d / "scheduler" / "scheduler_config.json",
                     {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000,
@@ -525,6 +525,7 @@ class NovaPolicy(MARPolicy):
             "vae": ["diffusers", "AutoencoderKL"], "text_encoder": ["transformers", "PhiModel"],
             "tokenizer": ["transformers", type(self.tokenizer).__name__],
         })
+        record_checksums(d)  # what this folder itself holds (not the linked frozen parts); checked on load
 
     @staticmethod
     def is_checkpoint(directory: str | Path) -> bool:
@@ -545,6 +546,7 @@ class NovaPolicy(MARPolicy):
 
         d = Path(directory)
         _require(d)
+        verify_checksums(d)
         shift = 1.0
         if (d / "scheduler" / "scheduler_config.json").is_file():
             shift = float(read_json(d / "scheduler" / "scheduler_config.json").get("shift", 1.0))

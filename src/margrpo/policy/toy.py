@@ -22,7 +22,7 @@ from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 from margrpo.text import SPECIAL_TOKENS, build_tokenizer  # noqa: F401  (re-exported)
 
 from margrpo.diffusion import DDPMSampler, FlowSDESampler, OneStepSampler, Sampler
-from margrpo.io import InputError, read_json
+from margrpo.io import InputError, atomic_path, atomic_write_text, read_json, record_checksums, verify_checksums
 from margrpo.policy.base import MARPolicy, TextCondition
 from margrpo.policy.layers import Block, SimpleMLPAdaLN
 from margrpo.policy.memory import run_blocks
@@ -207,13 +207,16 @@ class ToyMAR(MARPolicy):
 
 
 def save_folder(model: nn.Module, model_type: str, directory: str | Path) -> None:
-    """A toy policy's folder: weights (safetensors), config.json (with its model_type) and the tokenizer."""
+    """A toy policy's folder: weights (safetensors), config.json (with its model_type) and the tokenizer, each
+    file's sha256 in checksums.json (checked on load)."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    save_file(state, str(d / WEIGHTS), metadata={"format": "pt"})
-    (d / CONFIG).write_text(json.dumps({"model_type": model_type, **asdict(model.config)}, indent=1))
+    with atomic_path(d / WEIGHTS) as tmp:  # safetensors writes 0600; atomic_path gives the umask's mode
+        save_file(state, str(tmp), metadata={"format": "pt"})
+    atomic_write_text(d / CONFIG, json.dumps({"model_type": model_type, **asdict(model.config)}, indent=1))
     model.tokenizer.save_pretrained(str(d / TOKENIZER))
+    record_checksums(d)
 
 
 def read_folder_config(directory: str | Path, model_type: str) -> dict:
@@ -222,6 +225,7 @@ def read_folder_config(directory: str | Path, model_type: str) -> dict:
     missing = [n for n in (CONFIG, WEIGHTS, TOKENIZER) if not (d / n).exists()]
     if missing:
         raise FileNotFoundError(f"{d}: not a {model_type} checkpoint; missing {', '.join(missing)} (expected {CONFIG}, {WEIGHTS}, {TOKENIZER}/)")
+    verify_checksums(d)
     raw = read_json(d / CONFIG)
     if not isinstance(raw, dict) or raw.pop("model_type", None) != model_type:
         raise InputError(f"{d / CONFIG}: model_type is not {model_type!r}")
@@ -241,8 +245,20 @@ def load_folder(cls, config_cls, raw: dict, directory: str | Path):
         state = load_file(str(d / WEIGHTS))
     except Exception as err:  # safetensors raises its own error types for truncated files
         raise ValueError(f"{d / WEIGHTS}: corrupt or unreadable weights ({err})") from err
+    check_state(state, model.state_dict(), d / WEIGHTS, d / CONFIG)
     model.load_state_dict(state, strict=True)
     return model
+
+
+def check_state(state: dict, expected: dict, weights: Path, config: Path) -> None:
+    """Weights whose keys and shapes are those of the model `config` describes, else one line naming both files."""
+    missing, unexpected = sorted(expected.keys() - state.keys()), sorted(state.keys() - expected.keys())
+    shapes = [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}"
+              for k, v in expected.items() if k in state and state[k].shape != v.shape]
+    if missing or unexpected or shapes:
+        parts = [f"{name} {keys[:3]}{' ...' if len(keys) > 3 else ''}"
+                 for name, keys in (("missing", missing), ("unexpected", unexpected), ("shape (file vs config)", shapes)) if keys]
+        raise InputError(f"{weights}: does not match {config}: " + "; ".join(parts))
 
 
 def text_encoder(vocab_size: int, c) -> BertModel:

@@ -20,7 +20,8 @@ as ``top_frac~0.3_tau~0.0_trajectories~4``.
 
 from __future__ import annotations
 
-import json
+import csv
+import io
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -31,6 +32,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from margrpo.io import InputError, read_json
+
 __all__ = [
     "MissingResultError",
     "RunId",
@@ -40,6 +43,8 @@ __all__ = [
     "aggregate_seeds",
     "load_metrics",
     "load_summary",
+    "read_summary",
+    "check_csv",
     "load_selection",
     "load_compbench",
     "load_compbench_per_image",
@@ -182,15 +187,40 @@ def _require(path: Path, producer: str) -> Path:
 
 
 def _read_json(path: Path, producer: str) -> dict:
-    with open(_require(path, producer), encoding="utf-8") as fh:
-        return json.load(fh)
+    value = read_json(_require(path, producer))  # empty or invalid: InputError naming the file
+    if not isinstance(value, dict):
+        raise InputError(f"{path}: expected a JSON object (written by `{producer}`), got {type(value).__name__}")
+    return value
+
+
+def check_csv(path: Path) -> None:
+    """A CSV as our writers leave it (atomically, whole): a header, every row as wide as it, the last one ended.
+    Else InputError naming the file and line: a cut or edited file never loses a row silently."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(f"{path}: not UTF-8 text ({err})") from None
+    if not text.strip():
+        raise InputError(f"{path}: empty (no header); rerun the stage that writes it")
+    if not text.endswith("\n"):
+        last = text.count("\n") + 1
+        raise InputError(f"{path}:{last}: the last row is cut mid-line (no line end); the file was cut or edited")
+    reader = csv.reader(io.StringIO(text))
+    width = len(next(reader))
+    for row in reader:
+        if len(row) != width:
+            raise InputError(f"{path}:{reader.line_num}: {len(row)} fields where the header has {width}; the file was edited")
 
 
 def _read_csv(path: Path, producer: str, required: Sequence[str]) -> pd.DataFrame:
-    df = pd.read_csv(_require(path, producer))
+    check_csv(_require(path, producer))
+    try:
+        df = pd.read_csv(path, float_precision="round_trip")
+    except (ValueError, pd.errors.ParserError) as err:
+        raise InputError(f"{path}: not a readable CSV ({str(err).splitlines()[0]})") from None
     missing = [c for c in required if c not in df.columns]
     if missing:
-        raise ValueError(f"{path} lacks column(s) {missing}; it has {list(df.columns)}")
+        raise InputError(f"{path} lacks column(s) {missing}; it has {list(df.columns)}")
     return df
 
 
@@ -204,7 +234,27 @@ def load_metrics(root: str | Path, run: str) -> pd.DataFrame:
 
 
 def load_summary(root: str | Path, run: str) -> dict:
-    return _read_json(Path(root) / run / "summary.json", "margrpo train")
+    return read_summary(Path(root) / run / "summary.json")
+
+
+def read_summary(path: str | Path) -> dict:
+    """A run's summary.json, checked against the metrics.csv beside it: every checkpoint's val_reward must be
+    that step's val_reward there (selection reads the one, tables the other; an edit to either is refused)."""
+    path = Path(path)
+    summary = _read_json(path, "margrpo train")
+    if not isinstance(summary.get("checkpoints"), list):
+        raise InputError(f"{path}: no checkpoints list (written by `margrpo train`)")
+    metrics = path.with_name("metrics.csv")
+    if not metrics.is_file():  # a summary on its own (tests, copies): nothing to check against
+        return summary
+    df = _read_csv(metrics, "margrpo train", ["step"])
+    logged = {} if "val_reward" not in df else dict(zip(df["step"].astype(int), df["val_reward"]))
+    for c in summary["checkpoints"]:
+        val, there = c.get("val_reward"), logged.get(int(c.get("step", -1)), math.nan)
+        if isinstance(val, (int, float)) and not math.isclose(val, there, rel_tol=1e-9, abs_tol=1e-12):
+            raise InputError(f"{path}: checkpoint step {c.get('step')} has val_reward {val}, but {metrics} says {there}; "
+                             "one of the two was edited: rerun the training stage")
+    return summary
 
 
 def load_selection(root: str | Path, run: str, required: bool = True) -> dict | None:

@@ -27,10 +27,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor, nn
 from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 
+from margrpo.io import atomic_write_text, record_checksums, save_safetensors, verify_checksums
 from margrpo.text import SPECIAL_TOKENS, build_tokenizer  # noqa: F401  (re-exported)
 
 __all__ = [
@@ -206,13 +207,14 @@ class ToyClip(nn.Module):
     # --------------------------------------------------------------------- persistence
 
     def save_pretrained(self, directory: str | Path) -> None:
-        """Write config.json (model_type "toyclip"), model.safetensors and tokenizer/ into `directory`."""
+        """Write config.json (model_type "toyclip"), model.safetensors, tokenizer/ and their checksums.json into `directory`."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        save_file(state, str(d / WEIGHTS_FILE), metadata={"format": "pt"})
-        (d / CONFIG_FILE).write_text(json.dumps({"model_type": MODEL_TYPE, **asdict(self.config)}, indent=1) + "\n")
+        save_safetensors(state, d / WEIGHTS_FILE)
+        atomic_write_text(d / CONFIG_FILE, json.dumps({"model_type": MODEL_TYPE, **asdict(self.config)}, indent=1) + "\n")
         self.tokenizer.save_pretrained(str(d / TOKENIZER_DIR))
+        record_checksums(d)  # checked on load
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, device: str | torch.device = "cpu") -> ToyClip:
@@ -223,6 +225,7 @@ class ToyClip(nn.Module):
         missing = [n for n in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_DIR) if not (d / n).exists()]
         if missing:
             raise FileNotFoundError(f"{d} is not a toyclip model: missing {', '.join(missing)}; expected {expected}")
+        verify_checksums(d)
         try:
             raw = json.loads((d / CONFIG_FILE).read_text())
         except (UnicodeDecodeError, json.JSONDecodeError) as err:

@@ -9,12 +9,12 @@ earliest step; ``--step <int>`` (the full method) takes the step fixed in the co
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 from pathlib import Path
 
 from margrpo.io import atomic_write_json
+from margrpo.reporting.results import read_summary
 from margrpo.reporting.selection import parse_step, select_checkpoint
 
 log = logging.getLogger(__name__)
@@ -37,10 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    if not args.summary.is_file():
-        raise FileNotFoundError(f"missing {args.summary} (written by `margrpo train`)")
-    with open(args.summary, encoding="utf-8") as fh:
-        summary = json.load(fh)
+    summary = read_summary(args.summary)  # cross-checked against the run's metrics.csv
     selection = select_checkpoint(summary, args.step)
     if not Path(selection["policy"]).exists():
         log.warning("selected checkpoint folder %s does not exist (relative to %s)", selection["policy"], Path.cwd())

@@ -152,7 +152,7 @@ def marval_job(args, cfg, sampling, policy, reward, train, val) -> Job:
 
 def state_saver(job: Job, state_dir: Path, run_hash: str):
     """save_fn of the loop: the checkpoint's policy folder, then state/trainer.pt (what a resume reads)."""
-    from margrpo.io import atomic_dir, atomic_path
+    from margrpo.io import atomic_dir, atomic_path, record_checksums
 
     def save(path: Path, state) -> None:
         with atomic_dir(path) as tmp:
@@ -161,6 +161,7 @@ def state_saver(job: Job, state_dir: Path, run_hash: str):
                   "optimizer": job.optimizer.state_dict(), "spec_hash": run_hash}
         with atomic_path(state_dir / "trainer.pt") as tmp:
             torch.save(record, tmp)
+        record_checksums(state_dir, ["trainer.pt"])
 
     return save
 
@@ -170,11 +171,16 @@ def try_resume(job: Job, state_dir: Path, run_hash: str):
     from margrpo.grpo.run_loop import RunState, checkpoint_path
     from margrpo.policy import load_policy
 
-    path = state_dir / "trainer.pt"
+    from margrpo.io import InputError, refuse_symlink, verify_checksums
+
+    path = refuse_symlink(state_dir, "state folder") / "trainer.pt"
     if not path.is_file():
         return None
     try:
+        verify_checksums(state_dir, ["trainer.pt"])
         record = torch.load(path, map_location="cpu", weights_only=True)
+    except InputError as err:  # changed or damaged since it was written
+        record = {"spec_hash": f"unverified ({err})"}
     except Exception as err:  # an unreadable state cannot be trusted
         record = {"spec_hash": f"unreadable ({type(err).__name__})"}
     if record.get("spec_hash") != run_hash:

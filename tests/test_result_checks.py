@@ -1,0 +1,148 @@
+"""Issue 27.5 / 27.7: results carry their own checks. Every weights and config file a stage writes has its sha256
+in checksums.json, verified on load; selection and tables agree or refuse; damaged files are one line naming them."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import tiny_policy
+from margrpo.grpo.trainer import write_outputs
+from margrpo.io import InputError
+from margrpo.policy import load_policy
+from margrpo.reporting.results import load_metrics, load_summary
+from test_trainer import make_trainer
+
+MARGRPO = str(Path(sys.executable).with_name("margrpo"))
+
+
+def flip_last_byte(path):
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A finished GRPO run with LoRA adapters: metrics.csv, summary.json, state/ (2 checkpoints)."""
+    out = tmp_path_factory.mktemp("run")
+    trainer = make_trainer(out, lora={"rank": 4})
+    trainer.train()
+    write_outputs(trainer, {"variant": {"name": "grpo"}})
+    return out
+
+
+def copy_run(run, tmp_path):
+    subprocess.run(["cp", "-r", str(run), str(tmp_path / "run")], check=True)
+    return tmp_path / "run"
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "adapter_model.safetensors", "tokenizer/tokenizer.json"])
+def test_a_bit_flip_in_a_checkpoint_names_the_file(run, tmp_path, name):
+    policy = copy_run(run, tmp_path) / "state/ckpt-000002/policy"
+    load_policy(policy)
+    flip_last_byte(policy / name)  # the last byte of the tensor data: loads silently without the check
+    with pytest.raises(InputError, match=f"{policy / name}: sha256 differs"):
+        load_policy(policy)
+
+
+@pytest.mark.parametrize("key,value", [("head_prediction", "eps"), ("token_norm", [0.1, 0.9]), ("head_sampler", "one_step")])
+def test_an_edited_config_json_names_the_file(tmp_path, key, value):
+    tiny_policy().save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, key: value}))  # valid, loads and changes every image
+    with pytest.raises(InputError, match=f"{tmp_path / 'config.json'}: sha256 differs"):
+        load_policy(tmp_path)
+
+
+def test_a_config_json_that_does_not_match_its_weights_names_both(tmp_path):
+    """Without checksums (a folder from elsewhere) the weights are still checked against the config: one line."""
+    tiny_policy().save_pretrained(tmp_path)
+    (tmp_path / "checksums.json").unlink()
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "width": 48, "heads": 4}))
+    with pytest.raises(InputError, match=rf"{tmp_path / 'model.safetensors'}: does not match {tmp_path / 'config.json'}: "
+                                         r"shape \(file vs config\)"):
+        load_policy(tmp_path)
+
+
+def test_checkpoints_follow_the_umask(run):
+    expected = 0o666 & ~_umask()
+    files = [p for p in (run / "state").rglob("*") if p.is_file()]
+    assert any(p.name.endswith(".safetensors") for p in files)
+    assert {p.relative_to(run).as_posix(): oct(p.stat().st_mode & 0o777) for p in files} == \
+        {p.relative_to(run).as_posix(): oct(expected) for p in files}
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_a_changed_trainer_state_is_not_resumed(run, tmp_path, logged):
+    out = copy_run(run, tmp_path)
+    flip_last_byte(out / "state/trainer.pt")
+    again = make_trainer(out, lora={"rank": 4})
+    logged()
+    assert not again.try_resume()
+    assert f"{out / 'state/trainer.pt'}: sha256 differs" in logged()
+
+
+def test_a_symlinked_state_folder_is_refused_not_cleared(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("precious")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "state").symlink_to(elsewhere)
+    with pytest.raises(InputError, match=f"{tmp_path / 'run' / 'state'}: is a symbolic link"):
+        make_trainer(tmp_path / "run").train()
+    assert (elsewhere / "keep.txt").read_text() == "precious"
+
+
+def test_an_edited_summary_cannot_move_selection(run, tmp_path):
+    out = copy_run(run, tmp_path)
+    summary = json.loads((out / "summary.json").read_text())
+    summary["checkpoints"][0]["val_reward"] += 1.0  # would make step 1 the best
+    (out / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(InputError, match=r"summary.json: checkpoint step 1 has val_reward .* but .*metrics.csv says"):
+        load_summary(tmp_path, "run")
+    cli = subprocess.run([MARGRPO, "select", "--summary", str(out / "summary.json"), "--step", "best", "--out",
+                          str(tmp_path / "selection.json")], capture_output=True, text=True)
+    assert cli.returncode != 0 and not (tmp_path / "selection.json").exists()
+    assert "one of the two was edited" in cli.stderr and "Traceback" not in cli.stderr
+
+
+def test_a_metrics_csv_cut_mid_line_names_the_line(run, tmp_path):
+    out = copy_run(run, tmp_path)
+    text = (out / "metrics.csv").read_text()
+    assert len(text.splitlines()) == 3
+    (out / "metrics.csv").write_text(text[: -len(text.splitlines()[-1]) // 2])  # the last row cut halfway
+    with pytest.raises(InputError, match=r"metrics.csv:3: the last row is cut mid-line"):
+        load_metrics(tmp_path, "run")
+
+
+@pytest.mark.parametrize("name,text,message", [
+    ("metrics.csv", "", "empty"), ("metrics.csv", "step,val_reward\n1,0.5,7\n", r":2: 3 fields where the header has 2"),
+    ("summary.json", "", "not valid JSON"), ("summary.json", "[1, 2]", "expected a JSON object"),
+    ("summary.json", "{}", "no checkpoints list"),
+])
+def test_empty_or_invalid_run_files_are_one_line_naming_the_file(run, tmp_path, name, text, message):
+    out = copy_run(run, tmp_path)
+    (out / name).write_text(text)
+    load = load_summary if name == "summary.json" else load_metrics
+    with pytest.raises(InputError, match=f"{out / name}.*{message}"):
+        load(tmp_path, "run")
+    if name == "metrics.csv":  # the summary is checked against it
+        with pytest.raises(InputError, match=f"{out / name}"):
+            load_summary(tmp_path, "run")
+
+
+def test_an_untouched_run_loads(run):
+    summary = load_summary(run.parent, run.name)
+    assert [c["step"] for c in summary["checkpoints"]] == [1, 2] and len(load_metrics(run.parent, run.name)) == 2
+    assert torch.is_tensor(next(load_policy(run / "state/ckpt-000002/policy").parameters()))
