@@ -15,19 +15,34 @@ if workflow.overwrite_configfiles:
 
 from margrpo.config import (  # noqa: E402
     RELATED_POLICIES,
+    name_pattern,
     pretrain_settings,
+    read_config_file,
     related_policy,
     related_train_spec,
     shared_dirs,
     train_spec,
     validate_config,
 )
+from margrpo.experiment_record import check_experiment, record_experiment  # noqa: E402
 
 # ../schemas/config.schema.yaml (defaults filled) and every check beyond it: cross references, variant
-# overrides, the ablation table; errors name the key path
-validate_config(config, ", ".join(map(str, workflow.overwrite_configfiles or ["config/config.yaml"])), root=workflow.basedir)
+# overrides, the ablation table; errors name the key path. The files are read again by margrpo's loader,
+# which refuses a key given twice (Snakemake's keeps the last) and YTE templates (Snakemake has run them by now)
+CONFIG_FILES = list(map(str, workflow.overwrite_configfiles or [os.path.join(workflow.basedir, "config/config.yaml")]))
+for _file in CONFIG_FILES:
+    read_config_file(_file)
+validate_config(config, ", ".join(CONFIG_FILES), root=workflow.basedir)
 
 RESULTS = "results"
+# results/<name>/ is this config's alone: refused if it holds runs made with other settings (the first run records them)
+check_experiment(config, RESULTS, ", ".join(CONFIG_FILES))
+
+
+onstart:
+    record_experiment(config, RESULTS)
+
+
 # Stages every experiment on this world shares (data, toyclip, pre-training, warm-up, weight checks), each
 # in a folder keyed by a hash of the settings it reads: results/pretrain/toy-nova-1a2b3c4d (margrpo.config).
 SHARED = shared_dirs(config, RESULTS)
@@ -70,9 +85,9 @@ wildcard_constraints:
     pretrained=PRETRAIN_IDS,
     weights=WEIGHTS_IDS,
     warmed=WARMUP_IDS,
-    policy=r"[A-Za-z0-9.\-]+",
-    reward=r"[A-Za-z0-9.\-]+",
-    variant=r"[A-Za-z0-9.\-]+",
+    policy=name_pattern(),  # the schema's names: a config name always matches its wildcard
+    reward=name_pattern(),
+    variant=name_pattern(),
     seed=r"\d+",
     run=r"(base/[^/]+|train/.+/seed\d+|ablation/.+/seed\d+)",
 
@@ -204,8 +219,8 @@ REPORT = f"{RUNS}/report"
 
 def report_cmd(what):
     return (
-        f"margrpo report {what} --runs-json {{params.runs:q}} --results {{params.results}}"
-        " --out-prefix {params.prefix} --formats {params.formats} --confidence {params.confidence} > {log} 2>&1"
+        f"margrpo report {what} --runs-json {{params.runs:q}} --results {{params.results:q}}"
+        " --out-prefix {params.prefix:q} --formats {params.formats:q} --confidence {params.confidence:q} > {log:q} 2>&1"
     )
 
 
@@ -254,9 +269,9 @@ def suite_source_args():
     """make-suites arguments: ShapesWorld knobs (toy) or the real prompt files (prompts.source: files)."""
     p = config["prompts"]
     if p["source"] == "shapesworld":
-        return " ".join(f"--{k.replace('_', '-')} {str(v).lower()}" for k, v in config["world"].items())
+        return " ".join(f"--{k.replace('_', '-')} {shlex.quote(str(v).lower())}" for k, v in config["world"].items())
     args = ["--source files", f"--train-file {shlex.quote(p['train_file'] or '')}", f"--eval-dir {shlex.quote(p['eval_dir'] or '')}",
-            f"--categories {','.join(p['eval_categories'])}"]
+            f"--categories {shlex.quote(','.join(p['eval_categories']))}"]
     if p["val_file"]:
         args.append(f"--val-file {shlex.quote(p['val_file'])}")
     return " ".join(args)
