@@ -55,8 +55,9 @@ RELATED_DIRS = SHARED["related"] or {p: f"{RESULTS}/related-off/{p}" for p in ("
 POLICY_NAMES = "|".join(re.escape(p) for p in config["policies"])  # the train rule's policies (not the related ones)
 GPU = 0 if config["device"] == "cpu" else 1  # `resources: gpu` caps concurrent GPU jobs
 TRAIN_PROCS = config["train_processes"]  # data parallel GRPO: one GPU (or `threads` CPU threads) per process
-# `margrpo train` runs as one process, or as TRAIN_PROCS under torchrun (one machine; a free rendezvous port per job)
-TRAIN_LAUNCH = "margrpo" if TRAIN_PROCS == 1 else f"torchrun --standalone --nproc_per_node {TRAIN_PROCS} --no-python margrpo"
+# `margrpo train` runs as one process, or as TRAIN_PROCS of one machine whose rendezvous listens on 127.0.0.1 only
+# (margrpo.launch: torchrun's listens on every interface whatever its flags)
+TRAIN_LAUNCH = "margrpo" if TRAIN_PROCS == 1 else f"python -m margrpo.launch {TRAIN_PROCS} margrpo"
 
 def is_toy(policy):
     return config["policies"][policy]["kind"] == "toy"
