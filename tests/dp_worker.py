@@ -1,6 +1,6 @@
-"""Run under torchrun by tests/test_data_parallel.py: tiny GRPO runs on the gloo backend.
+"""Run by tests/test_data_parallel.py as W processes: tiny GRPO runs on the gloo backend.
 
-`python -m torch.distributed.run --nproc_per_node W dp_worker.py MODE OUT`:
+`python -m margrpo.launch W python dp_worker.py MODE OUT` (torchrun's environment):
   first-update OUT  one GRPO step of each variant; rank 0 saves the parameters and the logged row
   train OUT         a 4-step run in OUT/run (save_every 2), recording every file each process writes;
                     with KILL_AT_STEP=s, rank 1 is SIGKILLed in the middle of step s

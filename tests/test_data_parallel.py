@@ -1,10 +1,12 @@
-"""Data parallel GRPO on the gloo backend (torchrun, 2 CPU processes): the same update as one process,
-one writer, and a killed run that resumes to the uninterrupted result."""
+"""Data parallel GRPO on the gloo backend (margrpo.launch, as the train rules run it; 2 CPU processes): the same
+update as one process, one writer, and a killed run that resumes to the uninterrupted result. The launcher
+listens on the loopback interface only, and one failing process stops the job."""
 
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ SRC = Path(__file__).parents[1] / "src"
 
 
 def torchrun(nproc: int, mode: str, out: Path, **env) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(WORKER), mode, str(out)]
+    cmd = [sys.executable, "-m", "margrpo.launch", str(nproc), sys.executable, str(WORKER), mode, str(out)]
     environ = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]), **env}
     return subprocess.run(cmd, capture_output=True, text=True, env=environ, timeout=300)
 
@@ -85,3 +87,53 @@ def test_only_rank_zero_writes_and_a_killed_run_resumes_to_the_same_result(tmp_p
         assert relative_error(b, a) < 1e-6
     straight, again = ((tmp_path / d / "run" / "metrics.csv").read_text().splitlines() for d in ("straight", "killed"))
     assert len(again) == 5 and [r.split(",")[:3] for r in again] == [r.split(",")[:3] for r in straight]
+
+
+LISTENER = """
+import os, sys, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}"), "w").write(str(int(t.item())))
+if dist.get_rank() == 1 and os.environ.get("EXIT_RANK1"):
+    sys.exit(int(os.environ["EXIT_RANK1"]))
+time.sleep(float(os.environ.get("HOLD", "0")))
+"""
+
+
+def listening(pids: set[int]) -> set[str]:
+    """Local addresses (hex, as /proc/net/tcp* write them) of the TCP sockets these processes listen on."""
+    inodes = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").glob("*"):
+            target = os.readlink(fd) if fd.is_symlink() else ""
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    rows = [line.split() for f in ("/proc/net/tcp", "/proc/net/tcp6") for line in Path(f).read_text().splitlines()[1:]]
+    return {r[1].split(":")[0] for r in rows if r[3] == "0A" and r[9] in inodes}
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux's /proc/net/tcp")
+def test_the_launcher_listens_on_loopback_only_and_stops_on_a_failure(tmp_path):
+    """Issue 27: torchrun --standalone listened on every interface (`::`). The launcher's store and gloo's sockets
+    are on 127.0.0.1; a process that fails stops the job with its exit code."""
+    import psutil
+
+    script = tmp_path / "w.py"
+    script.write_text(LISTENER)
+    cmd = [sys.executable, "-m", "margrpo.launch", "2", sys.executable, str(script), str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]), "HOLD": "20"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while not all((tmp_path / f"rank{r}").exists() for r in range(2)) and proc.poll() is None:
+            time.sleep(0.2)
+        family = {proc.pid} | {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
+        addresses = listening(family)
+    finally:
+        proc.terminate()  # the launcher passes SIGTERM on to its processes
+        proc.wait(timeout=60)
+    assert addresses and addresses <= {"0100007F", "00000000000000000000000001000000"}, addresses  # 127.0.0.1 / ::1
+    assert [(tmp_path / f"rank{r}").read_text() for r in range(2)] == ["2", "2"]
+    start = time.time()
+    failed = subprocess.run(cmd, env={**env, "HOLD": "60", "EXIT_RANK1": "3"}, capture_output=True, text=True, timeout=120)
+    assert failed.returncode == 3 and time.time() - start < 40, failed.stderr[-2000:]

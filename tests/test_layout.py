@@ -1,8 +1,9 @@
 """The code's shape stays readable: no module over 600 lines, no function over 60, no import cycle.
 
-The import graph is read from the source (imports inside functions and under TYPE_CHECKING are not
-run at import time, so they do not count): an edge A -> B for every module B that importing A runs,
-the parent packages of B included, since importing margrpo.world.captions runs margrpo/world/__init__.py.
+The import graph is read from the source (imports inside functions are not run at import time, so
+they do not count): an edge A -> B for every module B that importing A runs, the parent packages of B
+included, since importing margrpo.world.captions runs margrpo/world/__init__.py. Imports under
+TYPE_CHECKING count too (issue 27): a type that two modules read lives where both can import it.
 """
 
 import ast
@@ -24,12 +25,9 @@ def _modules() -> dict[str, tuple[Path, bool]]:
 
 
 def _import_time_imports(body: list[ast.stmt]):
-    """Import statements that run when the module is imported (not in functions or TYPE_CHECKING)."""
+    """Import statements at module level (not in functions; TYPE_CHECKING blocks included)."""
     for node in body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            yield from _import_time_imports(node.orelse)
             continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node

@@ -71,3 +71,12 @@ def test_the_papers_prompt_files():
                                ["color", "shape", "texture", "spatial", "numeracy", "complex"], n_val=96, seed=0, n_eval=300)
     assert len(suites["eval"]) == 1800 and len(suites["val"]) == 96 and len(suites["train"]) > 7000
     assert not {r.prompt for r in suites["train"]} & {r.prompt for r in suites["eval"]}
+
+
+def test_a_txt_train_file_takes_its_category_from_its_name(files, tmp_path):
+    """Issue 27: a .txt train file (which the schema allows) could never be given its category."""
+    _, bench = files
+    for name, category in (("color_train.txt", "color"), ("prompts.txt", "object")):
+        train = _write(tmp_path / name, [f"a red ball number {i}" for i in range(6)])
+        suites = build_file_suites(train, bench, ["color"], n_val=2)
+        assert {r.category for r in suites["train"] + suites["val"]} == {category}

@@ -162,7 +162,7 @@ def test_second_run_has_nothing_to_do_and_a_deleted_figure_reruns_alone(smoke_ru
 @pytest.mark.slow
 def test_changing_a_plot_option_reruns_plots_only(smoke_run, tmp_path):
     config = tmp_path / "smoke-plots.yaml"
-    config.write_text((REPO / "config/smoke.yaml").read_text() + "\nreport: {grid_prompts: 2, confidence: 0.9}\n")
+    config.write_text((REPO / "config/smoke.yaml").read_text().replace("report: {grid_prompts: 2}", "report: {grid_prompts: 2, confidence: 0.9}"))
     out = snakemake(smoke_run, "-n", configfile=config)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
@@ -176,7 +176,12 @@ def test_changing_what_rl_freezes_reruns_training_but_not_pretraining(smoke_run,
     config = tmp_path / "smoke-frozen.yaml"
     config.write_text((REPO / "config/smoke.yaml").read_text().replace(
         "    sampling: {ar_steps: 4, diffusion_steps: 4}\n", "    sampling: {ar_steps: 4, diffusion_steps: 4}\n    rl_frozen: [blocks.0.]\n", 1))
-    out = snakemake(smoke_run, "-n", configfile=config)
+    refused = snakemake(smoke_run, "-n", configfile=config)  # results/smoke/ holds runs of other settings (issue 27)
+    assert refused.returncode != 0 and "differing: policies.toy-nova.rl_frozen" in refused.stdout + refused.stderr
+    work = tmp_path / "work"  # a copy whose owner lets the new settings replace the runs: the record goes
+    shutil.copytree(smoke_run, work, symlinks=True)
+    (work / "results/smoke/settings.json").unlink()
+    out = snakemake(work, "-n", configfile=config)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
     assert "rule train:" in text and "policy=toy-nova" in text, text[-3000:]
@@ -239,6 +244,7 @@ def test_a_killed_training_job_resumes_with_rerun_incomplete(smoke_run, tmp_path
     shutil.copytree(smoke_run, work, symlinks=True)
     run = work / "results/smoke/train/toy-nova/mixed/fix/seed0"
     shutil.rmtree(run)  # outputs and state of the short run: this one starts from nothing
+    (work / "results/smoke/settings.json").unlink()  # under other settings (more steps): deliberately
     target = str(run.relative_to(work) / "summary.json")
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", HF_HUB_OFFLINE="1")
     cmd = [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(work), "--configfile", str(config),

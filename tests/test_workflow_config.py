@@ -265,8 +265,8 @@ def test_schema_scorer_names_are_the_registry():
     assert sorted(load_schema()["$defs"]["scorer"]["enum"]) == available_rewards()
 
 
-def test_train_processes_launch_through_torchrun_and_request_one_gpu_each(tmp_path):
-    """train_processes: 2 on cuda: the train rules run `torchrun --nproc_per_node 2`, ask Snakemake for 2 GPUs
+def test_train_processes_launch_n_local_processes_and_request_one_gpu_each(tmp_path):
+    """train_processes: 2 on cuda: the train rules run 2 processes (margrpo.launch), ask Snakemake for 2 GPUs
     (which the SLURM executor turns into --gpus=2) and 2 x threads cores; one process stays a plain command."""
     from types import SimpleNamespace
 
@@ -282,11 +282,11 @@ def test_train_processes_launch_through_torchrun_and_request_one_gpu_each(tmp_pa
     jobs = [j for j in out.stdout.split("\n\n") if re.search(r"^rule train(_ablation)?:", j, re.M)]
     assert jobs
     for job in jobs:
-        assert "Shell command: torchrun --standalone --nproc_per_node 2 --no-python margrpo train " in job, job
+        assert "Shell command: python -m margrpo.launch 2 margrpo train " in job, job
         assert re.search(r"resources: .*\bgpu=2\b", job) and re.search(r"^\s*threads: 6$", job, re.M), job
         assert "--threads 3 " in job  # per process
     others = [j for j in out.stdout.split("\n\n") if re.search(r"^rule (sample|pretrain):", j, re.M)]
-    assert others and all("torchrun" not in j and re.search(r"gpu=1\b", j) for j in others)
+    assert others and all("margrpo.launch" not in j and re.search(r"gpu=1\b", j) for j in others)
     assert set_gres_string(SimpleNamespace(resources=SimpleNamespace(get={"gpu": 2}.get))).strip() == "--gpus=2"
     single = subprocess.run([SNAKEMAKE, *args[:-1]], cwd=REPO, capture_output=True, text=True)
-    assert single.returncode == 0 and "torchrun" not in single.stdout and "Shell command: margrpo train " in single.stdout
+    assert single.returncode == 0 and "margrpo.launch" not in single.stdout and "Shell command: margrpo train " in single.stdout

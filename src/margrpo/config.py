@@ -4,8 +4,13 @@ The schema (`workflow/schemas/config.schema.yaml`) is the single source of defau
 workflow; stages call `load_config` so that a stage run by hand sees the same values as one run
 by Snakemake, and validate their `--*-json` arguments against the same schema (`validate_section`).
 Everything a run could trip over later is checked when the config loads (dry-run time): unknown
-keys, wrong types, non-finite numbers, undefined names, variant overrides, the ablation table.
+keys, wrong types (1.0 is no integer), non-finite numbers, undefined names, variant overrides, the
+ablation table, and settings that validate one by one but would run wrong (`_check_settings`).
 Errors name the key path.
+
+A config is trusted like a Snakefile: Snakemake renders a config carrying `__use_yte__` as a YTE
+template, which runs code. margrpo's own loader (`read_config_file`) refuses such a file, and a key
+given twice, which YAML would resolve silently to the last one.
 """
 
 from __future__ import annotations
@@ -45,7 +50,14 @@ def _with_defaults(validator_class):
     return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
 
 
-_Validator = _with_defaults(jsonschema.Draft202012Validator)
+def _strict_integers(validator_class):
+    """JSON Schema counts 1.0 as an integer; a YAML `steps: 1.0` then reaches range() as a float."""
+    checker = validator_class.TYPE_CHECKER.redefine("integer", lambda _, x: isinstance(x, int) and not isinstance(x, bool))
+    return jsonschema.validators.extend(validator_class, type_checker=checker)
+
+
+_Strict = _strict_integers(jsonschema.Draft202012Validator)
+_Validator = _with_defaults(_Strict)
 
 
 @functools.cache
@@ -56,6 +68,11 @@ def _schema() -> dict:
 
 def load_schema() -> dict:
     return copy.deepcopy(_schema())
+
+
+def name_pattern() -> str:
+    """The regex of a policy, reward or variant name (the schema's), unanchored: the workflow's wildcards."""
+    return _schema()["$defs"]["name"]["pattern"].strip("^$")
 
 
 def schema_section(section: str) -> dict:
@@ -79,7 +96,7 @@ def _key_path(error: jsonschema.ValidationError) -> str:
 
 def _errors(schema: dict, value: Any, where: str, fill: bool = True, at: str = "") -> None:
     """Raise ConfigError listing the schema violations of `value` (key paths below `at`); `fill`: defaults too."""
-    validator = (_Validator if fill else jsonschema.Draft202012Validator)(schema)
+    validator = (_Validator if fill else _Strict)(schema)
     errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
     if errors:
         lines = [f"{where}: key '{'.'.join(filter(None, [at, _key_path(e)])) or '<top level>'}': {_message(e)}" for e in errors[:10]]
@@ -103,6 +120,7 @@ def validate_config(config: dict, source: str = "config", root: str | Path | Non
     _check_references(config, source)
     _check_variants(config, source)
     _check_ablations(config, source, Path(root) if root else REPO_ROOT)
+    _check_settings(config, source)
     return config
 
 
@@ -194,6 +212,80 @@ def _check_variants(config: dict, source: str) -> None:
                                   f"stochastic steps of policies.{pname}.sampling.diffusion_steps")
 
 
+def _check_settings(config: dict, source: str) -> None:
+    """Settings that pass the schema one by one but would run wrong or fail late (issue 27)."""
+    def fail(key: str, why: str):
+        raise ConfigError(f"{source}: key '{key}': {why}")
+
+    p, default = config["prompts"], lambda k: schema_section("prompts")["properties"][k]["default"]  # noqa: E731
+    if p["source"] == "files" and p["n_train"] != default("n_train"):
+        fail("prompts.n_train", "the files source trains on every prompt of prompts.train_file; remove n_train")
+    if p["source"] == "files" and p["val_file"] and p["n_val"] != default("n_val"):
+        fail("prompts.n_val", "prompts.val_file gives the validation prompts; remove n_val")
+    val_size, val_from = _val_suite_size(config)
+    for name, variant in config["variants"].items():
+        g = {**config["grpo"], **variant["overrides"]}
+        key = lambda k: f"variants.{name}.overrides.{k}" if k in variant["overrides"] else f"grpo.{k}"  # noqa: E731
+        if val_size is not None and g["val_prompts"] > val_size:
+            fail(key("val_prompts"), f"{g['val_prompts']} exceeds the {val_size} prompts of the validation suite ({val_from}) in variant {name!r}")
+        step = variant["report_step"]
+        if isinstance(step, int) and step > g["steps"]:
+            fail(f"variants.{name}.report_step", f"step {step} is past the run's last step ({key('steps')} = {g['steps']})")
+        if isinstance(step, int) and step % g["save_every"] and step != g["steps"]:
+            fail(f"variants.{name}.report_step", f"no checkpoint at step {step}: checkpoints are saved every {key('save_every')} = "
+                 f"{g['save_every']} steps and at the last")
+    for setting, weights in config["rewards"].items():
+        if not any(weights.values()):
+            fail(f"rewards.{setting}", "every weight is zero: the reward would be the same for every image")
+    for name, policy in config["policies"].items():
+        if policy["kind"] != "toy":
+            continue  # nova / harmon token grids and parameter names come from their weights: checked when training starts
+        size, patch = config["world"]["image_size"], policy["model"]["patch_size"]
+        if size % patch:
+            fail(f"policies.{name}.model.patch_size", f"{patch} px does not divide world.image_size = {size} px")
+        if policy["sampling"]["ar_steps"] > (size // patch) ** 2:
+            fail(f"policies.{name}.sampling.ar_steps", f"K = {policy['sampling']['ar_steps']} exceeds the {(size // patch) ** 2} tokens "
+                 f"of a {size} px image in {patch} px patches")
+        _check_toy_names(name, policy, size, fail)
+
+
+def _val_suite_size(config: dict) -> tuple[int | None, str]:
+    """How many prompts `make-suites` puts in val.jsonl, and from where (None when the file is not there yet)."""
+    p = config["prompts"]
+    if p["source"] == "files" and p["val_file"]:
+        if not Path(p["val_file"]).is_file():
+            return None, ""
+        from margrpo.prompts.files import read_prompt_file
+
+        return len(read_prompt_file(p["val_file"], "object")), f"prompts.val_file {p['val_file']}"
+    return p["n_val"], "prompts.n_val"
+
+
+def _check_toy_names(name: str, policy: dict, image_size: int, fail) -> None:
+    """A toy policy's rl_frozen prefixes and LoRA target_modules must each name something; its parameter
+    names follow from the config (the model built on the meta device: no weights, no time)."""
+    lora = policy["lora"] or {}
+    if not (policy["rl_frozen"] or lora.get("target_modules")):
+        return  # no torch import for the common case
+    import torch
+
+    from margrpo.policy.memory import lora_leaves
+    from margrpo.policy.toy import ToyMAR, ToyMARConfig
+
+    with torch.device("meta"):
+        model = ToyMAR(ToyMARConfig(head_type=policy["head"], image_size=image_size, vocab=["a"], **policy["model"]))
+    names = [n for n, _ in model.named_parameters()]
+    for i, prefix in enumerate(policy["rl_frozen"]):
+        if not any(n.startswith(prefix) for n in names):
+            fail(f"policies.{name}.rl_frozen.{i}", f"no parameter name of the toy policy starts with {prefix!r} "
+                 f"(top-level modules: {', '.join(sorted({n.split('.')[0] for n in names}))})")
+    leaves = lora_leaves(model)
+    for i, target in enumerate(lora.get("target_modules") or []):
+        if not any(leaf == target or leaf.endswith("." + target) for leaf in leaves):
+            fail(f"policies.{name}.lora.target_modules.{i}", f"{target!r} names no Linear layer in the toy policy's blocks "
+                 f"(they are {', '.join(sorted(leaves))})")
+
+
 def resolve_path(path: str | Path, root: Path) -> Path | None:
     """A config path relative to the working directory, else to `root`; None if in neither."""
     for candidate in (Path(path), root / path):
@@ -241,17 +333,46 @@ def load_config(source: str | Path | dict[str, Any]) -> dict:
     if isinstance(source, dict):
         return validate_config(copy.deepcopy(source), "config")
     path = Path(source)
+    config = read_config_file(path)
+    # a workflow's config/<name>.yaml names its files relative to the workflow folder, config/'s parent
+    folder = path.resolve().parent
+    return validate_config(config, str(path), root=folder.parent if folder.name == "config" else folder)
+
+
+def read_config_file(path: str | Path) -> dict:
+    """A config file's mapping, unvalidated: plain YAML, no key twice, no YTE template (module docstring)."""
+    path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
+    text = path.read_text()
     try:
-        config = yaml.safe_load(path.read_text()) or {}
+        config = yaml.safe_load(text) or {}
+        _check_duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader), str(path))
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from err
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(config).__name__}")
-    # a workflow's config/<name>.yaml names its files relative to the workflow folder, config/'s parent
-    folder = path.resolve().parent
-    return validate_config(config, str(path), root=folder.parent if folder.name == "config" else folder)
+    if "__use_yte__" in config:
+        raise ConfigError(f"{path}: key '__use_yte__': a YTE template runs code; margrpo reads plain YAML configs only "
+                          "(render it with `yte` and pass the result)")
+    return config
+
+
+def _check_duplicate_keys(node, source: str, path: str = "") -> None:
+    """YAML lets a mapping repeat a key and keeps the last value: refuse it, naming the key path and lines."""
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_duplicate_keys(item, source, f"{path}.{i}" if path else str(i))
+    elif isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key, value in node.value:
+            where = f"{path}.{key.value}" if path else str(key.value)
+            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                if key.value in seen:
+                    raise ConfigError(f"{source}: key '{where}' is given twice (lines {seen[key.value]} and "
+                                      f"{key.start_mark.line + 1}); YAML would keep the last silently")
+                seen[key.value] = key.start_mark.line + 1
+            _check_duplicate_keys(value, source, where)
 
 
 LATER_GRPO_KEYS = ("trackers", "ema_decay")  # grpo keys added after runs were cached (issue #17)

@@ -15,19 +15,34 @@ if workflow.overwrite_configfiles:
 
 from margrpo.config import (  # noqa: E402
     RELATED_POLICIES,
+    name_pattern,
     pretrain_settings,
+    read_config_file,
     related_policy,
     related_train_spec,
     shared_dirs,
     train_spec,
     validate_config,
 )
+from margrpo.experiment_record import check_experiment, record_experiment  # noqa: E402
 
 # ../schemas/config.schema.yaml (defaults filled) and every check beyond it: cross references, variant
-# overrides, the ablation table; errors name the key path
-validate_config(config, ", ".join(map(str, workflow.overwrite_configfiles or ["config/config.yaml"])), root=workflow.basedir)
+# overrides, the ablation table; errors name the key path. The files are read again by margrpo's loader,
+# which refuses a key given twice (Snakemake's keeps the last) and YTE templates (Snakemake has run them by now)
+CONFIG_FILES = list(map(str, workflow.overwrite_configfiles or [os.path.join(workflow.basedir, "config/config.yaml")]))
+for _file in CONFIG_FILES:
+    read_config_file(_file)
+validate_config(config, ", ".join(CONFIG_FILES), root=workflow.basedir)
 
 RESULTS = "results"
+# results/<name>/ is this config's alone: refused if it holds runs made with other settings (the first run records them)
+check_experiment(config, RESULTS, ", ".join(CONFIG_FILES))
+
+
+onstart:
+    record_experiment(config, RESULTS)
+
+
 # Stages every experiment on this world shares (data, toyclip, pre-training, warm-up, weight checks), each
 # in a folder keyed by a hash of the settings it reads: results/pretrain/toy-nova-1a2b3c4d (margrpo.config).
 SHARED = shared_dirs(config, RESULTS)
@@ -40,8 +55,9 @@ RELATED_DIRS = SHARED["related"] or {p: f"{RESULTS}/related-off/{p}" for p in ("
 POLICY_NAMES = "|".join(re.escape(p) for p in config["policies"])  # the train rule's policies (not the related ones)
 GPU = 0 if config["device"] == "cpu" else 1  # `resources: gpu` caps concurrent GPU jobs
 TRAIN_PROCS = config["train_processes"]  # data parallel GRPO: one GPU (or `threads` CPU threads) per process
-# `margrpo train` runs as one process, or as TRAIN_PROCS under torchrun (one machine; a free rendezvous port per job)
-TRAIN_LAUNCH = "margrpo" if TRAIN_PROCS == 1 else f"torchrun --standalone --nproc_per_node {TRAIN_PROCS} --no-python margrpo"
+# `margrpo train` runs as one process, or as TRAIN_PROCS of one machine whose rendezvous listens on 127.0.0.1 only
+# (margrpo.launch: torchrun's listens on every interface whatever its flags)
+TRAIN_LAUNCH = "margrpo" if TRAIN_PROCS == 1 else f"python -m margrpo.launch {TRAIN_PROCS} margrpo"
 
 def is_toy(policy):
     return config["policies"][policy]["kind"] == "toy"
@@ -70,9 +86,9 @@ wildcard_constraints:
     pretrained=PRETRAIN_IDS,
     weights=WEIGHTS_IDS,
     warmed=WARMUP_IDS,
-    policy=r"[A-Za-z0-9.\-]+",
-    reward=r"[A-Za-z0-9.\-]+",
-    variant=r"[A-Za-z0-9.\-]+",
+    policy=name_pattern(),  # the schema's names: a config name always matches its wildcard
+    reward=name_pattern(),
+    variant=name_pattern(),
     seed=r"\d+",
     run=r"(base/[^/]+|train/.+/seed\d+|ablation/.+/seed\d+)",
 
@@ -204,8 +220,8 @@ REPORT = f"{RUNS}/report"
 
 def report_cmd(what):
     return (
-        f"margrpo report {what} --runs-json {{params.runs:q}} --results {{params.results}}"
-        " --out-prefix {params.prefix} --formats {params.formats} --confidence {params.confidence} > {log} 2>&1"
+        f"margrpo report {what} --runs-json {{params.runs:q}} --results {{params.results:q}}"
+        " --out-prefix {params.prefix:q} --formats {params.formats:q} --confidence {params.confidence:q} > {log:q} 2>&1"
     )
 
 
@@ -254,9 +270,9 @@ def suite_source_args():
     """make-suites arguments: ShapesWorld knobs (toy) or the real prompt files (prompts.source: files)."""
     p = config["prompts"]
     if p["source"] == "shapesworld":
-        return " ".join(f"--{k.replace('_', '-')} {str(v).lower()}" for k, v in config["world"].items())
+        return " ".join(f"--{k.replace('_', '-')} {shlex.quote(str(v).lower())}" for k, v in config["world"].items())
     args = ["--source files", f"--train-file {shlex.quote(p['train_file'] or '')}", f"--eval-dir {shlex.quote(p['eval_dir'] or '')}",
-            f"--categories {','.join(p['eval_categories'])}"]
+            f"--categories {shlex.quote(','.join(p['eval_categories']))}"]
     if p["val_file"]:
         args.append(f"--val-file {shlex.quote(p['val_file'])}")
     return " ".join(args)

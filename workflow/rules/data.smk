@@ -14,6 +14,6 @@ rule make_suites:
     benchmark:
         f"benchmarks/make_suites/{os.path.basename(DATA)}.tsv"
     shell:
-        "margrpo make-suites --out-dir {params.out_dir} --seed {params.prompts[seed]}"
-        " --n-train {params.prompts[n_train]} --n-val {params.prompts[n_val]} --n-eval {params.prompts[n_eval]}"
-        " {params.world} > {log} 2>&1"
+        "margrpo make-suites --out-dir {params.out_dir:q} --seed {params.prompts[seed]:q}"
+        " --n-train {params.prompts[n_train]:q} --n-val {params.prompts[n_val]:q} --n-eval {params.prompts[n_eval]:q}"
+        " {params.world} > {log:q} 2>&1"

@@ -20,9 +20,9 @@ rule sample:
     benchmark:
         f"benchmarks/{NAME}/sample/{{run}}.tsv"
     shell:
-        "margrpo sample --policy {input.policy} --suite {input.suite} --sampling-json {params.sampling:q}"
-        " --images-per-prompt {params.n} --max-prompts {params.max_prompts} --batch-size {params.batch}"
-        " --out-dir {output} --seed 1234 --threads {threads} > {log} 2>&1"
+        "margrpo sample --policy {input.policy:q} --suite {input.suite:q} --sampling-json {params.sampling:q}"
+        " --images-per-prompt {params.n:q} --max-prompts {params.max_prompts:q} --batch-size {params.batch:q}"
+        " --out-dir {output:q} --seed 1234 --threads {threads:q} > {log:q} 2>&1"
 
 
 rule eval_compbench:
@@ -45,9 +45,9 @@ rule eval_compbench:
     benchmark:
         f"benchmarks/{NAME}/eval_compbench/{{run}}.tsv"
     shell:
-        "margrpo eval-compbench --samples-dir {input.samples} --suite {input.suite}"
-        " --evaluator {params.evaluator} --models-json {params.models:q}"
-        " --out-per-image {output.per_image} --out-per-category {output.per_category} > {log} 2>&1"
+        "margrpo eval-compbench --samples-dir {input.samples:q} --suite {input.suite:q}"
+        " --evaluator {params.evaluator:q} --models-json {params.models:q}"
+        " --out-per-image {output.per_image:q} --out-per-category {output.per_category:q} > {log:q} 2>&1"
 
 
 rule eval_preference:
@@ -72,5 +72,5 @@ rule eval_preference:
     benchmark:
         f"benchmarks/{NAME}/eval_preference/{{run}}.tsv"
     shell:
-        "margrpo eval-preference --samples-dir {input.samples} --suite {input.suite} --scorers {params.scorers}"
-        " --options-json {params.options:q} --toyclip-dir {params.toyclip} --out {output} > {log} 2>&1"
+        "margrpo eval-preference --samples-dir {input.samples:q} --suite {input.suite:q} --scorers {params.scorers:q}"
+        " --options-json {params.options:q} --toyclip-dir {params.toyclip:q} --out {output:q} > {log:q} 2>&1"

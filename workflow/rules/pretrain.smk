@@ -17,8 +17,8 @@ rule train_toyclip:
     benchmark:
         f"benchmarks/train_toyclip/{os.path.basename(TOYCLIP)}.tsv"
     shell:
-        "margrpo train-toyclip --world {input.world} --config-json {params.cfg:q}"
-        " --out-dir {output.model} --metrics {output.metrics} --threads {threads} > {log} 2>&1"
+        "margrpo train-toyclip --world {input.world:q} --config-json {params.cfg:q}"
+        " --out-dir {output.model:q} --metrics {output.metrics:q} --threads {threads:q} > {log:q} 2>&1"
 
 
 rule pretrain:
@@ -44,9 +44,9 @@ rule pretrain:
     benchmark:
         "benchmarks/pretrain/{pretrained}.tsv"
     shell:
-        "margrpo pretrain --world {input.world} --eval-suite {input.suite} --policy-json {params.cfg:q}"
-        " --out-dir {output.policy} --quality {output.quality} --samples-png {output.samples} --precision {params.precision}"
-        " --threads {threads} > {log} 2>&1"
+        "margrpo pretrain --world {input.world:q} --eval-suite {input.suite:q} --policy-json {params.cfg:q}"
+        " --out-dir {output.policy:q} --quality {output.quality:q} --samples-png {output.samples:q} --precision {params.precision:q}"
+        " --threads {threads:q} > {log:q} 2>&1"
 
 
 rule check_weights:
@@ -63,4 +63,4 @@ rule check_weights:
     benchmark:
         "benchmarks/check_weights/{weights}.tsv"
     shell:
-        "margrpo check-weights --kind {params.kind} --path {params.path:q} --out {output} > {log} 2>&1"
+        "margrpo check-weights --kind {params.kind:q} --path {params.path:q} --out {output:q} > {log:q} 2>&1"

@@ -25,8 +25,8 @@ rule pretrain_mask:
     benchmark:
         "benchmarks/pretrain_mask/toy-mask.tsv"
     shell:
-        "margrpo pretrain-mask --world {input.world} --eval-suite {input.suite} --policy-json {params.cfg:q}"
-        " --out-dir {output.policy} --quality {output.quality} --threads {threads} > {log} 2>&1"
+        "margrpo pretrain-mask --world {input.world:q} --eval-suite {input.suite:q} --policy-json {params.cfg:q}"
+        " --out-dir {output.policy:q} --quality {output.quality:q} --threads {threads:q} > {log:q} 2>&1"
 
 
 rule distill_marval:
@@ -51,8 +51,8 @@ rule distill_marval:
     benchmark:
         "benchmarks/distill_marval/toy-marval.tsv"
     shell:
-        "margrpo distill-marval --teacher {input.teacher} --suites-dir {params.suites_dir} --policy-json {params.cfg:q}"
-        " --out-dir {output.policy} --quality {output.quality} --threads {threads} > {log} 2>&1"
+        "margrpo distill-marval --teacher {input.teacher:q} --suites-dir {params.suites_dir:q} --policy-json {params.cfg:q}"
+        " --out-dir {output.policy:q} --quality {output.quality:q} --threads {threads:q} > {log:q} 2>&1"
 
 
 rule train_related:
@@ -85,9 +85,9 @@ rule train_related:
     benchmark:
         f"benchmarks/{NAME}/train/{{relpolicy}}/{{reward}}/{{method}}/seed{{seed}}.tsv"
     shell:
-        "margrpo {params.command} --policy-dir {input.policy} --suites-dir {params.suites_dir} --spec-json {params.spec:q}"
-        " --toyclip-dir {params.toyclip} --seed {wildcards.seed} --out-dir {params.run_dir}"
-        " --threads {threads} > {log} 2>&1"
+        "margrpo {params.command} --policy-dir {input.policy:q} --suites-dir {params.suites_dir:q} --spec-json {params.spec:q}"
+        " --toyclip-dir {params.toyclip:q} --seed {wildcards.seed:q} --out-dir {params.run_dir:q}"
+        " --threads {threads:q} > {log:q} 2>&1"
 
 
 rule table3:

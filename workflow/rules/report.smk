@@ -147,8 +147,8 @@ rule uncertainty_maps:
     benchmark:
         f"benchmarks/{NAME}/uncertainty_maps/maps.tsv"
     shell:
-        "margrpo uncertainty --policy {input.policy} --suite {input.suite} --sampling-json {params.sampling:q}"
-        " --prompts {params.n} --trajectories 4 --out {output} --threads {threads} > {log} 2>&1"
+        "margrpo uncertainty --policy {input.policy:q} --suite {input.suite:q} --sampling-json {params.sampling:q}"
+        " --prompts {params.n:q} --trajectories 4 --out {output:q} --threads {threads:q} > {log:q} 2>&1"
 
 
 rule fig4_uncertainty:

@@ -13,4 +13,4 @@ rule select_checkpoint:
     benchmark:
         f"benchmarks/{NAME}/select_checkpoint/{{run}}.tsv"
     shell:
-        "margrpo select --summary {input} --step {params.step} --out {output} > {log} 2>&1"
+        "margrpo select --summary {input:q} --step {params.step:q} --out {output:q} > {log:q} 2>&1"

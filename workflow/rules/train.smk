@@ -31,9 +31,9 @@ rule train:
     benchmark:
         f"benchmarks/{NAME}/train/{{policy}}/{{reward}}/{{variant}}/seed{{seed}}.tsv"
     shell:
-        "{params.launch} train --policy-dir {input.policy} --suites-dir {params.suites_dir} --spec-json {params.spec:q}"
-        " --toyclip-dir {params.toyclip} --seed {wildcards.seed} --out-dir {params.run_dir}"
-        " --threads {params.threads} > {log} 2>&1"
+        "{params.launch} train --policy-dir {input.policy:q} --suites-dir {params.suites_dir:q} --spec-json {params.spec:q}"
+        " --toyclip-dir {params.toyclip:q} --seed {wildcards.seed:q} --out-dir {params.run_dir:q}"
+        " --threads {params.threads:q} > {log:q} 2>&1"
 
 
 rule train_ablation:
@@ -63,6 +63,6 @@ rule train_ablation:
     benchmark:
         f"benchmarks/{NAME}/train_ablation/{{policy}}/{{reward}}/{ABLATIONS.wildcard_pattern}/seed{{seed}}.tsv"
     shell:
-        "{params.launch} train --policy-dir {input.policy} --suites-dir {params.suites_dir} --spec-json {params.spec:q}"
-        " --toyclip-dir {params.toyclip} --seed {wildcards.seed} --out-dir {params.run_dir}"
-        " --threads {params.threads} > {log} 2>&1"
+        "{params.launch} train --policy-dir {input.policy:q} --suites-dir {params.suites_dir:q} --spec-json {params.spec:q}"
+        " --toyclip-dir {params.toyclip:q} --seed {wildcards.seed:q} --out-dir {params.run_dir:q}"
+        " --threads {params.threads:q} > {log:q} 2>&1"

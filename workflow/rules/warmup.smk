@@ -23,6 +23,6 @@ rule warmup:
     benchmark:
         "benchmarks/warmup/{warmed}.tsv"
     shell:
-        "margrpo warmup --policy-dir {input.policy} --world {input.world} --eval-suite {input.suite}"
-        " --warmup-json {params.cfg:q} --sampling-json {params.sampling:q} --out-dir {output.policy} --quality {output.quality} --samples-png {output.samples}"
-        " --precision {params.precision} --threads {threads} > {log} 2>&1"
+        "margrpo warmup --policy-dir {input.policy:q} --world {input.world:q} --eval-suite {input.suite:q}"
+        " --warmup-json {params.cfg:q} --sampling-json {params.sampling:q} --out-dir {output.policy:q} --quality {output.quality:q} --samples-png {output.samples:q}"
+        " --precision {params.precision:q} --threads {threads:q} > {log:q} 2>&1"

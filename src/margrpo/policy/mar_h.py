@@ -7,19 +7,15 @@ parameter names) and MAR's KL-16 VAE as a diffusers AutoencoderKL with the LDM k
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from diffusers import AutoencoderKL
 from torch import Tensor, nn
 
+from margrpo.policy.harmon_config import HarmonConfig
 from margrpo.policy.layers import modulate, timestep_embedding
 from margrpo.policy.memory import run_blocks
-
-if TYPE_CHECKING:
-    from margrpo.policy.harmon import HarmonConfig
-
 
 # ----------------------------------------------------------------------------------------------
 # MAR-H: ViT blocks with timm's parameter names, the encoder/decoder, the DiffLoss MLP

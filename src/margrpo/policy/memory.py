@@ -69,6 +69,14 @@ def lora_config(policy: nn.Module, options: dict):
                       target_modules=pattern)
 
 
+def lora_leaves(policy: nn.Module) -> set[str]:
+    """What `target_modules` may name: the Linear layers inside `lora_scope`, relative to their block
+    (`attn.qkv`; a target matches a leaf or its last dotted parts, as `lora_config`'s pattern does)."""
+    scope = re.compile(policy.lora_scope)
+    matches = ((n, scope.match(n)) for n, m in policy.named_modules() if isinstance(m, nn.Linear))
+    return {n[m.end():] for n, m in matches if m and m.end() < len(n)}
+
+
 def add_lora(policy: nn.Module, options: dict) -> None:
     """Inject adapters (B = 0: the policy's outputs are unchanged) into the AR transformer, in place."""
     _inject(policy, lora_config(policy, options))

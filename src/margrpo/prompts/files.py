@@ -5,7 +5,8 @@ the suites come from files instead, in the same three-split JSONL layout (`margr
 
 - train: the RL prompts, JSON Lines in the T2I-R1 format (`prompt`, `task_type`, `nouns`,
   `spatial_info` / `numeracy_info` / `attr_nouns`) as in the shipped `RL_PROMPTS`, or a .txt file
-  with one prompt per line;
+  with one prompt per line, its category read from its name as the val file's (`color_train.txt`:
+  color; no category in the name: object);
 - eval: `<category>_val.txt` of the T2I-CompBench folder (the shipped `COMPBENCH_DIR`) for each
   evaluation category (the paper's 300-prompt splits);
 - val (checkpoint selection, DESIGN 3.12): `val_file` if given, else `n_val` RL prompts held out
@@ -114,7 +115,7 @@ def build_file_suites(
 
     `n_eval` caps the evaluation prompts per category (None: the whole 300-prompt split).
     """
-    train = read_prompt_file(train_file)
+    train = read_prompt_file(train_file, _category_of(train_file) if Path(train_file).suffix != ".jsonl" else None)
     evaluation: list[PromptRecord] = []
     for cat in categories:
         evaluation += read_prompt_file(compbench_file(eval_dir, cat, "val"), cat)[:n_eval]

@@ -1,0 +1,66 @@
+"""`python -m margrpo.launch N COMMAND...`: COMMAND as N data-parallel processes of one machine, reachable from it alone.
+
+The single-node job torchrun starts, with its environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT), but not listening on the network. torchrun's flags cannot do that: torch's TCPStore binds
+the wildcard address whatever host it is given, so `--standalone`, `--rdzv-endpoint 127.0.0.1:0` and
+`--master-addr 127.0.0.1` all listen on `::` (read in torch/distributed/run.py and elastic/; seen with
+torch 2.13 in /proc/net/tcp6). Here the store runs on a socket this launcher binds to 127.0.0.1
+(TCPStore's `master_listen_fd`), every process joins it as a client (torchelastic's agent-store protocol),
+and gloo and NCCL open their sockets on the loopback device. The first process to fail stops the others;
+the launcher exits with its code.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+LOOPBACK = "127.0.0.1"
+
+
+def worker_env(rank: int, world: int, port: int) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "RANK": str(rank), "LOCAL_RANK": str(rank),
+            "GROUP_RANK": "0", "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": LOOPBACK,
+            "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True", "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+
+
+def launch(world: int, command: list[str]) -> int:
+    """Run `command` as `world` processes around a store on the loopback interface; the first failing code, else 0."""
+    import torch.distributed as dist
+
+    listener = socket.create_server((LOOPBACK, 0))
+    port = listener.getsockname()[1]
+    store = dist.TCPStore(LOOPBACK, port, world_size=world, is_master=True, wait_for_workers=False,  # noqa: F841 (kept alive)
+                          timeout=timedelta(minutes=30), master_listen_fd=listener.fileno())
+    procs = [subprocess.Popen(command, env=worker_env(rank, world, port)) for rank in range(world)]
+    for sig in (signal.SIGINT, signal.SIGTERM):  # Snakemake stops a job with SIGTERM: pass it on
+        signal.signal(sig, lambda s, _: [p.send_signal(s) for p in procs if p.poll() is None])
+    while None in (codes := [p.poll() for p in procs]) and not any(codes):
+        time.sleep(0.2)
+    failed = [p.returncode for p in procs if p.returncode]
+    for p in procs:  # one failed: the others would wait for it in a collective forever
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    return failed[0] if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) < 2 or not argv[0].isdigit() or int(argv[0]) < 1:
+        raise SystemExit("usage: python -m margrpo.launch N COMMAND [ARG...]  (N >= 1 processes)")
+    return launch(int(argv[0]), argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
