@@ -437,6 +437,13 @@ def pretrain_settings(policy: dict) -> dict:
     return {k: policy[k] for k in ("kind", "head", "model", "pretrain", "sampling")}
 
 
+# The revision of the toy models' code defaults and architectures (ToyMARConfig, the toy text encoder,
+# toyclip, toy-mask). Part of the hash of every stage that trains one, so that a change of what the code
+# builds, not only of the config, moves those folders: no result of an older toy is read as new.
+# 2: the toy in the real models' proportions (a 64-wide head, 9% of the parameters; our own text stack).
+TOY_REVISION = 2
+
+
 def shared_dirs(config: dict, results: str = "results") -> dict:
     """Folders of the stages that experiments share, each keyed by a hash of exactly the settings
     that stage reads, its inputs' folders included (`results/pretrain/toy-nova-1a2b3c4d`): configs
@@ -452,13 +459,14 @@ def shared_dirs(config: dict, results: str = "results") -> dict:
 
     prompts, precision = config["prompts"], config["mixed_precision"]
     data = folder("data", prompts["source"], {"prompts": prompts, "world": config["world"] if prompts["source"] == "shapesworld" else None})
-    dirs = {"data": data, "toyclip": folder("toyclip", "toyclip", {"data": data, **_without(config["toyclip"], "enabled")}),
+    toy = {"toy_revision": TOY_REVISION}
+    dirs = {"data": data, "toyclip": folder("toyclip", "toyclip", {"data": data, **toy, **_without(config["toyclip"], "enabled")}),
             "base": {}, "warmup": {}, "related": {}}
     for name, policy in config["policies"].items():
         if policy["kind"] == "toy":
             # sampling shapes only the quality report: a change reruns the job, which finds its training
             # finished in state/ (keyed without sampling) and rewrites policy/ and quality.json
-            base = folder("pretrain", name, {"data": data, "precision": precision, **_without(pretrain_settings(policy), "sampling")})
+            base = folder("pretrain", name, {"data": data, "precision": precision, **toy, **_without(pretrain_settings(policy), "sampling")})
         else:
             base = folder("weights", name, {"kind": policy["kind"], "path": policy["path"]})
         dirs["base"][name] = base
@@ -469,7 +477,7 @@ def shared_dirs(config: dict, results: str = "results") -> dict:
     if related["enabled"]:  # the related methods' bases (issue #19): toy-mask pre-trained, toy-marval distilled
         teacher = related["marval"]["teacher"]
         teacher_dir = dirs["warmup"].get(teacher, dirs["base"][teacher])
-        dirs["related"]["toy-mask"] = folder("pretrain", "toy-mask", {"data": data, **_without(related_policy(config, "toy-mask"), "sampling")})
+        dirs["related"]["toy-mask"] = folder("pretrain", "toy-mask", {"data": data, **toy, **_without(related_policy(config, "toy-mask"), "sampling")})
         dirs["related"]["toy-marval"] = folder("distill", "toy-marval", {"teacher": teacher_dir, "data": data,
                                                                        **_without(related_policy(config, "toy-marval"), "sampling")})
     return dirs

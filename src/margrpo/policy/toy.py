@@ -39,8 +39,10 @@ class ToyMARConfig:
     depth: int = 4
     heads: int = 6
     mlp_ratio: float = 4.0
-    head_width: int = 384
-    head_depth: int = 3
+    # The head is light, as NOVA's and Harmon's (5-6% of AR + head): 64 x 2 blocks hold 9% of the toy's,
+    # 43% of a rollout's FLOPs at K = 8, T = 20 (NOVA 54%), benchmarks/policy_cost.py; docs/toy-world.md
+    head_width: int = 64
+    head_depth: int = 2
     text_width: int = 64
     text_depth: int = 2
     text_heads: int = 4
