@@ -23,15 +23,21 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(width, 3 * width)
         self.proj = nn.Linear(width, width)
 
-    def forward(self, x: Tensor, key_mask: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, key_mask: Tensor | None, bias: Tensor | None = None) -> Tensor:
+        """`bias` [h, S, S] (optional) is added to the attention logits (the text encoder's relative positions)."""
         B, S, W = x.shape
         q, k, v = self.qkv(x).view(B, S, 3, self.heads, W // self.heads).permute(2, 0, 3, 1, 4)  # 3 x [B, h, S, W/h]
         attn_mask = None if key_mask is None else key_mask[:, None, None, :]  # [B, 1, 1, S], True = attend
         dropout = self.dropout if self.training else 0.0
         if x.is_cuda:
+            if bias is not None:  # one additive float mask
+                bias = bias.to(q.dtype).expand(B, -1, -1, -1)
+                attn_mask = bias if attn_mask is None else bias.masked_fill(~attn_mask, float("-inf"))
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)
         else:
             scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # [B, h, S, S]
+            if bias is not None:
+                scores = scores + bias
             if attn_mask is not None:
                 scores = scores.masked_fill(~attn_mask, float("-inf"))
             y = F.dropout(scores.softmax(-1), dropout, training=dropout > 0) @ v
@@ -49,8 +55,8 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.GELU(approximate="tanh"), nn.Dropout(dropout), nn.Linear(hidden, width))
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
-        x = x + self.drop(self.attn(self.norm1(x), key_mask))
+    def forward(self, x: Tensor, key_mask: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
+        x = x + self.drop(self.attn(self.norm1(x), key_mask, bias))
         return x + self.drop(self.mlp(self.norm2(x)))
 
 
@@ -111,3 +117,39 @@ class SimpleMLPAdaLN(nn.Module):
             h = block(h, c)
         shift, scale = self.final_ada(c).chunk(2, dim=-1)
         return self.out(modulate(self.final_norm(h), shift, scale))
+
+
+class TextEncoder(nn.Module):
+    """Token ids [B, L] + attention mask -> hidden states [B, L, width]: token and learned position
+    embeddings, pre-norm transformer blocks that ignore padding keys, a final LayerNorm.
+
+    `relative`: each block's attention also gets a learned per-head bias for the offset between
+    query and key (clipped to +-(max_len - 1)), so "the word before" is one thing to learn, not one
+    per position.
+    """
+
+    def __init__(self, vocab_size: int, width: int, depth: int, heads: int, max_len: int,
+                 mlp_ratio: float = 4.0, dropout: float = 0.0, relative: bool = False):
+        super().__init__()
+        self.max_len, self.heads = max_len, heads
+        self.token_embeddings = nn.Embedding(vocab_size, width)
+        self.position_embeddings = nn.Embedding(max_len, width)
+        self.relative_bias = nn.Parameter(torch.zeros(depth, heads, 2 * max_len - 1)) if relative else None
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(width, heads, mlp_ratio, dropout) for _ in range(depth))
+        self.norm = nn.LayerNorm(width)
+        for emb in (self.token_embeddings, self.position_embeddings):
+            nn.init.normal_(emb.weight, std=0.02)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        L = input_ids.shape[1]
+        if L > self.max_len:
+            raise ValueError(f"{L} text tokens exceed max_len={self.max_len}")
+        pos = torch.arange(L, device=input_ids.device)
+        h = self.drop(self.token_embeddings(input_ids) + self.position_embeddings(pos))  # [B, L, W]
+        key_mask = attention_mask.bool()
+        offsets = (pos[None, :] - pos[:, None]) + self.max_len - 1  # [L, L] key - query, shifted to >= 0
+        for i, block in enumerate(self.blocks):
+            bias = None if self.relative_bias is None else self.relative_bias[i][:, offsets].to(h.dtype)  # [h, L, L]
+            h = block(h, key_mask, bias)
+        return self.norm(h)
