@@ -27,8 +27,9 @@ class WordTokenizer:
         """[CLS] + words, truncated to `max_length` tokens; pads get id 0 and mask 0."""
         self.tokenizer.enable_truncation(max_length)
         encodings = self.tokenizer.encode_batch(list(prompts))
-        as_tensor = lambda rows: torch.tensor(rows or [[]], dtype=torch.long)[: len(rows)]  # [B, L]; [0, 0] if no prompts
-        return {"input_ids": as_tensor([e.ids for e in encodings]), "attention_mask": as_tensor([e.attention_mask for e in encodings])}
+        if not encodings:
+            return {"input_ids": torch.zeros(0, 0, dtype=torch.long), "attention_mask": torch.zeros(0, 0, dtype=torch.long)}
+        return {"input_ids": torch.tensor([e.ids for e in encodings]), "attention_mask": torch.tensor([e.attention_mask for e in encodings])}
 
     def __len__(self) -> int:
         return self.tokenizer.get_vocab_size()
@@ -43,7 +44,7 @@ class WordTokenizer:
         """Reads <directory>/tokenizer.json (also the one transformers wrote into older model folders)."""
         path = Path(directory) / TOKENIZER_FILE
         if not path.is_file():
-            raise FileNotFoundError(f"{directory}: no tokenizer ({TOKENIZER_FILE} missing)")
+            raise FileNotFoundError(f"{directory}: not a tokenizer folder ({TOKENIZER_FILE} missing)")
         try:
             return cls(Tokenizer.from_file(str(path)))
         except Exception as err:  # tokenizers raises a bare Exception for unparsable files
@@ -52,9 +53,8 @@ class WordTokenizer:
             raise InputError(f"{path}: unreadable tokenizer ({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
 
 
-def build_tokenizer(vocab: list[str], max_len: int | None = None) -> WordTokenizer:
-    """Word-level tokenizer: lower-cased, split on whitespace / punctuation, [CLS] prepended, [UNK] otherwise.
-    (`max_len` is unused: every call names its own max_length.)"""
+def build_tokenizer(vocab: list[str]) -> WordTokenizer:
+    """Word-level tokenizer: lower-cased, split on whitespace / punctuation, [CLS] prepended, [UNK] otherwise."""
     words = list(SPECIAL_TOKENS) + sorted({w.lower() for w in vocab} - set(SPECIAL_TOKENS))
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     tok.normalizer = normalizers.Lowercase()

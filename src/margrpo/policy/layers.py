@@ -17,9 +17,11 @@ from torch import Tensor, nn
 
 
 class Attention(nn.Module):
-    def __init__(self, width: int, heads: int, dropout: float = 0.0):
+    """`fused`: scaled_dot_product_attention on CPU too (as always on CUDA)."""
+
+    def __init__(self, width: int, heads: int, dropout: float = 0.0, fused: bool = False):
         super().__init__()
-        self.heads, self.dropout = heads, dropout
+        self.heads, self.dropout, self.fused = heads, dropout, fused
         self.qkv = nn.Linear(width, 3 * width)
         self.proj = nn.Linear(width, width)
 
@@ -29,7 +31,7 @@ class Attention(nn.Module):
         q, k, v = self.qkv(x).view(B, S, 3, self.heads, W // self.heads).permute(2, 0, 3, 1, 4)  # 3 x [B, h, S, W/h]
         attn_mask = None if key_mask is None else key_mask[:, None, None, :]  # [B, 1, 1, S], True = attend
         dropout = self.dropout if self.training else 0.0
-        if x.is_cuda:
+        if x.is_cuda or self.fused:
             if bias is not None:  # one additive float mask
                 bias = bias.to(q.dtype).expand(B, -1, -1, -1)
                 attn_mask = bias if attn_mask is None else bias.masked_fill(~attn_mask, float("-inf"))
@@ -47,10 +49,10 @@ class Attention(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block (bidirectional)."""
 
-    def __init__(self, width: int, heads: int, mlp_ratio: float = 4.0, dropout: float = 0.0):
+    def __init__(self, width: int, heads: int, mlp_ratio: float = 4.0, dropout: float = 0.0, fused: bool = False):
         super().__init__()
         self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
-        self.attn = Attention(width, heads, dropout)
+        self.attn = Attention(width, heads, dropout, fused)
         hidden = int(width * mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.GELU(approximate="tanh"), nn.Dropout(dropout), nn.Linear(hidden, width))
         self.drop = nn.Dropout(dropout)
@@ -125,18 +127,20 @@ class TextEncoder(nn.Module):
 
     `relative`: each block's attention also gets a learned per-head bias for the offset between
     query and key (clipped to +-(max_len - 1)), so "the word before" is one thing to learn, not one
-    per position.
+    per position. Attention is fused on CPU too: its output for a prompt then does not depend on the
+    padding of the batch it came in (bitwise, measured; the explicit softmax path differs by ~1 ulp), so
+    a GRPO rollout and its replay in other batch shapes see the same condition, as they did with BERT.
     """
 
     def __init__(self, vocab_size: int, width: int, depth: int, heads: int, max_len: int,
                  mlp_ratio: float = 4.0, dropout: float = 0.0, relative: bool = False):
         super().__init__()
-        self.max_len, self.heads = max_len, heads
+        self.max_len = max_len
         self.token_embeddings = nn.Embedding(vocab_size, width)
         self.position_embeddings = nn.Embedding(max_len, width)
         self.relative_bias = nn.Parameter(torch.zeros(depth, heads, 2 * max_len - 1)) if relative else None
         self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(width, heads, mlp_ratio, dropout) for _ in range(depth))
+        self.blocks = nn.ModuleList(Block(width, heads, mlp_ratio, dropout, fused=True) for _ in range(depth))
         self.norm = nn.LayerNorm(width)
         for emb in (self.token_embeddings, self.position_embeddings):
             nn.init.normal_(emb.weight, std=0.02)

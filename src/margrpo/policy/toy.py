@@ -79,7 +79,7 @@ class ToyMAR(MARPolicy):
     def __init__(self, config: ToyMARConfig, tokenizer: WordTokenizer | None = None):
         super().__init__()
         c = self.config = config
-        self.tokenizer = tokenizer or build_tokenizer(c.vocab, c.max_text_len)
+        self.tokenizer = tokenizer or build_tokenizer(c.vocab)
         self.head_type = c.head_type
         self.seq_len, self.token_dim, self.z_dim = c.grid**2, 3 * c.patch_size**2, c.width
         out_factor = 2 if (c.head_type == "ddpm" and c.ddpm_variance == "learned_range") else 1

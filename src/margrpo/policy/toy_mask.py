@@ -114,7 +114,7 @@ class ToyMaskPolicy(nn.Module):
         c = self.config = config
         self.world = WorldConfig.from_dict(c.world)
         self.codebook = CellCodebook(self.world)
-        self.tokenizer = tokenizer or build_tokenizer(c.vocab, c.max_text_len)
+        self.tokenizer = tokenizer or build_tokenizer(c.vocab)
         self.seq_len, self.vocab_size = self.world.grid**2, len(self.codebook)
         self.mask_id = self.vocab_size  # one past the codebook
         self.text_encoder = text_encoder(len(self.tokenizer), c)

@@ -161,7 +161,7 @@ class ToyClip(nn.Module):
     def __init__(self, config: ToyClipConfig, tokenizer: WordTokenizer | None = None):
         super().__init__()
         self.config = config
-        self.tokenizer = tokenizer or build_tokenizer(config.vocab, config.max_text_len)
+        self.tokenizer = tokenizer or build_tokenizer(config.vocab)
         self.image_tower = ImageTower(config)
         self.text_tower = TextTower(config, len(self.tokenizer))
         self.logit_scale = nn.Parameter(torch.tensor(float(config.logit_scale_init)))
