@@ -17,21 +17,29 @@ from torch import Tensor, nn
 
 
 class Attention(nn.Module):
-    def __init__(self, width: int, heads: int, dropout: float = 0.0):
+    """`fused`: scaled_dot_product_attention on CPU too (as always on CUDA)."""
+
+    def __init__(self, width: int, heads: int, dropout: float = 0.0, fused: bool = False):
         super().__init__()
-        self.heads, self.dropout = heads, dropout
+        self.heads, self.dropout, self.fused = heads, dropout, fused
         self.qkv = nn.Linear(width, 3 * width)
         self.proj = nn.Linear(width, width)
 
-    def forward(self, x: Tensor, key_mask: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, key_mask: Tensor | None, bias: Tensor | None = None) -> Tensor:
+        """`bias` [h, S, S] (optional) is added to the attention logits (the text encoder's relative positions)."""
         B, S, W = x.shape
         q, k, v = self.qkv(x).view(B, S, 3, self.heads, W // self.heads).permute(2, 0, 3, 1, 4)  # 3 x [B, h, S, W/h]
         attn_mask = None if key_mask is None else key_mask[:, None, None, :]  # [B, 1, 1, S], True = attend
         dropout = self.dropout if self.training else 0.0
-        if x.is_cuda:
+        if x.is_cuda or self.fused:
+            if bias is not None:  # one additive float mask
+                bias = bias.to(q.dtype).expand(B, -1, -1, -1)
+                attn_mask = bias if attn_mask is None else bias.masked_fill(~attn_mask, float("-inf"))
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)
         else:
             scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # [B, h, S, S]
+            if bias is not None:
+                scores = scores + bias
             if attn_mask is not None:
                 scores = scores.masked_fill(~attn_mask, float("-inf"))
             y = F.dropout(scores.softmax(-1), dropout, training=dropout > 0) @ v
@@ -41,16 +49,16 @@ class Attention(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block (bidirectional)."""
 
-    def __init__(self, width: int, heads: int, mlp_ratio: float = 4.0, dropout: float = 0.0):
+    def __init__(self, width: int, heads: int, mlp_ratio: float = 4.0, dropout: float = 0.0, fused: bool = False):
         super().__init__()
         self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
-        self.attn = Attention(width, heads, dropout)
+        self.attn = Attention(width, heads, dropout, fused)
         hidden = int(width * mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.GELU(approximate="tanh"), nn.Dropout(dropout), nn.Linear(hidden, width))
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
-        x = x + self.drop(self.attn(self.norm1(x), key_mask))
+    def forward(self, x: Tensor, key_mask: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
+        x = x + self.drop(self.attn(self.norm1(x), key_mask, bias))
         return x + self.drop(self.mlp(self.norm2(x)))
 
 
@@ -111,3 +119,41 @@ class SimpleMLPAdaLN(nn.Module):
             h = block(h, c)
         shift, scale = self.final_ada(c).chunk(2, dim=-1)
         return self.out(modulate(self.final_norm(h), shift, scale))
+
+
+class TextEncoder(nn.Module):
+    """Token ids [B, L] + attention mask -> hidden states [B, L, width]: token and learned position
+    embeddings, pre-norm transformer blocks that ignore padding keys, a final LayerNorm.
+
+    `relative`: each block's attention also gets a learned per-head bias for the offset between
+    query and key (clipped to +-(max_len - 1)), so "the word before" is one thing to learn, not one
+    per position. Attention is fused on CPU too: its output for a prompt then does not depend on the
+    padding of the batch it came in (bitwise, measured; the explicit softmax path differs by ~1 ulp), so
+    a GRPO rollout and its replay in other batch shapes see the same condition, as they did with BERT.
+    """
+
+    def __init__(self, vocab_size: int, width: int, depth: int, heads: int, max_len: int,
+                 mlp_ratio: float = 4.0, dropout: float = 0.0, relative: bool = False):
+        super().__init__()
+        self.max_len = max_len
+        self.token_embeddings = nn.Embedding(vocab_size, width)
+        self.position_embeddings = nn.Embedding(max_len, width)
+        self.relative_bias = nn.Parameter(torch.zeros(depth, heads, 2 * max_len - 1)) if relative else None
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(width, heads, mlp_ratio, dropout, fused=True) for _ in range(depth))
+        self.norm = nn.LayerNorm(width)
+        for emb in (self.token_embeddings, self.position_embeddings):
+            nn.init.normal_(emb.weight, std=0.02)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        L = input_ids.shape[1]
+        if L > self.max_len:
+            raise ValueError(f"{L} text tokens exceed max_len={self.max_len}")
+        pos = torch.arange(L, device=input_ids.device)
+        h = self.drop(self.token_embeddings(input_ids) + self.position_embeddings(pos))  # [B, L, W]
+        key_mask = attention_mask.bool()
+        offsets = (pos[None, :] - pos[:, None]) + self.max_len - 1  # [L, L] key - query, shifted to >= 0
+        for i, block in enumerate(self.blocks):
+            bias = None if self.relative_bias is None else self.relative_bias[i][:, offsets].to(h.dtype)  # [h, L, L]
+            h = block(h, key_mask, bias)
+        return self.norm(h)

@@ -17,14 +17,13 @@ from typing import Iterator
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
-from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 
-from margrpo.text import SPECIAL_TOKENS, build_tokenizer  # noqa: F401  (re-exported)
+from margrpo.text import SPECIAL_TOKENS, WordTokenizer, build_tokenizer  # noqa: F401  (re-exported)
 
 from margrpo.diffusion import DDPMSampler, FlowSDESampler, OneStepSampler, Sampler
 from margrpo.io import InputError, atomic_path, atomic_write_text, read_json, record_checksums, verify_checksums
 from margrpo.policy.base import MARPolicy, TextCondition
-from margrpo.policy.layers import Block, SimpleMLPAdaLN
+from margrpo.policy.layers import Block, SimpleMLPAdaLN, TextEncoder
 from margrpo.policy.memory import run_blocks
 
 WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer"
@@ -79,10 +78,10 @@ class ToyMARConfig:
 
 
 class ToyMAR(MARPolicy):
-    def __init__(self, config: ToyMARConfig, tokenizer: PreTrainedTokenizerFast | None = None):
+    def __init__(self, config: ToyMARConfig, tokenizer: WordTokenizer | None = None):
         super().__init__()
         c = self.config = config
-        self.tokenizer = tokenizer or build_tokenizer(c.vocab, c.max_text_len)
+        self.tokenizer = tokenizer or build_tokenizer(c.vocab)
         self.head_type = c.head_type
         self.seq_len, self.token_dim, self.z_dim = c.grid**2, 3 * c.patch_size**2, c.width
         out_factor = 2 if (c.head_type == "ddpm" and c.ddpm_variance == "learned_range") else 1
@@ -188,7 +187,7 @@ class ToyMAR(MARPolicy):
 
         The text encoder is trained in pre-training only and frozen in RL, as NOVA's Phi and Harmon's
         LLM are (MAR-GRPO's official Harmon run trains `mar.*` alone). Measured on the toy: with it
-        trainable, 83% of the policy gradient's squared norm sat in the BERT embeddings, and Adam's
+        trainable, 83% of the policy gradient's squared norm sat in its (then BERT) embeddings, and Adam's
         per-parameter steps on every prompt word drifted the validation reward down.
         """
         return (p for n, p in self.named_parameters() if not n.startswith(("diffloss.", "text_encoder.")))
@@ -242,7 +241,7 @@ def load_folder(cls, config_cls, raw: dict, directory: str | Path):
         config = config_cls(**raw)
     except (TypeError, ValueError) as err:
         raise InputError(f"{d / CONFIG}: {err}") from None
-    model = cls(config, PreTrainedTokenizerFast.from_pretrained(str(d / TOKENIZER)))
+    model = cls(config, WordTokenizer.from_pretrained(d / TOKENIZER))
     try:
         state = load_file(str(d / WEIGHTS))
     except Exception as err:  # safetensors raises its own error types for truncated files
@@ -263,27 +262,17 @@ def check_state(state: dict, expected: dict, weights: Path, config: Path) -> Non
         raise InputError(f"{weights}: does not match {config}: " + "; ".join(parts))
 
 
-def text_encoder(vocab_size: int, c) -> BertModel:
-    """The toy policies' tiny BERT prompt encoder (c: a config with text_width, text_depth, text_heads,
+def text_encoder(vocab_size: int, c) -> TextEncoder:
+    """The toy policies' tiny prompt encoder (c: a config with text_width, text_depth, text_heads,
     max_text_len, dropout); shared by the continuous toy MAR and the discrete toy-mask policy."""
-    return BertModel(
-        BertConfig(
-            vocab_size=vocab_size, hidden_size=c.text_width, num_hidden_layers=c.text_depth,
-            num_attention_heads=c.text_heads, intermediate_size=4 * c.text_width,
-            max_position_embeddings=c.max_text_len, hidden_dropout_prob=c.dropout,
-            attention_probs_dropout_prob=c.dropout, pad_token_id=0,
-            attn_implementation="eager",  # 24 positions: plain attention beats the fused CPU kernels
-        ),
-        add_pooling_layer=False,
-    )
+    return TextEncoder(vocab_size, c.text_width, c.text_depth, c.text_heads, c.max_text_len, 4.0, c.dropout)
 
 
-def encode_text(encoder: BertModel, tokenizer, prompts: list[str], max_len: int, device) -> TextCondition:
+def encode_text(encoder: TextEncoder, tokenizer: WordTokenizer, prompts: list[str], max_len: int, device) -> TextCondition:
     """Prompts -> TextCondition(hidden [B, Lt, text_width], key-padding mask [B, Lt])."""
-    batch = tokenizer(list(prompts), padding=True, truncation=True, max_length=max_len, return_tensors="pt")
+    batch = tokenizer(prompts, max_length=max_len)
     ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
-    hidden = encoder(input_ids=ids, attention_mask=mask).last_hidden_state  # [B, Lt, text_width]
-    return TextCondition(hidden, mask.bool())
+    return TextCondition(encoder(ids, mask), mask.bool())
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -25,13 +25,12 @@ from typing import Iterator
 import numpy as np
 import torch
 from torch import Tensor, nn
-from transformers import PreTrainedTokenizerFast
 
 from margrpo.policy.base import TextCondition
 from margrpo.policy.layers import Block
 from margrpo.policy.memory import run_blocks
 from margrpo.policy.toy import encode_text, load_folder, read_folder_config, save_folder, text_encoder
-from margrpo.text import build_tokenizer
+from margrpo.text import WordTokenizer, build_tokenizer
 from margrpo.world import PRESETS, ObjectSpec, Scene, WorldConfig, render
 
 MODEL_TYPE = "toy-mask"
@@ -110,12 +109,12 @@ class ToyMaskPolicy(nn.Module):
 
     null_prompt = ""
 
-    def __init__(self, config: ToyMaskConfig, tokenizer: PreTrainedTokenizerFast | None = None):
+    def __init__(self, config: ToyMaskConfig, tokenizer: WordTokenizer | None = None):
         super().__init__()
         c = self.config = config
         self.world = WorldConfig.from_dict(c.world)
         self.codebook = CellCodebook(self.world)
-        self.tokenizer = tokenizer or build_tokenizer(c.vocab, c.max_text_len)
+        self.tokenizer = tokenizer or build_tokenizer(c.vocab)
         self.seq_len, self.vocab_size = self.world.grid**2, len(self.codebook)
         self.mask_id = self.vocab_size  # one past the codebook
         self.text_encoder = text_encoder(len(self.tokenizer), c)

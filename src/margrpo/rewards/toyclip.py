@@ -6,8 +6,9 @@ A small CLIP-style dual encoder trained from scratch by `margrpo train-toyclip`:
   stride-2 stem at 64 px, then a 1x1 conv) and global average pooling: a bag of per-location
   features, each seeing about one object; coordinate channels let a feature record where its
   object sits ("left of");
-- text tower: a tiny `BertModel` (relative position attention) over a word-level tokenizer of
-  the world's vocabulary, mean-pooled: a bag of contextual word states, the text-side analogue;
+- text tower: a tiny pre-norm transformer (`margrpo.policy.layers.TextEncoder`, learned
+  relative-position attention bias) over a word-level tokenizer of the world's vocabulary,
+  mean-pooled: a bag of contextual word states, the text-side analogue;
 - both projected to `embed_dim` and L2-normalised; score = cosine similarity in [-1, 1].
 
 Training and its held-out evaluation (`train_toyclip`, `evaluate_ranking`) live in
@@ -29,10 +30,10 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import Tensor, nn
-from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 
 from margrpo.io import atomic_write_text, record_checksums, save_safetensors, verify_checksums
-from margrpo.text import SPECIAL_TOKENS, build_tokenizer  # noqa: F401  (re-exported)
+from margrpo.policy.layers import TextEncoder
+from margrpo.text import SPECIAL_TOKENS, WordTokenizer, build_tokenizer  # noqa: F401  (re-exported)
 
 __all__ = [
     "ToyClipConfig",
@@ -44,7 +45,7 @@ __all__ = [
 MODEL_TYPE = "toyclip"
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_DIR = "config.json", "model.safetensors", "tokenizer"
 TEXT_POOLS = ("mean", "cls")
-TEXT_POSITIONS = ("relative_key", "relative_key_query", "absolute")  # BertConfig.position_embedding_type
+TEXT_POSITIONS = ("relative", "absolute")  # absolute embeddings, plus a learned relative-position attention bias or not
 
 
 # ============================================================================ config
@@ -62,7 +63,7 @@ class ToyClipConfig:
     text_heads: int = 4
     text_mlp_ratio: int = 2  # transformer MLP width / text_width
     text_pool: str = "mean"  # "mean" over tokens (a bag of bound phrases, like the image's average pool) or "cls"
-    text_positions: str = "relative_key"  # BERT position_embedding_type; relative: "attend to the previous word" is learnt once
+    text_positions: str = "relative"  # relative: "attend to the previous word" is learnt once, not per position
     max_text_len: int = 32  # tokens incl. [CLS]; longer prompts are truncated
     logit_scale_init: float = math.log(1 / 0.07)  # CLIP's temperature init
     logit_scale_max: float = math.log(100.0)  # CLIP's clamp
@@ -140,21 +141,13 @@ class TextTower(nn.Module):
 
     def __init__(self, c: ToyClipConfig, vocab_size: int):
         super().__init__()
-        self.bert = BertModel(
-            BertConfig(
-                vocab_size=vocab_size, hidden_size=c.text_width, num_hidden_layers=c.text_depth,
-                num_attention_heads=c.text_heads, intermediate_size=c.text_mlp_ratio * c.text_width,
-                max_position_embeddings=c.max_text_len, type_vocab_size=1, pad_token_id=0,
-                hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                position_embedding_type=c.text_positions, attn_implementation="eager",
-            ),
-            add_pooling_layer=False,
-        )
+        self.encoder = TextEncoder(vocab_size, c.text_width, c.text_depth, c.text_heads, c.max_text_len,
+                                   c.text_mlp_ratio, relative=c.text_positions == "relative")
         self.pool = c.text_pool
         self.proj = nn.Linear(c.text_width, c.embed_dim)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [N, L, text_width]
+        hidden = self.encoder(input_ids, attention_mask)  # [N, L, text_width]
         if self.pool == "cls":
             pooled = hidden[:, 0]  # [N, text_width]
         else:  # mean over real tokens ([CLS] included, padding excluded)
@@ -166,10 +159,10 @@ class TextTower(nn.Module):
 class ToyClip(nn.Module):
     """Dual encoder with a learnable logit scale; `score` is the cosine similarity in [-1, 1]."""
 
-    def __init__(self, config: ToyClipConfig, tokenizer: PreTrainedTokenizerFast | None = None):
+    def __init__(self, config: ToyClipConfig, tokenizer: WordTokenizer | None = None):
         super().__init__()
         self.config = config
-        self.tokenizer = tokenizer or build_tokenizer(config.vocab, config.max_text_len)
+        self.tokenizer = tokenizer or build_tokenizer(config.vocab)
         self.image_tower = ImageTower(config)
         self.text_tower = TextTower(config, len(self.tokenizer))
         self.logit_scale = nn.Parameter(torch.tensor(float(config.logit_scale_init)))
@@ -179,9 +172,7 @@ class ToyClip(nn.Module):
         return self.logit_scale.device
 
     def tokenize(self, prompts: list[str]) -> dict[str, Tensor]:
-        batch = self.tokenizer(
-            list(prompts), padding=True, truncation=True, max_length=self.config.max_text_len, return_tensors="pt"
-        )
+        batch = self.tokenizer(prompts, max_length=self.config.max_text_len)
         return {"input_ids": batch["input_ids"].to(self.device), "attention_mask": batch["attention_mask"].to(self.device)}
 
     def encode_images(self, images: Tensor) -> Tensor:
@@ -234,7 +225,7 @@ class ToyClip(nn.Module):
             raise InputError(f"{d / CONFIG_FILE}: not valid JSON ({err})") from err
         if raw.pop("model_type", None) != MODEL_TYPE:
             raise ValueError(f"{d / CONFIG_FILE}: model_type is not {MODEL_TYPE!r}")
-        model = cls(ToyClipConfig(**raw), PreTrainedTokenizerFast.from_pretrained(str(d / TOKENIZER_DIR)))
+        model = cls(ToyClipConfig(**raw), WordTokenizer.from_pretrained(d / TOKENIZER_DIR))
         try:
             state = load_file(str(d / WEIGHTS_FILE))
         except Exception as err:  # safetensors raises its own error types for truncated / garbled files

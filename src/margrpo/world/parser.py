@@ -25,8 +25,6 @@ It is the verifiable reward and the CompBench-style evaluator of ShapesWorld, so
 from __future__ import annotations
 
 import numpy as np
-from scipy import ndimage
-from scipy.spatial import ConvexHull, QhullError
 
 from margrpo.world.config import PALETTE, WorldConfig
 
@@ -75,6 +73,9 @@ def _long_runs(line: np.ndarray, min_len: int = 2) -> int:
 
 def object_features(mask: np.ndarray) -> dict:
     """Shape / texture features of one component, `mask` being its (h, w) crop; coordinates are crop pixels."""
+    from scipy import ndimage  # scipy (~0.3 CPU-s) only where images are parsed: jobs that never parse skip it
+    from scipy.spatial import ConvexHull, QhullError
+
     pieces, _ = ndimage.label(mask, structure=_EIGHT)
     keep = (np.bincount(pieces.ravel()) >= 3)[pieces] & mask  # 1-2 px specks pulled in by crack bridging
     ys, xs = np.nonzero(keep if keep.any() else mask)
@@ -130,6 +131,8 @@ def parse(image: np.ndarray, cfg: WorldConfig | None = None, *, return_fragments
     area of every component of 2 px up to `min_object_area(cfg)`. `features=True` adds the raw features
     (updown, corner, fill, walls) to each object, for tuning and debugging.
     """
+    from scipy import ndimage
+
     check_image(image)
     cfg = cfg or WorldConfig()
     colour_map = classify_pixels(image, cfg.palette)  # (H, W)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 from margrpo.world.captions import ATTRS, validate_spec
 from margrpo.world.config import CATEGORIES, WorldConfig
@@ -45,6 +44,8 @@ def _credit(phrase: dict, obj: dict) -> float:
 
 def score_objects(spec: dict, objects: list[dict], n_fragments: int, width: int) -> dict:
     """Score parsed `objects` (parse's dicts) against `spec`; see the module docstring."""
+    from scipy.optimize import linear_sum_assignment  # lazy: scipy costs ~0.3 CPU-s to import
+
     phrases = spec["objects"]
     slots = [p for p in phrases for _ in range(p["count"])]
     credit = np.array([[_credit(s, o) for o in objects] for s in slots]).reshape(len(slots), len(objects))  # (slots, objects)
