@@ -47,10 +47,12 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block (bidirectional)."""
+    """Pre-norm transformer block (bidirectional); `post_norm`: BERT's order, LayerNorm after each residual."""
 
-    def __init__(self, width: int, heads: int, mlp_ratio: float = 4.0, dropout: float = 0.0, fused: bool = False):
+    def __init__(self, width: int, heads: int, mlp_ratio: float = 4.0, dropout: float = 0.0, fused: bool = False,
+                 post_norm: bool = False):
         super().__init__()
+        self.post_norm = post_norm
         self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
         self.attn = Attention(width, heads, dropout, fused)
         hidden = int(width * mlp_ratio)
@@ -58,6 +60,9 @@ class Block(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, key_mask: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
+        if self.post_norm:
+            x = self.norm1(x + self.drop(self.attn(x, key_mask, bias)))
+            return self.norm2(x + self.drop(self.mlp(x)))
         x = x + self.drop(self.attn(self.norm1(x), key_mask, bias))
         return x + self.drop(self.mlp(self.norm2(x)))
 
@@ -133,15 +138,22 @@ class TextEncoder(nn.Module):
     """
 
     def __init__(self, vocab_size: int, width: int, depth: int, heads: int, max_len: int,
-                 mlp_ratio: float = 4.0, dropout: float = 0.0, relative: bool = False):
+                 mlp_ratio: float = 4.0, dropout: float = 0.0, relative: bool = False, post_norm: bool = False):
         super().__init__()
         self.max_len = max_len
         self.token_embeddings = nn.Embedding(vocab_size, width)
         self.position_embeddings = nn.Embedding(max_len, width)
         self.relative_bias = nn.Parameter(torch.zeros(depth, heads, 2 * max_len - 1)) if relative else None
         self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(width, heads, mlp_ratio, dropout, fused=True) for _ in range(depth))
-        self.norm = nn.LayerNorm(width)
+        self.blocks = nn.ModuleList(Block(width, heads, mlp_ratio, dropout, fused=True, post_norm=post_norm) for _ in range(depth))
+        # post_norm: BERT's layout (LayerNorm on the embeddings and after every residual) and init (N(0, 0.02)
+        # weights, zero biases); the toy policies measured better with it than pre-norm (docs/findings.md)
+        self.embed_norm = nn.LayerNorm(width) if post_norm else nn.Identity()
+        self.norm = nn.Identity() if post_norm else nn.LayerNorm(width)
+        for m in self.modules() if post_norm else ():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=0.02)
+                nn.init.zeros_(m.bias)
         for emb in (self.token_embeddings, self.position_embeddings):
             nn.init.normal_(emb.weight, std=0.02)
 
@@ -150,7 +162,7 @@ class TextEncoder(nn.Module):
         if L > self.max_len:
             raise ValueError(f"{L} text tokens exceed max_len={self.max_len}")
         pos = torch.arange(L, device=input_ids.device)
-        h = self.drop(self.token_embeddings(input_ids) + self.position_embeddings(pos))  # [B, L, W]
+        h = self.drop(self.embed_norm(self.token_embeddings(input_ids) + self.position_embeddings(pos)))  # [B, L, W]
         key_mask = attention_mask.bool()
         offsets = (pos[None, :] - pos[:, None]) + self.max_len - 1  # [L, L] key - query, shifted to >= 0
         for i, block in enumerate(self.blocks):

@@ -265,7 +265,7 @@ def check_state(state: dict, expected: dict, weights: Path, config: Path) -> Non
 def text_encoder(vocab_size: int, c) -> TextEncoder:
     """The toy policies' tiny prompt encoder (c: a config with text_width, text_depth, text_heads,
     max_text_len, dropout); shared by the continuous toy MAR and the discrete toy-mask policy."""
-    return TextEncoder(vocab_size, c.text_width, c.text_depth, c.text_heads, c.max_text_len, 4.0, c.dropout)
+    return TextEncoder(vocab_size, c.text_width, c.text_depth, c.text_heads, c.max_text_len, 4.0, c.dropout, post_norm=True)
 
 
 def encode_text(encoder: TextEncoder, tokenizer: WordTokenizer, prompts: list[str], max_len: int, device) -> TextCondition:
