@@ -283,3 +283,12 @@ def refuse_symlink(path: str | os.PathLike, what: str = "folder") -> Path:
         raise InputError(f"{path}: is a symbolic link (to {os.readlink(path)}); the {what} is cleared and rewritten, "
                          "so it must be a real folder")
     return path
+
+
+def state_mismatch(state: dict, expected: dict) -> str:
+    """What differs between a loaded state dict and a model's (missing / unexpected keys, shapes), in one
+    line for an error that names the files; "" when they agree."""
+    missing, unexpected = sorted(expected.keys() - state.keys()), sorted(state.keys() - expected.keys())
+    shapes = [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items() if k in state and state[k].shape != v.shape]
+    return "; ".join(f"{name} ({len(keys)}): {', '.join(keys[:5])}{', ...' if len(keys) > 5 else ''}"
+                     for name, keys in (("missing", missing), ("unexpected", unexpected), ("shape (file vs config)", shapes)) if keys)

@@ -29,7 +29,7 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from margrpo.diffusion import FlowSDESampler, Sampler
-from margrpo.io import read_json, record_checksums, save_safetensors, verify_checksums
+from margrpo.io import read_json, record_checksums, save_safetensors, state_mismatch, verify_checksums
 from margrpo.policy.base import MARPolicy, TextCondition
 from margrpo.policy.layers import Attention, timestep_embedding
 from margrpo.policy.memory import run_blocks
@@ -585,15 +585,8 @@ def _load_strict(module: nn.Module, path: Path) -> None:
         state = load_file(str(path))
     except Exception as err:  # safetensors raises its own error types for truncated or junk files
         raise ValueError(f"{path}: corrupt or unreadable safetensors file ({err})") from err
-    expected = module.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    shapes = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}"
-              for k, v in expected.items() if k in state and state[k].shape != v.shape]
-    if missing or unexpected or shapes:
-        parts = [f"{name} ({len(keys)}): {', '.join(keys[:5])}{', ...' if len(keys) > 5 else ''}"
-                 for name, keys in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", shapes)) if keys]
-        raise ValueError(f"{path}: does not match transformer/config.json; " + "; ".join(parts))
+    if mismatch := state_mismatch(state, module.state_dict()):
+        raise ValueError(f"{path}: does not match transformer/config.json; {mismatch}")
     module.load_state_dict(state, strict=True)
 
 

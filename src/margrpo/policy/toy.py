@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from margrpo.text import SPECIAL_TOKENS, WordTokenizer, build_tokenizer  # noqa: F401  (re-exported)
 
 from margrpo.diffusion import DDPMSampler, FlowSDESampler, OneStepSampler, Sampler
-from margrpo.io import InputError, atomic_path, atomic_write_text, read_json, record_checksums, verify_checksums
+from margrpo.io import InputError, atomic_path, atomic_write_text, read_json, record_checksums, state_mismatch, verify_checksums
 from margrpo.policy.base import MARPolicy, TextCondition
 from margrpo.policy.layers import Block, SimpleMLPAdaLN, TextEncoder
 from margrpo.policy.memory import run_blocks
@@ -253,13 +253,8 @@ def load_folder(cls, config_cls, raw: dict, directory: str | Path):
 
 def check_state(state: dict, expected: dict, weights: Path, config: Path) -> None:
     """Weights whose keys and shapes are those of the model `config` describes, else one line naming both files."""
-    missing, unexpected = sorted(expected.keys() - state.keys()), sorted(state.keys() - expected.keys())
-    shapes = [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}"
-              for k, v in expected.items() if k in state and state[k].shape != v.shape]
-    if missing or unexpected or shapes:
-        parts = [f"{name} {keys[:3]}{' ...' if len(keys) > 3 else ''}"
-                 for name, keys in (("missing", missing), ("unexpected", unexpected), ("shape (file vs config)", shapes)) if keys]
-        raise InputError(f"{weights}: does not match {config}: " + "; ".join(parts))
+    if mismatch := state_mismatch(state, expected):
+        raise InputError(f"{weights}: does not match {config}: {mismatch}")
 
 
 def text_encoder(vocab_size: int, c) -> TextEncoder:
