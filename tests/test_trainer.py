@@ -343,3 +343,15 @@ def test_reinforce_is_the_official_update_one_step_summing_the_chosen_steps(tmp_
     assert steps == [0]  # one optimizer step for the |M| = 3 chosen steps
     with pytest.raises(ValueError, match="reinforce: true takes one optimizer step per rollout"):
         GRPOConfig(reinforce=True, updates_per_rollout=2)
+
+
+def test_shuffled_advantages_are_the_group_advantages_permuted(tmp_path):
+    """The no-signal control keeps the batch's advantages but detaches them from their images."""
+    real = make_trainer(tmp_path / "a", policy=tiny_policy("flow", seed=2), batch_prompts=4, group_size=2)
+    ctl = make_trainer(tmp_path / "b", policy=tiny_policy("flow", seed=2), batch_prompts=4, group_size=2, advantages="shuffled")
+    a, b = real.rollout_and_score(), ctl.rollout_and_score()
+    assert torch.equal(a.rewards, b.rewards)  # the same rollout and scores
+    assert torch.equal(a.adv.sort().values, b.adv.sort().values) and not torch.equal(a.adv, b.adv)
+    assert math.isfinite(ctl.train()[-1]["policy_loss"])
+    with pytest.raises(ValueError, match="advantages"):
+        GRPOConfig(advantages="random")

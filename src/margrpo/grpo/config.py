@@ -16,6 +16,7 @@ _CHOICES = {
     "loss_tokens": ("completion", "committed"),
     "group_order": ("independent", "shared"),
     "group_noise": ("independent", "shared"),
+    "advantages": ("group", "shuffled"),
 }
 
 
@@ -59,6 +60,10 @@ class GRPOConfig:
     # group baseline also removes the reward variance the unscored initial noise causes; what is left
     # within a group comes from the scored SDE steps (and the order, unless group_order is shared).
     group_noise: str = "independent"
+    # "group": DESIGN 3.4. "shuffled": a no-signal control, the same advantages permuted over the batch's
+    # images (its own stream), so a run moves the policy by update noise alone: beside a real run it tells
+    # whether a change of reward comes from the reward's signal or from the updates' noise
+    advantages: str = "group"
     micro_batches: int = 2  # gradient-variance statistic (and memory chunking)
     save_every: int = 20
     val_every: int = 10

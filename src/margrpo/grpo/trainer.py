@@ -316,6 +316,8 @@ class GRPOTrainer:
                                shared_order=cfg.group_order == "shared", shared_noise=cfg.group_noise == "shared")
         rewards, components = self.reward_fn(rollout.images, rollout.prompts, meta)
         adv, frac_zero = group_advantages(rewards, cfg.group_size)
+        if cfg.advantages == "shuffled":  # the no-signal control (GRPOConfig.advantages)
+            adv = adv[torch.randperm(len(adv), generator=step_generator(cfg.seed, self.step, 4)).to(adv.device)]
         mte_mask, sim_keep = self.masks(rollout)
         rows = torch.arange(len(rollout.prompts)).chunk(cfg.micro_batches)
         return StepBatch(rollout, [_subset(rollout, r) for r in rows], rows, rewards, components, adv, frac_zero,
