@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from datetime import timedelta
 
 LOOPBACK = "127.0.0.1"
@@ -40,9 +39,7 @@ def launch(world: int, command: list[str]) -> int:
     procs = [subprocess.Popen(command, env=worker_env(rank, world, port)) for rank in range(world)]
     for sig in (signal.SIGINT, signal.SIGTERM):  # Snakemake stops a job with SIGTERM: pass it on
         signal.signal(sig, lambda s, _: [p.send_signal(s) for p in procs if p.poll() is None])
-    while None in (codes := [p.poll() for p in procs]) and not any(codes):
-        time.sleep(0.2)
-    failed = [p.returncode for p in procs if p.returncode]
+    failed = first_failure(procs)
     for p in procs:  # one failed: the others would wait for it in a collective forever
         if p.poll() is None:
             p.terminate()
@@ -52,7 +49,24 @@ def launch(world: int, command: list[str]) -> int:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
-    return failed[0] if failed else 0
+    return failed
+
+
+def first_failure(procs: list[subprocess.Popen]) -> int:
+    """Wait for the processes in the order they end: the exit code of the first to fail, or 0 when all succeed.
+
+    The kernel's order, not a poll: when one process dies, its peers die of the broken connection moments
+    later, and a poll that sees both at once could report a peer's code instead of the cause's.
+    """
+    running = {p.pid: p for p in procs}
+    while running:
+        pid, status = os.waitpid(-1, 0)
+        if (p := running.pop(pid, None)) is None:
+            continue
+        p.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+        if p.returncode:  # a signal -N as a shell reports it, 128 + N
+            return p.returncode if p.returncode > 0 else 128 - p.returncode
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
