@@ -92,3 +92,6 @@ if __name__ == "__main__":
     mode, out = sys.argv[1], Path(sys.argv[2])
     out.mkdir(parents=True, exist_ok=True)
     {"first-update": first_update, "train": train}[mode](out)
+    from margrpo.stages._common import leave_process_group
+
+    leave_process_group()  # as `margrpo train` does

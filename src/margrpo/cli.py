@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         importlib.import_module(f"margrpo.stages.{args._module}").run(args)
     except (InputError, FileNotFoundError) as err:
         raise SystemExit(f"margrpo {args.stage}: error: {err}") from None
+    from margrpo.stages._common import leave_process_group
+
+    leave_process_group()
     return 0
 
 

@@ -411,6 +411,8 @@ class GRPOTrainer:
             with atomic_path(self.state_dir / "trainer.pt") as tmp:
                 torch.save(state, tmp)
             record_checksums(self.state_dir, ["trainer.pt"])  # a resume checks it (a bit flip loads silently)
+        # no rank goes on before the checkpoint is on disk: a process that dies in the next step cannot take it with it
+        self.accelerator.wait_for_everyone()
 
     def try_resume(self) -> bool:
         """Resume from state/ only if it was written under this run's spec (`self.spec_hash`); else clear it."""
