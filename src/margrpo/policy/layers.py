@@ -128,7 +128,8 @@ class SimpleMLPAdaLN(nn.Module):
 
 class TextEncoder(nn.Module):
     """Token ids [B, L] + attention mask -> hidden states [B, L, width]: token and learned position
-    embeddings, pre-norm transformer blocks that ignore padding keys, a final LayerNorm.
+    embeddings, then transformer blocks that ignore padding keys: pre-norm with a final LayerNorm, or
+    (`post_norm`) BERT's layout, LayerNorm on the embeddings and after every residual.
 
     `relative`: each block's attention also gets a learned per-head bias for the offset between
     query and key (clipped to +-(max_len - 1)), so "the word before" is one thing to learn, not one

@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from margrpo.text import SPECIAL_TOKENS, WordTokenizer, build_tokenizer  # noqa: F401  (re-exported)
 
 from margrpo.diffusion import DDPMSampler, FlowSDESampler, OneStepSampler, Sampler
-from margrpo.io import InputError, atomic_path, atomic_write_text, read_json, record_checksums, state_mismatch, verify_checksums
+from margrpo.io import InputError, atomic_write_text, read_json, record_checksums, save_safetensors, state_mismatch, verify_checksums
 from margrpo.policy.base import MARPolicy, TextCondition
 from margrpo.policy.layers import Block, SimpleMLPAdaLN, TextEncoder
 from margrpo.policy.memory import run_blocks
@@ -213,8 +213,7 @@ def save_folder(model: nn.Module, model_type: str, directory: str | Path) -> Non
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    with atomic_path(d / WEIGHTS) as tmp:  # safetensors writes 0600; atomic_path gives the umask's mode
-        save_file(state, str(tmp), metadata={"format": "pt"})
+    save_safetensors(state, d / WEIGHTS)
     atomic_write_text(d / CONFIG, json.dumps({"model_type": model_type, **asdict(model.config)}, indent=1))
     model.tokenizer.save_pretrained(str(d / TOKENIZER))
     record_checksums(d)
