@@ -146,3 +146,38 @@ def test_an_untouched_run_loads(run):
     summary = load_summary(run.parent, run.name)
     assert [c["step"] for c in summary["checkpoints"]] == [1, 2] and len(load_metrics(run.parent, run.name)) == 2
     assert torch.is_tensor(next(load_policy(run / "state/ckpt-000002/policy").parameters()))
+
+
+@pytest.mark.parametrize("killed_at", ["before the move", "after the move"])
+def test_state_rewritten_in_place_verifies_at_any_kill_instant(tmp_path, monkeypatch, killed_at):
+    """checked_path: a kill between the file's move and its checksum's record left a run that started over (CI saw it)."""
+    import margrpo.io as mio
+
+    state = tmp_path / "trainer.pt"
+    with mio.checked_path(state) as tmp:
+        tmp.write_bytes(b"step 1")
+    mio.verify_checksums(tmp_path, ["trainer.pt"])
+
+    class Killed(BaseException):
+        pass
+
+    def dies(when, real=os.replace):
+        def replace(*args, **kwargs):
+            if when(args[1]):
+                raise Killed
+            return real(*args, **kwargs)
+        return replace
+
+    if killed_at == "before the move":  # the pending record is written, then the process dies before os.replace(tmp, state)
+        monkeypatch.setattr(mio.os, "replace", dies(lambda dst: Path(dst) == state))
+    else:  # the file is moved, then the process dies before the final record replaces the pending one
+        monkeypatch.setattr(mio.os, "replace", dies(lambda dst: Path(dst).name == mio.CHECKSUMS and state.read_bytes() == b"step 2"))
+    with pytest.raises(Killed), mio.checked_path(state) as tmp:
+        tmp.write_bytes(b"step 2")
+    monkeypatch.undo()
+    assert state.read_bytes() == (b"step 1" if killed_at == "before the move" else b"step 2")
+    assert len(json.loads((tmp_path / mio.CHECKSUMS).read_text())["trainer.pt"]) == 2  # both hashes accepted
+    mio.verify_checksums(tmp_path, ["trainer.pt"])
+    state.write_bytes(b"step 3")  # any other content is still refused
+    with pytest.raises(InputError, match="sha256 differs"):
+        mio.verify_checksums(tmp_path, ["trainer.pt"])

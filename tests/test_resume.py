@@ -98,7 +98,7 @@ KILL_SCRIPT = """
 import io, os, signal, sys, torch
 sys.path.insert(0, {tests!r})
 torch.set_num_threads(1)
-import margrpo.policy.toy as toy
+import safetensors.torch as st
 {setup}
 count, SAVE = 0, torch.save
 
@@ -130,7 +130,7 @@ def run_killed(tmp_path, setup, patch, run, kill_at):
 @pytest.mark.parametrize("during", ["trainer state", "policy weights"])
 def test_grpo_killed_while_saving_resumes_to_the_uninterrupted_result(tmp_path, logged, during):
     """save_every = 1: the kill lands in the step-2 checkpoint (its trainer.pt or its model.safetensors)."""
-    patch = "torch.save = dying(torch.save)" if during == "trainer state" else "toy.save_file = dying(toy.save_file)"
+    patch = "torch.save = dying(torch.save)" if during == "trainer state" else "st.save_file = dying(st.save_file)"
     run_killed(tmp_path, "from test_trainer import make_trainer\nfrom helpers import tiny_policy",
                patch, "make_trainer('run', policy=tiny_policy('flow', seed=1), steps=3).train()", kill_at=2)
     resumed = make_trainer(tmp_path / "run", policy=tiny_policy("flow", seed=1), steps=3)

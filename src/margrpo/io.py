@@ -38,6 +38,7 @@ __all__ = [
     "read_json",
     "InputError",
     "CHECKSUMS",
+    "checked_path",
     "sha256_file",
     "record_checksums",
     "verify_checksums",
@@ -242,9 +243,14 @@ def _manifest(folder: Path) -> dict[str, str]:
     if not path.is_file():
         return {}
     sums = read_json(path)
-    if not isinstance(sums, dict) or not all(isinstance(v, str) for v in sums.values()):
-        raise InputError(f"{path}: expected {{file: sha256}}")
+    if not isinstance(sums, dict) or not all(isinstance(v, str) or (isinstance(v, list) and all(isinstance(h, str) for h in v))
+                                             for v in sums.values()):
+        raise InputError(f"{path}: expected {{file: sha256, or a list of them while the file is being replaced}}")
     return sums
+
+
+def _accepted(recorded: str | list[str]) -> list[str]:
+    return [recorded] if isinstance(recorded, str) else recorded
 
 
 def record_checksums(folder: str | os.PathLike, names: Iterable[str] | None = None) -> None:
@@ -263,9 +269,25 @@ def verify_checksums(folder: str | os.PathLike, names: Iterable[str] | None = No
     sums = _manifest(d)
     for name in sums if names is None else [n for n in names if n in sums]:
         path = d / name
-        if path.is_file() and sha256_file(path) != sums[name]:  # a missing file is the loader's to name
+        if path.is_file() and sha256_file(path) not in _accepted(sums[name]):  # a missing file is the loader's to name
             raise InputError(f"{path}: sha256 differs from the one recorded in {d / CHECKSUMS} when it was written; "
                              "the file was changed or damaged since")
+
+
+@contextlib.contextmanager
+def checked_path(path: str | os.PathLike) -> Iterator[Path]:
+    """`atomic_path` for a file its folder's checksums.json vouches for and that is rewritten in place (resumable
+    state). The new sha256 is recorded beside the old one before the move and alone after it: a process killed at
+    any instant leaves a file whose hash the record accepts, so the next run resumes instead of starting over."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        yield tmp
+        sums = _manifest(path.parent)
+        new = sha256_file(tmp)
+        sums[path.name] = list(dict.fromkeys(_accepted(sums.get(path.name, [])) + [new]))
+        atomic_write_json(path.parent / CHECKSUMS, dict(sorted(sums.items())), indent=1)
+    sums[path.name] = new
+    atomic_write_json(path.parent / CHECKSUMS, dict(sorted(sums.items())), indent=1)
 
 
 def save_safetensors(tensors: dict, path: str | os.PathLike) -> None:

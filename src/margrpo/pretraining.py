@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from margrpo.io import InputError, atomic_path, record_checksums, spec_hash, verify_checksums
+from margrpo.io import InputError, atomic_path, checked_path, spec_hash, verify_checksums
 from margrpo.policy.base import MARPolicy
 from margrpo.policy.toy import mask_ratio_sample, masked_count
 from margrpo.runtime import EMA, PRECISIONS, autocast, warmup_cosine
@@ -118,10 +118,9 @@ def train(policy: MARPolicy, batch_fn: BatchFn, cfg: PretrainConfig, state_dir: 
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
             _append_log(log_path, log_rows)
             log_rows = []
-            with atomic_path(ckpt) as tmp:
+            with checked_path(ckpt) as tmp:
                 torch.save({"model": policy.state_dict(), "optimizer": optimizer.state_dict(), "ema": ema.shadow,
                             "generator": generator.get_state(), "step": step + 1, "config": asdict(cfg), "spec_hash": key}, tmp)
-            record_checksums(state_dir, [ckpt.name])
     ema.copy_to(policy)
     for p in policy.parameters():
         p.requires_grad_(True)

@@ -46,7 +46,7 @@ from margrpo.grpo.functions import (
 from margrpo.grpo.grad_stats import MicroBatchGradStats
 from margrpo.grpo.run_loop import RunState, write_run_outputs
 from margrpo.grpo.streams import VAL_SEED, group_generators, step_generator
-from margrpo.io import InputError, atomic_path, record_checksums, refuse_symlink, spec_hash, verify_checksums
+from margrpo.io import InputError, checked_path, refuse_symlink, spec_hash, verify_checksums
 from margrpo.policy.base import MARPolicy
 from margrpo.policy.memory import adapter_parameters, adapters_disabled, add_lora, load_adapters, save_adapters
 from margrpo.prompts.suites import PromptSet
@@ -408,9 +408,8 @@ class GRPOTrainer:
                      "checkpoints": self.checkpoints, "nonfinite_run": self.nonfinite_run, "spec_hash": self.spec_hash}
             if self.ema:  # the raw trained weights RL goes on from, and their average
                 state.update(raw=self.ema.tracked(policy), ema=self.ema.shadow)
-            with atomic_path(self.state_dir / "trainer.pt") as tmp:
+            with checked_path(self.state_dir / "trainer.pt") as tmp:  # a resume checks it (a bit flip loads silently)
                 torch.save(state, tmp)
-            record_checksums(self.state_dir, ["trainer.pt"])  # a resume checks it (a bit flip loads silently)
         # no rank goes on before the checkpoint is on disk: a process that dies in the next step cannot take it with it
         self.accelerator.wait_for_everyone()
 

@@ -152,16 +152,15 @@ def marval_job(args, cfg, sampling, policy, reward, train, val) -> Job:
 
 def state_saver(job: Job, state_dir: Path, run_hash: str):
     """save_fn of the loop: the checkpoint's policy folder, then state/trainer.pt (what a resume reads)."""
-    from margrpo.io import atomic_dir, atomic_path, record_checksums
+    from margrpo.io import atomic_dir, checked_path
 
     def save(path: Path, state) -> None:
         with atomic_dir(path) as tmp:
             job.policy.save_pretrained(tmp)
         record = {"step": state.step, "rows": state.rows, "checkpoints": state.checkpoints,
                   "optimizer": job.optimizer.state_dict(), "spec_hash": run_hash}
-        with atomic_path(state_dir / "trainer.pt") as tmp:
+        with checked_path(state_dir / "trainer.pt") as tmp:  # a resume checks it (a bit flip loads silently)
             torch.save(record, tmp)
-        record_checksums(state_dir, ["trainer.pt"])
 
     return save
 
