@@ -13,7 +13,7 @@ from helpers import PROMPTS, tiny_policy
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.io import atomic_write_json
 from margrpo.prompts.suites import PromptSet
-from margrpo.reporting.claims import claims, margin_verdict, paired_bootstrap, paired_t, to_markdown, verdict
+from margrpo.reporting.claims import claims, margin_verdict, paired_bootstrap, paired_t, power, to_markdown, verdict
 from margrpo.rollout import SamplingConfig
 
 
@@ -61,15 +61,20 @@ def _fake_run(root, run, base, best, final, steps=(8, 16), grad=1.0):
 def test_claims_from_fixed_runs(tmp_path):
     rng = np.random.default_rng(0)
     base = rng.uniform(0.5, 1.0, 12)
-    lift = {"grpo": -0.04, "fix": 0.02, "mte": 0.04, "sim": 0.06, "committed": 0.07}
+    lift = {"grpo": -0.04, "fix": 0.02, "mte": 0.04, "sim": 0.06, "committed": 0.07, "head": 0.03}
     runs = []
     for v, d in lift.items():
         for s in range(4):
             run = f"train/toy-nova/mixed/{v}/seed{s}"
             noise = rng.normal(0, 0.002, 12)
-            _fake_run(tmp_path, run, base, base + d + noise, base + d - 0.01 + noise, grad=2.0 if v == "grpo" else 1.0)
+            fall = 0.05 if v == "head" else 0.01  # the head alone: up 0.03 at its first validation, down to -0.02
+            _fake_run(tmp_path, run, base, base + d + noise, base + d - fall + noise, grad=2.0 if v == "grpo" else 1.0)
             runs.append(run)
     c = claims(tmp_path, {"base": ["base/toy-nova"], "runs": runs, "variants": list(lift)})
+    f = c.claims[c.claims.claim == "f"]
+    assert list(f.metric) == ["val@early", "val@final-early"] and list(f.verdict) == ["reproduced", "reproduced"]
+    assert list(f["diff"]) == pytest.approx([0.03, -0.05], abs=0.003)
+    assert (c.claims[(c.claims.verdict == "reproduced") & (c.claims.claim != "b")]["mde80"] >= 0).all()
     ladder = c.claims[(c.claims.claim == "a") & (c.claims.metric == "val@best")]
     assert list(ladder.verdict) == ["reproduced"] * 3 and len(ladder) == 3
     assert (ladder["diff"].to_numpy() == pytest.approx([0.06, 0.02, 0.02], abs=0.005))
@@ -78,7 +83,7 @@ def test_claims_from_fixed_runs(tmp_path):
     collapse = c.claims[c.claims.claim == "c"]
     assert set(collapse.verdict) == {"reproduced"} and "GRPO 4/4" in collapse.iloc[0]["seeds_below_base"]
     assert set(c.claims[c.claims.claim == "e"].verdict) == {"reproduced"}
-    assert len(c.power) == 4 and c.power["met"].all() and (c.power["t_half"] < 0.01).all()
+    assert len(c.power) == 5 and c.power["met"].all() and (c.power["t_half"] < 0.01).all()
     # the t columns of every paired difference agree with scipy's paired interval on the per-seed means
     row = c.paired[(c.paired.metric == "val@best") & (c.paired.method == "+Sim") & (c.paired.reference == "GRPO*")].iloc[0]
     per_seed = [float(x) for x in row["per_seed"].split(";")]
@@ -86,6 +91,25 @@ def test_claims_from_fixed_runs(tmp_path):
     assert (row["t_lo"], row["t_hi"]) == pytest.approx((ref.low, ref.high), abs=1e-4)  # per_seed is rounded to 4 digits
     md = to_markdown(c)
     assert "**reproduced**" in md and "Power" in md and "nan" not in md.lower()
+
+
+@pytest.mark.parametrize("n", [3, 5, 8])
+def test_power_numbers_on_synthetic_runs_with_a_known_effect(n):
+    """Experiments of n seeds whose true effect is the reported MDE80 are detected ~80% of the time, and
+    `seeds_needed` seeds detect the observed effect ~80% of the time (normal quantiles: a little less)."""
+    rng = np.random.default_rng(n)
+    sd = 0.05
+    half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)  # the half-width a design with this spread achieves
+    p = power(0.01, half, n)
+
+    def detected(effect, seeds, trials=4000):
+        x = rng.normal(effect, sd, (trials, seeds))
+        lo = x.mean(1) - stats.t.ppf(0.975, seeds - 1) * x.std(1, ddof=1) / math.sqrt(seeds)
+        return float((lo > 0).mean())
+
+    assert detected(p["mde80"], n) == pytest.approx(0.80, abs=0.04)
+    assert 0.70 < detected(0.01, p["seeds_needed"]) < 0.85 and p["seeds_needed"] == math.ceil((2.8016 * sd / 0.01) ** 2)
+    assert math.isnan(power(0.01, math.nan, 1)["mde80"])
 
 
 def test_claims_refuse_runs_without_per_prompt_scores(tmp_path):

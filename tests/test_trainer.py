@@ -53,6 +53,21 @@ def test_fix_head_gets_no_gradient_and_no_optimizer_state(tmp_path):
     assert any(p in trainer.optimizer.state for p in trainer.policy.ar_parameters())
 
 
+def test_head_variant_leaves_every_ar_parameter_unchanged_without_optimizer_state(tmp_path):
+    """Claim f's `head` variant (freeze_ar): RL on the diffusion head alone."""
+    trainer = make_trainer(tmp_path, freeze_ar=True, steps=2)
+    ar, head = list(trainer.policy.ar_parameters()), list(trainer.policy.head_parameters())
+    before_ar, before_head = [p.detach().clone() for p in ar], [p.detach().clone() for p in head]
+    rows = trainer.train()
+    assert all(p.grad is None and not p.requires_grad for p in ar)
+    assert not set(trainer.optimizer.state) & set(ar) and set(trainer.optimizer.state) == set(head)
+    assert all(torch.equal(a, b) for a, b in zip(before_ar, ar))
+    assert any(not torch.equal(a, b) for a, b in zip(before_head, head))  # the head did train
+    assert rows[-1]["grad_norm_ar"] > 0  # the gradient statistics are the head's here
+    with pytest.raises(ValueError, match="nothing to train"):
+        make_trainer(tmp_path, freeze_ar=True, freeze_head=True)
+
+
 def test_positive_advantage_raises_that_samples_log_prob(tmp_path):
     """One update with sample 0 favoured (A > 0) must raise its recorded trajectory's log-prob."""
     policy = tiny_policy("flow")

@@ -76,6 +76,7 @@ class GRPOConfig:
     ema_decay: float | None = None  # EMA of the trained parameters, for validation and the saved checkpoints
     # variant switches
     freeze_head: bool = False  # +Fix
+    freeze_ar: bool = False  # the `head` variant (Appendix C.1 / Fig. 10): RL on the diffusion head alone
     trajectories: int = 1  # S (+MTE when > 1)
     top_frac: float = 0.3  # k: the fraction of the tokens predicted at a chosen step that Eq. 10 averages over S
     sim: bool = False  # +Sim
@@ -99,6 +100,8 @@ class GRPOConfig:
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"Unknown {name}: {getattr(self, name)!r}; expected one of {', '.join(map(repr, allowed))}")
+        if self.freeze_head and self.freeze_ar:
+            raise ValueError("freeze_head and freeze_ar together leave nothing to train; set one of them")
         if self.trajectories < 1:
             raise ValueError("trajectories (S) must be >= 1; S = 1 turns MTE off")
         if not 0 <= self.top_frac <= 1:

@@ -142,7 +142,7 @@ class GRPOTrainer:
         if config.lora:
             add_lora(self.policy, config.lora)
         head = set(map(id, self.policy.head_parameters()))
-        trained = set(map(id, self.policy.ar_parameters())) | (set() if config.freeze_head else head)
+        trained = (set() if config.freeze_ar else set(map(id, self.policy.ar_parameters()))) | (set() if config.freeze_head else head)
         if config.lora:  # the adapters alone
             trained = set(map(id, adapter_parameters(self.policy)))
         names = [n for n, _ in self.policy.named_parameters()]
@@ -151,7 +151,7 @@ class GRPOTrainer:
                 raise ValueError(f"frozen: no parameter name of {type(policy).__name__} starts with {prefix!r} "
                                  f"(top-level modules: {sorted({n.split('.')[0] for n in names})})")
         trained -= {id(p) for n, p in self.policy.named_parameters() if n.startswith(tuple(config.frozen))}
-        for p in self.policy.parameters():  # frozen encoders (text, VAE) and, under +Fix, the head:
+        for p in self.policy.parameters():  # frozen encoders (text, VAE) and, under +Fix, the head (the AR under `head`):
             if id(p) not in trained:  # no gradient computed and no optimizer state
                 p.requires_grad_(False)
         broadcast_parameters(self.policy)  # every process from the same weights (LoRA's are random)
@@ -161,7 +161,8 @@ class GRPOTrainer:
         elif config.beta > 0:  # the frozen pre-RL policy; what RL never changes is shared, not copied
             shared = {id(p): p for p in self.policy.parameters() if not p.requires_grad}  # deepcopy's memo
             self.ref = copy.deepcopy(self.policy, shared).requires_grad_(False).eval()
-        self.ar_params = [p for p in self.policy.ar_parameters() if p.requires_grad]
+        # the gradient statistics of Fig. 2a / 5 are the AR's; with the AR frozen (`head`), the head's
+        self.ar_params = [p for p in (self.policy.head_parameters() if config.freeze_ar else self.policy.ar_parameters()) if p.requires_grad]
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, betas=(0.9, 0.999), weight_decay=config.weight_decay)
         self.step, self.rows, self.checkpoints, self.nonfinite_run = 0, [], [], 0

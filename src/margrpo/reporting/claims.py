@@ -38,12 +38,13 @@ from margrpo.reporting.results import (MissingResultError, load_compbench_per_im
                                       mean_ci, parse_run)
 from margrpo.reporting.tables import VARIANT_LABELS
 
-__all__ = ["paired_t", "paired_bootstrap", "Claims", "claims", "write_claims", "POWER_TARGET"]
+__all__ = ["paired_t", "paired_bootstrap", "power", "Claims", "claims", "write_claims", "POWER_TARGET"]
 
 POWER_TARGET = 0.02  # the CI half-width the default design aims at for variant - GRPO* on val@best
 MIN_SEEDS_FOR_T = 3
 TIE = 1e-9  # differences this small are float round-off of identical runs, not effects
 METRIC_TEXT = {"val@best": "validation reward, best step", "val@final": "validation reward, last step",
+               "val@early": "validation reward, first validated step", "val@final-early": "validation reward, last minus first validated step",
                "val@selected": "validation reward, reported checkpoint",
                "compbench": "CompBench overall (strict), reported checkpoint"}
 
@@ -75,6 +76,26 @@ def paired_bootstrap(diffs: Sequence[np.ndarray], confidence: float = 0.95, n_bo
     alpha = (1 - confidence) / 2
     lo, hi = np.quantile(estimates, [alpha, 1 - alpha])
     return float(lo), float(hi)
+
+
+def power(diff: float, t_half: float, n: int, confidence: float = 0.95, target: float = 0.8) -> dict:
+    """What a paired t design of `n` seeds can detect, from the half-width it achieved.
+
+    ``mde80``: the smallest true effect a two-sided test at 1 - confidence rejects with probability
+    `target`, (t_{1-alpha/2} + t_{target}) * s / sqrt(n) on n - 1 degrees of freedom, s the per-seed
+    differences' std recovered from the half-width. ``seeds_needed``: seeds at which that smallest effect
+    falls to |diff|, the observed effect (normal quantiles; at least 2): what would settle the claim if the
+    effect is as large as measured. NaN where the interval is (one seed, no spread)."""
+    from scipy import stats
+
+    if n < 2 or not math.isfinite(t_half):
+        return {"mde80": math.nan, "seeds_needed": math.nan}
+    t_a = stats.t.ppf(0.5 + confidence / 2, df=n - 1)
+    sd = t_half * math.sqrt(n) / t_a
+    mde = (t_a + stats.t.ppf(target, df=n - 1)) * sd / math.sqrt(n)
+    z = stats.norm.ppf(0.5 + confidence / 2) + stats.norm.ppf(target)
+    needed = math.inf if abs(diff) <= TIE else max(2, math.ceil((z * sd / abs(diff)) ** 2))
+    return {"mde80": float(mde), "seeds_needed": needed}
 
 
 def verdict(lo: float, hi: float, direction: int = 1) -> str:
@@ -110,6 +131,7 @@ class RunScores:
     base_val: np.ndarray  # the base policy's per-prompt validation reward (same prompts and noise)
     best: np.ndarray  # per-prompt validation reward at the best trained step
     final: np.ndarray  # ... at the last step
+    early: np.ndarray  # ... at the first validated step after the base (the rise of claim f)
     best_step: int
     compbench: pd.Series | None  # strict score per image file, at the reported checkpoint
     dynamics: pd.DataFrame = field(repr=False, default=None)  # step, grad_norm_ar, grad_var_ar
@@ -137,15 +159,16 @@ def load_run(root: str | Path, run: str) -> RunScores:
         raise ValueError(f"{where} has no validated checkpoint")
     best = max(ckpts, key=lambda c: c["val_reward"])
     final = max(ckpts, key=lambda c: c["step"])
+    early = min((c for c in ckpts if c["step"] > 0), key=lambda c: c["step"], default=final)
     base = _val_scores({"val_scores": summary.get("base_val_scores")}, f"{where} (base_val_scores)")
-    best_scores, final_scores = _val_scores(best, where), _val_scores(final, where)
+    best_scores, final_scores, early_scores = _val_scores(best, where), _val_scores(final, where), _val_scores(early, where)
     metrics = load_metrics(root, run)[["step", "grad_norm_ar", "grad_var_ar"]]
     selected = load_selection(root, run, required=False)
     at_selected = None
     if selected is not None:
         match = [c for c in ckpts if int(c["step"]) == int(selected["step"])]
         at_selected = _val_scores(match[0], where) if match else None
-    return RunScores(run, parse_run(run).seed, base, best_scores, final_scores, int(best["step"]),
+    return RunScores(run, parse_run(run).seed, base, best_scores, final_scores, early_scores, int(best["step"]),
                      _compbench(root, run) if selected is not None else None, metrics, at_selected)
 
 
@@ -171,7 +194,9 @@ def _per_prompt(a: RunScores, b: RunScores | None, metric: str, base_compbench: 
             return np.array([])
         joined = pd.concat([x, y], axis=1, join="inner")
         return (joined.iloc[:, 0] - joined.iloc[:, 1]).to_numpy()
-    pick = {"val@best": "best", "val@final": "final", "val@selected": "selected"}[metric]
+    if metric == "val@final-early":  # a run against itself: from its first validated step to its last
+        return a.final - a.early
+    pick = {"val@best": "best", "val@final": "final", "val@early": "early", "val@selected": "selected"}[metric]
     x = getattr(a, pick)
     y = a.base_val if b is None else getattr(b, pick)
     if x is None or y is None:
@@ -260,7 +285,7 @@ class _Block:
                           "comparison": f"{self.label(method)} - {'base' if ref is None else self.label(ref)}",
                           "n_seeds": d["n_seeds"], "diff": d["diff"], **_decide(d, direction),
                           "t_lo": d["t_lo"], "t_hi": d["t_hi"], "boot_lo": d["boot_lo"], "boot_hi": d["boot_hi"],
-                          "per_seed": d["per_seed"], **extra})
+                          "per_seed": d["per_seed"], **power(d["diff"], d["t_half"], d["n_seeds"], self.confidence), **extra})
 
     def all_pairs(self) -> None:
         """Every variant against GRPO*, +Fix* and the base, on every metric (the claims_paired table)."""
@@ -278,6 +303,7 @@ class _Block:
             if d is not None:
                 out.append({"block": self.name, "method": self.label(v), "reference": self.label("grpo"), "n_seeds": d["n_seeds"],
                             "diff": d["diff"], "t_half": d["t_half"], "boot_half": (d["boot_hi"] - d["boot_lo"]) / 2,
+                            **power(d["diff"], d["t_half"], d["n_seeds"], self.confidence),
                             "target": POWER_TARGET, "met": bool(d["t_half"] <= POWER_TARGET)})
         return out
 
@@ -312,6 +338,16 @@ class _Block:
         self.claim("c", "end-to-end GRPO ends below the base policy", "val@final", "grpo", None, direction=-1,
                    seeds_below_base=counts)
 
+    def head_only(self) -> None:
+        """(f) Appendix C.1 / Fig. 10: RL on the head alone (AR frozen) rises briefly, then falls. Tested on
+        fixed steps, not the best one (a maximum over steps is above the base by selection alone): the first
+        validated step against the base, then the last against the first, within each run."""
+        if not self.has("head"):
+            return
+        self.claim("f", "RL on the head alone rises first (first validated step above the base)", "val@early", "head", None)
+        self.claim("f", "... then falls (last validated step below the first)", "val@final-early", "head", None, direction=-1,
+                   comparison=f"{self.label('head')}: last - first validated step")
+
     def committed_tokens(self) -> None:
         """(e) beyond the paper: the loss on committed tokens only, against every other variant."""
         if not self.has("committed"):
@@ -337,6 +373,7 @@ def claims(root: str | Path, spec: dict, confidence: float = 0.95) -> Claims:
         block.frozen_head_gradients()
         block.collapse()
         block.committed_tokens()
+        block.head_only()
         paired += block.paired
         rows += block.rows
     rows += _ablation_claims(root, spec.get("ablations") or [], confidence, notes)
@@ -370,7 +407,8 @@ def _ablation_claims(root: Path, runs: Sequence[str], confidence: float, notes: 
     def row(statement: str, d: dict, comparison: str, direction: int = 1) -> dict:
         return {"block": block, "claim": "d", "statement": statement, "metric": "val@best", "comparison": comparison,
                 "n_seeds": d["n_seeds"], "diff": d["diff"], **_decide(d, direction), "t_lo": d["t_lo"], "t_hi": d["t_hi"],
-                "boot_lo": d["boot_lo"], "boot_hi": d["boot_hi"], "per_seed": d["per_seed"]}
+                "boot_lo": d["boot_lo"], "boot_hi": d["boot_hi"], "per_seed": d["per_seed"],
+                **power(d["diff"], d["t_half"], d["n_seeds"], confidence)}
 
     for free, sym, fmt in (("top_frac", "k", "{:g}"), ("tau", "tau", "{:g}")):
         for key in scores:
@@ -402,25 +440,35 @@ def _fmt(x: float, digits: int = 3) -> str:
     return "–" if x is None or not math.isfinite(x) else f"{x:+.{digits}f}"
 
 
+def _abs(x: float) -> str:
+    return "–" if x is None or not math.isfinite(x) else f"{x:.3f}"
+
+
 def to_markdown(c: Claims) -> str:
-    out = ["**Claims.** Each row: a claim of the paper (a-d) or beyond it (e), the paired difference that tests it "
+    out = ["**Claims.** Each row: a claim of the paper (a-d, f) or beyond it (e), the paired difference that tests it "
            "(mean over seeds), the 95% interval that decides it and the verdict. " + " ".join(c.notes), "",
-           "| block | claim | statement | comparison | metric | seeds | effect | 95% CI | CI | verdict |",
-           "|:---|:---|:---|:---|:---|---:|---:|:---|:---|:---|"]
+           "Power: `half` is the 95% interval's half-width (t over seeds), `MDE80` the smallest effect this many seeds "
+           "detect with 80% power, `seeds to settle` the seeds at which MDE80 falls to the measured effect.", "",
+           "| block | claim | statement | comparison | metric | seeds | effect | 95% CI | CI | verdict | half | MDE80 | seeds to settle |",
+           "|:---|:---|:---|:---|:---|---:|---:|:---|:---|:---|---:|---:|---:|"]
     for r in c.claims.to_dict("records"):
         ratio = r["claim"] == "b"
         eff = f"{r['diff']:.3f}x" if ratio and math.isfinite(r["diff"]) else _fmt(r["diff"])
         ci = (f"[{r['lo']:.3f}, {r['hi']:.3f}]" if ratio else f"[{_fmt(r['lo'])}, {_fmt(r['hi'])}]") \
             if math.isfinite(r["lo"]) else "–"
+        half = (r["t_hi"] - r["t_lo"]) / 2 if not ratio and math.isfinite(r["t_lo"]) else math.nan
+        mde, need = r.get("mde80", math.nan), r.get("seeds_needed", math.nan)
+        settle = "–" if ratio or not isinstance(need, (int, float)) or not math.isfinite(need) or r["verdict"] != "not settled" else f"{need:g}"
         out.append(f"| {r['block']} | {r['claim']} | {r['statement']} | {r['comparison']} | {r['metric']} | "
-                   f"{r['n_seeds']} | {eff} | {ci} | {r['ci']} | **{r['verdict']}** |")
+                   f"{r['n_seeds']} | {eff} | {ci} | {r['ci']} | **{r['verdict']}** | {_abs(half)} | {_abs(np.nan if ratio else mde)} | {settle} |")
     if len(c.power):
         out += ["", f"**Power.** 95% CI half-width of variant - GRPO* on the validation reward at the best step "
-                f"(target <= {POWER_TARGET}):", "", "| block | method | seeds | difference | half-width (t) | half-width (bootstrap) | target met |",
-                "|:---|:---|---:|---:|---:|---:|:---|"]
+                f"(target <= {POWER_TARGET}) and the smallest effect detected with 80% power:", "",
+                "| block | method | seeds | difference | half-width (t) | half-width (bootstrap) | MDE80 | target met |",
+                "|:---|:---|---:|---:|---:|---:|---:|:---|"]
         for r in c.power.to_dict("records"):
             out.append(f"| {r['block']} | {r['method']} - {r['reference']} | {r['n_seeds']} | {_fmt(r['diff'])} | "
-                       f"{r['t_half']:.3f} | {r['boot_half']:.3f} | {'yes' if r['met'] else 'no'} |")
+                       f"{r['t_half']:.3f} | {r['boot_half']:.3f} | {_abs(r['mde80'])} | {'yes' if r['met'] else 'no'} |")
     if len(c.paired):
         out += ["", "**Every paired difference** (t: over seeds; bootstrap: prompts x seeds):", "",
                 "| block | metric | method - reference | seeds | difference | t 95% CI | bootstrap 95% CI |",

@@ -29,7 +29,7 @@ __all__ = ["VARIANT_LABELS", "Table", "RowSpec", "build_table", "table1", "table
            "to_latex"]
 
 # Variant name -> the paper's row label (Table 2). Unknown variants keep their name.
-VARIANT_LABELS = {"grpo": "GRPO", "fix": "+Fix", "mte": "+MTE", "sim": "+Sim", "committed": "+Fix (committed)"}
+VARIANT_LABELS = {"grpo": "GRPO", "fix": "+Fix", "mte": "+MTE", "sim": "+Sim", "committed": "+Fix (committed)", "head": "Head only"}
 METRIC_GROUPS = {"pref": "Preference (mean score)", "compbench": "T2I-CompBench (strict)",
                  "val": "Validation reward", "gain": "Gain over the base policy", "base": "Base policy",
                  "time": "Wall-clock"}
