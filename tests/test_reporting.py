@@ -314,6 +314,19 @@ def test_fig7c_draws_only_the_parameters_the_grid_varies(tree, tmp_path):
     _check_figure(fig, tmp_path, "fig7c_k_only")
 
 
+def test_fig7c_draws_the_base_inside_its_axis_and_each_points_seed_count(tree, tmp_path):
+    """Issue #26.7: one seed per point on a narrow axis reads as a trend; the base line and n= say what it is."""
+    fig = figures.ablation_final(tree["root"], {"runs": tree["ablation"], "base": tree["base"][0]}, confidence=0.95)
+    ax = [a for a in fig.axes if a.get_xlabel()][0]
+    base = load_compbench(tree["root"], tree["base"][0]).set_index("category").loc["overall", "strict"]
+    lines = [ln for ln in ax.get_lines() if ln.get_linestyle() == ":"]
+    assert len(lines) == 1 and lines[0].get_ydata()[0] == pytest.approx(base)
+    lo, hi = ax.get_ylim()
+    assert lo < base < hi
+    assert any(t.get_text().startswith("n=") for t in ax.texts)
+    _check_figure(fig, tmp_path, "fig7c_base")
+
+
 def test_fig2_kl_panel_is_on_a_log_axis(tmp_path):
     """The frozen-head variants' KL is orders of magnitude below end-to-end GRPO's: a linear axis shows it as 0."""
     frames = [pd.DataFrame({"step": [1, 2, 3], "grad_norm_ar": [0.2, 0.1, 0.3], "grad_var_ar": [1e-7] * 3,

@@ -255,7 +255,7 @@ def get_final_outputs():
     R = REPORT
     fmts = config["report"]["formats"]
     outs = expand(f"{R}/{{table}}.{{ext}}", table=["table1", "table2", "val_gain"], ext=["csv", "md", "tex"])
-    outs += expand(f"{R}/{{f}}", f=["claims.csv", "claims_paired.csv", "claims.md"])
+    outs += expand(f"{R}/{{f}}", f=["claims.csv", "claims_paired.csv", "claims.md", "artifacts.csv", "artifacts.md"])
     figs = ["fig2_dynamics", "fig4_uncertainty", "fig6_samples"]
     if EXP["ablations"]["enabled"]:
         figs += ["fig7a_samples", "fig7b_reward_curves", "fig7c_final_metric"]

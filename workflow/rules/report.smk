@@ -201,6 +201,32 @@ rule fig6_samples:
         report_cmd("samples")
 
 
+rule artifacts:
+    """Fig. 6's background artifacts, measured per method and paired by image (is the grid GRPO's alone?)."""
+    input:
+        samples=expand(f"{RUNS}/samples/{{run}}/samples", run=base_runs() + ladder_runs()),
+        world=f"{DATA}/world.json",
+    output:
+        report(
+            expand(f"{REPORT}/artifacts.{{ext}}", ext=["csv", "md"]),
+            caption="../report/artifacts.rst",
+            category=CATEGORY_LADDER,
+            subcategory="tables",
+        ),
+    params:
+        runs=lambda wc, input: json.dumps({"base": base_runs(), "runs": ladder_runs(), "world": input.world}),
+        prefix=lambda wc, output: report_prefix(output),
+        **REPORT_PARAMS,
+    conda:
+        "../../envs/margrpo.yaml"
+    log:
+        f"logs/{NAME}/report/artifacts.log",
+    benchmark:
+        f"benchmarks/{NAME}/report/artifacts.tsv"
+    shell:
+        report_cmd("artifacts")
+
+
 rule fig7a_samples:
     """Fig. 7a: sample grid per masking ratio k and threshold tau."""
     input:
@@ -254,7 +280,7 @@ rule fig7b_reward_curves:
 rule fig7c_final_metric:
     """Fig. 7c: final evaluation metric against k, tau and S."""
     input:
-        get_eval_outputs(ablation_runs()),
+        get_eval_outputs(ablation_runs() + [f"base/{EXP['ablations']['policy']}"]),
     output:
         report(
             expand(f"{REPORT}/fig7c_final_metric.{{ext}}", ext=config["report"]["formats"]),
@@ -263,7 +289,7 @@ rule fig7c_final_metric:
             subcategory="figures",
         ),
     params:
-        runs=json.dumps({"runs": ablation_runs()}),
+        runs=json.dumps({"runs": ablation_runs(), "base": f"base/{EXP['ablations']['policy']}"}),
         prefix=lambda wc, output: report_prefix(output),
         **REPORT_PARAMS,
     conda:

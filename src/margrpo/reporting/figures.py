@@ -371,11 +371,14 @@ def ablation_final(root: str | Path, spec: dict, confidence: float = 0.95) -> Fi
     """Fig. 7c: CompBench overall strict (left axis) and preference scores (right axis) vs k, tau, S.
 
     Each panel varies one parameter and holds the other two at their most common values; error
-    bars are the t-interval over seeds where there are several.
+    bars are the t-interval over seeds where there are several, and each point says its seed count.
+    `spec["base"]` (a base run): its scores as dotted reference lines, inside every axis, so that a
+    spread of a few thousandths between points reads as what it is next to the base.
     """
     runs = _require_runs(spec, "ablation-final", kind="ablation")
     held = _held_values(runs)
     scores = {r.run: eval_scores(root, r.run) for r in runs}
+    base = eval_scores(root, spec["base"]) if spec.get("base") else {}
     scorers = list(dict.fromkeys(m for s in scores.values() for g, m in s if g == "pref"))
     # one panel per parameter the grid varies (with the others held): a one-point panel shows nothing
     varied = [f for f in ("top_frac", "tau", "trajectories")
@@ -397,6 +400,13 @@ def ablation_final(root: str | Path, spec: dict, confidence: float = 0.95) -> Fi
             mean = np.array([s[0] for s in stats])
             err = np.nan_to_num(np.array([s[1] for s in stats]), nan=0.0)
             target.errorbar(xs, mean, yerr=err, color=color, marker=marker, linestyle=ls, capsize=3, label=label)
+            for x, m, (_, _, n) in zip(xs, mean, stats):
+                target.annotate(f"n={n}", (x, m), textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
+            if key in base:  # the base as a reference line, inside the axis
+                target.axhline(base[key], color=color, linestyle=":", linewidth=1.2, label=f"{label}, base policy")
+                lo, hi = np.nanmin(np.r_[mean - err, base[key]]), np.nanmax(np.r_[mean + err, base[key]])
+                pad = 0.08 * max(hi - lo, 1e-3)
+                target.set_ylim(min(lo - pad, target.get_ylim()[0]), max(hi + pad, target.get_ylim()[1]))
         symbol = ABLATION_SYMBOLS.get(free, free)
         if free == "trajectories":
             ax.set_xscale("log", base=2)

@@ -24,6 +24,7 @@ REPORTS: dict[str, tuple[str, str, str]] = {
     "val-gain": ("table", "tables", "val_gain"),
     "table3": ("table", "related", "table3"),
     "claims": ("claims", "claims", "claims"),
+    "artifacts": ("report", "artifacts", "artifacts"),
     "dynamics": ("figure", "figures", "dynamics"),
     "uncertainty": ("figure", "figures", "uncertainty"),
     "samples": ("figure", "figures", "samples"),
@@ -84,6 +85,8 @@ def run(args: argparse.Namespace) -> None:
         from margrpo.reporting.claims import write_claims
 
         paths = write_claims(result, args.out_prefix)
+    elif kind == "report":  # writes its own files
+        paths = result.write(args.out_prefix)
     else:
         paths = atomic_save_figure(result, args.out_prefix, args.formats)
     for path in paths:
