@@ -50,4 +50,13 @@ def test_the_report_finds_the_method_with_the_grid(tmp_path):
     assert data.loc[("GRPO", "base"), "verdict"] == "reproduced" and data.loc[("GRPO", "base"), "n_images"] == 18
     assert data.loc[("GRPO", "+Fix*"), "lo"] > 0
     assert data.loc[("+Fix", "base"), "diff"] == pytest.approx(0.0, abs=1e-12)
-    assert data.loc[("+Fix", "base"), "verdict"] == "not settled"
+    assert data.loc[("+Fix", "base"), "verdict"] == "not settled" and (data["no_background"] == 0).all()
+
+
+def test_an_image_without_background_is_counted_not_compared(tmp_path):
+    images = [scene_image(i) for i in range(4)]
+    write_samples(tmp_path, "base/p", images)
+    noise = np.random.default_rng(0).integers(60, 255, (64, 64, 3), dtype=np.uint8)  # every pixel bright: no background
+    write_samples(tmp_path, "train/p/r/grpo/seed0", [noise] + images[1:])
+    row = artifacts(tmp_path, {"base": ["base/p"], "runs": ["train/p/r/grpo/seed0"]}).data.iloc[0]
+    assert row["no_background"] == 1 and row["n_images"] == 3 and row["diff"] == pytest.approx(0.0, abs=1e-12)

@@ -388,5 +388,6 @@ def test_table1_two_policies_one_seed(tmp_path):
     best = tables._best(t)
     assert {i for i, _ in best} == {2, 5}  # Ours is best within each policy block
     md, tex = tables.to_markdown(t), tables.to_latex(t)
-    assert "±" not in md.split("\n", 2)[2] and "| toy-harmon | Ours | **1.300** |" in md
+    assert "±" not in md.split("\n", 2)[2] and "| toy-harmon | Ours (1 seed) | **1.300** |" in md
+    assert "| toy-harmon | Base |" in md  # the base policy is one policy, not a seed
     assert tex.count(r"\midrule") == 2 and "toy-harmon & Ours & $\\mathbf{1.300}$" in tex

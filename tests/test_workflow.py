@@ -80,6 +80,10 @@ def test_smoke_dag_writes_the_claims_table(smoke_run):
     paired = pd.read_csv(report / "claims_paired.csv")
     assert (paired["n_seeds"] == 2).all() and np.isfinite(paired[["diff", "boot_lo", "boot_hi"]].to_numpy()).all()
     assert "**Power.**" in (report / "claims.md").read_text()
+    artifacts = pd.read_csv(report / "artifacts.csv")  # Fig. 6's background energy, every ladder method against the base
+    assert {"GRPO", "Head only", "+Sim"} <= set(artifacts["method"])
+    compared = artifacts[artifacts["n_images"] > 0]  # the smoke's head-trained samples may be noise without background
+    assert len(compared) and np.isfinite(compared["diff"]).all() and (artifacts["no_background"] >= 0).all()
 
 
 def _chromium() -> str | None:
@@ -124,7 +128,7 @@ def test_html_report_builds_and_a_browser_renders_its_figures(smoke_run, tmp_pat
     report = "results/smoke/report"
     figures = [f"{report}/{f}.png" for f in ("fig2_dynamics", "fig4_uncertainty", "fig6_samples", "fig7a_samples",
                                              "fig7b_reward_curves", "fig7c_final_metric")]
-    tables = [f"{report}/{t}.csv" for t in ("table1", "table2", "val_gain", "claims")]
+    tables = [f"{report}/{t}.csv" for t in ("table1", "table2", "val_gain", "claims", "artifacts")]
     assert sorted(results) == sorted(tables + figures + [f.replace(".png", ".pdf") for f in figures])
     assert all("Config:" in r["caption"] for r in results.values())  # the caption names the config behind it
     assert "toy-nova" in results[f"{report}/table2.csv"]["caption"]  # rendered from the config, not a template

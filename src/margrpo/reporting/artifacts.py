@@ -6,7 +6,8 @@ and the squared difference of each such pixel from its 3 x 3 neighbourhood mean,
 A clean ShapesWorld background scores 0; a patch-border grid or speckle scores above it. Every method's samples
 come from the same evaluation prompts and fixed noise, so each is compared with the base policy and with +Fix*
 image by image within a seed; the interval is the t-interval over seeds of the per-seed mean differences
-(the paired bootstrap over images x seeds where there are fewer than 3 seeds), as in the claims report.
+(the paired bootstrap over images x seeds where there are fewer than 3 seeds), as in the claims report. An image
+without a single clean background pixel has no energy: it is counted (`no_background`) and left out of the pairs.
 
     artifacts(root, {"base": ["base/toy-nova"], "runs": [ladder runs], "world": ".../world.json"}) -> ArtifactReport
 """
@@ -67,11 +68,11 @@ class ArtifactReport:
                "background), per image, on the evaluation prompts with fixed noise; differences paired by image within "
                f"each seed, {self.confidence:.0%} interval over seeds (bootstrap over images x seeds below "
                f"{MIN_SEEDS_FOR_T} seeds).", "",
-               "| method | reference | seeds | images | method energy | reference energy | difference | CI | verdict (method > reference) |",
-               "|:---|:---|---:|---:|---:|---:|---:|:---|:---|"]
+               "| method | reference | seeds | images | images without background | method energy | reference energy | difference | CI | verdict (method > reference) |",
+               "|:---|:---|---:|---:|---:|---:|---:|---:|:---|:---|"]
         for r in self.data.to_dict("records"):
             ci = f"[{r['lo'] * 1e4:+.3f}, {r['hi'] * 1e4:+.3f}]" if math.isfinite(r["lo"]) else "–"
-            out.append(f"| {r['method']} | {r['reference']} | {r['n_seeds']} | {r['n_images']} | {r['energy'] * 1e4:.3f} | "
+            out.append(f"| {r['method']} | {r['reference']} | {r['n_seeds']} | {r['n_images']} | {r['no_background']} | {r['energy'] * 1e4:.3f} | "
                        f"{r['ref_energy'] * 1e4:.3f} | {r['diff'] * 1e4:+.3f} | {ci} | {r['verdict']} |")
         return "\n".join(out) + "\n"
 
@@ -106,6 +107,8 @@ def artifacts(root: str | Path, spec: dict, confidence: float = 0.95) -> Artifac
             lo, hi = (t_lo, t_hi) if n >= MIN_SEEDS_FOR_T else (b_lo, b_hi)
             rows.append({"policy": policy, "method": VARIANT_LABELS.get(variant, variant), "reference": ref_label,
                          "n_seeds": n, "n_images": int(sum(d.size for d in diffs)),
+                         # an image with no clean background pixel at all has no energy: counted, not compared
+                         "no_background": int(sum(seeds[s].isna().sum() for s in shared)),
                          "energy": float(np.nanmean([seeds[s].mean() for s in shared])),
                          "ref_energy": float(np.nanmean([ref[s].mean() for s in shared])),
                          "diff": mean, "lo": lo, "hi": hi, "verdict": verdict(lo, hi)})
