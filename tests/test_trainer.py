@@ -66,6 +66,8 @@ def test_head_variant_leaves_every_ar_parameter_unchanged_without_optimizer_stat
     assert rows[-1]["grad_norm_ar"] > 0  # the gradient statistics are the head's here
     with pytest.raises(ValueError, match="nothing to train"):
         make_trainer(tmp_path, freeze_ar=True, freeze_head=True)
+    with pytest.raises(ValueError, match="lora adapts the AR"):
+        make_trainer(tmp_path, freeze_ar=True, lora={"rank": 4})
 
 
 def test_positive_advantage_raises_that_samples_log_prob(tmp_path):

@@ -102,6 +102,8 @@ class GRPOConfig:
                 raise ValueError(f"Unknown {name}: {getattr(self, name)!r}; expected one of {', '.join(map(repr, allowed))}")
         if self.freeze_head and self.freeze_ar:
             raise ValueError("freeze_head and freeze_ar together leave nothing to train; set one of them")
+        if self.freeze_ar and self.lora:
+            raise ValueError("lora adapts the AR transformer, which freeze_ar leaves frozen; drop one of them")
         if self.trajectories < 1:
             raise ValueError("trajectories (S) must be >= 1; S = 1 turns MTE off")
         if not 0 <= self.top_frac <= 1:
