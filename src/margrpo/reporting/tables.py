@@ -300,7 +300,7 @@ def to_markdown(table: Table) -> str:
              "|" + "|".join([":---"] * len(table.label_columns) + ["---:"] * len(table.metrics)) + "|"]
     for i in range(len(table.data)):
         cells = [str(table.data.at[i, c]) or "–" for c in table.label_columns]
-        if _one_seed(table, i) and "method" in table.label_columns:  # no interval: say why, not leave it blank
+        if _one_seed(table, i) and "method" in table.label_columns and "seeds" not in table.label_columns:  # say why there is no ±
             cells[table.label_columns.index("method")] += " (1 seed)"
         cells += [_cell(table, i, m, (i, m) in best, latex=False) for m in table.metrics]
         lines.append("| " + " | ".join(c.replace("|", r"\|") for c in cells) + " |")
