@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from margrpo.io import atomic_write_csv, atomic_write_text, read_json
-from margrpo.reporting.claims import MIN_SEEDS_FOR_T, paired_bootstrap, paired_t, verdict
+from margrpo.reporting.claims import MIN_SEEDS_FOR_T, decide, paired_summary
 from margrpo.reporting.results import parse_run
 from margrpo.reporting.tables import VARIANT_LABELS
 from margrpo.world import WorldConfig
@@ -98,18 +98,13 @@ def artifacts(root: str | Path, spec: dict, confidence: float = 0.95) -> Artifac
             refs.append((VARIANT_LABELS["fix"] + "*", by[(policy, "fix")]))
         for ref_label, ref in refs:
             shared = sorted(set(seeds) & set(ref))
-            diffs = []
-            for s in shared:
-                joined = pd.concat([seeds[s], ref[s]], axis=1, join="inner").dropna()
-                diffs.append((joined.iloc[:, 0] - joined.iloc[:, 1]).to_numpy())
-            mean, t_lo, t_hi, n = paired_t([d.mean() for d in diffs], confidence)
-            b_lo, b_hi = paired_bootstrap(diffs, confidence)
-            lo, hi = (t_lo, t_hi) if n >= MIN_SEEDS_FOR_T else (b_lo, b_hi)
+            d = paired_summary([(seeds[s] - ref[s]).dropna().to_numpy() for s in shared], confidence)  # by file name
+            decided = decide(d)
             rows.append({"policy": policy, "method": VARIANT_LABELS.get(variant, variant), "reference": ref_label,
-                         "n_seeds": n, "n_images": int(sum(d.size for d in diffs)),
+                         "n_seeds": d["n_seeds"], "n_images": d["n_units"],
                          # an image with no clean background pixel at all has no energy: counted, not compared
                          "no_background": int(sum(seeds[s].isna().sum() for s in shared)),
                          "energy": float(np.nanmean([seeds[s].mean() for s in shared])),
                          "ref_energy": float(np.nanmean([ref[s].mean() for s in shared])),
-                         "diff": mean, "lo": lo, "hi": hi, "verdict": verdict(lo, hi)})
+                         "diff": d["diff"], "lo": decided["lo"], "hi": decided["hi"], "verdict": decided["verdict"]})
     return ArtifactReport(pd.DataFrame(rows), confidence)

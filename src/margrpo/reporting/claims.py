@@ -38,7 +38,7 @@ from margrpo.reporting.results import (MissingResultError, load_compbench_per_im
                                       mean_ci, parse_run)
 from margrpo.reporting.tables import VARIANT_LABELS
 
-__all__ = ["paired_t", "paired_bootstrap", "power", "Claims", "claims", "write_claims", "POWER_TARGET"]
+__all__ = ["paired_t", "paired_bootstrap", "paired_summary", "decide", "power", "Claims", "claims", "write_claims", "POWER_TARGET"]
 
 POWER_TARGET = 0.02  # the CI half-width the default design aims at for variant - GRPO* on val@best
 MIN_SEEDS_FOR_T = 3
@@ -211,16 +211,24 @@ def difference(runs: dict[int, RunScores], refs: dict[int, RunScores] | None, me
                base_compbench: pd.Series | None = None) -> dict:
     """The paired difference of one method against a reference (None = base) over the seeds both have."""
     seeds = sorted(runs if refs is None else set(runs) & set(refs))
-    per_seed = [_per_prompt(runs[s], None if refs is None else refs[s], metric, base_compbench) for s in seeds]
-    kept = [(s, d) for s, d in zip(seeds, per_seed) if d.size]
-    mean, lo, hi, n = paired_t([d.mean() for _, d in kept], confidence)
-    b_lo, b_hi = paired_bootstrap([d for _, d in kept], confidence)
-    return {"n_seeds": n, "n_units": int(sum(d.size for _, d in kept)), "diff": mean, "t_lo": lo, "t_hi": hi,
+    return paired_summary([_per_prompt(runs[s], None if refs is None else refs[s], metric, base_compbench) for s in seeds],
+                          confidence)
+
+
+def paired_summary(per_seed: Sequence[np.ndarray], confidence: float) -> dict:
+    """Both intervals of a paired difference from each seed's per-unit differences (prompts, images);
+    seeds without a unit are left out."""
+    kept = [d for d in per_seed if d.size]
+    mean, lo, hi, n = paired_t([d.mean() for d in kept], confidence)
+    b_lo, b_hi = paired_bootstrap(kept, confidence)
+    return {"n_seeds": n, "n_units": int(sum(d.size for d in kept)), "diff": mean, "t_lo": lo, "t_hi": hi,
             "t_half": (hi - lo) / 2 if n > 1 else math.nan, "boot_lo": b_lo, "boot_hi": b_hi,
-            "per_seed": ";".join(f"{d.mean():+.4f}" for _, d in kept)}
+            "per_seed": ";".join(f"{d.mean():+.4f}" for d in kept)}
 
 
-def _decide(d: dict, direction: int = 1) -> dict:
+def decide(d: dict, direction: int = 1) -> dict:
+    """The interval that decides a `paired_summary` (t over seeds from MIN_SEEDS_FOR_T seeds, else the bootstrap)
+    and its verdict."""
     use_t = d["n_seeds"] >= MIN_SEEDS_FOR_T
     lo, hi = (d["t_lo"], d["t_hi"]) if use_t else (d["boot_lo"], d["boot_hi"])
     return {"ci": "t over seeds" if use_t else "bootstrap prompts x seeds", "lo": lo, "hi": hi,
@@ -283,7 +291,7 @@ class _Block:
             return
         self.rows.append({"block": self.name, "claim": cid, "statement": text, "metric": metric,
                           "comparison": f"{self.label(method)} - {'base' if ref is None else self.label(ref)}",
-                          "n_seeds": d["n_seeds"], "diff": d["diff"], **_decide(d, direction),
+                          "n_seeds": d["n_seeds"], "diff": d["diff"], **decide(d, direction),
                           "t_lo": d["t_lo"], "t_hi": d["t_hi"], "boot_lo": d["boot_lo"], "boot_hi": d["boot_hi"],
                           "per_seed": d["per_seed"], **power(d["diff"], d["t_half"], d["n_seeds"], self.confidence), **extra})
 
@@ -406,7 +414,7 @@ def _ablation_claims(root: Path, runs: Sequence[str], confidence: float, notes: 
 
     def row(statement: str, d: dict, comparison: str, direction: int = 1) -> dict:
         return {"block": block, "claim": "d", "statement": statement, "metric": "val@best", "comparison": comparison,
-                "n_seeds": d["n_seeds"], "diff": d["diff"], **_decide(d, direction), "t_lo": d["t_lo"], "t_hi": d["t_hi"],
+                "n_seeds": d["n_seeds"], "diff": d["diff"], **decide(d, direction), "t_lo": d["t_lo"], "t_hi": d["t_hi"],
                 "boot_lo": d["boot_lo"], "boot_hi": d["boot_hi"], "per_seed": d["per_seed"],
                 **power(d["diff"], d["t_half"], d["n_seeds"], confidence)}
 

@@ -300,17 +300,20 @@ def to_markdown(table: Table) -> str:
              "|" + "|".join([":---"] * len(table.label_columns) + ["---:"] * len(table.metrics)) + "|"]
     for i in range(len(table.data)):
         cells = [str(table.data.at[i, c]) or "–" for c in table.label_columns]
-        if _one_seed(table, i) and "method" in table.label_columns and "seeds" not in table.label_columns:  # say why there is no ±
+        if _one_seed_unlabelled(table, i):  # say why there is no ±
             cells[table.label_columns.index("method")] += " (1 seed)"
         cells += [_cell(table, i, m, (i, m) in best, latex=False) for m in table.metrics]
         lines.append("| " + " | ".join(c.replace("|", r"\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def _one_seed(table: Table, i: int) -> bool:
-    """A trained method's row averaged over one run (the base policy is one policy, not a seed)."""
+def _one_seed_unlabelled(table: Table, i: int) -> bool:
+    """A trained method's row averaged over one run, in a table with a method column and no seeds column
+    (the base policy is one policy, not a seed)."""
     d = table.data
-    return "n_runs" in d and int(d.at[i, "n_runs"]) == 1 and d.get("variant", pd.Series(["x"] * len(d))).iloc[i] not in ("base", None)
+    if "method" not in table.label_columns or "seeds" in table.label_columns or "n_runs" not in d:
+        return False
+    return int(d.at[i, "n_runs"]) == 1 and ("variant" not in d or d.at[i, "variant"] != "base")
 
 
 _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
