@@ -5,7 +5,7 @@ Why: on the toy, RL at any lr tried lowers the validation reward, the training r
 "Why RL does not climb"). Two causes predict that: a biased estimator (the policy gradient points down) or a
 noise-dominated one (each step moves the policy mostly at random, and a random move away from a trained policy
 costs reward). This tells them apart, at one parameter point, through the real code path (`rollout_and_score`,
-`plan_updates`, `micro_loss`, the same as `GRPOTrainer.update` without the optimizer step):
+`plan_updates`, `backward`: `GRPOTrainer.update` without its optimizer step):
 
 - the loss gradients g_b of B independent batches (the trainer's own streams, steps 0..B-1);
 - their mean pairwise cosine rho: for g_b = s + n_b (signal s, independent noise), E[cos] ~ |s|^2 / E|g|^2, so
@@ -68,14 +68,7 @@ def batch_gradient(tr: GRPOTrainer, step: int) -> tuple[torch.Tensor, float]:
     """The loss gradient of the batch the trainer draws at `step` (flat over the trained parameters)."""
     tr.step = step
     batch = tr.rollout_and_score()
-    update = tr.plan_updates(batch)[0]
-    tokens, weight = tr.loss_weights(batch.rollout, update.ar, update.diff, batch.sim_keep)
-    counts = (weight.sum((1, 2, 3)), tokens.sum((1, 2, 3)))
-    tr.optimizer.zero_grad(set_to_none=True)
-    for c, rows in enumerate(batch.rows):
-        loss, _ = tr.micro_loss(batch.subs[c], batch.adv[rows], update.ar, update.diff, batch.pick(batch.mte_mask, c),
-                                batch.pick(batch.sim_keep, c), update.old[c], counts)
-        loss.backward()
+    tr.backward(batch, tr.plan_updates(batch)[0])  # what the optimizer would step on
     flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in tr.params])
     return flat, batch.rewards.mean().item()
 

@@ -161,8 +161,8 @@ class GRPOTrainer:
         elif config.beta > 0:  # the frozen pre-RL policy; what RL never changes is shared, not copied
             shared = {id(p): p for p in self.policy.parameters() if not p.requires_grad}  # deepcopy's memo
             self.ref = copy.deepcopy(self.policy, shared).requires_grad_(False).eval()
-        # the gradient statistics of Fig. 2a / 5 are the AR's; with the AR frozen (`head`), the head's
-        self.ar_params = [p for p in (self.policy.head_parameters() if config.freeze_ar else self.policy.ar_parameters()) if p.requires_grad]
+        # the gradient statistics of Fig. 2a / 5 (logged as grad_*_ar) are the AR's; with the AR frozen (`head`), the head's
+        self.stat_params = [p for p in (self.policy.head_parameters() if config.freeze_ar else self.policy.ar_parameters()) if p.requires_grad]
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, betas=(0.9, 0.999), weight_decay=config.weight_decay)
         self.step, self.rows, self.checkpoints, self.nonfinite_run = 0, [], [], 0
@@ -340,13 +340,14 @@ class GRPOTrainer:
             plan.append(Update(ar_u, diff_u, cache[key]))
         return plan
 
-    def update(self, batch: StepBatch, update: Update) -> dict:
-        """One optimizer step: accumulate the micro-batches' losses (which sum to the batch loss), then
-        clip and step, or skip a non-finite update (stopping after `max_nonfinite` in a row)."""
+    def backward(self, batch: StepBatch, update: Update) -> tuple[list[dict], float, MicroBatchGradStats, torch.Tensor]:
+        """The batch gradient of one update, left in the parameters' .grad: the micro-batches' losses (which
+        sum to the batch loss) backpropagated and summed over every process. Returns the micro-batches' stats,
+        the total loss, the gradient statistics and the loss-token mask of the chosen steps."""
         tokens, weight = self.loss_weights(batch.rollout, update.ar, update.diff, batch.sim_keep)  # the whole batch's token counts
         counts = (all_sum(weight.sum((1, 2, 3))), all_sum(tokens.sum((1, 2, 3))))  # over every process's images
         self.optimizer.zero_grad(set_to_none=True)
-        grad_stats, stats, total = MicroBatchGradStats(self.ar_params, len(batch.rows) * self.world), [], 0.0
+        grad_stats, stats, total = MicroBatchGradStats(self.stat_params, len(batch.rows) * self.world), [], 0.0
         for c, rows in enumerate(batch.rows):
             loss, s = self.micro_loss(batch.subs[c], batch.adv[rows], update.ar, update.diff, batch.pick(batch.mte_mask, c),
                                       batch.pick(batch.sim_keep, c), update.old[c], counts)
@@ -357,7 +358,12 @@ class GRPOTrainer:
         sum_gradients(self.params)  # each process's loss is its share of the batch loss: the sum is the batch gradient
         grad_stats.sq_sum = all_sum(grad_stats.sq_sum)
         total = float(all_sum(torch.tensor(total, dtype=torch.float64)))
-        stats = [s for part in all_objects(stats) for s in part]
+        return [s for part in all_objects(stats) for s in part], total, grad_stats, tokens
+
+    def update(self, batch: StepBatch, update: Update) -> dict:
+        """One optimizer step on the batch gradient (`backward`): clip and step, or skip a non-finite update
+        (stopping after `max_nonfinite` in a row)."""
+        stats, total, grad_stats, tokens = self.backward(batch, update)
         grad_norm_ar, grad_var = grad_stats.result()
         finite = math.isfinite(total) and math.isfinite(grad_norm_ar)
         if finite:
