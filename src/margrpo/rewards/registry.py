@@ -157,6 +157,14 @@ def _build_shapes(form: str = "strict", **kwargs: Any) -> RewardFunction:
     return ShapesReward(form=form, **kwargs)
 
 
+@register_reward("backdrop")
+def _build_backdrop(**kwargs: Any) -> RewardFunction:
+    """The toy world's aesthetic read exactly from the pixels (the backdrop's brightness): toypref's ground truth."""
+    from margrpo.world.reward import BackdropReward
+
+    return BackdropReward(**kwargs)
+
+
 # The learned toy alignment model (the CLIP analogue, trained by `margrpo train-toyclip`).
 @register_reward("toyclip")
 def _build_toyclip(path: str, **kwargs: Any) -> RewardFunction:

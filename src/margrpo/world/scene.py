@@ -224,11 +224,14 @@ def backdrop_level(images: np.ndarray) -> np.ndarray:
     drift from: a scorer that rises while this does not has found something else to reward; a level past the world's
     range is a look no training image had.
     """
+    import warnings
+
     from margrpo.world.parser import FOREGROUND_THRESHOLD
 
     value = np.asarray(images, dtype=np.float32).max(axis=-1) / 255.0  # (..., H, W)
     flat = value.reshape(*value.shape[:-2], -1)
     background = np.where(flat < FOREGROUND_THRESHOLD, flat, np.nan)
-    with np.errstate(all="ignore"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an image without background: handled below
         level = np.nanmedian(background, axis=-1)
     return np.nan_to_num(level, nan=FOREGROUND_THRESHOLD)  # no background pixel at all: as bright as counts
