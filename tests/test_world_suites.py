@@ -108,6 +108,7 @@ GOOD = {"prompt": "a red circle", "category": "color",
         (json.dumps(GOOD | {"spec": {**GOOD["spec"], "objects": [{"color": None, "shape": "hexagon", "texture": None, "count": 1}]}}), "unknown shape"),
         (json.dumps(GOOD | {"spec": {**GOOD["spec"], "objects": [{"color": None, "shape": "circle", "texture": "furry", "count": 1}]}}), "unknown texture"),
         (json.dumps(GOOD), "repeats line 1"),
+        ('{"prompt": "a blue circle", ' + json.dumps(GOOD)[1:], "key 'prompt' is given twice"),
     ],
 )
 def test_malformed_suite_lines_name_file_and_line(tmp_path, line, message):
