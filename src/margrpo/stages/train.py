@@ -38,7 +38,7 @@ def run(args) -> None:
         if not (args.policy and args.reward and args.variant):
             raise SystemExit("--config needs --policy, --reward and --variant")
         spec = train_spec(load_config(args.config), args.policy, args.reward, args.variant)
-    device = setup(args.threads, spec.get("device", "auto"))
+    device = setup(args.threads, spec.get("device", "auto"), data_parallel=True)
     out = Path(args.out_dir)
     # the run's full spec: its settings, its seed and its inputs (whose folder names carry their own
     # settings' hashes); state/ is resumed only under the same spec
