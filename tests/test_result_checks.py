@@ -93,6 +93,17 @@ def test_a_changed_trainer_state_is_not_resumed(run, tmp_path, logged):
     assert f"{out / 'state/trainer.pt'}: sha256 differs" in logged()
 
 
+def test_a_fresh_start_removes_only_the_files_the_trainer_wrote(run, tmp_path):
+    """Issue #31.5: starting fresh cleared the whole state/, files the user put there included."""
+    out = copy_run(run, tmp_path)
+    (out / "state/notes.txt").write_text("mine")
+    (out / "state/ckpt-old").mkdir()
+    (out / "state/.trainer.pt.abc.tmp.pt").write_bytes(b"torn")  # a killed write's temporary file
+    flip_last_byte(out / "state/trainer.pt")
+    assert not make_trainer(out, lora={"rank": 4}).try_resume()
+    assert sorted(p.name for p in (out / "state").iterdir()) == ["ckpt-old", "notes.txt"]
+
+
 def test_a_symlinked_state_folder_is_refused_not_cleared(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
