@@ -192,3 +192,33 @@ def test_state_rewritten_in_place_verifies_at_any_kill_instant(tmp_path, monkeyp
     state.write_bytes(b"step 3")  # any other content is still refused
     with pytest.raises(InputError, match="sha256 differs"):
         mio.verify_checksums(tmp_path, ["trainer.pt"])
+
+
+def test_a_full_disk_during_a_checkpoint_write_names_the_path(tmp_path, monkeypatch):
+    """Issue #31.5: torch's writer says `basic_ios::clear` when the disk fills; the error names the file instead."""
+    import errno
+
+    import margrpo.io
+    from margrpo.io import NoSpaceError, atomic_write_text
+
+    def full(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0\nbasic_ios::clear: iostream error")
+
+    trainer = make_trainer(tmp_path / "run", steps=1)
+    monkeypatch.setattr(torch, "save", full)
+    monkeypatch.setattr(margrpo.io, "free_bytes", lambda path: 0)
+    with pytest.raises(NoSpaceError, match=f"no space left on {tmp_path / 'run/state/trainer.pt'} "):
+        trainer.train()
+    assert not [p for p in (tmp_path / "run/state").iterdir() if p.name.startswith(".")]  # no partial file left
+
+    monkeypatch.setattr(margrpo.io, "free_bytes", lambda path: 1 << 40)  # space to spare: torch's error is not ours to rename
+    with pytest.raises(RuntimeError, match="basic_ios::clear") as err:
+        make_trainer(tmp_path / "again", steps=1).train()
+    assert not isinstance(err.value, NoSpaceError)
+
+    def no_space(fd):  # where a full disk shows for buffered text: the flush before the rename
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(margrpo.io.os, "fsync", no_space)
+    with pytest.raises(NoSpaceError, match=f"no space left on {tmp_path / 'x.json'} "):
+        atomic_write_text(tmp_path / "x.json", "{}")
