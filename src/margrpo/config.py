@@ -121,6 +121,8 @@ def validate_config(config: dict, source: str = "config", root: str | Path | Non
     _check_variants(config, source)
     _check_ablations(config, source, Path(root) if root else REPO_ROOT)
     _check_settings(config, source)
+    _check_world(config, source)
+    _check_related(config, source)
     return config
 
 
@@ -194,22 +196,33 @@ def _check_variants(config: dict, source: str) -> None:
         _errors(schema_section("grpo"), variant["overrides"], source, fill=False, at=where)  # no defaults: a delta
         g = {**config["grpo"], **variant["overrides"]}
         key = lambda k: f"{where}.{k}" if k in variant["overrides"] else f"grpo.{k}"  # noqa: E731
-        procs = config["train_processes"]
-        if g["batch_prompts"] % procs:
-            raise ConfigError(f"{source}: key '{key('batch_prompts')}': {g['batch_prompts']} prompt groups do not split evenly "
-                              f"over train_processes = {procs} (each process rolls out whole groups) in variant {name!r}")
-        images = g["batch_prompts"] * g["group_size"] // procs
-        if images % g["micro_batches"]:
-            raise ConfigError(f"{source}: key '{key('micro_batches')}': {g['micro_batches']} micro-batches do not divide the "
-                              f"{images} images of a batch (batch_prompts x group_size / train_processes) in variant {name!r}")
-        for pname, policy in config["policies"].items():
-            s = policy["sampling"]
-            if g["mask_steps"] > s["ar_steps"]:
-                raise ConfigError(f"{source}: key '{key('mask_steps')}': |M| = {g['mask_steps']} exceeds policies.{pname}.sampling.ar_steps = {s['ar_steps']}")
-            stochastic = s["diffusion_steps"] - (0 if s["final_step_noise"] else 1)
-            if g["diffusion_steps"] > stochastic:
-                raise ConfigError(f"{source}: key '{key('diffusion_steps')}': |T| = {g['diffusion_steps']} exceeds the {stochastic} "
-                                  f"stochastic steps of policies.{pname}.sampling.diffusion_steps")
+        samplings = {f"policies.{pname}.sampling": policy["sampling"] for pname, policy in config["policies"].items()}
+        check_grpo_run(g, samplings, config["train_processes"], source, key, f" in variant {name!r}")
+
+
+def check_grpo_run(g: dict, samplings: dict[str, dict], procs: int, source: str, key, context: str = "") -> None:
+    """A run's GRPO settings against its process count and the sampling of each policy it may train (`samplings`:
+    {key path: sampling}). One check for the dry run (every variant x policy) and `margrpo train` (its spec)."""
+    if g["batch_prompts"] % procs:
+        raise ConfigError(f"{source}: key '{key('batch_prompts')}': {g['batch_prompts']} prompt groups do not split evenly "
+                          f"over train_processes = {procs} (each process rolls out whole groups){context}")
+    images = g["batch_prompts"] * g["group_size"] // procs
+    if images % g["micro_batches"]:
+        raise ConfigError(f"{source}: key '{key('micro_batches')}': {g['micro_batches']} micro-batches do not divide the "
+                          f"{images} images of a batch (batch_prompts x group_size / train_processes){context}")
+    for where, s in samplings.items():
+        if g["mask_steps"] > s["ar_steps"]:
+            raise ConfigError(f"{source}: key '{key('mask_steps')}': |M| = {g['mask_steps']} exceeds {where}.ar_steps = {s['ar_steps']}")
+        stochastic = s["diffusion_steps"] - (0 if s["final_step_noise"] else 1)
+        if g["diffusion_steps"] > stochastic:
+            raise ConfigError(f"{source}: key '{key('diffusion_steps')}': |T| = {g['diffusion_steps']} exceeds the {stochastic} "
+                              f"stochastic steps of {where}.diffusion_steps")
+
+
+def check_val_prompts(val_prompts: int, val_size: int, val_from: str, source: str, key: str, context: str = "") -> None:
+    """Validation takes the first `val_prompts` of the validation suite: more than it holds would validate on fewer."""
+    if val_prompts > val_size:
+        raise ConfigError(f"{source}: key '{key}': {val_prompts} exceeds the {val_size} prompts of the validation suite ({val_from}){context}")
 
 
 def _check_settings(config: dict, source: str) -> None:
@@ -226,8 +239,8 @@ def _check_settings(config: dict, source: str) -> None:
     for name, variant in config["variants"].items():
         g = {**config["grpo"], **variant["overrides"]}
         key = lambda k: f"variants.{name}.overrides.{k}" if k in variant["overrides"] else f"grpo.{k}"  # noqa: E731
-        if val_size is not None and g["val_prompts"] > val_size:
-            fail(key("val_prompts"), f"{g['val_prompts']} exceeds the {val_size} prompts of the validation suite ({val_from}) in variant {name!r}")
+        if val_size is not None:
+            check_val_prompts(g["val_prompts"], val_size, val_from, source, key("val_prompts"), f" in variant {name!r}")
         step = variant["report_step"]
         if isinstance(step, int) and step > g["steps"]:
             fail(f"variants.{name}.report_step", f"step {step} is past the run's last step ({key('steps')} = {g['steps']})")
@@ -247,6 +260,86 @@ def _check_settings(config: dict, source: str) -> None:
             fail(f"policies.{name}.sampling.ar_steps", f"K = {policy['sampling']['ar_steps']} exceeds the {(size // patch) ** 2} tokens "
                  f"of a {size} px image in {patch} px patches")
         _check_toy_names(name, policy, size, fail)
+
+
+def world_config(world: dict):
+    """The WorldConfig `make-suites` builds from the config's `world` section (the toy32 preset and these knobs)."""
+    import dataclasses
+
+    from margrpo.world.config import PALETTE, PRESETS
+
+    knobs = {k: v for k, v in world.items() if k != "palette_size"}
+    return dataclasses.replace(PRESETS["toy32"], **knobs, palette=tuple(PALETTE)[: world["palette_size"]])
+
+
+def world_capacity(cfg) -> dict[str, int]:
+    """Per category, an upper bound on the distinct prompts (canonical specs) the world's captions can make: the
+    sets of at most max_objects phrases over the attributes each category names (margrpo.world.captions), and for
+    the relations, ordered pairs in 3 canonical directions. A suite asking for more can never be drawn."""
+    from math import comb
+
+    P, S, T, m = len(cfg.palette), len(cfg.shapes), len(cfg.textures), cfg.max_objects
+    sets = lambda n: comb(n + m, m)  # noqa: E731  # multisets of at most m phrases of n kinds: bounds every phrase list
+    return {"color": sets(P * S), "shape": sets((P + 1) * S), "texture": sets((P + 1) * S * T),
+            "spatial": 3 * ((P + 1) * S) ** 2, "numeracy": sets(S) * (P + 1) ** S,
+            "complex": sets(P * S * T) + 3 * (P * S * (T + 1)) ** 2 + sets(P * S)}
+
+
+def _check_world(config: dict, source: str) -> None:
+    """The ShapesWorld knobs must build a world, and the suites' sizes fit in it (make-suites would search for
+    prompts that do not exist, then fail)."""
+    p = config["prompts"]
+    if p["source"] != "shapesworld":
+        return
+    from margrpo.world.config import CATEGORIES
+
+    try:
+        cfg = world_config(config["world"])
+    except ValueError as err:
+        raise ConfigError(f"{source}: key 'world': {err}") from None
+    capacity, used = world_capacity(cfg), dict.fromkeys(CATEGORIES, 0)
+    for split in ("eval", "val", "train"):  # make-suites' order: each split avoids the prompts of those before it
+        base, rest = divmod(p[f"n_{split}"], len(CATEGORIES))
+        for i, category in enumerate(CATEGORIES):
+            used[category] += base + (i < rest)
+            if used[category] > capacity[category]:
+                raise ConfigError(f"{source}: key 'prompts.n_{split}': {p[f'n_{split}']} prompts ask for {used[category]} distinct "
+                                  f"{category} prompts (with the splits drawn before it), but this world (world.palette_size "
+                                  f"{len(cfg.palette)}, max_objects {cfg.max_objects}) has at most {capacity[category]}")
+
+
+def _check_related(config: dict, source: str) -> None:
+    """Table 3's policy and method entries, read as their stages read them (unknown keys, bad values)."""
+    related = config["experiments"]["related"]
+    if not related["enabled"]:
+        return
+    from margrpo.distill import MARVALConfig, MARVALRLConfig
+    from margrpo.grpo.mask_grpo import MaskGRPOConfig
+    from margrpo.mask_pretraining import MaskPretrainConfig
+    from margrpo.mask_rollout import MaskSamplingConfig
+    from margrpo.policy.toy_mask import ToyMaskConfig
+    from margrpo.stages._related import dataclass_from
+    from margrpo.world import prompt_vocabulary
+
+    def read(cls, section: str, fixed: dict | None = None):
+        node = related
+        for part in section.split("."):
+            node = node[part]
+        try:
+            dataclass_from(cls, node, f"{source}: key 'experiments.related.{section}'", fixed)
+        except InputError as err:
+            raise ConfigError(str(err)) from None
+
+    world = world_config(config["world"]).to_dict() if config["prompts"]["source"] == "shapesworld" else None
+    read(ToyMaskConfig, "mask.model", {"world": world, "vocab": prompt_vocabulary()} if world else {"vocab": []})
+    read(MaskPretrainConfig, "mask.pretrain")
+    read(MaskSamplingConfig, "mask.sampling")
+    read(MARVALConfig, "marval.distill")
+    _errors(schema_section("policies.*.sampling"), related["marval"]["sampling"], source, fill=False, at="experiments.related.marval.sampling")
+    for method in ("grpo-mask", "maskgrpo"):
+        read(MaskGRPOConfig, f"settings.{method}", {"method": "grpo" if method == "grpo-mask" else "mask_grpo"})
+    read(MARVALRLConfig, "settings.marval-rl", {"toyclip_weight": 1.0, "shapes_weight": 0.0})
+    _errors(schema_section("grpo"), related["settings"]["grpo-onestep"], source, fill=False, at="experiments.related.settings.grpo-onestep")
 
 
 def _val_suite_size(config: dict) -> tuple[int | None, str]:
