@@ -60,14 +60,48 @@ def test_an_edited_config_json_names_the_file(tmp_path, key, value):
 
 
 def test_a_config_json_that_does_not_match_its_weights_names_both(tmp_path):
-    """Without checksums (a folder from elsewhere) the weights are still checked against the config: one line."""
+    """Past the checksums (a config re-recorded with its edit), the weights are still checked against the config: one line."""
+    from margrpo.io import record_checksums
+
     tiny_policy().save_pretrained(tmp_path)
-    (tmp_path / "checksums.json").unlink()
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "width": 48, "heads": 4}))
+    record_checksums(tmp_path, ["config.json"])
     with pytest.raises(InputError, match=rf"{tmp_path / 'model.safetensors'}: does not match {tmp_path / 'config.json'}: "
                                          r"shape \(file vs config\)"):
         load_policy(tmp_path)
+
+
+def test_a_folder_margrpo_writes_loads_only_with_its_manifest(run, tmp_path, logged):
+    """Issue #31.3: a policy folder without checksums.json loaded unchecked (a bit flip or an edited config.json
+    sampled without a word). Every loader of a folder margrpo writes requires the manifest: policies, checkpoints
+    and their adapters, toyclip-format scorers and trainer states (which then start fresh)."""
+    from test_toyclip import tiny_model
+
+    from margrpo.rewards.toyclip import ToyClip
+
+    policy = copy_run(run, tmp_path) / "state/ckpt-000002/policy"
+    sums = json.loads((policy / "checksums.json").read_text())
+    (policy / "checksums.json").write_text(json.dumps({k: v for k, v in sums.items() if not k.startswith("adapter_")}))
+    with pytest.raises(InputError, match=f"{policy / 'adapter_model.safetensors'}: not listed in {policy / 'checksums.json'}"):
+        load_policy(policy)
+    (policy / "checksums.json").unlink()
+    flip_last_byte(policy / "model.safetensors")
+    with pytest.raises(InputError, match=f"{policy}: no checksums.json; margrpo writes one beside every folder"):
+        load_policy(policy)
+
+    clip = tmp_path / "toyclip"
+    tiny_model().save_pretrained(clip)
+    ToyClip.from_pretrained(clip)
+    (clip / "checksums.json").unlink()
+    with pytest.raises(InputError, match=f"{clip}: no checksums.json"):
+        ToyClip.from_pretrained(clip)
+
+    out = tmp_path / "run"
+    (out / "state/checksums.json").unlink()  # trainer.pt without its record: not resumed
+    logged()
+    assert not make_trainer(out, lora={"rank": 4}).try_resume()
+    assert f"{out / 'state'}: no checksums.json" in logged()
 
 
 def test_checkpoints_follow_the_umask(run):

@@ -45,6 +45,7 @@ __all__ = [
     "sha256_file",
     "record_checksums",
     "verify_checksums",
+    "verify_outside",
     "save_safetensors",
     "refuse_symlink",
 ]
@@ -317,16 +318,42 @@ def record_checksums(folder: str | os.PathLike, names: Iterable[str] | None = No
     atomic_write_json(d / CHECKSUMS, dict(sorted(sums.items())), indent=1)
 
 
-def verify_checksums(folder: str | os.PathLike, names: Iterable[str] | None = None) -> None:
-    """Each file of `folder`'s checksums.json (or those of `names` it lists) still has its recorded sha256, else
-    InputError naming the file. A folder without the file (published weights, older runs) is not checked."""
+def verify_checksums(folder: str | os.PathLike, names: Iterable[str] | None = None, *, required: bool = True) -> bool:
+    """Each file of `folder`'s checksums.json (or each of `names`) still has its recorded sha256, else InputError
+    naming the file. Every folder margrpo writes carries the manifest, so by default a folder without it, or a
+    named file it does not list, is refused too; `required=False` (an outside folder: published weights) leaves
+    such a folder to the loader's strict key checks. Returns whether the folder has a manifest."""
     d = Path(folder)
     sums = _manifest(d)
+    if not (d / CHECKSUMS).is_file():
+        if required:
+            raise InputError(f"{d}: no {CHECKSUMS}; margrpo writes one beside every folder and state it saves (the sha256 "
+                             "of each file, checked on load), so a changed or damaged file cannot load unnoticed: rerun the "
+                             "stage that writes this folder")
+        return False
+    names = None if names is None else list(names)
+    if required and names is not None:
+        unlisted = [n for n in names if n not in sums]
+        if unlisted:
+            raise InputError(f"{d / unlisted[0]}: not listed in {d / CHECKSUMS}; it was not written with this folder")
     for name in sums if names is None else [n for n in names if n in sums]:
         path = d / name
         if path.is_file() and sha256_file(path) not in _accepted(sums[name]):  # a missing file is the loader's to name
             raise InputError(f"{path}: sha256 differs from the one recorded in {d / CHECKSUMS} when it was written; "
                              "the file was changed or damaged since")
+    return True
+
+
+def verify_outside(folder: str | os.PathLike, what: str) -> bool:
+    """`verify_checksums` for a folder that may come from outside margrpo (published `what` weights): without a
+    manifest it loads with the loader's strict key and shape checks only, and the log says so."""
+    if verify_checksums(folder, required=False):
+        return True
+    import logging
+
+    logging.getLogger(__name__).warning("%s: no %s (not written by margrpo): loading the %s weights with strict key and "
+                                        "shape checks only", folder, CHECKSUMS, what)
+    return False
 
 
 @contextlib.contextmanager
