@@ -214,3 +214,20 @@ def test_stage_arguments_pass_the_dry_runs_checks(tmp_path):
         main([*sample, "--max-prompts", "-5"])
     with pytest.raises(SystemExit, match=re.escape("--images-per-prompt: 0; expected at least 1")):
         main([*sample, "--images-per-prompt", "0"])
+
+
+def test_make_run_reads_its_config_files_before_snakemake(tmp_path):
+    """Issue #31: Snakemake runs a YTE config's code at load; `make run` / `make report` check the files first."""
+    from margrpo.config import main, snakemake_config_files
+
+    assert snakemake_config_files(["--cores", "1", "--configfile", "a.yaml", "b.yaml", "-n", "--configfiles=c.yaml"]) == \
+        ["a.yaml", "b.yaml", "c.yaml"]
+    bad = tmp_path / "yte.yaml"
+    bad.write_text(f"__use_yte__: true\nname: ?'x' + __import__('os').system('touch {tmp_path}/pwned')\n")
+    assert main(["--configfile", str(REPO / "config/smoke.yaml")]) == 0
+    assert main(["--configfile", str(REPO / "config/smoke.yaml"), str(bad)]) == 1
+    out = subprocess.run(["make", "-n", "run", f"SNAKEMAKE_ARGS=--configfile {bad}"], cwd=REPO, capture_output=True, text=True)
+    lines = out.stdout.splitlines()
+    check = next(i for i, line in enumerate(lines) if "-m margrpo.config" in line)
+    assert check < next(i for i, line in enumerate(lines) if "snakemake --cores" in line)
+    assert not (tmp_path / "pwned").exists()

@@ -608,3 +608,36 @@ def related_train_spec(config: dict, method: str) -> dict:
 
 def _without(d: dict, *keys: str) -> dict:
     return {k: v for k, v in d.items() if k not in keys}
+
+
+def snakemake_config_files(argv: list[str]) -> list[str]:
+    """The files a Snakemake command line names with --configfile(s) (several may follow one flag, or `=file`)."""
+    files, taking = [], False
+    for arg in argv:
+        flag, eq, value = arg.partition("=")
+        if flag in ("--configfile", "--configfiles"):
+            taking = not eq
+            files += [value] if eq else []
+        elif arg.startswith("-"):
+            taking = False
+        elif taking:
+            files.append(arg)
+    return files
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m margrpo.config <snakemake arguments>` (make run / make report): read the config files they name
+    with margrpo's own reader before Snakemake starts, which renders a YTE template (running its code) at load."""
+    import sys
+
+    for path in snakemake_config_files(sys.argv[1:] if argv is None else argv):
+        try:
+            read_config_file(path)
+        except ConfigError as err:
+            print(f"margrpo: error: {err}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
