@@ -53,8 +53,8 @@ def evaluated_records(records: list, max_prompts: int) -> list:
 
 
 def complete_samples(samples_dir: str | Path, prompts: list[str], images_per_prompt: int, suite: str | Path) -> list[Sample]:
-    """`list_samples`, checked to hold each of `prompts` (the suite's, or its first `--max-prompts`) exactly
-    `images_per_prompt` times, in the prompts' order; InputError naming the first missing or extra file."""
+    """`list_samples` (in file-name order), checked to hold each of `prompts` (the suite's, or its first
+    `--max-prompts`) exactly `images_per_prompt` times; InputError naming the first missing or extra file."""
     if images_per_prompt < 1:
         raise InputError(f"--images-per-prompt: {images_per_prompt}; expected at least 1")
     samples = list_samples(samples_dir)
@@ -73,12 +73,10 @@ def complete_samples(samples_dir: str | Path, prompts: list[str], images_per_pro
             else:
                 why = f"index {s.index} is past --images-per-prompt {images_per_prompt} (indices 0 to {images_per_prompt - 1})"
             raise InputError(f"{s.path}: extra sample: {why}; the evaluation reads each prompt's images exactly once")
-    ordered = []
     for prompt in prompts:
         for index in range(images_per_prompt):
             name = f"{prompt}_{index:06d}.png"
             if name not in by_name:
                 raise InputError(f"{root / name}: missing; the evaluation needs {images_per_prompt} image(s) of each of "
                                  f"the {len(prompts)} prompts of {suite} ({len(samples)} of {len(prompts) * images_per_prompt} found)")
-            ordered.append(by_name[name])
-    return ordered
+    return samples

@@ -38,6 +38,7 @@ def run(args) -> None:
         if not (args.policy and args.reward and args.variant):
             raise SystemExit("--config needs --policy, --reward and --variant")
         spec = train_spec(load_config(args.config), args.policy, args.reward, args.variant)
+    device = setup(args.threads, spec.get("device", "auto"), data_parallel=True)  # names a stray WORLD_SIZE first
     # the dry run's checks of a variant, here on the spec itself: a run by hand passes the same ones
     what = "--spec-json" if args.spec_json else args.config
     key = (lambda k: f"grpo.{k}") if args.spec_json else (lambda k: f"grpo.{k} (variant {args.variant!r})")  # noqa: E731
@@ -45,7 +46,6 @@ def run(args) -> None:
     suites = Path(args.suites_dir)
     val_prompts = prompt_set(suites / "val.jsonl")
     check_val_prompts(spec["grpo"]["val_prompts"], len(val_prompts), suites / "val.jsonl", what, key("val_prompts"))
-    device = setup(args.threads, spec.get("device", "auto"), data_parallel=True)
     out = Path(args.out_dir)
     # the run's full spec: its settings, its seed and its inputs (whose folder names carry their own
     # settings' hashes); state/ is resumed only under the same spec
