@@ -14,8 +14,9 @@ costs reward). This tells them apart, at one parameter point, through the real c
   -mean(g) (descent of the loss = ascent of the reward), along +mean(g), along Adam's first step (the sign
   of -mean(g)) and along a random direction. A working estimator gives descent > 0 > ascent.
 
-    python benchmarks/gradient_signal.py results/toy/train/toy-nova/mixed/fix/seed0/spec.json \\
+    python benchmarks/gradient_signal.py results/toy/train/toy-nova/toypref/fix/seed0/spec.json \\
         [--batches 16] [--eta 0.05 0.15] [--set grpo.group_order=shared] [--set sampling.final_step_noise=true]
+    python benchmarks/gradient_signal.py --test    # a tiny random policy, the shapes reward: the code path works
 
 Takes ~1.7 CPU-s per batch and ~8 CPU-s per evaluated direction and eta (toy-nova, 48 prompts x 4 images).
 """
@@ -56,8 +57,8 @@ def build(spec_path: Path, changes, root: Path) -> GRPOTrainer:
     cfg.seed = spec.get("seed", 0)
     inputs = {k: root / v for k, v in spec["inputs"].items() if v}
     weights = spec["reward"]["weights"]
-    reward = build_reward_mix(weights, reward_options(weights, spec.get("reward_models", {}),
-                                                      str(inputs["toyclip_dir"]) if "toyclip_dir" in inputs else None))
+    model_dir = {name: str(inputs[f"{name}_dir"]) if f"{name}_dir" in inputs else None for name in ("toyclip", "toypref")}
+    reward = build_reward_mix(weights, reward_options(weights, spec.get("reward_models", {}), model_dir["toyclip"], model_dir["toypref"]))
     suites = inputs["suites_dir"]
     policy = load_policy(inputs["policy_dir"], torch.device("cpu"))
     return GRPOTrainer(policy, reward, prompt_set(suites / "train.jsonl"), prompt_set(suites / "val.jsonl"),
@@ -87,9 +88,46 @@ def expected_reward(tr: GRPOTrainer, prompts: int, group: int, seed: int = 1234)
     return torch.cat(out)
 
 
+def tiny_spec(root: Path) -> Path:
+    """--test: a tiny random toy-nova, the smoke world's suites and the +Fix spec of config/smoke.yaml on a random
+    toypref (nothing trained: its scores still differ within a group), written under `root`; returns its spec.json."""
+    from margrpo.config import load_config, train_spec
+    from margrpo.io import atomic_write_json
+    from margrpo.policy.toy import ToyMAR, ToyMARConfig
+    from margrpo.prompts.suites import write_suite
+    from margrpo.rewards.toyclip import ToyClipConfig
+    from margrpo.rewards.toypref import ToyPref, ToyPrefConfig
+    from margrpo.world import PRESETS, prompt_vocabulary
+    from margrpo.world.suites import build_suites
+
+    world = PRESETS["grid4-lit"]
+    suites = build_suites(world, seed=0, n_train=24, n_val=6, n_eval=6)
+    for split, records in suites.items():
+        write_suite(records, root / "suites" / f"{split}.jsonl")
+    torch.manual_seed(0)
+    cfg = ToyMARConfig(head_type="flow", vocab=prompt_vocabulary(world), width=32, depth=1, heads=4, head_width=32,
+                       head_depth=1, text_width=16, text_depth=1, text_heads=2, image_size=world.image_size)
+    policy = ToyMAR(cfg)
+    with torch.no_grad():  # the head starts at zero (adaLN-zero): give it an output that varies with z
+        for q in policy.diffloss.parameters():
+            q.add_(0.05 * torch.randn_like(q))
+    policy.save_pretrained(root / "policy")
+    vocab = sorted(set(prompt_vocabulary(world)))
+    ToyPref(ToyPrefConfig(clip=ToyClipConfig(image_size=world.image_size, width=16, embed_dim=16, text_width=16, text_depth=1,
+                                             vocab=vocab), aesthetic_width=8)).save_pretrained(root / "toypref")
+    config = load_config(Path(__file__).resolve().parents[1] / "config" / "smoke.yaml")
+    spec = train_spec(config, "toy-nova", "mixed", "fix")
+    spec["reward"]["weights"] = {"toypref": 1.0}
+    spec["grpo"].update(batch_prompts=2, group_size=2)
+    spec["inputs"] = {"policy_dir": "policy", "suites_dir": "suites", "toypref_dir": "toypref"}
+    atomic_write_json(root / "spec.json", spec)
+    return root / "spec.json"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("spec", type=Path, help="a run's spec.json (its inputs are read relative to --root)")
+    p.add_argument("spec", type=Path, nargs="?", help="a run's spec.json (its inputs are read relative to --root)")
+    p.add_argument("--test", action="store_true", help="a tiny random policy and reward, 3 batches, 4 prompts: the code path works")
     p.add_argument("--root", type=Path, default=Path("."))
     p.add_argument("--batches", type=int, default=16)
     p.add_argument("--eta", type=float, nargs="*", default=[0.05, 0.15], help="L2 step lengths to evaluate (none: skip)")
@@ -98,6 +136,11 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    if args.test:
+        args.root = Path(tempfile.mkdtemp(prefix="gradient-signal-test-"))
+        args.spec, args.batches, args.eta, args.prompts = tiny_spec(args.root), 3, [0.05], 4
+    elif args.spec is None:
+        p.error("give a run's spec.json, or --test")
     tr = build(args.spec, parse_set(args.set), args.root)
     t0 = time.process_time()
     grads, rewards = zip(*(batch_gradient(tr, b) for b in range(args.batches)))
@@ -111,6 +154,8 @@ def main() -> None:
     if not args.eta:
         return
     d = G.mean(0)
+    if not d.norm() > 0:
+        raise SystemExit("the mean batch gradient is zero (every group's rewards tie?): no direction to step along")
     start = [p.detach().clone() for p in tr.params]
     r0 = expected_reward(tr, args.prompts, 4)
     print(f"expected reward at the base: {r0.mean():.4f} ({len(r0)} images)")
@@ -120,13 +165,15 @@ def main() -> None:
         v = v / v.norm()
         for eta in args.eta:
             offset = 0
-            for p, p0 in zip(tr.params, start):
-                p.copy_(p0 + eta * v[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
+            with torch.no_grad():  # the trained parameters are leaves that require grad
+                for p, p0 in zip(tr.params, start):
+                    p.copy_(p0 + eta * v[offset : offset + p.numel()].view_as(p))
+                    offset += p.numel()
             diff = expected_reward(tr, args.prompts, 4) - r0
             print(f"  {name:26s} eta {eta:.3f}: reward change {diff.mean():+.4f} +- {diff.std() / len(diff) ** 0.5:.4f}")
-    for p, p0 in zip(tr.params, start):
-        p.copy_(p0)
+    with torch.no_grad():
+        for p, p0 in zip(tr.params, start):
+            p.copy_(p0)
 
 
 if __name__ == "__main__":

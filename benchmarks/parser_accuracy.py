@@ -96,6 +96,8 @@ def main() -> None:
     ap.add_argument("--noise", type=float, default=0.05, help="Gaussian noise sigma, fraction of the range")
     ap.add_argument("--tol", type=float, default=1.0, help="position tolerance in px")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--backdrop", type=float, nargs=2, default=None, metavar=("MIN", "MAX"),
+                    help="override the preset's backdrop range (every scene on one grey: --backdrop 0.25 0.25)")
     args = ap.parse_args()
     try:
         import torch
@@ -107,6 +109,8 @@ def main() -> None:
     cfg = PRESETS[args.preset]
     if args.textures:
         cfg = dataclasses.replace(cfg, textures=tuple(args.textures.split(",")))
+    if args.backdrop:
+        cfg = dataclasses.replace(cfg, backdrop_range=tuple(args.backdrop))
     rng = np.random.default_rng(args.seed)
     conditions = ("clean", "degraded", "patchy")
     stats = {c: {"objects": 0, "images": 0, "count": 0, "fragments": 0, "strict": 0, "lenient": 0, "parse_s": 0.0,

@@ -22,3 +22,18 @@ def test_real_scale_tiny_reports_every_policy_and_variant(repo, tmp_path):
             assert math.isfinite(r[field]) and r[field] > 0, (key, field, r[field])
         assert r["peak_mem_mb"] > 0 and r["gradient_checkpointing"] == "off"
         assert any(line.split()[:2] == list(key) for line in run.stdout.splitlines())  # the table has the row too
+
+
+def test_gradient_signal_runs_on_a_tiny_policy(repo, tmp_path):
+    """benchmarks/gradient_signal.py --test: batch gradients, their cosines and the reward along each direction."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo / "src"), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, str(repo / "benchmarks/gradient_signal.py"), "--test"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = run.stdout
+    assert "pairwise cos of batch gradients" in out and "expected reward at the base" in out
+    changes = [line for line in out.splitlines() if "reward change" in line]
+    assert len(changes) == 4  # descent, ascent, Adam's sign step, random; one eta each
+    for line in changes:
+        value = float(line.split("reward change")[1].split()[0])
+        assert math.isfinite(value)

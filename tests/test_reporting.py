@@ -308,10 +308,43 @@ def test_fig7c_draws_only_the_parameters_the_grid_varies(tree, tmp_path):
     assert len({r.split("top_frac~")[1].split("_")[0] for r in k_only}) > 1
     fig = figures.ablation_final(tree["root"], {"runs": k_only}, confidence=0.95)
     panels = [ax for ax in fig.axes if ax.get_xlabel()]
-    assert [ax.get_xlabel() for ax in panels] == ["k: fraction of most uncertain tokens (MTE)"]
+    assert [ax.get_xlabel() for ax in panels] == ["k: fraction of most uncertain tokens (MTE)"] * 3  # one per metric
     full = figures.ablation_final(tree["root"], {"runs": tree["ablation"]}, confidence=0.95)
-    assert len([ax for ax in full.axes if ax.get_xlabel()]) == 3
+    assert len({ax.get_xlabel() for ax in full.axes}) == 3 and len(full.axes) == 3 * 3
     _check_figure(fig, tmp_path, "fig7c_k_only")
+
+
+def test_fig7c_one_panel_per_metric_without_a_second_y_axis(tree, tmp_path):
+    """Two metrics on twin y axes read against each other's scale; each metric gets its own panel."""
+    fig = figures.ablation_final(tree["root"], {"runs": tree["ablation"], "base": tree["base"][0]}, confidence=0.95)
+    for ax in fig.axes:
+        assert ax.get_shared_x_axes().get_siblings(ax) == [ax]  # no twinx
+        assert ax.get_shared_y_axes().get_siblings(ax) == [ax]
+    titles = ["CompBench overall (strict)", "toyclip (preference)", "shapes (preference)"]
+    assert [ax.get_title() for ax in fig.axes] == titles * 3  # rows k, tau, S; one Axes per metric in each
+    base = figures.eval_scores(tree["root"], tree["base"][0])
+    k_row = fig.axes[:3]
+    for ax, key in zip(k_row, [("compbench", "overall"), ("pref", "toyclip"), ("pref", "shapes")]):
+        dotted = [ln for ln in ax.get_lines() if ln.get_linestyle() == ":"]
+        assert len(dotted) == 1 and dotted[0].get_ydata()[0] == pytest.approx(base[key])
+        # k in {0, 0.3, 0.5} with tau = 0, S = 4: two seeds each, so a t-interval bar at every point
+        (bars,) = [c for c in ax.containers if c.has_yerr]
+        segments = bars.lines[2][0].get_segments()
+        assert len(segments) == 3
+        x = [0.3 + 0.3 / 10, 0.3 + 0.3 / 10 + 0.005] if key == ("pref", "toyclip") else None
+        if x is not None:  # the k = 0.3 point: mean +- t-interval of its two seeds
+            lo, hi = stats.t.interval(0.95, df=1, loc=np.mean(x), scale=stats.sem(x))
+            assert sorted(segments[1][:, 1]) == pytest.approx([lo, hi])
+        assert sorted(t.get_text() for t in ax.texts) == ["n=2"] * 3
+    _check_figure(fig, tmp_path, "fig7c_panels")
+
+
+def test_fig7c_one_seed_draws_points_alone(tree, tmp_path):
+    one_seed = [r for r in tree["ablation"] if r.endswith("seed0")]
+    fig = figures.ablation_final(tree["root"], {"runs": one_seed}, confidence=0.95)
+    assert all(not ax.containers for ax in fig.axes)  # no error bar (not even a zero-length one)
+    assert all(t.get_text() == "n=1" for ax in fig.axes for t in ax.texts)
+    assert "one seed per point" in fig.get_suptitle()
 
 
 def test_fig7c_draws_the_base_inside_its_axis_and_each_points_seed_count(tree, tmp_path):
@@ -336,6 +369,76 @@ def test_fig2_kl_panel_is_on_a_log_axis(tmp_path):
     kl_ax = next(ax for ax in fig.axes if ax.get_title() == "KL to reference policy")
     assert kl_ax.get_yscale() == "log" and len(kl_ax.get_lines()) == 2
     _check_figure(fig, tmp_path, "dynamics_kl_log")
+
+
+LADDER = ["grpo", "fix", "mte", "sim", "committed", "head"]  # the config's default variants
+
+
+def _ladder_tree(root, variants, frozen_ar=("head",)):
+    """metrics.csv and summary.json (its config: freeze_ar as the trainer ran) for one seed of each variant."""
+    runs = []
+    for i, v in enumerate(variants):
+        run = f"train/{POLICY}/{REWARD}/{v}/seed0"
+        _write_metrics(root, run, 1.0 + i)
+        atomic_write_json(root / run / "summary.json", {"checkpoints": [], "config": {"freeze_ar": v in frozen_ar}})
+        runs.append(run)
+    return runs
+
+
+def _line_colors(ax) -> dict[str, str]:
+    from matplotlib.colors import to_hex
+
+    return {ln.get_label(): to_hex(ln.get_color()) for ln in ax.get_lines()}
+
+
+@pytest.mark.parametrize("extra", [[], ["wide"], [f"v{i}" for i in range(25)]])
+def test_fig2_gives_each_variant_its_own_colour(tmp_path, extra):
+    """Committed and head were both yellow. The ladder's colours stay fixed; others never repeat one."""
+    variants = LADDER + extra
+    fig = figures.dynamics(tmp_path, {"runs": _ladder_tree(tmp_path, variants)}, confidence=0.95)
+    val = next(ax for ax in fig.axes if ax.get_title() == "Validation reward")
+    colors = _line_colors(val)
+    assert len(colors) == len(variants) and len(set(colors.values())) == len(variants)
+    for v in ("grpo", "fix", "mte", "sim", "committed", "head"):
+        assert colors[tables.VARIANT_LABELS[v]] == figures.VARIANT_COLORS[v].lower()
+    assert figures.VARIANT_COLORS["base"] not in colors.values()
+    _check_figure(fig, tmp_path, "dynamics_colours")
+
+
+def test_fig2_draws_the_head_gradient_of_an_ar_frozen_run_on_its_own_panels(tmp_path):
+    """Under freeze_ar the logged grad_*_ar are the head's (GRPOTrainer.stat_params): not the AR's.
+    The run's config says so (freeze_ar), whatever the variant is called."""
+    runs = _ladder_tree(tmp_path, LADDER + ["headonly2"], frozen_ar=("head", "headonly2"))
+    fig = figures.dynamics(tmp_path, {"runs": runs}, confidence=0.95)
+    by_title = {ax.get_title(): ax for ax in fig.axes}
+    frozen = {"Head only", "headonly2"}
+    for title in ("AR gradient norm", "AR gradient variance"):
+        assert set(_line_colors(by_title[title])) == {"GRPO", "+Fix", "+MTE", "+Sim", "+Fix (committed)"}
+    for title in ("Head gradient norm (AR frozen)", "Head gradient variance (AR frozen)"):
+        assert set(_line_colors(by_title[title])) == frozen
+    head = pd.read_csv(tmp_path / runs[LADDER.index("head")] / "metrics.csv")
+    line = next(ln for ln in by_title["Head gradient norm (AR frozen)"].get_lines() if ln.get_label() == "Head only")
+    assert np.allclose(line.get_ydata(), head["grad_norm_ar"])
+    assert set(_line_colors(by_title["Validation reward"])) >= frozen  # every other panel: all variants
+    title = fig.axes[-1].get_legend().get_title().get_text()
+    assert "Head only, headonly2: AR frozen" in title
+    _check_figure(fig, tmp_path, "dynamics_head")
+    # without a frozen-AR run: the five panels of Fig. 2 and no head panel
+    plain = figures.dynamics(tmp_path, {"runs": runs[:4]}, confidence=0.95)
+    assert [ax.get_title() for ax in plain.axes[:5]] == [p[1] for p in figures.DYNAMICS_PANELS]
+    assert len(plain.axes) == 6
+
+
+def test_fig2_rows_of_blocks_keep_the_head_panels(tmp_path):
+    frames = [pd.DataFrame({"step": [1, 2, 3], "grad_norm_ar": [0.2, 0.1, 0.3], "grad_var_ar": [1e-7] * 3,
+                            "val_reward": [0.5, 0.55, 0.6], "reward_mean": [0.4, 0.5, 0.6], "kl": [1e-6, 1e-5, 2e-5]})]
+    blocks = [("nova", [("GRPO", "#D55E00", frames), figures.Series("Head only", "#E69F00", frames, True)]),
+              ("harmon", [("GRPO", "#D55E00", frames)])]
+    fig = figures.plot_dynamics(blocks, 0.95)
+    assert len(fig.axes) == 2 * 7
+    assert fig.axes[2].get_title() == "Head gradient norm (AR frozen)\nnova" and len(fig.axes[2].get_lines()) == 1
+    assert [t.get_text() for t in fig.axes[9].texts] == ["no run with\nthe AR frozen"]
+    assert [ln.get_label() for ln in fig.axes[0].get_lines()] == ["GRPO"]
 
 
 def test_uncertainty_figure(tree, tmp_path):

@@ -72,7 +72,9 @@ def test_smoke_dag_writes_the_claims_table(smoke_run):
     assert any(s.startswith("k = 0.3 beats k = 0") for s in statements)  # (d) from the ablation grid
     assert {"RL on the head alone rises first (first validated step above the base)",
             "... then falls (last validated step below the first)"} <= statements  # (f) from the `head` variant
-    assert set(claims["claim"]) == {"a", "b", "c", "d", "e", "f"}
+    assert set(claims["claim"]) == {"a", "b", "c", "d", "e", "f", "g"}
+    assert {"+Fix lifts the validation reward above the base policy (last step)",
+            "+Sim lifts the validation reward above the base policy (last step)"} <= statements  # (g) Table 1's lift
     numeric = claims[claims["claim"] != "b"]
     assert np.isfinite(numeric[["diff", "lo", "hi"]].to_numpy()).all()
     assert set(claims["verdict"]) <= {"reproduced", "refuted", "not settled"}

@@ -86,3 +86,48 @@ def test_from_dict_rejects_unknown_keys():
 def test_relations_need_a_dominant_axis(b, holds):
     got = {r for r in ("left of", "right of", "above", "below", "next to") if relation_holds((8, 8), b, r, margin=1.0)}
     assert got == holds
+
+
+# ---------------------------------------------------------------- the backdrop: the world's aesthetic
+
+@pytest.mark.parametrize("backdrop", [0.0, 0.05, 0.1, 0.2])
+def test_backdrop_level_reads_a_render_exactly_and_the_parser_sees_the_same_scene(backdrop):
+    from margrpo.world import score
+    from margrpo.world.scene import backdrop_level
+    from margrpo.world.suites import sample_captioned
+
+    cfg = PRESETS["grid4-lit"]
+    rng = np.random.default_rng(3)
+    for _ in range(12):
+        scene, _, category, spec = sample_captioned(rng, cfg)
+        image = render(Scene(scene.objects, backdrop), cfg)
+        assert abs(float(backdrop_level(image)) - backdrop) <= 1 / 255  # one grey level: the uint8 rounding
+        assert score(spec, image, category, cfg)["strict"] == 1.0  # same objects on any backdrop of the range
+
+
+def test_backdrop_level_is_per_image_and_counts_an_all_foreground_image_as_the_threshold():
+    from margrpo.world.scene import backdrop_level
+
+    cfg = PRESETS["grid4-lit"]
+    scene = sample_scene(np.random.default_rng(0), cfg)
+    batch = np.stack([render(Scene(scene.objects, b), cfg) for b in (0.02, 0.18)])
+    assert np.allclose(backdrop_level(batch), [0.02, 0.18], atol=1 / 255)
+    assert float(backdrop_level(np.full((8, 8, 3), 200, np.uint8))) == 0.5
+
+
+def test_scenes_draw_backdrops_over_the_range_and_an_unlit_world_stays_black():
+    lit, unlit = PRESETS["grid4-lit"], PRESETS["grid4"]
+    draws = [sample_scene(np.random.default_rng(s), lit).backdrop for s in range(200)]
+    assert 0.0 <= min(draws) < 0.02 and 0.18 < max(draws) <= 0.2
+    assert {sample_scene(np.random.default_rng(s), unlit).backdrop for s in range(20)} == {0.0}
+    # an unlit world draws nothing for the backdrop: its scenes are those of toy revision 2
+    a, b = np.random.default_rng(5), np.random.default_rng(5)
+    sample_scene(a, unlit)
+    sample_scene(b, unlit)
+    assert a.integers(1 << 30) == b.integers(1 << 30)
+    assert render(sample_scene(np.random.default_rng(1), unlit), unlit)[0, 0].tolist() == [0, 0, 0]
+
+
+def test_a_backdrop_near_the_foreground_threshold_is_refused():
+    with pytest.raises(ValueError, match="backdrop_range"):
+        WorldConfig(backdrop_range=(0.0, 0.45))

@@ -16,7 +16,8 @@ import sys
 # subcommand -> (module under margrpo.stages, one-line help)
 STAGES: dict[str, tuple[str, str]] = {
     "make-suites": ("make_suites", "write the ShapesWorld prompt suites (train / val / eval JSONL)"),
-    "train-toyclip": ("train_toyclip", "train the learned toy reward model (the HPS analogue)"),
+    "train-toyclip": ("train_toyclip", "train the learned toy alignment reward (the CLIP analogue)"),
+    "train-toypref": ("train_toypref", "fine-tune toyclip into the toy preference reward (the HPS analogue)"),
     "pretrain": ("pretrain", "train a toy MAR base policy on ShapesWorld from scratch"),
     "check-weights": ("check_weights", "check a local real-scale weights folder and write a pointer to it"),
     "warmup": ("warmup", "fine-tune only the diffusion head (Harmon warm-up, DESIGN 3.11)"),

@@ -189,6 +189,18 @@ def _check_references(config: dict, source: str) -> None:
             raise ConfigError(f"{source}: key 'rewards.{setting}.toyclip': the toyclip scorer is disabled (toyclip.enabled: false)")
     if "toyclip" in config["evaluation"]["preference"] and not config["toyclip"]["enabled"]:
         raise ConfigError(f"{source}: key 'evaluation.preference': the toyclip scorer is disabled (toyclip.enabled: false)")
+    for setting, weights in config["rewards"].items():
+        if "toypref" in weights and not config["toypref"]["enabled"]:
+            raise ConfigError(f"{source}: key 'rewards.{setting}.toypref': the toypref scorer is disabled (toypref.enabled: false)")
+    if "toypref" in config["evaluation"]["preference"] and not config["toypref"]["enabled"]:
+        raise ConfigError(f"{source}: key 'evaluation.preference': the toypref scorer is disabled (toypref.enabled: false)")
+    named = any("toypref" in w for w in config["rewards"].values()) or "toypref" in config["evaluation"]["preference"]
+    if named and not config["toyclip"]["enabled"]:
+        raise ConfigError(f"{source}: key 'toyclip.enabled': toypref (named by a reward or evaluation.preference) is "
+                          "fine-tuned from toyclip, which is disabled")
+    if named and config["prompts"]["source"] == "shapesworld" and config["world"]["backdrop_max"] < 0.04:
+        raise ConfigError(f"{source}: key 'world.backdrop_max': toypref prefers the brighter of two backdrops, and "
+                          f"{config['world']['backdrop_max']} leaves no range to prefer in (>= 0.04), or set toypref.enabled: false")
 
 
 def _check_variants(config: dict, source: str) -> None:
@@ -456,7 +468,8 @@ def pretrain_settings(policy: dict) -> dict:
 # toyclip, toy-mask). Part of the hash of every stage that trains one, so that a change of what the code
 # builds, not only of the config, moves those folders: no result of an older toy is read as new.
 # 2: the toy in the real models' proportions (a 64-wide head, 9% of the parameters; our own text stack).
-TOY_REVISION = 2
+# 3: scenes on a backdrop that varies per scene (the aesthetic of the toy preference reward, toypref).
+TOY_REVISION = 3
 
 
 def shared_dirs(config: dict, results: str = "results") -> dict:
@@ -465,7 +478,7 @@ def shared_dirs(config: dict, results: str = "results") -> dict:
     coexist, and share a stage exactly where those settings agree. Each folder's spec.json (written
     by its stage) records what it ran with.
 
-    Returns {"data": dir, "toyclip": dir, "base": {policy: dir}, "warmup": {policy: dir}, "related": {policy: dir}};
+    Returns {"data": dir, "toyclip": dir, "toypref": dir, "base": {policy: dir}, "warmup": {policy: dir}, "related": {policy: dir}};
     "base" holds results/pretrain/<policy>-<hash> (toy) or results/weights/<policy>-<hash> (real weights);
     "related" the bases of Table 3's related methods (toy-mask, toy-marval) when that experiment is on.
     """
@@ -475,7 +488,8 @@ def shared_dirs(config: dict, results: str = "results") -> dict:
     prompts, precision = config["prompts"], config["mixed_precision"]
     data = folder("data", prompts["source"], {"prompts": prompts, "world": config["world"] if prompts["source"] == "shapesworld" else None})
     toy = {"toy_revision": TOY_REVISION}
-    dirs = {"data": data, "toyclip": folder("toyclip", "toyclip", {"data": data, **toy, **_without(config["toyclip"], "enabled")}),
+    toyclip = folder("toyclip", "toyclip", {"data": data, **toy, **_without(config["toyclip"], "enabled")})
+    dirs = {"data": data, "toyclip": toyclip, "toypref": folder("toypref", "toypref", {"toyclip": toyclip, **toy, **_without(config["toypref"], "enabled")}),
             "base": {}, "warmup": {}, "related": {}}
     for name, policy in config["policies"].items():
         if policy["kind"] == "toy":

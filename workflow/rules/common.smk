@@ -46,7 +46,7 @@ onstart:
 # Stages every experiment on this world shares (data, toyclip, pre-training, warm-up, weight checks), each
 # in a folder keyed by a hash of the settings it reads: results/pretrain/toy-nova-1a2b3c4d (margrpo.config).
 SHARED = shared_dirs(config, RESULTS)
-DATA, TOYCLIP = SHARED["data"], SHARED["toyclip"]
+DATA, TOYCLIP, TOYPREF = SHARED["data"], SHARED["toyclip"], SHARED["toypref"]
 NAME = config["name"]
 RUNS = f"{RESULTS}/{NAME}"  # this experiment's runs, evaluations and report: configs never overwrite each other
 EXP = config["experiments"]
@@ -115,8 +115,14 @@ def get_loaded_policy(policy):
     return f"{SHARED['base'][policy]}/" + ("policy" if is_toy(policy) else "policy.json")
 
 
+def uses_toypref():
+    """toypref is trained only where a reward setting or the preference evaluation names it."""
+    named = any("toypref" in w for w in config["rewards"].values()) or "toypref" in config["evaluation"]["preference"]
+    return config["toypref"]["enabled"] and named
+
+
 def get_reward_inputs(wildcards):
-    return [f"{TOYCLIP}/model"] if uses_toyclip() else []
+    return ([f"{TOYCLIP}/model"] if uses_toyclip() else []) + ([f"{TOYPREF}/model"] if uses_toypref() else [])
 
 
 def get_train_spec(wildcards):

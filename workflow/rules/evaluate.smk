@@ -66,6 +66,7 @@ rule eval_preference:
         scorers=",".join(config["evaluation"]["preference"]),
         options=json.dumps(config["reward_models"]),
         toyclip=f"{TOYCLIP}/model",
+        toypref=f"{TOYPREF}/model",
     threads: config["threads"]
     resources:
         gpu=GPU,
@@ -78,4 +79,4 @@ rule eval_preference:
     shell:
         "margrpo eval-preference --samples-dir {input.samples:q} --suite {input.suite:q} --scorers {params.scorers:q}"
         " --images-per-prompt {params.n:q} --max-prompts {params.max_prompts:q}"
-        " --options-json {params.options:q} --toyclip-dir {params.toyclip:q} --out {output:q} > {log:q} 2>&1"
+        " --options-json {params.options:q} --toyclip-dir {params.toyclip:q} --toypref-dir {params.toypref:q} --out {output:q} > {log:q} 2>&1"

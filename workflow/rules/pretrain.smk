@@ -21,6 +21,31 @@ rule train_toyclip:
         " --out-dir {output.model:q} --metrics {output.metrics:q} --threads {threads:q} > {log:q} 2>&1"
 
 
+rule train_toypref:
+    """The toy preference reward (the HPS analogue): toyclip fine-tuned on pairs that prefer the aligned image and,
+    at equal alignment, the brighter backdrop."""
+    input:
+        world=f"{DATA}/world.json",
+        toyclip=f"{TOYCLIP}/model",
+    output:
+        model=directory(f"{TOYPREF}/model"),
+        metrics=f"{TOYPREF}/metrics.json",
+    params:
+        cfg=lambda wc: json.dumps(config["toypref"]),
+    threads: config["threads"]
+    resources:
+        gpu=GPU,
+    conda:
+        "../../envs/margrpo.yaml"
+    log:
+        f"logs/train_toypref/{os.path.basename(TOYPREF)}.log",
+    benchmark:
+        f"benchmarks/train_toypref/{os.path.basename(TOYPREF)}.tsv"
+    shell:
+        "margrpo train-toypref --world {input.world:q} --toyclip-dir {input.toyclip:q} --config-json {params.cfg:q}"
+        " --out-dir {output.model:q} --metrics {output.metrics:q} --threads {threads:q} > {log:q} 2>&1"
+
+
 rule pretrain:
     """A toy MAR base policy trained from scratch on ShapesWorld (resumes from its folder's state/ if the spec matches)."""
     input:

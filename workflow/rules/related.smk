@@ -74,6 +74,7 @@ rule train_related:
         run_dir=lambda wc, output: os.path.dirname(output.summary),
         suites_dir=lambda wc, input: os.path.dirname(input.suites[0]),
         toyclip=f"{TOYCLIP}/model",
+        toypref=f"{TOYPREF}/model",
     threads: config["threads"]
     resources:
         gpu=GPU,
@@ -86,7 +87,7 @@ rule train_related:
         f"benchmarks/{NAME}/train/{{relpolicy}}/{{reward}}/{{method}}/seed{{seed}}.tsv"
     shell:
         "margrpo {params.command} --policy-dir {input.policy:q} --suites-dir {params.suites_dir:q} --spec-json {params.spec:q}"
-        " --toyclip-dir {params.toyclip:q} --seed {wildcards.seed:q} --out-dir {params.run_dir:q}"
+        " --toyclip-dir {params.toyclip:q} --toypref-dir {params.toypref:q} --seed {wildcards.seed:q} --out-dir {params.run_dir:q}"
         " --threads {threads:q} > {log:q} 2>&1"
 
 

@@ -105,7 +105,7 @@ rule claims:
 rule fig2_dynamics:
     """Fig. 2a/2b and Fig. 5: AR gradient norm and variance, validation reward and KL over steps."""
     input:
-        expand(f"{RUNS}/{{run}}/metrics.csv", run=ladder_runs()),
+        expand(f"{RUNS}/{{run}}/{{f}}", run=ladder_runs(), f=["metrics.csv", "summary.json"]),  # summary: freeze_ar
     output:
         report(
             expand(f"{REPORT}/fig2_dynamics.{{ext}}", ext=config["report"]["formats"]),

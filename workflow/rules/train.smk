@@ -18,6 +18,7 @@ rule train:
         run_dir=lambda wc, output: os.path.dirname(output.summary),
         suites_dir=lambda wc, input: os.path.dirname(input.suites[0]),
         toyclip=f"{TOYCLIP}/model",
+        toypref=f"{TOYPREF}/model",
         launch=TRAIN_LAUNCH,
         threads=config["threads"],  # per process
     threads: config["threads"] * TRAIN_PROCS
@@ -32,7 +33,7 @@ rule train:
         f"benchmarks/{NAME}/train/{{policy}}/{{reward}}/{{variant}}/seed{{seed}}.tsv"
     shell:
         "{params.launch} train --policy-dir {input.policy:q} --suites-dir {params.suites_dir:q} --spec-json {params.spec:q}"
-        " --toyclip-dir {params.toyclip:q} --seed {wildcards.seed:q} --out-dir {params.run_dir:q}"
+        " --toyclip-dir {params.toyclip:q} --toypref-dir {params.toypref:q} --seed {wildcards.seed:q} --out-dir {params.run_dir:q}"
         " --threads {params.threads:q} > {log:q} 2>&1"
 
 
@@ -50,6 +51,7 @@ rule train_ablation:
         run_dir=lambda wc, output: os.path.dirname(output.summary),
         suites_dir=lambda wc, input: os.path.dirname(input.suites[0]),
         toyclip=f"{TOYCLIP}/model",
+        toypref=f"{TOYPREF}/model",
         launch=TRAIN_LAUNCH,
         threads=config["threads"],  # per process
     threads: config["threads"] * TRAIN_PROCS
@@ -64,5 +66,5 @@ rule train_ablation:
         f"benchmarks/{NAME}/train_ablation/{{policy}}/{{reward}}/{ABLATIONS.wildcard_pattern}/seed{{seed}}.tsv"
     shell:
         "{params.launch} train --policy-dir {input.policy:q} --suites-dir {params.suites_dir:q} --spec-json {params.spec:q}"
-        " --toyclip-dir {params.toyclip:q} --seed {wildcards.seed:q} --out-dir {params.run_dir:q}"
+        " --toyclip-dir {params.toyclip:q} --toypref-dir {params.toypref:q} --seed {wildcards.seed:q} --out-dir {params.run_dir:q}"
         " --threads {params.threads:q} > {log:q} 2>&1"

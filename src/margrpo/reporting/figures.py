@@ -10,8 +10,9 @@ returns a ``matplotlib.figure.Figure``; ``margrpo.io.atomic_save_figure`` writes
     ablation_curves   Fig. 7b             smoothed training reward per k
     ablation_final    Fig. 7c             final CompBench / preference score vs k, tau and S
 
-Variants keep one colour everywhere (``VARIANT_COLORS``; base grey). Curves are the mean over
-seeds with a shaded t-interval band; points carry t-interval error bars when there are seeds.
+The ladder's variants keep one colour everywhere (``VARIANT_COLORS``; base grey); other variants take
+spare colours, no two alike (``variant_colors``). Curves are the mean over seeds with a shaded
+t-interval band; points carry t-interval error bars where there are seeds.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import textwrap
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import matplotlib
 
@@ -28,7 +30,8 @@ matplotlib.use("Agg")
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from matplotlib.figure import Figure
+from matplotlib.colors import hsv_to_rgb, to_hex  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402  (after the Agg backend is chosen)
 
 from margrpo.reporting.results import (  # noqa: E402
@@ -39,6 +42,7 @@ from margrpo.reporting.results import (  # noqa: E402
     list_samples,
     load_metrics,
     load_selection,
+    load_summary,
     load_uncertainty,
     mean_ci,
     parse_run,
@@ -48,6 +52,7 @@ from margrpo.reporting.tables import VARIANT_LABELS  # noqa: E402
 
 __all__ = [
     "VARIANT_COLORS",
+    "variant_colors",
     "variant_color",
     "dynamics",
     "uncertainty",
@@ -60,16 +65,37 @@ __all__ = [
     "plot_sample_grid",
 ]
 
-# Okabe–Ito colour-blind-safe palette; base grey.
-VARIANT_COLORS = {"base": "#7f7f7f", "grpo": "#D55E00", "fix": "#0072B2", "mte": "#009E73", "sim": "#CC79A7"}
-_EXTRA_COLORS = ["#E69F00", "#56B4E9", "#F0E442", "#000000"]
+# Okabe–Ito colour-blind-safe palette for the ladder (committed beside +Fix's blue, as its variant of it); base grey.
+VARIANT_COLORS = {"base": "#7f7f7f", "grpo": "#D55E00", "fix": "#0072B2", "mte": "#009E73", "sim": "#CC79A7",
+                  "committed": "#56B4E9", "head": "#E69F00"}
+# for other variants, in the order a figure lists them: Okabe–Ito's black, then tab10 without its grey (the base's)
+_EXTRA_COLORS = ["#000000", "#8c564b", "#9467bd", "#bcbd22", "#17becf", "#d62728", "#e377c2", "#1f77b4", "#ff7f0e",
+                 "#2ca02c"]
+
+
+def variant_colors(variants: Sequence[str]) -> dict[str, str]:
+    """A colour per variant, none shared: the ladder's fixed ones (the same in every figure), then the spare
+    colours in the given order (config order: stable for a config), then golden-angle hues for any number more."""
+    used = {VARIANT_COLORS[v] for v in variants if v in VARIANT_COLORS}
+    spare = (c for c in _EXTRA_COLORS if c not in used)
+    colors, hue = {}, 0.0
+    for v in dict.fromkeys(variants):
+        if v in VARIANT_COLORS:
+            colors[v] = VARIANT_COLORS[v]
+            continue
+        color = next(spare, None)
+        while color is None or color in used:
+            hue = (hue + 0.618033988749895) % 1.0
+            color = to_hex(hsv_to_rgb((hue, 0.75, 0.75)))
+        colors[v] = color
+        used.add(color)
+    return colors
 
 
 def variant_color(variant: str) -> str:
-    """The variant's fixed colour; unknown variants get a stable colour from their name."""
-    if variant in VARIANT_COLORS:
-        return VARIANT_COLORS[variant]
-    return _EXTRA_COLORS[sum(map(ord, variant)) % len(_EXTRA_COLORS)]
+    """The variant's colour on its own (the ladder's fixed one; an unknown variant gets the first spare):
+    a figure of several unknown variants takes ``variant_colors`` of them all."""
+    return variant_colors([variant])[variant]
 
 
 def _label(variant: str, root: str | Path | None = None, runs: Sequence[str] = ()) -> str:
@@ -109,29 +135,50 @@ def _no_data(ax, what: str) -> None:
 # Fig. 2 / Fig. 5: training dynamics
 # --------------------------------------------------------------------------------------------
 
-# metrics.csv column, panel title, y label, log y, lower bound of the quantity (for the CI band)
+# metrics.csv column, panel title, y label, log y, lower bound of the quantity (for the CI band), whose runs it
+# draws ("ar": those that train the AR, "head": those whose AR is frozen, None: all)
 DYNAMICS_PANELS = [
-    ("grad_norm_ar", "AR gradient norm", "L2 norm of AR-parameter gradient", False, 0.0),
-    ("grad_var_ar", "AR gradient variance", "variance across micro-batches (log)", True, None),
-    ("val_reward", "Validation reward", "mean reward, validation prompts", False, None),
-    ("reward_mean", "Training reward", "mean reward, rollout batch", False, None),
-    ("kl", "KL to reference policy", "KL per token (sum over channels; log)", True, None),
+    ("grad_norm_ar", "AR gradient norm", "L2 norm of AR-parameter gradient", False, 0.0, "ar"),
+    ("grad_var_ar", "AR gradient variance", "variance across micro-batches (log)", True, None, "ar"),
+    ("val_reward", "Validation reward", "mean reward, validation prompts", False, None, None),
+    ("reward_mean", "Training reward", "mean reward, rollout batch", False, None, None),
+    ("kl", "KL to reference policy", "KL per token (sum over channels; log)", True, None, None),
 ]
-Series = tuple[str, str, Sequence[pd.DataFrame]]  # legend label, colour, per-seed metrics frames
+# with the AR frozen (freeze_ar, the `head` variant) the trainer logs its head's gradient under the same columns
+# (GRPOTrainer.stat_params): a norm over other parameters, so on axes of its own, beside the AR's
+HEAD_GRAD_PANELS = [
+    ("grad_norm_ar", "Head gradient norm (AR frozen)", "L2 norm of diffusion-head gradient", False, 0.0, "head"),
+    ("grad_var_ar", "Head gradient variance (AR frozen)", "variance across micro-batches (log)", True, None, "head"),
+]
+
+
+class Series(NamedTuple):
+    """One variant's line in each panel. ``head_grads``: its logged gradient statistics are the diffusion head's
+    (its AR is frozen), drawn in the head's panels and left out of the AR's."""
+
+    label: str
+    color: str
+    frames: Sequence[pd.DataFrame]  # per-seed metrics frames
+    head_grads: bool = False
 
 
 def _dynamics_panel(ax, panel: tuple, series: Sequence[Series], confidence: float, title: str) -> None:
-    col, _, ylabel, logy, floor = panel
+    col, _, ylabel, logy, floor, grads = panel
     drawn = False
-    for label, color, frames in series:
-        agg = aggregate_seeds(frames, col, confidence)
+    for s in series:
+        if grads is not None and s.head_grads != (grads == "head"):
+            continue
+        agg = aggregate_seeds(s.frames, col, confidence)
         if logy:
             agg = agg[agg["mean"] > 0]
         if len(agg):
-            _band(ax, agg, "step", color, label, marker="o" if col == "val_reward" else None, floor=floor)
+            _band(ax, agg, "step", s.color, s.label, marker="o" if col == "val_reward" else None, floor=floor)
             drawn = True
     if not drawn:
-        _no_data(ax, col)
+        if grads == "head" and not any(s.head_grads for s in series):
+            ax.text(0.5, 0.5, "no run with\nthe AR frozen", ha="center", va="center", transform=ax.transAxes, color="0.4")
+        else:
+            _no_data(ax, col)
     if logy and drawn:
         ax.set_yscale("log")
     ax.set_title(title)
@@ -141,56 +188,85 @@ def _dynamics_panel(ax, panel: tuple, series: Sequence[Series], confidence: floa
     ax.grid(alpha=0.3)
 
 
-def _legend_entries(axes) -> tuple[list, list[str]]:
-    """(handles, labels) over all panels, each label once: a series missing from one panel still appears."""
-    handles, labels = [], []
+def _legend_entries(axes, order: Sequence[str] = ()) -> tuple[list, list[str]]:
+    """(handles, labels) over all panels, each label once: a series missing from one panel still appears.
+    Labels in ``order`` come first, in that order (a head-only run's first panel is not the first)."""
+    entries = {}
     for ax in axes:
         for h, lab in zip(*ax.get_legend_handles_labels()):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    return handles, labels
+            entries.setdefault(lab, h)
+    rank = {lab: i for i, lab in enumerate(dict.fromkeys(order))}
+    labels = sorted(entries, key=lambda lab: rank.get(lab, len(rank)))  # stable: the rest as found
+    return [entries[lab] for lab in labels], labels
 
 
-def plot_dynamics(blocks: Sequence[tuple[str, Sequence[Series]]], confidence: float) -> Figure:
-    """``blocks``: (policy / reward title, its series). One block: the 2x3 panels of Fig. 2 / Fig. 5;
-    several: one row of the five panels per block, so each block's variants are compared on their own."""
-    n_seeds = max(len(frames) for _, series in blocks for *_, frames in series)
+def _panels(series: Sequence[Series]) -> list[tuple]:
+    """The AR's gradient panels when a run trains the AR, the head's when one freezes it, then the rest."""
+    ar, head = any(not s.head_grads for s in series), any(s.head_grads for s in series)
+    grads = [p for p in DYNAMICS_PANELS if p[5] == "ar"] * ar + HEAD_GRAD_PANELS * head
+    return grads + [p for p in DYNAMICS_PANELS if p[5] is None]
+
+
+def plot_dynamics(blocks: Sequence[tuple[str, Sequence[Series | tuple]]], confidence: float) -> Figure:
+    """``blocks``: (policy / reward title, its series). One block: the panels of Fig. 2 / Fig. 5 in two rows
+    with the legend; several: one row of the panels per block, so each block's variants are compared on their own."""
+    blocks = [(title, [Series(*s) for s in series]) for title, series in blocks]
+    everything = [s for _, series in blocks for s in series]
+    panels = _panels(everything)
+    n_seeds = max(len(s.frames) for s in everything)
     band = f"shaded: {confidence:.0%} t-interval over seeds" if n_seeds > 1 else "one seed per variant"
     legend_title = f"variant (mean over seeds; {band})"
+    frozen = list(dict.fromkeys(s.label for s in everything if s.head_grads))
+    if frozen:  # said where the AR panels lack them
+        legend_title += f"\n{', '.join(frozen)}: AR frozen, gradient in the Head panels"
     if len(blocks) == 1:
-        fig = Figure(figsize=(13, 7.2), layout="constrained")
-        axes = fig.subplots(2, 3).ravel()
-        for ax, panel in zip(axes, DYNAMICS_PANELS):
+        ncols = 3 if len(panels) < 6 else 4
+        fig = Figure(figsize=(4.3 * ncols, 7.2), layout="constrained")
+        axes = fig.subplots(math.ceil((len(panels) + 1) / ncols), ncols).ravel()
+        for ax, panel in zip(axes, panels):
             _dynamics_panel(ax, panel, blocks[0][1], confidence, panel[1])
-        legend_ax = axes[-1]
-        legend_ax.axis("off")
-        legend_ax.legend(*_legend_entries(axes), loc="center", title=legend_title.replace(" (", "\n("), frameon=False)
+        for ax in axes[len(panels):]:
+            ax.axis("off")
+        handles, labels = _legend_entries(axes, [s.label for s in everything])
+        axes[-1].legend(handles, labels, loc="center", title=legend_title.replace(" (", "\n(", 1), frameon=False,
+                        ncols=math.ceil(len(labels) / 10), fontsize="medium" if len(labels) <= 10 else "small")
     else:
-        fig = Figure(figsize=(3.3 * len(DYNAMICS_PANELS), 2.7 * len(blocks) + 0.9), layout="constrained")
-        axes = fig.subplots(len(blocks), len(DYNAMICS_PANELS), squeeze=False)
+        fig = Figure(figsize=(3.3 * len(panels), 2.7 * len(blocks) + 0.9 + 0.3 * bool(frozen)), layout="constrained")
+        axes = fig.subplots(len(blocks), len(panels), squeeze=False)
         for row, (block, series) in zip(axes, blocks):
-            for ax, panel in zip(row, DYNAMICS_PANELS):
+            for ax, panel in zip(row, panels):
                 _dynamics_panel(ax, panel, series, confidence, f"{panel[1]}\n{block}")
-        handles, labels = _legend_entries(axes.ravel())
+        handles, labels = _legend_entries(axes.ravel(), [s.label for s in everything])
         fig.legend(handles, labels, loc="outside lower center", ncols=len(labels), title=legend_title, frameon=False)
     title = "Training dynamics: end-to-end (GRPO) vs frozen head (+Fix), with and without MTE"
     fig.suptitle(title + (f" ({blocks[0][0]})" if len(blocks) == 1 and blocks[0][0] else ""))
     return fig
 
 
+def _head_grads(root: str | Path, runs: Sequence[str]) -> bool:
+    """Whether the runs' logged gradient statistics are the head's: their config (summary.json, what the trainer
+    ran with) freezes the AR. Runs from before freeze_ar existed trained it."""
+    frozen = {bool((load_summary(root, r).get("config") or {}).get("freeze_ar", False)) for r in runs}
+    if len(frozen) > 1:
+        raise ValueError(f"report dynamics: runs {list(runs)} of one variant disagree on freeze_ar; rerun the stale ones")
+    return frozen.pop()
+
+
 def dynamics(root: str | Path, spec: dict, confidence: float = 0.95) -> Figure:
-    """Fig. 2a/2b, Fig. 5 from ``<root>/<run>/metrics.csv``; ``spec = {"runs": [train/... runs]}``."""
+    """Fig. 2a/2b, Fig. 5 from ``<root>/<run>/metrics.csv`` and ``summary.json`` (freeze_ar: whose gradient the
+    run logged); ``spec = {"runs": [train/... runs]}``. Each variant its own colour (``variant_colors``)."""
     runs = _require_runs(spec, "dynamics")
     combos = list(dict.fromkeys((r.policy, r.reward) for r in runs))
     variants = list(dict.fromkeys(r.variant for r in runs))
+    colors = variant_colors(variants)
     blocks = []
     for policy, reward in combos:
         series = []
         for v in variants:
             picked = [r.run for r in runs if (r.policy, r.reward, r.variant) == (policy, reward, v)]
             if picked:
-                series.append((_label(v, root, picked), variant_color(v), [load_metrics(root, r) for r in picked]))
+                series.append(Series(_label(v, root, picked), colors[v], [load_metrics(root, r) for r in picked],
+                                     _head_grads(root, picked)))
         blocks.append((f"{policy}, {reward} reward", series))
     return plot_dynamics(blocks, confidence)
 
@@ -367,63 +443,74 @@ def ablation_curves(root: str | Path, spec: dict, confidence: float = 0.95, wind
     return fig
 
 
-def ablation_final(root: str | Path, spec: dict, confidence: float = 0.95) -> Figure:
-    """Fig. 7c: CompBench overall strict (left axis) and preference scores (right axis) vs k, tau, S.
+_AXIS_LABELS = {"top_frac": "k: fraction of most uncertain tokens (MTE)", "tau": "τ: consistency threshold (Sim)",
+                "trajectories": "S: trajectories per token (log scale)"}
+_METRIC_COLORS = ["#0072B2", "#D55E00", "#E69F00", "#CC79A7", "#009E73"]
 
-    Each panel varies one parameter and holds the other two at their most common values; error
-    bars are the t-interval over seeds where there are several, and each point says its seed count.
-    `spec["base"]` (a base run): its scores as dotted reference lines, inside every axis, so that a
-    spread of a few thousandths between points reads as what it is next to the base.
+
+def _metric_panel(ax, xs: list[float], stats: list[tuple[float, float, int]], base: float | None, color: str) -> None:
+    """Mean over seeds per point, its t-interval as an error bar where it has one (a lone seed: the point
+    alone), each point's seed count, and the base's score as a dotted line that the y range keeps inside."""
+    mean = np.array([m for m, _, _ in stats])
+    half = np.array([h for _, h, _ in stats])
+    ax.plot(xs, mean, color=color, marker="o", lw=1.4)
+    ok = np.isfinite(half)
+    if ok.any():
+        ax.errorbar(np.asarray(xs)[ok], mean[ok], yerr=half[ok], fmt="none", ecolor=color, capsize=3, lw=1.2)
+    for x, m, (_, _, n) in zip(xs, mean, stats):
+        ax.annotate(f"n={n}", (x, m), textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
+    if base is not None:  # a spread of a few thousandths between points reads as what it is next to the base
+        ax.axhline(base, color=color, linestyle=":", linewidth=1.2)
+        err = np.nan_to_num(half, nan=0.0)
+        lo, hi = np.nanmin(np.r_[mean - err, base]), np.nanmax(np.r_[mean + err, base])
+        pad = 0.08 * max(hi - lo, 1e-3)
+        ax.set_ylim(min(lo - pad, ax.get_ylim()[0]), max(hi + pad, ax.get_ylim()[1]))
+
+
+def ablation_final(root: str | Path, spec: dict, confidence: float = 0.95) -> Figure:
+    """Fig. 7c: CompBench overall strict and each preference score vs k, tau, S: one row per parameter the
+    grid varies (the other two held at their most common values), one panel per metric (each on its own
+    y scale; no second y axis to read against the wrong line).
+
+    Error bars are the t-interval over seeds where a point has several, and each point says its seed count.
+    `spec["base"]` (a base run): its scores as dotted reference lines inside every axis.
     """
     runs = _require_runs(spec, "ablation-final", kind="ablation")
     held = _held_values(runs)
     scores = {r.run: eval_scores(root, r.run) for r in runs}
     base = eval_scores(root, spec["base"]) if spec.get("base") else {}
     scorers = list(dict.fromkeys(m for s in scores.values() for g, m in s if g == "pref"))
-    # one panel per parameter the grid varies (with the others held): a one-point panel shows nothing
+    metrics = [(("compbench", "overall"), "CompBench overall (strict)", "strict accuracy")]
+    metrics += [(("pref", s), f"{s} (preference)", "mean preference score") for s in scorers]
+    # one row per parameter the grid varies (with the others held): a one-point panel shows nothing
     varied = [f for f in ("top_frac", "tau", "trajectories")
               if len({r.params[f] for r in runs if f in r.params and _others_held(r, f, held)}) > 1]
     if not varied:
         raise ValueError("report ablation-final: the grid varies none of top_frac, tau, trajectories")
-    fig = Figure(figsize=(5 * len(varied), 4.6), layout="constrained")
-    axes = np.atleast_1d(fig.subplots(1, len(varied)))
-    twins = [ax.twinx() for ax in axes]
-    for ax, twin, free in zip(axes, twins, varied):
+    fig = Figure(figsize=(4.2 * len(metrics), 3.6 * len(varied) + 0.5), layout="constrained")
+    rows = np.atleast_1d(fig.subfigures(len(varied), 1))
+    for sub, free in zip(rows, varied):
         picked = [r for r in runs if free in r.params and _others_held(r, free, held)]
         xs = sorted({r.params[free] for r in picked})
-        metrics = [(ax, ("compbench", "overall"), "CompBench overall (strict)", "#0072B2", "o", "-")]
-        metrics += [(twin, ("pref", s), f"{s} (preference)", c, "s", "--")
-                    for s, c in zip(scorers, ["#D55E00", "#E69F00", "#CC79A7", "#009E73"])]
-        for target, key, label, color, marker, ls in metrics:
+        axes = np.atleast_1d(sub.subplots(1, len(metrics)))
+        for ax, (key, title, ylabel), color in zip(axes, metrics, _METRIC_COLORS * len(metrics)):
             stats = [mean_ci([scores[r.run].get(key, math.nan) for r in picked if math.isclose(r.params[free], x)],
                              confidence) for x in xs]
-            mean = np.array([s[0] for s in stats])
-            err = np.nan_to_num(np.array([s[1] for s in stats]), nan=0.0)
-            target.errorbar(xs, mean, yerr=err, color=color, marker=marker, linestyle=ls, capsize=3, label=label)
-            for x, m, (_, _, n) in zip(xs, mean, stats):
-                target.annotate(f"n={n}", (x, m), textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
-            if key in base:  # the base as a reference line, inside the axis
-                target.axhline(base[key], color=color, linestyle=":", linewidth=1.2, label=f"{label}, base policy")
-                lo, hi = np.nanmin(np.r_[mean - err, base[key]]), np.nanmax(np.r_[mean + err, base[key]])
-                pad = 0.08 * max(hi - lo, 1e-3)
-                target.set_ylim(min(lo - pad, target.get_ylim()[0]), max(hi + pad, target.get_ylim()[1]))
-        symbol = ABLATION_SYMBOLS.get(free, free)
-        if free == "trajectories":
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(xs, [_fmt(x) for x in xs])
-        ax.set_xlabel({"top_frac": "k: fraction of most uncertain tokens (MTE)",
-                       "tau": "τ: consistency threshold (Sim)",
-                       "trajectories": "S: trajectories per token (log scale)"}.get(free, free))
-        ax.set_ylabel("CompBench overall (strict accuracy)", color="#0072B2")
-        twin.set_ylabel("preference score (mean)", color="#D55E00" if len(scorers) == 1 else "black")
+            _metric_panel(ax, xs, stats, base.get(key), color)
+            if free == "trajectories":
+                ax.set_xscale("log", base=2)
+                ax.set_xticks(xs, [_fmt(x) for x in xs])
+            ax.set_xlabel(_AXIS_LABELS.get(free, free))
+            ax.set_ylabel(ylabel)
+            ax.set_title(title, color=color)
+            ax.grid(alpha=0.3)
         held_txt = _point_label({k: v for k, v in held.items() if k != free})
-        ax.set_title(f"vs {symbol} ({held_txt})")
-        ax.grid(alpha=0.3)
-    handles, labels = (sum(x, []) for x in zip(axes[0].get_legend_handles_labels(), twins[0].get_legend_handles_labels()))
+        sub.suptitle(f"vs {ABLATION_SYMBOLS.get(free, free)} ({held_txt})", fontsize=11)
     seeds = max(Counter(tuple(sorted(r.params.items())) for r in runs).values())
-    note = f"error bars: {confidence:.0%} t-interval over seeds" if seeds > 1 else "one seed per point"
-    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels) or 1, frameon=False)
-    fig.suptitle(f"Final evaluation vs ablation parameter ({note})")
+    note = (f"mean over seeds, error bars: {confidence:.0%} t-interval where a point has ≥2 seeds" if seeds > 1
+            else "one seed per point")
+    fig.suptitle(f"Final evaluation vs ablation parameter ({note}; n: seeds per point"
+                 + ("; dotted: base policy)" if base else ")"))
     return fig
 
 

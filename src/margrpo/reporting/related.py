@@ -54,7 +54,8 @@ TABLE3_METRICS = [("base", "val reward"), ("base", "CompBench"), ("gain", "val g
                   ("time", "s per step")]
 # base columns describe the reference, not the method: never bold; the fastest step is the best
 TABLE3_RANKING = {("base", "val reward"): 0, ("base", "CompBench"): 0, ("time", "s per step"): -1}
-METHOD_COLORS = [VARIANT_COLORS[v] for v in ("sim", "grpo", "fix", "mte")] + _EXTRA_COLORS
+# the colours it had before the ladder named head and committed (theirs), then the spare ones
+METHOD_COLORS = [VARIANT_COLORS[v] for v in ("sim", "grpo", "fix", "mte", "head", "committed")] + _EXTRA_COLORS
 BASE_MARKERS = ["o", "s", "^", "D", "v"]
 
 

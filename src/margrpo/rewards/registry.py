@@ -157,10 +157,27 @@ def _build_shapes(form: str = "strict", **kwargs: Any) -> RewardFunction:
     return ShapesReward(form=form, **kwargs)
 
 
-# The learned toy reward model (the HPS analogue, trained by `margrpo train-toyclip`).
+@register_reward("backdrop")
+def _build_backdrop(**kwargs: Any) -> RewardFunction:
+    """The toy world's aesthetic read exactly from the pixels (the backdrop's brightness): toypref's ground truth."""
+    from margrpo.world.reward import BackdropReward
+
+    return BackdropReward(**kwargs)
+
+
+# The learned toy alignment model (the CLIP analogue, trained by `margrpo train-toyclip`).
 @register_reward("toyclip")
 def _build_toyclip(path: str, **kwargs: Any) -> RewardFunction:
     """The learned toy image-text scorer loaded from ``path`` (learned, hence hackable)."""
     from margrpo.rewards.toyclip import ToyClipReward
 
     return ToyClipReward(path=path, **kwargs)
+
+
+# The learned toy preference model (the HPS analogue, trained by `margrpo train-toypref` from toyclip).
+@register_reward("toypref")
+def _build_toypref(path: str, **kwargs: Any) -> RewardFunction:
+    """Alignment plus the world's aesthetic, learned from synthetic preference pairs (hence hackable)."""
+    from margrpo.rewards.toypref import ToyPrefReward
+
+    return ToyPrefReward(path=path, **kwargs)

@@ -124,9 +124,12 @@ def prompt_set(path: str | Path):
     return PromptSet([r.prompt for r in records], [{"category": r.category, "spec": r.spec} for r in records])
 
 
-def reward_options(weights: dict, reward_models: dict, toyclip_dir: str | None) -> dict:
-    """Per-scorer constructor options: local weight paths from the config; the toy model from the pipeline."""
+def reward_options(weights: dict, reward_models: dict, toyclip_dir: str | None, toypref_dir: str | None = None) -> dict:
+    """Per-scorer constructor options: local weight paths from the config; the toy models from the pipeline."""
     options = {name: dict(reward_models.get(name, {})) for name in weights}
-    if "toyclip" in weights:
-        options["toyclip"] = {"path": toyclip_dir, **options["toyclip"]}
+    for name, path in (("toyclip", toyclip_dir), ("toypref", toypref_dir)):
+        if name in weights:
+            if path is None:
+                raise InputError(f"reward {name!r} is trained by the pipeline: pass --{name}-dir (the folder `margrpo train-{name}` wrote)")
+            options[name] = {"path": path, **options[name]}
     return {k: v for k, v in options.items() if v}

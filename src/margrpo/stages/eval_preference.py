@@ -23,6 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scorers", required=True, help="comma-separated registry names, e.g. toyclip or hpsv2,imagereward")
     p.add_argument("--options-json", default="{}", help="scorer options (local weight paths) by name")
     p.add_argument("--toyclip-dir", default=None)
+    p.add_argument("--toypref-dir", default=None)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--out", required=True, help="CSV: scorer, mean, std, n")
     p.add_argument("--threads", type=int, default=None)
@@ -49,7 +50,7 @@ def run(args) -> None:
     files, prompts = read_samples(args.samples_dir, args.suite, args.images_per_prompt, args.max_prompts)
     meta_by_prompt = {r.prompt: {"category": r.category, "spec": r.spec} for r in load_suite(args.suite)}
     names = [n for n in args.scorers.split(",") if n]
-    options = reward_options({n: 1.0 for n in names}, json_arg(args.options_json, "--options-json", section="reward_models"), args.toyclip_dir)
+    options = reward_options({n: 1.0 for n in names}, json_arg(args.options_json, "--options-json", section="reward_models"), args.toyclip_dir, args.toypref_dir)
     rows = []
     for name in names:
         scorer = build_reward(name, **options.get(name, {}))

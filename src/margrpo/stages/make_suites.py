@@ -65,6 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     world.add_argument("--textures", type=_names, help="e.g. solid,hollow (add striped at 64 px)")
     world.add_argument("--line-px", type=int)
     world.add_argument("--stripe-period-px", type=int)
+    world.add_argument("--backdrop-max", type=float, help="scenes' backdrops drawn uniformly from 0 (black) to this grey (the aesthetic)")
     world.add_argument("--n-heldout-pairs", type=int)
     world.add_argument("--heldout-seed", type=int)
 
@@ -76,6 +77,8 @@ def world_config(args: argparse.Namespace):
         if "palette" in overrides:
             raise SystemExit("give --palette or --palette-size, not both")
         overrides["palette"] = tuple(PALETTE)[: args.palette_size]
+    if args.backdrop_max is not None:
+        overrides["backdrop_range"] = (0.0, args.backdrop_max)
     try:
         return dataclasses.replace(PRESETS[args.preset], **overrides)
     except ValueError as err:

@@ -21,6 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--config", help="an experiment YAML (by hand); needs --policy, --reward, --variant")
     p.add_argument("--policy"), p.add_argument("--reward"), p.add_argument("--variant")
     p.add_argument("--toyclip-dir", default=None, help="trained toyclip model (when the reward uses it)")
+    p.add_argument("--toypref-dir", default=None, help="trained toypref model (when the reward uses it)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", required=True, help="run folder: metrics.csv, summary.json, state/ (checkpoints)")
     p.add_argument("--threads", type=int, default=None)
@@ -50,7 +51,8 @@ def run(args) -> None:
     # the run's full spec: its settings, its seed and its inputs (whose folder names carry their own
     # settings' hashes); state/ is resumed only under the same spec
     run_spec = {**spec, "seed": args.seed,
-                "inputs": {"policy_dir": args.policy_dir, "suites_dir": args.suites_dir, "toyclip_dir": args.toyclip_dir}}
+                "inputs": {"policy_dir": args.policy_dir, "suites_dir": args.suites_dir, "toyclip_dir": args.toyclip_dir,
+                           "toypref_dir": args.toypref_dir}}
     if int(os.environ.get("RANK", "0")) == 0:
         write_spec(out, run_spec)
     try:
@@ -59,7 +61,7 @@ def run(args) -> None:
         raise InputError(f"--spec-json: {err}") from None
     cfg.seed = args.seed
     weights = spec["reward"]["weights"]
-    reward = build_reward_mix(weights, reward_options(weights, spec.get("reward_models", {}), args.toyclip_dir))
+    reward = build_reward_mix(weights, reward_options(weights, spec.get("reward_models", {}), args.toyclip_dir, args.toypref_dir))
     trainer = GRPOTrainer(
         load_policy(args.policy_dir, device), reward, prompt_set(suites / "train.jsonl"), val_prompts,
         sampling_config(spec["sampling"]), cfg, out,

@@ -45,6 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suites-dir", required=True, help="folder with train.jsonl and val.jsonl")
     p.add_argument("--spec-json", required=True, help="the run's settings: method, related, reward, reward_models, sampling, device, mixed_precision")
     p.add_argument("--toyclip-dir", default=None, help="trained toyclip model (when the reward uses it; marval-rl always does)")
+    p.add_argument("--toypref-dir", default=None, help="trained toypref model (when the reward uses it)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", required=True, help="run folder: metrics.csv, summary.json, state/ (checkpoints)")
     p.add_argument("--threads", type=int, default=None)
@@ -74,12 +75,12 @@ def read_spec(args) -> dict:
     return {**spec, "method": args.method}
 
 
-def build_reward(spec: dict, toyclip_dir: str | None):
+def build_reward(spec: dict, toyclip_dir: str | None, toypref_dir: str | None = None):
     from margrpo.rewards import build_reward_mix
 
     weights = spec["reward"]["weights"]
     try:
-        return build_reward_mix(weights, reward_options(weights, spec.get("reward_models", {}), toyclip_dir))
+        return build_reward_mix(weights, reward_options(weights, spec.get("reward_models", {}), toyclip_dir, toypref_dir))
     except ValueError as err:
         raise InputError(f"--spec-json: reward: {err}") from None
 
@@ -204,9 +205,10 @@ def run(args) -> None:
     device = setup(args.threads, spec.get("device", "auto"))
     out = Path(args.out_dir)
     run_spec = {**spec, "seed": args.seed,
-                "inputs": {"policy_dir": args.policy_dir, "suites_dir": args.suites_dir, "toyclip_dir": args.toyclip_dir}}
+                "inputs": {"policy_dir": args.policy_dir, "suites_dir": args.suites_dir, "toyclip_dir": args.toyclip_dir,
+                           "toypref_dir": args.toypref_dir}}
     write_spec(out, run_spec)
-    reward = build_reward(spec, args.toyclip_dir)
+    reward = build_reward(spec, args.toyclip_dir, args.toypref_dir)
     suites = Path(args.suites_dir)
     train, val = prompt_set(suites / "train.jsonl"), prompt_set(suites / "val.jsonl")
     build = marval_job if args.method == "marval-rl" else mask_job

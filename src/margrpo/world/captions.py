@@ -35,7 +35,7 @@ import json
 import numpy as np
 
 from margrpo.world.config import CATEGORIES, PALETTE, RELATIONS, SHAPES, TEXTURES, WorldConfig
-from margrpo.world.scene import ObjectSpec, Scene, clear_relations, place, sample_attributes
+from margrpo.world.scene import ObjectSpec, Scene, clear_relations, place, sample_attributes, sample_backdrop
 
 ATTRS = ("color", "shape", "texture")
 NUMBERS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
@@ -298,4 +298,5 @@ def scene_for_spec(spec: dict, rng: np.random.Generator, cfg: WorldConfig) -> Sc
             return rel["type"] in clear_relations(a, b, max(sizes) / 2)
 
         centres = place(rng, cfg, sizes, accept=accept)
-    return Scene(tuple(ObjectSpec(a["color"], a["shape"], a["texture"], int(s), x, y) for a, s, (x, y) in zip(attrs, sizes, centres)))
+    objects = tuple(ObjectSpec(a["color"], a["shape"], a["texture"], int(s), x, y) for a, s, (x, y) in zip(attrs, sizes, centres))
+    return Scene(objects, sample_backdrop(rng, cfg))

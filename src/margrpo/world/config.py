@@ -41,6 +41,7 @@ RELATIONS: tuple[str, ...] = ("left of", "right of", "above", "below", "next to"
 CATEGORIES: tuple[str, ...] = ("color", "shape", "texture", "spatial", "numeracy", "complex")
 
 DEFAULT_PALETTE: tuple[str, ...] = ("red", "green", "blue", "yellow", "magenta", "cyan")
+MAX_BACKDROP = 0.3  # the brightest backdrop a world may render (fraction of range); see WorldConfig.backdrop_range
 
 
 @dataclass(frozen=True)
@@ -63,10 +64,14 @@ class WorldConfig:
     supersample: int = 4  # anti-aliasing: render at supersample x resolution, box-downsample
     n_heldout_pairs: int = 3  # (colour, shape) pairs never used in training scenes / train+val prompts
     heldout_seed: int = 0  # which pairs are held out (fixed per world, recorded in world.json)
+    # the world's aesthetic, named by no caption: a scene's backdrop is a grey of this brightness (fraction of range),
+    # drawn per scene (0, 0: black, as before toy revision 3). Its top stays well under the parser's foreground
+    # threshold (0.5), so the parser reads the same objects on any backdrop (benchmarks/parser_accuracy.py)
+    backdrop_range: tuple[float, float] = (0.0, 0.0)
 
     def __post_init__(self) -> None:
         # JSON round trips give lists; store tuples so the config stays hashable.
-        for name in ("size_range", "palette", "shapes", "textures"):
+        for name in ("size_range", "palette", "shapes", "textures", "backdrop_range"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         if not 32 <= self.image_size <= 64:
             raise ValueError(f"image_size={self.image_size} is outside 32..64; the toy policy and parser are tuned for that range")
@@ -105,6 +110,10 @@ class WorldConfig:
             unknown = [v for v in values if v not in vocab]
             if unknown or not values or len(set(values)) != len(values):
                 raise ValueError(f"{name}={values} must be distinct, non-empty values from {tuple(vocab)}")
+        blo, bhi = self.backdrop_range
+        if not 0.0 <= blo <= bhi <= MAX_BACKDROP:
+            raise ValueError(f"backdrop_range={self.backdrop_range} must satisfy 0 <= min <= max <= {MAX_BACKDROP} (brighter "
+                             "backdrops come too near the parser's foreground threshold of 0.5)")
         if self.line_px < 1 or self.stripe_period_px < 2:
             raise ValueError("line_px must be >= 1 and stripe_period_px >= 2")
         if self.supersample < 1:
@@ -153,6 +162,8 @@ PRESETS: dict[str, WorldConfig] = {
     "toy32": WorldConfig(),
     # the pipeline's default world (workflow schema): 64 px, 4 x 4 cells of 16 px, one toy-MAR token each
     "grid4": WorldConfig(image_size=64, grid=4),
+    # the pipeline's world since toy revision 3: grid4 on a backdrop that varies per scene, the preference reward's aesthetic
+    "grid4-lit": WorldConfig(image_size=64, grid=4, backdrop_range=(0.0, 0.2)),
     "toy64": WorldConfig(
         image_size=64, size_range=(20, 24), min_gap_px=6, jitter_px=2, line_px=4, stripe_period_px=8, textures=TEXTURES
     ),

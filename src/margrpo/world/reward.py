@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from margrpo.world.config import WorldConfig
+from margrpo.world.scene import backdrop_level
 from margrpo.world.scoring import score
 
 FORMS = ("strict", "lenient")
@@ -46,3 +47,13 @@ class ShapesReward:
     def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> torch.Tensor:
         values = [d[self.form] for d in self.details(images, prompts, metadata)]
         return torch.tensor(values, dtype=torch.float32, device=images.device)  # (B,)
+
+
+class BackdropReward:
+    """The world's aesthetic measured exactly: each image's backdrop brightness (`backdrop_level`, a fraction of the
+    range). A metric beside the learned `toypref`, which was trained to prefer it: where toypref rises and this does
+    not, toypref is being hacked; a value past the world's `backdrop_range` is a look no training image had."""
+
+    def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> torch.Tensor:
+        values = backdrop_level(to_uint8_images(images))
+        return torch.as_tensor(values, dtype=torch.float32, device=images.device)  # (B,)

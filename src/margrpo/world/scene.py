@@ -43,7 +43,17 @@ class ObjectSpec:
 
 @dataclass(frozen=True)
 class Scene:
+    """Objects on a grey backdrop of brightness `backdrop` (0: black): the scene's aesthetic, which no caption names."""
+
     objects: tuple[ObjectSpec, ...]
+    backdrop: float = 0.0
+
+
+def sample_backdrop(rng: np.random.Generator, cfg: WorldConfig) -> float:
+    """A scene's backdrop brightness, uniform over the world's range (no draw for a one-value range: older worlds'
+    random streams are unchanged)."""
+    lo, hi = cfg.backdrop_range
+    return lo if lo == hi else float(rng.uniform(lo, hi))
 
 
 # ---------------------------------------------------------------- spatial relations
@@ -151,7 +161,8 @@ def sample_scene(rng: np.random.Generator, cfg: WorldConfig, n_objects: int | No
     attrs = [sample_attributes(rng, cfg, allow_heldout) for _ in range(n)]
     sizes = rng.integers(cfg.size_range[0], cfg.size_range[1] + 1, size=n).tolist()
     centres = place(rng, cfg, sizes)
-    return Scene(tuple(ObjectSpec(c, s, t, int(z), x, y) for (c, s, t), z, (x, y) in zip(attrs, sizes, centres)))
+    objects = tuple(ObjectSpec(c, s, t, int(z), x, y) for (c, s, t), z, (x, y) in zip(attrs, sizes, centres))
+    return Scene(objects, sample_backdrop(rng, cfg))
 
 
 # ---------------------------------------------------------------- rendering
@@ -183,10 +194,11 @@ def _coverage(obj: ObjectSpec, cfg: WorldConfig, x: np.ndarray, y: np.ndarray) -
 
 
 def render(scene: Scene, cfg: WorldConfig) -> np.ndarray:
-    """Render to (H, W, 3) uint8 on black: supersample x supersample point samples per pixel, box-averaged."""
+    """Render to (H, W, 3) uint8 over the scene's backdrop: supersample x supersample point samples per pixel,
+    box-averaged, each object covering the backdrop by its coverage (objects never overlap)."""
     n, s = cfg.image_size, cfg.supersample
     fine = (np.arange(n * s) + 0.5) / s  # sample coordinates in image pixels
-    canvas = np.zeros((n, n, 3), dtype=np.float32)
+    canvas = np.full((n, n, 3), 255.0 * scene.backdrop, dtype=np.float32)
     for obj in scene.objects:
         x0, y0, x1, y1 = obj.bbox
         c0, c1 = max(0, int(np.floor(x0)) - 1), min(n, int(np.ceil(x1)) + 1)  # pixel window around the object
@@ -196,5 +208,30 @@ def render(scene: Scene, cfg: WorldConfig) -> np.ndarray:
         xs, ys = np.meshgrid(fine[c0 * s : c1 * s], fine[r0 * s : r1 * s])  # (rows*s, cols*s)
         cov = _coverage(obj, cfg, xs, ys).astype(np.float32)
         alpha = cov.reshape(r1 - r0, s, c1 - c0, s).mean(axis=(1, 3))  # (rows, cols) box downsample
-        canvas[r0:r1, c0:c1] += alpha[..., None] * np.asarray(PALETTE[obj.color], dtype=np.float32)
+        colour = np.asarray(PALETTE[obj.color], dtype=np.float32)
+        canvas[r0:r1, c0:c1] += alpha[..., None] * (colour - canvas[r0:r1, c0:c1])
     return np.clip(np.round(canvas), 0, 255).astype(np.uint8)
+
+
+# ---------------------------------------------------------------- the aesthetic, measured exactly
+
+def backdrop_level(images: np.ndarray) -> np.ndarray:
+    """The aesthetic read from pixels: per image, the median brightest channel of its background pixels (those under
+    the parser's foreground threshold), as a fraction of the range.
+
+    `images`: (..., H, W, 3) uint8. A render reads its scene's backdrop exactly (objects cover at most a third of a
+    cell's area, anti-aliased edges are few). It is what the preference scorer learns to prefer and what its score can
+    drift from: a scorer that rises while this does not has found something else to reward; a level past the world's
+    range is a look no training image had.
+    """
+    import warnings
+
+    from margrpo.world.parser import FOREGROUND_THRESHOLD
+
+    value = np.asarray(images, dtype=np.float32).max(axis=-1) / 255.0  # (..., H, W)
+    flat = value.reshape(*value.shape[:-2], -1)
+    background = np.where(flat < FOREGROUND_THRESHOLD, flat, np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an image without background: handled below
+        level = np.nanmedian(background, axis=-1)
+    return np.nan_to_num(level, nan=FOREGROUND_THRESHOLD)  # no background pixel at all: as bright as counts

@@ -47,7 +47,7 @@ def _with_heldout_pair(scene: Scene, rng, cfg: WorldConfig) -> Scene:
     k = int(rng.integers(len(objs)))
     o = objs[k]
     objs[k] = ObjectSpec(color, shape, o.texture, o.size, o.cx, o.cy)
-    return Scene(tuple(objs))
+    return Scene(tuple(objs), scene.backdrop)
 
 
 def _quota(n: int) -> dict[str, int]:
