@@ -17,7 +17,9 @@ def world_config(world: dict):
 
     from margrpo.world.config import PALETTE, PRESETS
 
-    knobs = {k: v for k, v in world.items() if k != "palette_size"}
+    knobs = {k: v for k, v in world.items() if k not in ("palette_size", "backdrop_max")}
+    if "backdrop_max" in world:  # make-suites' --backdrop-max: backdrops from black to this grey
+        knobs["backdrop_range"] = (0.0, world["backdrop_max"])
     return dataclasses.replace(PRESETS["toy32"], **knobs, palette=tuple(PALETTE)[: world["palette_size"]])
 
 
