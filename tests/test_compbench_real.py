@@ -217,11 +217,11 @@ def test_eval_compbench_stage_scores_a_mixed_suite_per_category(tmp_path, models
     spec = {"vqa": {"path": models["vqa_path"]}, "detector": {"path": models["detector_path"], "box_threshold": 0.0},
             "clip": {"path": models["clip_path"]}}
     main(["eval-compbench", "--samples-dir", str(tmp_path / "samples"), "--suite", str(suite), "--evaluator", "t2i-compbench",
-          "--models-json", json.dumps(spec), "--out-per-image", str(tmp_path / "img.csv"), "--out-per-category", str(tmp_path / "cat.csv")])
+          "--images-per-prompt", "2", "--models-json", json.dumps(spec), "--out-per-image", str(tmp_path / "img.csv"), "--out-per-category", str(tmp_path / "cat.csv")])
     cats = pd.read_csv(tmp_path / "cat.csv")
     assert list(cats["category"]) == ["color", "numeracy"] and list(cats["n_images"]) == [2, 2]
     assert np.isfinite(cats["strict"]).all() and (cats["strict"] == cats["lenient"]).all()
     assert len(pd.read_csv(tmp_path / "img.csv")) == 4
     with pytest.raises(SystemExit, match="needs evaluation.compbench_models entries"):
         main(["eval-compbench", "--samples-dir", str(tmp_path / "samples"), "--suite", str(suite), "--evaluator", "t2i-compbench",
-              "--models-json", "{}", "--out-per-image", str(tmp_path / "i2.csv"), "--out-per-category", str(tmp_path / "c2.csv")])
+              "--images-per-prompt", "2", "--models-json", "{}", "--out-per-image", str(tmp_path / "i2.csv"), "--out-per-category", str(tmp_path / "c2.csv")])

@@ -72,6 +72,14 @@ REFUSED = {
     "lora target": (edited(lambda c: c["policies"]["toy-nova"].update(lora={"target_modules": ["qkv", "fc1"]})),
                     "policies.toy-nova.lora.target_modules.1", "'fc1' names no Linear layer"),
     "yte": ("__use_yte__: true\n" + SMOKE, "__use_yte__", "a YTE template runs code"),
+    # issue #31.4: these failed hours later in their own stage
+    "n_eval past the world": (edited(lambda c: c["prompts"].update(n_eval=10000000)), "prompts.n_eval",
+                              "ask for 1666667 distinct color prompts"),
+    "world that cannot be built": (edited(lambda c: c.update(world={"grid": 1, "max_objects": 4})), "world", "exceeds the 1 cells"),
+    "related mask model": (edited(lambda c: c["experiments"].update(related={"enabled": True, "mask": {"model": {"widht": 64}}})),
+                           "experiments.related.mask.model", "unknown key 'widht'"),
+    "related method setting": (edited(lambda c: c["experiments"].update(related={"enabled": True, "settings": {"maskgrpo": {"stepz": 2}}})),
+                               "experiments.related.settings.maskgrpo", "unknown key 'stepz'"),
 }
 
 
@@ -173,3 +181,53 @@ def test_the_settings_record_compares_what_reruns_runs(tmp_path):
     (tmp_path / "smoke" / RECORD).write_text("{torn")
     with pytest.raises(ConfigError, match="not a readable settings record"):
         check_experiment(cfg, tmp_path)
+
+
+def test_stage_arguments_pass_the_dry_runs_checks(tmp_path):
+    """Issue #31.4: `margrpo train` with val_prompts above the validation suite validated on fewer prompts (the dry
+    run refuses the key); `sample --max-prompts -5` sampled 7 of 12 prompts, `--images-per-prompt 0` divided by zero."""
+    import json
+
+    from margrpo.cli import main
+    from margrpo.config import train_spec
+    from margrpo.prompts.suites import PromptRecord, write_suite
+
+    suites = tmp_path / "suites"
+    spec = {"objects": [{"color": "red", "shape": "circle", "texture": None, "count": 1}], "relation": None, "exact_count": False}
+    for split in ("train", "val"):
+        write_suite([PromptRecord("a red circle", "color", spec)], suites / f"{split}.jsonl")
+    run = train_spec(load_config(REPO / "config/smoke.yaml"), "toy-nova", "toyclip", "grpo")
+    run["grpo"]["val_prompts"] = 2
+    with pytest.raises(SystemExit, match=re.escape("--spec-json: key 'grpo.val_prompts': 2 exceeds the 1 prompts of the validation "
+                                                   f"suite ({suites / 'val.jsonl'})")):
+        main(["train", "--policy-dir", str(tmp_path / "none"), "--suites-dir", str(suites), "--spec-json", json.dumps(run),
+              "--out-dir", str(tmp_path / "run")])
+    run["grpo"].update(val_prompts=1, micro_batches=5)
+    with pytest.raises(SystemExit, match=re.escape("--spec-json: key 'grpo.micro_batches': 5 micro-batches do not divide")):
+        main(["train", "--policy-dir", str(tmp_path / "none"), "--suites-dir", str(suites), "--spec-json", json.dumps(run),
+              "--out-dir", str(tmp_path / "run")])
+    assert not (tmp_path / "run").exists()
+
+    sample = ["sample", "--policy", str(tmp_path / "none"), "--suite", str(suites / "val.jsonl"), "--sampling-json", "{}",
+              "--out-dir", str(tmp_path / "samples")]
+    with pytest.raises(SystemExit, match=re.escape("--max-prompts: -5; expected 0 (every prompt of the suite) or a positive count")):
+        main([*sample, "--max-prompts", "-5"])
+    with pytest.raises(SystemExit, match=re.escape("--images-per-prompt: 0; expected at least 1")):
+        main([*sample, "--images-per-prompt", "0"])
+
+
+def test_make_run_reads_its_config_files_before_snakemake(tmp_path):
+    """Issue #31: Snakemake runs a YTE config's code at load; `make run` / `make report` check the files first."""
+    from margrpo.config_checks import main, snakemake_config_files
+
+    assert snakemake_config_files(["--cores", "1", "--configfile", "a.yaml", "b.yaml", "-n", "--configfiles=c.yaml"]) == \
+        ["a.yaml", "b.yaml", "c.yaml"]
+    bad = tmp_path / "yte.yaml"
+    bad.write_text(f"__use_yte__: true\nname: ?'x' + __import__('os').system('touch {tmp_path}/pwned')\n")
+    assert main(["--configfile", str(REPO / "config/smoke.yaml")]) == 0
+    assert main(["--configfile", str(REPO / "config/smoke.yaml"), str(bad)]) == 1
+    out = subprocess.run(["make", "-n", "run", f"SNAKEMAKE_ARGS=--configfile {bad}"], cwd=REPO, capture_output=True, text=True)
+    lines = out.stdout.splitlines()
+    check = next(i for i, line in enumerate(lines) if "-m margrpo.config_checks" in line)
+    assert check < next(i for i, line in enumerate(lines) if "snakemake --cores" in line)
+    assert not (tmp_path / "pwned").exists()

@@ -89,6 +89,22 @@ def test_hf_hub_offline_is_forced(monkeypatch):
     assert os.environ["HF_HUB_OFFLINE"] == "1"
 
 
+def test_an_inherited_world_size_is_named(monkeypatch):
+    """Issue #31.5: WORLD_SIZE left in the shell ends a single-process stage with one line naming it (it gave an
+    accelerate traceback); `train` may run data parallel but names the launcher variables that are missing."""
+    from margrpo.stages._common import setup
+
+    for name in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(InputError, match="WORLD_SIZE=2 asks for 2 processes, but this stage runs as one"):
+        setup(1, "cpu")
+    with pytest.raises(InputError, match="RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT is not set"):
+        setup(1, "cpu", data_parallel=True)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert str(setup(1, "cpu")) == "cpu"
+
+
 def test_the_sampling_builder_rejects_unknown_keys():
     from margrpo.config import ConfigError
     from margrpo.stages._common import sampling_config

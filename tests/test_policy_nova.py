@@ -179,7 +179,7 @@ def test_save_load_gives_identical_samples(tmp_path):
     assert torch.equal(rollout(NovaPolicy.from_pretrained(tmp_path / "again")).images, rollout(policy).images)
 
 
-def test_missing_and_corrupt_checkpoints_fail_clearly(tmp_path):
+def test_missing_and_corrupt_checkpoints_fail_clearly(tmp_path, caplog):
     with pytest.raises(FileNotFoundError, match="model_index.json"):
         NovaPolicy.from_pretrained(tmp_path / "absent")
     d = tmp_path / "nova"
@@ -197,6 +197,7 @@ def test_missing_and_corrupt_checkpoints_fail_clearly(tmp_path):
     (d / "checksums.json").unlink()  # else the recorded sha256 names the changed file first; here: the key check
     with pytest.raises(ValueError, match=r"missing \(1\): mask_embed\.bos_token.*unexpected \(1\): extra\.weight"):
         NovaPolicy.from_pretrained(d)
+    assert f"{d}: no checksums.json (not written by margrpo): loading the NOVA weights with strict key and shape checks only" in caplog.text
 
 
 def test_full_size_transformer_matches_the_published_parameter_list():

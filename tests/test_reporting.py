@@ -494,3 +494,39 @@ def test_table1_two_policies_one_seed(tmp_path):
     assert "±" not in md.split("\n", 2)[2] and "| toy-harmon | Ours (1 seed) | **1.300** |" in md
     assert "| toy-harmon | Base |" in md  # the base policy is one policy, not a seed
     assert tex.count(r"\midrule") == 2 and "toy-harmon & Ours & $\\mathbf{1.300}$" in tex
+
+
+def test_table1_refuses_rows_over_unlike_evaluations(tmp_path):
+    """Issue #31.2: a run's compbench.csv without one category printed a dash and averaged its overall over the
+    others; a missing value, other image counts or other image files are each an error naming the run and file."""
+    from margrpo.io import InputError
+
+    runs = []
+    for policy in ("toy-nova", "toy-harmon"):
+        _write_eval(tmp_path, f"base/{policy}", [0.1] * 3, 0.1)
+        for v in ("grpo", "sim"):
+            runs.append(f"train/{policy}/mixed/{v}/seed0")
+            _write_eval(tmp_path, runs[-1], [0.2] * 3, 0.2)
+    spec = {"base": ["base/toy-nova", "base/toy-harmon"], "runs": runs, "baseline": "grpo", "ours": "sim"}
+    tables.table1(tmp_path, spec)
+    comp = tmp_path / "eval" / runs[2] / "compbench.csv"
+    full = pd.read_csv(comp)
+
+    full.iloc[[0, 2]].to_csv(comp, index=False)  # the "shape" row dropped
+    with pytest.raises(InputError, match=rf"{comp}: run {runs[2]} has no 'shape' row, which run base/toy-nova has"):
+        tables.table1(tmp_path, spec)
+    full.assign(strict=[0.2, None, 0.2]).to_csv(comp, index=False)
+    with pytest.raises(InputError, match=rf"{comp}: run {runs[2]}: shape has no finite value"):
+        tables.table1(tmp_path, spec)
+    full.assign(n_images=[4, 4, 12]).to_csv(comp, index=False)
+    with pytest.raises(InputError, match=rf"{comp}: run {runs[2]}: 'shape' averages 4 images, run base/toy-nova 8"):
+        tables.table1(tmp_path, spec)
+    full.to_csv(comp, index=False)
+    for run, files in (("base/toy-nova", ["a_000000.png", "b_000000.png"]), (runs[0], ["a_000000.png", "c_000000.png"])):
+        pd.DataFrame({"file": files, "strict": [0.1, 0.2]}).to_csv(tmp_path / "eval" / run / "compbench_per_image.csv", index=False)
+    tables.table1(tmp_path, spec)  # per-image files compared only where every run has one
+    for run in [*spec["base"][1:], *runs[1:]]:
+        pd.DataFrame({"file": ["a_000000.png", "b_000000.png"], "strict": [0.1, 0.2]}).to_csv(
+            tmp_path / "eval" / run / "compbench_per_image.csv", index=False)
+    with pytest.raises(InputError, match=rf"compbench_per_image.csv: run {runs[0]} scored other images than run base/toy-nova, e.g. 'b_000000.png'"):
+        tables.table1(tmp_path, spec)

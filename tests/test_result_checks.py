@@ -60,14 +60,48 @@ def test_an_edited_config_json_names_the_file(tmp_path, key, value):
 
 
 def test_a_config_json_that_does_not_match_its_weights_names_both(tmp_path):
-    """Without checksums (a folder from elsewhere) the weights are still checked against the config: one line."""
+    """Past the checksums (a config re-recorded with its edit), the weights are still checked against the config: one line."""
+    from margrpo.io import record_checksums
+
     tiny_policy().save_pretrained(tmp_path)
-    (tmp_path / "checksums.json").unlink()
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "width": 48, "heads": 4}))
+    record_checksums(tmp_path, ["config.json"])
     with pytest.raises(InputError, match=rf"{tmp_path / 'model.safetensors'}: does not match {tmp_path / 'config.json'}: "
                                          r"shape \(file vs config\)"):
         load_policy(tmp_path)
+
+
+def test_a_folder_margrpo_writes_loads_only_with_its_manifest(run, tmp_path, logged):
+    """Issue #31.3: a policy folder without checksums.json loaded unchecked (a bit flip or an edited config.json
+    sampled without a word). Every loader of a folder margrpo writes requires the manifest: policies, checkpoints
+    and their adapters, toyclip-format scorers and trainer states (which then start fresh)."""
+    from test_toyclip import tiny_model
+
+    from margrpo.rewards.toyclip import ToyClip
+
+    policy = copy_run(run, tmp_path) / "state/ckpt-000002/policy"
+    sums = json.loads((policy / "checksums.json").read_text())
+    (policy / "checksums.json").write_text(json.dumps({k: v for k, v in sums.items() if not k.startswith("adapter_")}))
+    with pytest.raises(InputError, match=f"{policy / 'adapter_model.safetensors'}: not listed in {policy / 'checksums.json'}"):
+        load_policy(policy)
+    (policy / "checksums.json").unlink()
+    flip_last_byte(policy / "model.safetensors")
+    with pytest.raises(InputError, match=f"{policy}: no checksums.json; margrpo writes one beside every folder"):
+        load_policy(policy)
+
+    clip = tmp_path / "toyclip"
+    tiny_model().save_pretrained(clip)
+    ToyClip.from_pretrained(clip)
+    (clip / "checksums.json").unlink()
+    with pytest.raises(InputError, match=f"{clip}: no checksums.json"):
+        ToyClip.from_pretrained(clip)
+
+    out = tmp_path / "run"
+    (out / "state/checksums.json").unlink()  # trainer.pt without its record: not resumed
+    logged()
+    assert not make_trainer(out, lora={"rank": 4}).try_resume()
+    assert f"{out / 'state'}: no checksums.json" in logged()
 
 
 def test_checkpoints_follow_the_umask(run):
@@ -91,6 +125,17 @@ def test_a_changed_trainer_state_is_not_resumed(run, tmp_path, logged):
     logged()
     assert not again.try_resume()
     assert f"{out / 'state/trainer.pt'}: sha256 differs" in logged()
+
+
+def test_a_fresh_start_removes_only_the_files_the_trainer_wrote(run, tmp_path):
+    """Issue #31.5: starting fresh cleared the whole state/, files the user put there included."""
+    out = copy_run(run, tmp_path)
+    (out / "state/notes.txt").write_text("mine")
+    (out / "state/ckpt-old").mkdir()
+    (out / "state/.trainer.pt.abc.tmp.pt").write_bytes(b"torn")  # a killed write's temporary file
+    flip_last_byte(out / "state/trainer.pt")
+    assert not make_trainer(out, lora={"rank": 4}).try_resume()
+    assert sorted(p.name for p in (out / "state").iterdir()) == ["ckpt-old", "notes.txt"]
 
 
 def test_a_symlinked_state_folder_is_refused_not_cleared(tmp_path):
@@ -181,3 +226,33 @@ def test_state_rewritten_in_place_verifies_at_any_kill_instant(tmp_path, monkeyp
     state.write_bytes(b"step 3")  # any other content is still refused
     with pytest.raises(InputError, match="sha256 differs"):
         mio.verify_checksums(tmp_path, ["trainer.pt"])
+
+
+def test_a_full_disk_during_a_checkpoint_write_names_the_path(tmp_path, monkeypatch):
+    """Issue #31.5: torch's writer says `basic_ios::clear` when the disk fills; the error names the file instead."""
+    import errno
+
+    import margrpo.io
+    from margrpo.io import NoSpaceError, atomic_write_text
+
+    def full(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0\nbasic_ios::clear: iostream error")
+
+    trainer = make_trainer(tmp_path / "run", steps=1)
+    monkeypatch.setattr(torch, "save", full)
+    monkeypatch.setattr(margrpo.io, "free_bytes", lambda path: 0)
+    with pytest.raises(NoSpaceError, match=f"no space left on {tmp_path / 'run/state/trainer.pt'} "):
+        trainer.train()
+    assert not [p for p in (tmp_path / "run/state").iterdir() if p.name.startswith(".")]  # no partial file left
+
+    monkeypatch.setattr(margrpo.io, "free_bytes", lambda path: 1 << 40)  # space to spare: torch's error is not ours to rename
+    with pytest.raises(RuntimeError, match="basic_ios::clear") as err:
+        make_trainer(tmp_path / "again", steps=1).train()
+    assert not isinstance(err.value, NoSpaceError)
+
+    def no_space(fd):  # where a full disk shows for buffered text: the flush before the rename
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(margrpo.io.os, "fsync", no_space)
+    with pytest.raises(NoSpaceError, match=f"no space left on {tmp_path / 'x.json'} "):
+        atomic_write_text(tmp_path / "x.json", "{}")

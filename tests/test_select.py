@@ -66,7 +66,10 @@ def test_no_checkpoints_and_bad_step_are_errors():
         parse_step("-1")
 
 
-def test_cli_writes_strict_json(tmp_path):
+def test_cli_writes_strict_json(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the summary's checkpoint paths are relative to the working directory
+    for step in (10, 20, 30):
+        (tmp_path / f"ckpt/step{step}/policy").mkdir(parents=True)
     summary = tmp_path / "summary.json"
     summary.write_text(json.dumps(_summary([0.2, float("nan"), 0.6])))
     out = tmp_path / "select" / "run" / "selection.json"
@@ -82,3 +85,16 @@ def test_cli_writes_strict_json(tmp_path):
 
     with pytest.raises(ValueError, match="available steps"):
         main(["select", "--summary", str(summary), "--step", "15", "--out", str(out)])
+
+
+def test_cli_fails_when_the_selected_checkpoint_is_missing(tmp_path, monkeypatch):
+    """Issue #31.5: a summary pointing at a deleted checkpoint ends `select` itself, naming the summary and folder."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ckpt/step10/policy").mkdir(parents=True)
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps(_summary([0.2, 0.6])))
+    out = tmp_path / "selection.json"
+    with pytest.raises(SystemExit, match=r"summary.json: the selected checkpoint \(step 20\) folder ckpt/step20/policy does not exist"):
+        main(["select", "--summary", str(summary), "--step", "best", "--out", str(out)])
+    assert not out.exists()
+    assert main(["select", "--summary", str(summary), "--step", "10", "--out", str(out)]) == 0

@@ -147,9 +147,9 @@ def test_train_spec_leaves_the_new_keys_out_at_their_defaults():
     from margrpo.config import load_config, train_spec, validate_train_spec
 
     config = load_config(REPO / "config/config.yaml")
-    spec = train_spec(config, "toy-nova", "toyclip", "fix")
+    spec = train_spec(config, "toy-nova", "toypref", "fix")
     assert "trackers" not in spec["grpo"] and "ema_decay" not in spec["grpo"]
     filled = validate_train_spec(spec)["grpo"]
     assert filled["trackers"] == ["tensorboard"] and filled["ema_decay"] is None
     config["grpo"]["ema_decay"] = 0.99
-    assert train_spec(config, "toy-nova", "toyclip", "fix")["grpo"]["ema_decay"] == 0.99
+    assert train_spec(config, "toy-nova", "toypref", "fix")["grpo"]["ema_decay"] == 0.99

@@ -250,7 +250,7 @@ def test_a_killed_training_job_resumes_with_rerun_incomplete(smoke_run, tmp_path
     config.write_text((REPO / "config/smoke.yaml").read_text().replace("grpo: {steps: 2,", "grpo: {steps: 40,"))
     work = tmp_path / "work"  # a copy: the other tests keep the smoke run as it was
     shutil.copytree(smoke_run, work, symlinks=True)
-    run = work / "results/smoke/train/toy-nova/mixed/fix/seed0"
+    run = work / "results/smoke/train/toy-nova/toypref/fix/seed0"
     shutil.rmtree(run)  # outputs and state of the short run: this one starts from nothing
     (work / "results/smoke/settings.json").unlink()  # under other settings (more steps): deliberately
     target = str(run.relative_to(work) / "summary.json")
@@ -267,7 +267,7 @@ def test_a_killed_training_job_resumes_with_rerun_incomplete(smoke_run, tmp_path
     assert snakemake(work, "--unlock", configfile=config).returncode == 0  # a hard kill leaves snakemake's lock
     out = snakemake(work, "--rerun-incomplete", target, configfile=config)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    log = (work / "logs/smoke/train/toy-nova/mixed/fix/seed0.log").read_text()
+    log = (work / "logs/smoke/train/toy-nova/toypref/fix/seed0.log").read_text()
     assert "resumed from" in log and (run / "summary.json").exists(), log[-2000:]
 
 

@@ -225,7 +225,7 @@ def test_rl_frozen_reaches_the_run_spec_only_where_set():
     spec = train_spec(harmon, "harmon", "hps", "sim")
     assert spec["grpo"]["frozen"] == ["llm.", "proj_in.", "proj_out."]
     toy = load_config(REPO / "config/config.yaml")
-    assert "frozen" not in train_spec(toy, "toy-nova", "toyclip", "fix")["grpo"]
+    assert "frozen" not in train_spec(toy, "toy-nova", "toypref", "fix")["grpo"]
 
 
 def test_schema_defaults_are_the_dataclass_defaults():

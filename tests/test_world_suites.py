@@ -108,6 +108,7 @@ GOOD = {"prompt": "a red circle", "category": "color",
         (json.dumps(GOOD | {"spec": {**GOOD["spec"], "objects": [{"color": None, "shape": "hexagon", "texture": None, "count": 1}]}}), "unknown shape"),
         (json.dumps(GOOD | {"spec": {**GOOD["spec"], "objects": [{"color": None, "shape": "circle", "texture": "furry", "count": 1}]}}), "unknown texture"),
         (json.dumps(GOOD), "repeats line 1"),
+        ('{"prompt": "a blue circle", ' + json.dumps(GOOD)[1:], "key 'prompt' is given twice"),
     ],
 )
 def test_malformed_suite_lines_name_file_and_line(tmp_path, line, message):
@@ -138,7 +139,8 @@ def test_make_suites_and_eval_compbench_stages(tmp_path):
     parser = argparse.ArgumentParser()
     eval_compbench.add_arguments(parser)
     per_image, per_category = tmp_path / "pi.csv", tmp_path / "pc.csv"
-    argv = ["--samples-dir", str(samples.parent), "--suite", str(out / "eval.jsonl"), "--out-per-image", str(per_image), "--out-per-category", str(per_category)]
+    argv = ["--samples-dir", str(samples.parent), "--suite", str(out / "eval.jsonl"), "--out-per-image", str(per_image), "--out-per-category",
+            str(per_category), "--images-per-prompt", "2"]
     eval_compbench.run(parser.parse_args(argv))
     import pandas as pd
 
@@ -149,3 +151,45 @@ def test_make_suites_and_eval_compbench_stages(tmp_path):
     Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(samples / "a purple hexagon_000000.png")
     with pytest.raises(ValueError, match="a purple hexagon_000000.png"):
         eval_compbench.run(parser.parse_args(argv))
+
+
+@pytest.fixture
+def sampled(tmp_path):
+    """A toy eval suite of 4 prompts and its complete samples folder, 2 images each."""
+    from margrpo.stages import make_suites
+
+    parser = argparse.ArgumentParser()
+    make_suites.add_arguments(parser)
+    out = tmp_path / "suites"
+    make_suites.run(parser.parse_args(["--out-dir", str(out), "--n-train", "12", "--n-val", "4", "--n-eval", "4", "--snap", "true", "--palette-size", "6"]))
+    samples = tmp_path / "samples"
+    samples.mkdir()
+    prompts = [r.prompt for r in load_suite(out / "eval.jsonl")]
+    for p in prompts:
+        for i in range(2):
+            Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(samples / f"{p}_{i:06d}.png")
+    return out / "eval.jsonl", samples, prompts
+
+
+@pytest.mark.parametrize("stage", ["eval-compbench", "eval-preference"])
+def test_evaluation_reads_a_complete_sample_set_or_refuses(sampled, tmp_path, stage):
+    """Issue #31.1: a deleted PNG, or an extra index at fewer images per prompt, gave a mean over other images (exit 0)."""
+    from margrpo.cli import main
+
+    suite, samples, prompts = sampled
+    outs = (["--out-per-image", str(tmp_path / "i.csv"), "--out-per-category", str(tmp_path / "c.csv")] if stage == "eval-compbench"
+            else ["--scorers", "shapes", "--out", str(tmp_path / "p.csv")])
+
+    def run(*extra):
+        return main([stage, "--samples-dir", str(samples), "--suite", str(suite), *outs, *extra])
+
+    assert run("--images-per-prompt", "2") == 0
+    first = sorted(prompts)[0]  # extra files are named in file-name order
+    with pytest.raises(SystemExit, match=rf"{samples / (first + '_000001.png')}: extra sample: index 1 is past --images-per-prompt 1"):
+        run("--images-per-prompt", "1")
+    with pytest.raises(SystemExit, match=rf"{samples / (prompts[3] + '_000000.png')}: extra sample: prompt .* is not among the 3 evaluated"):
+        run("--images-per-prompt", "2", "--max-prompts", "3")
+    (samples / f"{prompts[2]}_000001.png").unlink()
+    with pytest.raises(SystemExit, match=rf"{samples / (prompts[2] + '_000001.png')}: missing; the evaluation needs 2 image\(s\) of each "
+                                         r"of the 4 prompts .* \(7 of 8 found\)"):
+        run("--images-per-prompt", "2")

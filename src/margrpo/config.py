@@ -121,6 +121,10 @@ def validate_config(config: dict, source: str = "config", root: str | Path | Non
     _check_variants(config, source)
     _check_ablations(config, source, Path(root) if root else REPO_ROOT)
     _check_settings(config, source)
+    from margrpo.config_checks import check_related, check_world  # the stages' own readers: imported when needed
+
+    check_world(config, source)
+    check_related(config, source)
     return config
 
 
@@ -206,22 +210,33 @@ def _check_variants(config: dict, source: str) -> None:
         _errors(schema_section("grpo"), variant["overrides"], source, fill=False, at=where)  # no defaults: a delta
         g = {**config["grpo"], **variant["overrides"]}
         key = lambda k: f"{where}.{k}" if k in variant["overrides"] else f"grpo.{k}"  # noqa: E731
-        procs = config["train_processes"]
-        if g["batch_prompts"] % procs:
-            raise ConfigError(f"{source}: key '{key('batch_prompts')}': {g['batch_prompts']} prompt groups do not split evenly "
-                              f"over train_processes = {procs} (each process rolls out whole groups) in variant {name!r}")
-        images = g["batch_prompts"] * g["group_size"] // procs
-        if images % g["micro_batches"]:
-            raise ConfigError(f"{source}: key '{key('micro_batches')}': {g['micro_batches']} micro-batches do not divide the "
-                              f"{images} images of a batch (batch_prompts x group_size / train_processes) in variant {name!r}")
-        for pname, policy in config["policies"].items():
-            s = policy["sampling"]
-            if g["mask_steps"] > s["ar_steps"]:
-                raise ConfigError(f"{source}: key '{key('mask_steps')}': |M| = {g['mask_steps']} exceeds policies.{pname}.sampling.ar_steps = {s['ar_steps']}")
-            stochastic = s["diffusion_steps"] - (0 if s["final_step_noise"] else 1)
-            if g["diffusion_steps"] > stochastic:
-                raise ConfigError(f"{source}: key '{key('diffusion_steps')}': |T| = {g['diffusion_steps']} exceeds the {stochastic} "
-                                  f"stochastic steps of policies.{pname}.sampling.diffusion_steps")
+        samplings = {f"policies.{pname}.sampling": policy["sampling"] for pname, policy in config["policies"].items()}
+        check_grpo_run(g, samplings, config["train_processes"], source, key, f" in variant {name!r}")
+
+
+def check_grpo_run(g: dict, samplings: dict[str, dict], procs: int, source: str, key, context: str = "") -> None:
+    """A run's GRPO settings against its process count and the sampling of each policy it may train (`samplings`:
+    {key path: sampling}). One check for the dry run (every variant x policy) and `margrpo train` (its spec)."""
+    if g["batch_prompts"] % procs:
+        raise ConfigError(f"{source}: key '{key('batch_prompts')}': {g['batch_prompts']} prompt groups do not split evenly "
+                          f"over train_processes = {procs} (each process rolls out whole groups){context}")
+    images = g["batch_prompts"] * g["group_size"] // procs
+    if images % g["micro_batches"]:
+        raise ConfigError(f"{source}: key '{key('micro_batches')}': {g['micro_batches']} micro-batches do not divide the "
+                          f"{images} images of a batch (batch_prompts x group_size / train_processes){context}")
+    for where, s in samplings.items():
+        if g["mask_steps"] > s["ar_steps"]:
+            raise ConfigError(f"{source}: key '{key('mask_steps')}': |M| = {g['mask_steps']} exceeds {where}.ar_steps = {s['ar_steps']}")
+        stochastic = s["diffusion_steps"] - (0 if s["final_step_noise"] else 1)
+        if g["diffusion_steps"] > stochastic:
+            raise ConfigError(f"{source}: key '{key('diffusion_steps')}': |T| = {g['diffusion_steps']} exceeds the {stochastic} "
+                              f"stochastic steps of {where}.diffusion_steps")
+
+
+def check_val_prompts(val_prompts: int, val_size: int, val_from: str, source: str, key: str, context: str = "") -> None:
+    """Validation takes the first `val_prompts` of the validation suite: more than it holds would validate on fewer."""
+    if val_prompts > val_size:
+        raise ConfigError(f"{source}: key '{key}': {val_prompts} exceeds the {val_size} prompts of the validation suite ({val_from}){context}")
 
 
 def _check_settings(config: dict, source: str) -> None:
@@ -238,8 +253,8 @@ def _check_settings(config: dict, source: str) -> None:
     for name, variant in config["variants"].items():
         g = {**config["grpo"], **variant["overrides"]}
         key = lambda k: f"variants.{name}.overrides.{k}" if k in variant["overrides"] else f"grpo.{k}"  # noqa: E731
-        if val_size is not None and g["val_prompts"] > val_size:
-            fail(key("val_prompts"), f"{g['val_prompts']} exceeds the {val_size} prompts of the validation suite ({val_from}) in variant {name!r}")
+        if val_size is not None:
+            check_val_prompts(g["val_prompts"], val_size, val_from, source, key("val_prompts"), f" in variant {name!r}")
         step = variant["report_step"]
         if isinstance(step, int) and step > g["steps"]:
             fail(f"variants.{name}.report_step", f"step {step} is past the run's last step ({key('steps')} = {g['steps']})")
@@ -529,3 +544,4 @@ def related_train_spec(config: dict, method: str) -> dict:
 
 def _without(d: dict, *keys: str) -> dict:
     return {k: v for k, v in d.items() if k not in keys}
+

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import hashlib
 import json
 import math
@@ -37,11 +38,14 @@ __all__ = [
     "spec_hash",
     "read_json",
     "InputError",
+    "NoSpaceError",
+    "space_named",
     "CHECKSUMS",
     "checked_path",
     "sha256_file",
     "record_checksums",
     "verify_checksums",
+    "verify_outside",
     "save_safetensors",
     "refuse_symlink",
 ]
@@ -52,6 +56,52 @@ class InputError(ValueError):
 
     The message names the file (and line) or the key; the CLI prints it as one line, without a traceback.
     """
+
+
+class NoSpaceError(InputError):
+    """A write that failed because its filesystem is full: one line naming the file (torch's own writer says only
+    `basic_ios::clear`). What was written before stays whole (the writers are atomic), so a rerun resumes."""
+
+
+# what torch's zip writer (PyTorchStreamWriter) raises when a write fails: a RuntimeError without the errno
+TORCH_WRITE_FAILURES = ("basic_ios::clear", "file write failed", "unexpected pos", "PytorchStreamWriter failed")
+LOW_SPACE = 64 << 20  # bytes: below this, a failed write of the torch writer is taken to be for want of space
+
+
+def free_bytes(path: str | os.PathLike) -> int:
+    """Bytes an unprivileged process may still write on `path`'s filesystem."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def _out_of_space(err: BaseException, folder: Path) -> bool:
+    """`err` says the filesystem of `folder` is full; measured before the partial file is removed."""
+    if isinstance(err, OSError):
+        return err.errno == errno.ENOSPC
+    if isinstance(err, RuntimeError) and any(m in str(err) for m in TORCH_WRITE_FAILURES):
+        try:
+            return free_bytes(folder) < LOW_SPACE
+        except OSError:
+            return False
+    return False
+
+
+def _no_space(err: BaseException, path: Path) -> NoSpaceError:
+    detail = err.strerror if isinstance(err, OSError) and err.strerror else str(err).strip().splitlines()[-1]
+    return NoSpaceError(f"no space left on {path} (writing it failed: {detail}); free space on its filesystem and rerun")
+
+
+@contextlib.contextmanager
+def space_named(path: str | os.PathLike) -> Iterator[None]:
+    """Writes under `path` whose own errors hide a full filesystem (a tokenizer's save, torch's writer) end with
+    NoSpaceError naming `path`; the atomic writers below name their file themselves."""
+    path = Path(path)
+    try:
+        yield
+    except (OSError, RuntimeError) as err:
+        if not isinstance(err, NoSpaceError) and _out_of_space(err, path if path.is_dir() else path.parent):
+            raise _no_space(err, path) from err
+        raise
 
 
 def _current_umask() -> int:
@@ -81,8 +131,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         yield tmp_path
         os.chmod(tmp_path, _FILE_MODE)
         os.replace(tmp_path, path)
-    except BaseException:
+    except BaseException as err:
+        full = _out_of_space(err, path.parent)
         tmp_path.unlink(missing_ok=True)
+        if full and not isinstance(err, NoSpaceError):
+            raise _no_space(err, path) from err
         raise
 
 
@@ -107,8 +160,11 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
             path.rename(old)
         tmp.rename(path)
         shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
+    except BaseException as err:
+        full = _out_of_space(err, path.parent)
         shutil.rmtree(tmp, ignore_errors=True)
+        if full and not isinstance(err, NoSpaceError):
+            raise _no_space(err, path) from err
         raise
 
 
@@ -262,16 +318,42 @@ def record_checksums(folder: str | os.PathLike, names: Iterable[str] | None = No
     atomic_write_json(d / CHECKSUMS, dict(sorted(sums.items())), indent=1)
 
 
-def verify_checksums(folder: str | os.PathLike, names: Iterable[str] | None = None) -> None:
-    """Each file of `folder`'s checksums.json (or those of `names` it lists) still has its recorded sha256, else
-    InputError naming the file. A folder without the file (published weights, older runs) is not checked."""
+def verify_checksums(folder: str | os.PathLike, names: Iterable[str] | None = None, *, required: bool = True) -> bool:
+    """Each file of `folder`'s checksums.json (or each of `names`) still has its recorded sha256, else InputError
+    naming the file. Every folder margrpo writes carries the manifest, so by default a folder without it, or a
+    named file it does not list, is refused too; `required=False` (an outside folder: published weights) leaves
+    such a folder to the loader's strict key checks. Returns whether the folder has a manifest."""
     d = Path(folder)
     sums = _manifest(d)
+    if not (d / CHECKSUMS).is_file():
+        if required:
+            raise InputError(f"{d}: no {CHECKSUMS}; margrpo writes one beside every folder and state it saves (the sha256 "
+                             "of each file, checked on load), so a changed or damaged file cannot load unnoticed: rerun the "
+                             "stage that writes this folder")
+        return False
+    names = None if names is None else list(names)
+    if required and names is not None:
+        unlisted = [n for n in names if n not in sums]
+        if unlisted:
+            raise InputError(f"{d / unlisted[0]}: not listed in {d / CHECKSUMS}; it was not written with this folder")
     for name in sums if names is None else [n for n in names if n in sums]:
         path = d / name
         if path.is_file() and sha256_file(path) not in _accepted(sums[name]):  # a missing file is the loader's to name
             raise InputError(f"{path}: sha256 differs from the one recorded in {d / CHECKSUMS} when it was written; "
                              "the file was changed or damaged since")
+    return True
+
+
+def verify_outside(folder: str | os.PathLike, what: str) -> bool:
+    """`verify_checksums` for a folder that may come from outside margrpo (published `what` weights): without a
+    manifest it loads with the loader's strict key and shape checks only, and the log says so."""
+    if verify_checksums(folder, required=False):
+        return True
+    import logging
+
+    logging.getLogger(__name__).warning("%s: no %s (not written by margrpo): loading the %s weights with strict key and "
+                                        "shape checks only", folder, CHECKSUMS, what)
+    return False
 
 
 @contextlib.contextmanager

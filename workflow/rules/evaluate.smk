@@ -34,6 +34,8 @@ rule eval_compbench:
         per_category=f"{RUNS}/eval/{{run}}/compbench.csv",
         per_image=f"{RUNS}/eval/{{run}}/compbench_per_image.csv",
     params:
+        n=config["evaluation"]["images_per_prompt"],
+        max_prompts=config["evaluation"]["max_prompts"] or 0,
         evaluator=config["evaluation"]["compbench"],
         models=json.dumps(config["evaluation"]["compbench_models"]),
     resources:
@@ -46,7 +48,7 @@ rule eval_compbench:
         f"benchmarks/{NAME}/eval_compbench/{{run}}.tsv"
     shell:
         "margrpo eval-compbench --samples-dir {input.samples:q} --suite {input.suite:q}"
-        " --evaluator {params.evaluator:q} --models-json {params.models:q}"
+        " --images-per-prompt {params.n:q} --max-prompts {params.max_prompts:q} --evaluator {params.evaluator:q} --models-json {params.models:q}"
         " --out-per-image {output.per_image:q} --out-per-category {output.per_category:q} > {log:q} 2>&1"
 
 
@@ -59,6 +61,8 @@ rule eval_preference:
     output:
         f"{RUNS}/eval/{{run}}/preference.csv",
     params:
+        n=config["evaluation"]["images_per_prompt"],
+        max_prompts=config["evaluation"]["max_prompts"] or 0,
         scorers=",".join(config["evaluation"]["preference"]),
         options=json.dumps(config["reward_models"]),
         toyclip=f"{TOYCLIP}/model",
@@ -74,4 +78,5 @@ rule eval_preference:
         f"benchmarks/{NAME}/eval_preference/{{run}}.tsv"
     shell:
         "margrpo eval-preference --samples-dir {input.samples:q} --suite {input.suite:q} --scorers {params.scorers:q}"
+        " --images-per-prompt {params.n:q} --max-prompts {params.max_prompts:q}"
         " --options-json {params.options:q} --toyclip-dir {params.toyclip:q} --toypref-dir {params.toypref:q} --out {output:q} > {log:q} 2>&1"

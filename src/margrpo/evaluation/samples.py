@@ -1,10 +1,15 @@
-"""The T2I-CompBench sample layout both evaluators read: `samples/{prompt}_{index:06d}.png`."""
+"""The T2I-CompBench sample layout both evaluators read: `samples/{prompt}_{index:06d}.png`.
+
+An evaluation reads a complete set (`complete_samples`): every prompt it evaluates, `images_per_prompt` times,
+and nothing else; a folder with a file missing or one too many would give a mean over other images."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from margrpo.io import InputError
 
 _NAME = re.compile(r"^(?P<prompt>.+)_(?P<index>\d{6})\.png$")
 
@@ -38,3 +43,40 @@ def list_samples(samples_dir: str | Path) -> list[Sample]:
     if bad:
         raise ValueError(f"{root}: {len(bad)} file name(s) are not {{prompt}}_{{index:06d}}.png, e.g. {bad[0]!r}")
     return [Sample(f, *parse_sample_name(f.name)) for f in files]
+
+
+def evaluated_records(records: list, max_prompts: int) -> list:
+    """The suite records `sample` draws and an evaluation reads: the first `max_prompts` (0: every one)."""
+    if not isinstance(max_prompts, int) or max_prompts < 0:
+        raise InputError(f"--max-prompts: {max_prompts}; expected 0 (every prompt of the suite) or a positive count")
+    return records[:max_prompts] if max_prompts else records
+
+
+def complete_samples(samples_dir: str | Path, prompts: list[str], images_per_prompt: int, suite: str | Path) -> list[Sample]:
+    """`list_samples` (in file-name order), checked to hold each of `prompts` (the suite's, or its first
+    `--max-prompts`) exactly `images_per_prompt` times; InputError naming the first missing or extra file."""
+    if images_per_prompt < 1:
+        raise InputError(f"--images-per-prompt: {images_per_prompt}; expected at least 1")
+    samples = list_samples(samples_dir)
+    root = samples[0].path.parent
+    by_name = {s.path.name: s for s in samples}
+    wanted = set(prompts)
+    suite_prompts = None
+    for s in samples:
+        if s.prompt not in wanted or s.index >= images_per_prompt:
+            if s.prompt not in wanted:
+                from margrpo.prompts.suites import load_suite
+
+                suite_prompts = suite_prompts or {r.prompt for r in load_suite(suite)}
+                why = (f"prompt {s.prompt!r} is not in the suite {suite}" if s.prompt not in suite_prompts else
+                       f"prompt {s.prompt!r} is not among the {len(prompts)} evaluated prompts of {suite} (--max-prompts)")
+            else:
+                why = f"index {s.index} is past --images-per-prompt {images_per_prompt} (indices 0 to {images_per_prompt - 1})"
+            raise InputError(f"{s.path}: extra sample: {why}; the evaluation reads each prompt's images exactly once")
+    for prompt in prompts:
+        for index in range(images_per_prompt):
+            name = f"{prompt}_{index:06d}.png"
+            if name not in by_name:
+                raise InputError(f"{root / name}: missing; the evaluation needs {images_per_prompt} image(s) of each of "
+                                 f"the {len(prompts)} prompts of {suite} ({len(samples)} of {len(prompts) * images_per_prompt} found)")
+    return samples

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from margrpo.evaluation.samples import list_samples
+from margrpo.evaluation.samples import complete_samples, evaluated_records
 from margrpo.prompts.suites import load_suite
 from margrpo.world import CATEGORIES, WorldConfig, heldout_in_spec, score
 
@@ -31,22 +31,24 @@ def world_for_suite(suite_path: str | Path) -> WorldConfig:
 
 
 def evaluate_samples(
-    samples_dir: str | Path, suite_path: str | Path, cfg: WorldConfig | None = None
+    samples_dir: str | Path, suite_path: str | Path, cfg: WorldConfig | None = None, *, images_per_prompt: int,
+    max_prompts: int = 0,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(per-image table, per-category table) of the samples against the suite.
+    """(per-image table, per-category table) of the samples against the suite: its first `max_prompts`
+    prompts (0: all), each `images_per_prompt` times exactly (`complete_samples`).
 
     Per category: category, n_images, strict (mean), lenient (mean), in CATEGORIES order; the
     per-image table has every score term plus `unseen` (the prompt binds a held-out pair).
     """
     cfg = cfg or world_for_suite(suite_path)
-    records = {r.prompt: r for r in load_suite(suite_path)}
+    suite = load_suite(suite_path)
+    records = {r.prompt: r for r in suite}
     heldout = cfg.heldout_pairs()
     rows = []
-    for sample in list_samples(samples_dir):  # names checked: {prompt}_{index:06d}.png
+    prompts = [r.prompt for r in evaluated_records(suite, max_prompts)]
+    for sample in complete_samples(samples_dir, prompts, images_per_prompt, suite_path):  # names checked: {prompt}_{index:06d}.png
         path = sample.path
-        record = records.get(sample.prompt)
-        if record is None:
-            raise ValueError(f"{path}: prompt {sample.prompt!r} is not in the suite {suite_path}")
+        record = records[sample.prompt]
         with Image.open(path) as im:
             image = np.asarray(im.convert("RGB"))  # (H, W, 3) uint8
         result = score(record.spec, image, record.category, cfg)

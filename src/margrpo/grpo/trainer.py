@@ -12,6 +12,7 @@ import copy
 import contextlib
 import logging
 import math
+import re
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -46,7 +47,7 @@ from margrpo.grpo.functions import (
 from margrpo.grpo.grad_stats import MicroBatchGradStats
 from margrpo.grpo.run_loop import RunState, write_run_outputs
 from margrpo.grpo.streams import VAL_SEED, group_generators, step_generator
-from margrpo.io import InputError, checked_path, refuse_symlink, spec_hash, verify_checksums
+from margrpo.io import CHECKSUMS, InputError, checked_path, refuse_symlink, space_named, spec_hash, verify_checksums
 from margrpo.policy.base import MARPolicy
 from margrpo.policy.memory import adapter_parameters, adapters_disabled, add_lora, load_adapters, save_adapters
 from margrpo.prompts.suites import PromptSet
@@ -405,20 +406,39 @@ class GRPOTrainer:
         """Checkpoint (policy folder) + resumable trainer state, written atomically."""
         ckpt = self.state_dir / f"ckpt-{self.step:06d}" / "policy"
         if self.accelerator.is_main_process:
-            policy = self.accelerator.unwrap_model(self.policy)
-            with self.ema.applied(policy) if self.ema else contextlib.nullcontext():  # selection and evaluation read the EMA
-                policy.save_pretrained(ckpt)
-                if self.cfg.lora:  # the base weights above are unchanged; the adapters beside them
-                    save_adapters(policy, ckpt)
-            # tensors and primitives only (loads with weights_only=True); the policy is the ckpt folder beside it
-            state = {"step": self.step, "optimizer": self.optimizer.state_dict(), "rows": self.rows,
-                     "checkpoints": self.checkpoints, "nonfinite_run": self.nonfinite_run, "spec_hash": self.spec_hash}
-            if self.ema:  # the raw trained weights RL goes on from, and their average
-                state.update(raw=self.ema.tracked(policy), ema=self.ema.shadow)
-            with checked_path(self.state_dir / "trainer.pt") as tmp:  # a resume checks it (a bit flip loads silently)
-                torch.save(state, tmp)
+            with space_named(ckpt.parent):  # a full disk says so, naming the checkpoint (torch: "basic_ios::clear")
+                self._save_main(ckpt)
         # no rank goes on before the checkpoint is on disk: a process that dies in the next step cannot take it with it
         self.accelerator.wait_for_everyone()
+
+    def _save_main(self, ckpt: Path) -> None:
+        """The main process's part of `save`: the policy folder, then trainer.pt."""
+        policy = self.accelerator.unwrap_model(self.policy)
+        with self.ema.applied(policy) if self.ema else contextlib.nullcontext():  # selection and evaluation read the EMA
+            policy.save_pretrained(ckpt)
+            if self.cfg.lora:  # the base weights above are unchanged; the adapters beside them
+                save_adapters(policy, ckpt)
+        # tensors and primitives only (loads with weights_only=True); the policy is the ckpt folder beside it
+        state = {"step": self.step, "optimizer": self.optimizer.state_dict(), "rows": self.rows,
+                 "checkpoints": self.checkpoints, "nonfinite_run": self.nonfinite_run, "spec_hash": self.spec_hash}
+        if self.ema:  # the raw trained weights RL goes on from, and their average
+            state.update(raw=self.ema.tracked(policy), ema=self.ema.shadow)
+        with checked_path(self.state_dir / "trainer.pt") as tmp:  # a resume checks it (a bit flip loads silently)
+            torch.save(state, tmp)
+
+    def clear_state(self) -> None:
+        """Remove what `save` writes in state/ (trainer.pt, checksums.json, ckpt-<step>/ and their temporary files),
+        nothing else: a fresh start never deletes a file it did not write."""
+        for p in self.state_dir.iterdir():
+            name = p.name.lstrip(".")  # atomic writers' temporary names: .<name>.<random>.tmp...
+            owned = (p.name in ("trainer.pt", CHECKSUMS) or re.fullmatch(r"ckpt-\d{6}", p.name)
+                     or (p.name.startswith(".") and name.split(".", 1)[0] in ("trainer", "checksums")))
+            if owned and p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            elif owned:
+                p.unlink()
+            else:
+                log.info("keeping %s: not written by this trainer", p)
 
     def try_resume(self) -> bool:
         """Resume from state/ only if it was written under this run's spec (`self.spec_hash`); else clear it."""
@@ -439,8 +459,7 @@ class GRPOTrainer:
         if state.get("spec_hash") != self.spec_hash:
             log.info("not resuming from %s: %s; starting fresh", path, why)
             if self.accelerator.is_main_process:
-                shutil.rmtree(self.state_dir)
-                self.state_dir.mkdir(parents=True)
+                self.clear_state()
             barrier()
             return False
         ckpt = self.state_dir / f"ckpt-{state['step']:06d}" / "policy"  # found beside trainer.pt wherever the folder is now

@@ -59,7 +59,7 @@ from torch import Tensor, nn
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 
 from margrpo.diffusion import DDPMConfig, DDPMSampler, Sampler
-from margrpo.io import atomic_path, atomic_write_json, record_checksums, verify_checksums
+from margrpo.io import atomic_path, atomic_write_json, record_checksums, verify_outside
 from margrpo.policy.base import MARPolicy, TextCondition
 from margrpo.policy.harmon_config import QWEN2_5_1_5B_INSTRUCT, HarmonConfig
 from margrpo.policy.mar_h import MAR, build_mlp, build_vae, vae_key_to_ldm
@@ -248,7 +248,7 @@ class HarmonPolicy(MARPolicy):
         """
         # 1. the folder: our config.json (or Harmon-1.5B defaults), every expected file, the LLM's config
         d = Path(local_dir)
-        verify_checksums(d)
+        verify_outside(d, "Harmon")  # released weights carry no manifest; margrpo's checkpoints do
         config = _read_config(d)
         expected = [d / config.weights_name, d / config.vae_name] + [d / config.llm_dir / f for f in LLM_FILES]
         missing = [str(p) for p in expected if not p.is_file()]

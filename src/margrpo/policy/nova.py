@@ -29,7 +29,7 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from margrpo.diffusion import FlowSDESampler, Sampler
-from margrpo.io import read_json, record_checksums, save_safetensors, state_mismatch, verify_checksums
+from margrpo.io import read_json, record_checksums, save_safetensors, state_mismatch, verify_outside
 from margrpo.policy.base import MARPolicy, TextCondition
 from margrpo.policy.layers import Attention, timestep_embedding
 from margrpo.policy.memory import run_blocks
@@ -546,7 +546,7 @@ class NovaPolicy(MARPolicy):
 
         d = Path(directory)
         _require(d)
-        verify_checksums(d)
+        verify_outside(d, "NOVA")  # released weights carry no manifest; margrpo's checkpoints do
         shift = 1.0
         if (d / "scheduler" / "scheduler_config.json").is_file():
             shift = float(read_json(d / "scheduler" / "scheduler_config.json").get("shift", 1.0))

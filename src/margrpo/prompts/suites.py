@@ -68,17 +68,34 @@ def text_lines(path: str | Path) -> Iterator[tuple[int, str]]:
             yield lineno, line.removeprefix("\ufeff") if lineno == 1 else line
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """json's object hook: a key given twice would keep its last value silently; refuse it."""
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
 def read_jsonl(path: str | Path) -> Iterator[tuple[int, object]]:
-    """(line number, value) of each non-blank line of a JSON Lines file; a line that is not JSON
-    raises InputError naming file:line. What a value must hold is the caller's check."""
+    """(line number, value) of each non-blank line of a JSON Lines file; a line that is not JSON, or
+    an object that gives a key twice, raises InputError naming file:line. What a value must hold is the
+    caller's check."""
     path = Path(path)
     for lineno, line in text_lines(path):
         if not line.strip():
             continue
         try:
-            value = json.loads(line)
+            value = json.loads(line, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as err:
             raise InputError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
+        except _DuplicateKey as err:
+            raise InputError(f"{path}:{lineno}: key {err.args[0]!r} is given twice; JSON would keep the last silently") from None
         yield lineno, value
 
 

@@ -50,6 +50,7 @@ __all__ = [
     "load_compbench_per_image",
     "load_preference",
     "eval_scores",
+    "comparable_scores",
     "list_samples",
     "sample_image",
     "load_uncertainty",
@@ -307,20 +308,63 @@ def load_preference(root: str | Path, run: str) -> pd.DataFrame:
     return _read_csv(Path(root) / "eval" / run / "preference.csv", "margrpo eval-preference", ["scorer", "mean"])
 
 
+def _eval_entries(root: str | Path, run: str) -> dict[tuple[str, str], tuple[float, float, Path]]:
+    """(value, images it averages or NaN, file) of each number a table reports for one run; a blank or non-finite
+    value is an InputError naming the run and file (a table would show it as a dash, or average it away)."""
+    files = {"pref": Path(root) / "eval" / run / "preference.csv", "compbench": Path(root) / "eval" / run / "compbench.csv"}
+    pref, comp = load_preference(root, run), load_compbench(root, run)
+    out: dict[tuple[str, str], tuple[float, float, Path]] = {}
+    for group, names, values, ns in (("pref", pref["scorer"], pref["mean"], pref.get("n", pd.Series([math.nan] * len(pref)))),
+                                     ("compbench", comp["category"], comp["strict"], comp["n_images"])):
+        for name, value, n in zip(names.astype(str), values, ns):
+            value = pd.to_numeric(value, errors="coerce")
+            if not math.isfinite(value):
+                raise InputError(f"{files[group]}: run {run}: {name} has no finite value ({value}); a table cannot report it")
+            if (group, name) in out:
+                raise InputError(f"{files[group]}: run {run}: {name} is listed twice")
+            out[(group, name)] = (float(value), float(pd.to_numeric(n, errors="coerce")), files[group])
+    return out
+
+
 def eval_scores(root: str | Path, run: str) -> dict[tuple[str, str], float]:
     """The numbers a table reports for one run, in file order.
 
     Keys ``("pref", scorer)`` -> mean preference score and ``("compbench", category)`` -> strict
     score (``overall`` last).
     """
-    pref = load_preference(root, run)
-    comp = load_compbench(root, run)
-    out: dict[tuple[str, str], float] = {}
-    for scorer, mean in zip(pref["scorer"].astype(str), pref["mean"]):
-        out[("pref", scorer)] = float(mean)
-    for cat, strict in zip(comp["category"], comp["strict"]):
-        out[("compbench", cat)] = float(strict)
-    return out
+    return {k: v for k, (v, _, _) in _eval_entries(root, run).items()}
+
+
+def comparable_scores(root: str | Path, runs: Sequence[str]) -> dict[str, dict[tuple[str, str], float]]:
+    """`eval_scores` of each run, checked to compare like with like: the same preference scorers and CompBench
+    categories, each over as many images, and (where every run has its per-image CSV) the same image files: one
+    prompt suite at one images_per_prompt. Otherwise an InputError naming the run and file that differ."""
+    entries = {run: _eval_entries(root, run) for run in dict.fromkeys(runs)}
+    if not entries:
+        return {}
+    ref = next(iter(entries))
+    for run, got in entries.items():
+        for key, (_, n, path) in entries[ref].items():
+            if key not in got:
+                file = Path(root) / "eval" / run / path.name
+                raise InputError(f"{file}: run {run} has no {key[1]!r} row, which run {ref} has ({path}); "
+                                 "a table compares every row over the same metrics")
+            if not (math.isnan(n) and math.isnan(got[key][1])) and n != got[key][1]:
+                raise InputError(f"{got[key][2]}: run {run}: {key[1]!r} averages {got[key][1]:g} images, run {ref} {n:g} ({path}); "
+                                 "evaluations over other prompts or images per prompt are not comparable")
+        extra = [k for k in got if k not in entries[ref]]
+        if extra:
+            raise InputError(f"{got[extra[0]][2]}: run {run} has a {extra[0][1]!r} row, which run {ref} has not; "
+                             "a table compares every row over the same metrics")
+    images = {run: load_compbench_per_image(root, run, required=False) for run in entries}
+    if all(v is not None for v in images.values()):
+        want = set(images[ref].index)
+        for run, got in images.items():
+            differ = sorted(set(got.index) ^ want)
+            if differ:
+                raise InputError(f"{Path(root) / 'eval' / run / 'compbench_per_image.csv'}: run {run} scored other images than run "
+                                 f"{ref}, e.g. {differ[0]!r}; the runs were not evaluated on the same prompt suite")
+    return {run: {k: v for k, (v, _, _) in got.items()} for run, got in entries.items()}
 
 
 def list_samples(root: str | Path, run: str) -> dict[str, dict[int, Path]]:

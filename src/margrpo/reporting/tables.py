@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from margrpo.io import atomic_write_csv, atomic_write_text
-from margrpo.reporting.results import RunId, eval_scores, load_metrics, load_selection, load_summary, mean_ci, parse_run
+from margrpo.reporting.results import RunId, comparable_scores, eval_scores, load_metrics, load_selection, load_summary, mean_ci, parse_run
 
 __all__ = ["VARIANT_LABELS", "Table", "RowSpec", "build_table", "table1", "table2", "val_gain", "write_table", "to_markdown",
            "to_latex"]
@@ -87,7 +87,8 @@ def build_table(
     """Read every run's evaluation files and aggregate each row over its runs."""
     if not rows:
         raise ValueError(f"{name}: no rows to build (no runs given)")
-    scores: list[list[dict[tuple[str, str], float]]] = [[eval_scores(root, r) for r in row.runs] for row in rows]
+    checked = comparable_scores(root, [r for row in rows for r in row.runs])  # one set of metrics, one suite, or an error
+    scores: list[list[dict[tuple[str, str], float]]] = [[checked[r] for r in row.runs] for row in rows]
     metrics: list[tuple[str, str]] = []
     for group in ("pref", "compbench"):
         for row_scores in scores:

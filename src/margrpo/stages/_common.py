@@ -11,9 +11,32 @@ from pathlib import Path
 from margrpo.io import InputError
 
 
-def setup(threads: int | None, device: str = "auto"):
-    """Thread count for CPU jobs (Snakemake runs several in parallel) and the device to use."""
+DISTRIBUTED_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what torchrun / accelerate launch set
+
+
+def _check_distributed_env(data_parallel: bool) -> None:
+    """A launcher's variables left in the shell: a single-process stage names them (else accelerate fails far from
+    the cause); a data-parallel stage needs the whole set."""
+    world = os.environ.get("WORLD_SIZE", "1")
+    if not world.isdigit() or int(world) < 1:
+        raise InputError(f"environment variable WORLD_SIZE={world!r}: expected a positive process count")
+    if int(world) == 1:
+        return
+    if not data_parallel:
+        raise InputError(f"environment variable WORLD_SIZE={world} asks for {world} processes, but this stage runs as one "
+                         "(only `margrpo train` runs data parallel); unset WORLD_SIZE (left from torchrun or accelerate launch?)")
+    missing = [k for k in DISTRIBUTED_ENV if k not in os.environ]
+    if missing:
+        raise InputError(f"environment variable WORLD_SIZE={world} asks for {world} processes, but {', '.join(missing)} "
+                         "is not set: start the job with `python -m margrpo.launch N margrpo train ...`, or unset WORLD_SIZE")
+
+
+def setup(threads: int | None, device: str = "auto", data_parallel: bool = False):
+    """Thread count for CPU jobs (Snakemake runs several in parallel) and the device to use. `data_parallel`: the
+    stage may run as one of several processes (WORLD_SIZE > 1); every other stage refuses an inherited WORLD_SIZE."""
     import torch
+
+    _check_distributed_env(data_parallel)
 
     os.environ["HF_HUB_OFFLINE"] = "1"  # forced: a stage never reaches for a hub, whatever the shell says
     if threads:

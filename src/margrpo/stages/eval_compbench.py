@@ -24,6 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--suite", required=True, help="the suite JSONL the samples were drawn from")
     parser.add_argument("--out-per-image", required=True, help="CSV, one row per image")
     parser.add_argument("--out-per-category", required=True, help="CSV, one row per category")
+    parser.add_argument("--images-per-prompt", type=int, required=True, help="images of each prompt (as `margrpo sample` drew)")
+    parser.add_argument("--max-prompts", type=int, default=0, help="the first prompts of the suite that were sampled; 0 = all")
     parser.add_argument("--world", default=None, help="world.json (default: next to --suite)")
     parser.add_argument("--evaluator", choices=("shapesworld", "t2i-compbench"), default="shapesworld")
     parser.add_argument("--models-json", default="{}",
@@ -37,7 +39,8 @@ def run(args: argparse.Namespace) -> None:
     from margrpo.world import WorldConfig
 
     cfg = WorldConfig.from_dict(json.loads(Path(args.world).read_text())) if args.world else None
-    per_image, per_category = evaluate_samples(args.samples_dir, args.suite, cfg)
+    per_image, per_category = evaluate_samples(args.samples_dir, args.suite, cfg, images_per_prompt=args.images_per_prompt,
+                                               max_prompts=args.max_prompts)
     atomic_write_csv(per_image, args.out_per_image)
     atomic_write_csv(per_category, args.out_per_category)
     log.info(per_category.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
@@ -47,16 +50,15 @@ def run_real(args: argparse.Namespace) -> None:
     """Score each evaluation category with its T2I-CompBench metric; one model of each kind, built once."""
     import pandas as pd
 
-    from margrpo.evaluation.compbench import MODEL_METRICS, CompBenchEvaluator, canonical_category, list_samples, needed_models
+    from margrpo.evaluation.compbench import MODEL_METRICS, CompBenchEvaluator, canonical_category, needed_models
+    from margrpo.evaluation.samples import complete_samples, evaluated_records
     from margrpo.prompts.suites import load_suite
     from margrpo.stages._common import json_arg
 
     models = json_arg(args.models_json, "--models-json", section="evaluation.compbench_models")
-    category_of = {r.prompt: canonical_category(r.category) for r in load_suite(args.suite)}
-    samples = list_samples(args.samples_dir)
-    stray = sorted({s.prompt for s in samples} - set(category_of))
-    if stray:
-        raise SystemExit(f"{args.samples_dir}: {len(stray)} sample prompt(s) not in {args.suite}, e.g. {stray[0]!r}")
+    records = evaluated_records(load_suite(args.suite), args.max_prompts)
+    category_of = {r.prompt: canonical_category(r.category) for r in records}
+    samples = complete_samples(args.samples_dir, [r.prompt for r in records], args.images_per_prompt, args.suite)
     cats = sorted(set(category_of[s.prompt] for s in samples))
     missing = [k for k in needed_models(cats) if k not in models]
     if missing:

@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples-dir", required=True, help="samples/{prompt}_{index:06d}.png")
     p.add_argument("--suite", required=True, help="the suite the samples were drawn from (metadata for scorers)")
+    p.add_argument("--images-per-prompt", type=int, required=True, help="images of each prompt (as `margrpo sample` drew)")
+    p.add_argument("--max-prompts", type=int, default=0, help="the first prompts of the suite that were sampled; 0 = all")
     p.add_argument("--scorers", required=True, help="comma-separated registry names, e.g. toyclip or hpsv2,imagereward")
     p.add_argument("--options-json", default="{}", help="scorer options (local weight paths) by name")
     p.add_argument("--toyclip-dir", default=None)
@@ -27,11 +29,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None)
 
 
-def read_samples(samples_dir: str | Path) -> tuple[list[Path], list[str]]:
-    files = sorted(Path(samples_dir).glob("*.png"))
-    if not files:
-        raise SystemExit(f"{samples_dir}: no samples (*.png)")
-    return files, [f.stem.rsplit("_", 1)[0] for f in files]
+def read_samples(samples_dir: str | Path, suite: str | Path, images_per_prompt: int, max_prompts: int = 0) -> tuple[list[Path], list[str]]:
+    """The files and prompts of a complete sample set of the suite (`complete_samples`), as eval-compbench reads it."""
+    from margrpo.evaluation.samples import complete_samples, evaluated_records
+    from margrpo.prompts.suites import load_suite
+
+    prompts = [r.prompt for r in evaluated_records(load_suite(suite), max_prompts)]
+    samples = complete_samples(samples_dir, prompts, images_per_prompt, suite)
+    return [s.path for s in samples], [s.prompt for s in samples]
 
 
 def run(args) -> None:
@@ -42,11 +47,8 @@ def run(args) -> None:
     from margrpo.rewards import build_reward
 
     setup(args.threads)
-    files, prompts = read_samples(args.samples_dir)
+    files, prompts = read_samples(args.samples_dir, args.suite, args.images_per_prompt, args.max_prompts)
     meta_by_prompt = {r.prompt: {"category": r.category, "spec": r.spec} for r in load_suite(args.suite)}
-    missing = sorted(set(prompts) - set(meta_by_prompt))
-    if missing:
-        raise SystemExit(f"{args.samples_dir}: {len(missing)} sample prompt(s) not in {args.suite}, e.g. {missing[0]!r}")
     names = [n for n in args.scorers.split(",") if n]
     options = reward_options({n: 1.0 for n in names}, json_arg(args.options_json, "--options-json", section="reward_models"), args.toyclip_dir, args.toypref_dir)
     rows = []

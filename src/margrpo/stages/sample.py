@@ -8,7 +8,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from margrpo.io import atomic_dir
+from margrpo.io import InputError, atomic_dir
 from margrpo.stages._common import json_arg, sampling_config, setup
 
 log = logging.getLogger(__name__)
@@ -18,7 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", required=True, help="policy folder, policy.json pointer, or selection.json from `margrpo select`")
     p.add_argument("--suite", required=True)
     p.add_argument("--sampling-json", required=True)
-    p.add_argument("--images-per-prompt", type=int, default=1)
+    p.add_argument("--images-per-prompt", type=int, default=1, help="at least 1")
     p.add_argument("--max-prompts", type=int, default=0, help="0 = every prompt of the suite")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--precision", default="bf16", choices=["no", "bf16", "fp16"])
@@ -52,14 +52,15 @@ def policy_sampling(policy, text: str):
 
 def run(args) -> None:
     from margrpo.evaluation.quality import sample_images
+    from margrpo.evaluation.samples import evaluated_records
     from margrpo.policy import load_policy
     from margrpo.prompts.suites import load_suite
 
+    if args.images_per_prompt < 1:
+        raise InputError(f"--images-per-prompt: {args.images_per_prompt}; expected at least 1 (the config's evaluation.images_per_prompt)")
+    records = evaluated_records(load_suite(args.suite), args.max_prompts)  # --max-prompts checked like the config's
     device = setup(args.threads)
     policy = load_policy(resolve_policy(args.policy), device)
-    records = load_suite(args.suite)
-    if args.max_prompts:
-        records = records[: args.max_prompts]
     prompts = [r.prompt for r in records]
     images = sample_images(policy, prompts, policy_sampling(policy, args.sampling_json),
                            args.images_per_prompt, args.seed, args.batch_size, args.precision)

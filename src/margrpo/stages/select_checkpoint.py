@@ -13,7 +13,7 @@ import logging
 import math
 from pathlib import Path
 
-from margrpo.io import atomic_write_json
+from margrpo.io import InputError, atomic_write_json
 from margrpo.reporting.results import read_summary
 from margrpo.reporting.selection import parse_step, select_checkpoint
 
@@ -39,8 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     summary = read_summary(args.summary)  # cross-checked against the run's metrics.csv
     selection = select_checkpoint(summary, args.step)
-    if not Path(selection["policy"]).exists():
-        log.warning("selected checkpoint folder %s does not exist (relative to %s)", selection["policy"], Path.cwd())
+    if not Path(selection["policy"]).is_dir():  # the next stage would blame its own input, not this summary
+        raise InputError(f"{args.summary}: the selected checkpoint (step {selection['step']}) folder {selection['policy']} "
+                         f"does not exist (relative to {Path.cwd()}); rerun the training run or restore its state/")
     atomic_write_json(args.out, selection)
     val = selection["val_reward"]
     log.info(

@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> None:
-    from margrpo.config import load_config, train_spec, validate_train_spec
+    from margrpo.config import check_grpo_run, check_val_prompts, load_config, train_spec, validate_train_spec
     from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, write_outputs
     from margrpo.policy import load_policy
     from margrpo.rewards import build_reward_mix
@@ -39,7 +39,14 @@ def run(args) -> None:
         if not (args.policy and args.reward and args.variant):
             raise SystemExit("--config needs --policy, --reward and --variant")
         spec = train_spec(load_config(args.config), args.policy, args.reward, args.variant)
-    device = setup(args.threads, spec.get("device", "auto"))
+    device = setup(args.threads, spec.get("device", "auto"), data_parallel=True)  # names a stray WORLD_SIZE first
+    # the dry run's checks of a variant, here on the spec itself: a run by hand passes the same ones
+    what = "--spec-json" if args.spec_json else args.config
+    key = (lambda k: f"grpo.{k}") if args.spec_json else (lambda k: f"grpo.{k} (variant {args.variant!r})")  # noqa: E731
+    check_grpo_run(spec["grpo"], {"sampling": spec["sampling"]}, int(os.environ.get("WORLD_SIZE", "1")), what, key)
+    suites = Path(args.suites_dir)
+    val_prompts = prompt_set(suites / "val.jsonl")
+    check_val_prompts(spec["grpo"]["val_prompts"], len(val_prompts), suites / "val.jsonl", what, key("val_prompts"))
     out = Path(args.out_dir)
     # the run's full spec: its settings, its seed and its inputs (whose folder names carry their own
     # settings' hashes); state/ is resumed only under the same spec
@@ -55,9 +62,8 @@ def run(args) -> None:
     cfg.seed = args.seed
     weights = spec["reward"]["weights"]
     reward = build_reward_mix(weights, reward_options(weights, spec.get("reward_models", {}), args.toyclip_dir, args.toypref_dir))
-    suites = Path(args.suites_dir)
     trainer = GRPOTrainer(
-        load_policy(args.policy_dir, device), reward, prompt_set(suites / "train.jsonl"), prompt_set(suites / "val.jsonl"),
+        load_policy(args.policy_dir, device), reward, prompt_set(suites / "train.jsonl"), val_prompts,
         sampling_config(spec["sampling"]), cfg, out,
     )
     trainer.train(run_spec)
