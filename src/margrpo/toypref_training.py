@@ -8,6 +8,10 @@ world's rules instead of people:
   its backdrop, so alignment outranks the aesthetic;
 - *aesthetic* pairs: one scene of the prompt on two backdrops at least `min_gap` apart; the brighter one wins.
 
+HPS's pairs are *generated* images, so each image here is degraded the way a toy policy's samples are (`degrade`:
+blur, per-token gain errors, pixel noise, at random strengths; half the images clean): the scorer learns to read the
+backdrop through generator-like artifacts instead of rewarding the artifacts themselves (trained on clean renders
+alone, a policy's update noise raised its score as much as GRPO's signal did: docs/findings.md).
 Loss: Bradley-Terry, -log sigmoid(score(winner) - score(loser)), from toyclip's weights (HPS from CLIP's) with a
 fresh aesthetic tower. `evaluate_pairs` reports held-out accuracy for the two kinds apart, and for the alignment pairs
 whose loser has the brighter backdrop (where a scorer that only saw the aesthetic would be wrong).
@@ -44,6 +48,29 @@ def _pixels(images: list[np.ndarray]) -> Tensor:
     return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float() / 255  # [B, 3, s, s]
 
 
+def degrade(images: Tensor, rng: np.random.Generator, token: int = 16, p_clean: float = 0.5) -> Tensor:
+    """Generator-like artifacts on [B, 3, s, s] images in [0, 1], each image its own strengths (a fraction p_clean
+    left clean): Gaussian blur of sigma U(0, 1) px, a gain of N(1, 0.1^2) per token x token patch and channel (a
+    MAR's per-token errors), pixel noise of sigma U(0, 0.04); clamped to [0, 1]."""
+    b, _, s, _ = images.shape
+    out = images.clone()
+    for i in np.nonzero(rng.random(b) >= p_clean)[0].tolist():
+        x = out[i : i + 1]
+        sigma = float(rng.uniform(0.0, 1.0))
+        if sigma > 0.05:
+            r = np.arange(-2, 3)
+            k = torch.tensor(np.exp(-(r**2) / (2 * sigma**2)), dtype=x.dtype)
+            k = (k / k.sum())
+            x = F.conv2d(F.pad(x, (2, 2, 0, 0), mode="replicate"), k.view(1, 1, 1, 5).expand(3, 1, 1, 5), groups=3)
+            x = F.conv2d(F.pad(x, (0, 0, 2, 2), mode="replicate"), k.view(1, 1, 5, 1).expand(3, 1, 5, 1), groups=3)
+        n = s // token
+        gain = torch.from_numpy(rng.normal(1.0, 0.1, size=(1, 3, n, n))).to(x.dtype)
+        x = x * gain.repeat_interleave(token, 2).repeat_interleave(token, 3)
+        x = x + float(rng.uniform(0.0, 0.04)) * torch.from_numpy(rng.standard_normal(x.shape)).to(x.dtype)
+        out[i : i + 1] = x.clamp(0, 1)
+    return out
+
+
 def sample_pairs(rng: np.random.Generator, world_cfg, n: int, min_gap: float = 0.02) -> dict:
     """`n` preference pairs, alternating alignment and aesthetic ones (held-out colour-shape pairs allowed, as
     toyclip's training): {"winners", "losers": [n, 3, s, s], "prompts": n, "kinds": n, "backdrops": [(w, l)]}."""
@@ -73,7 +100,8 @@ def sample_pairs(rng: np.random.Generator, world_cfg, n: int, min_gap: float = 0
         prompts.append(prompt)
         kinds.append(kind)
         backdrops.append((scene.backdrop, loser.backdrop))
-    return {"winners": _pixels(winners), "losers": _pixels(losers), "prompts": prompts, "kinds": kinds, "backdrops": backdrops}
+    return {"winners": degrade(_pixels(winners), rng), "losers": degrade(_pixels(losers), rng), "prompts": prompts, "kinds": kinds,
+            "backdrops": backdrops}
 
 
 def preference_loss(model: ToyPref, pairs: dict) -> tuple[Tensor, dict[str, float]]:
