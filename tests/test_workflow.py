@@ -48,6 +48,8 @@ def test_smoke_dag_writes_every_table_and_figure(smoke_run):
         means = df[[c for c in df.columns if c.endswith("/mean")]]
         assert len(means.columns) and means.notna().all().all()
         assert all(math.isfinite(v) for v in means.to_numpy().ravel())
+        for scorer in ("toypref", "toyclip", "backdrop"):  # Table 1's preference metrics: the scorer, alignment, the exact aesthetic
+            assert any(f"/{scorer}/mean" in c for c in means.columns), (table, list(means.columns))
     gain = pd.read_csv(report / "val_gain.csv")  # the Base row holds the base reward, the others their gains
     assert math.isfinite(gain.loc[gain["variant"] == "base", "val/base/mean"].iloc[0])
     trained = gain[gain["variant"] != "base"]
