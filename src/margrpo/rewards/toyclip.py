@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from margrpo.io import atomic_write_text, record_checksums, save_safetensors, verify_checksums
+from margrpo.io import InputError, atomic_write_text, record_checksums, save_safetensors, verify_checksums
 from margrpo.policy.layers import TextEncoder
 from margrpo.text import SPECIAL_TOKENS, WordTokenizer, build_tokenizer  # noqa: F401  (re-exported)
 
@@ -199,42 +199,67 @@ class ToyClip(nn.Module):
 
     def save_pretrained(self, directory: str | Path) -> None:
         """Write config.json (model_type "toyclip"), model.safetensors, tokenizer/ and their checksums.json into `directory`."""
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        save_safetensors(state, d / WEIGHTS_FILE)
-        atomic_write_text(d / CONFIG_FILE, json.dumps({"model_type": MODEL_TYPE, **asdict(self.config)}, indent=1) + "\n")
-        self.tokenizer.save_pretrained(str(d / TOKENIZER_DIR))
-        record_checksums(d)  # checked on load
+        save_folder(self, MODEL_TYPE, asdict(self.config), self.tokenizer, directory)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, device: str | torch.device = "cpu") -> ToyClip:
-        d = Path(directory)
-        expected = f"{CONFIG_FILE}, {WEIGHTS_FILE} and {TOKENIZER_DIR}/ (written by `margrpo train-toyclip`)"
-        if not d.is_dir():
-            raise FileNotFoundError(f"toyclip model folder {d} does not exist; expected it to hold {expected}")
-        missing = [n for n in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_DIR) if not (d / n).exists()]
-        if missing:
-            raise FileNotFoundError(f"{d} is not a toyclip model: missing {', '.join(missing)}; expected {expected}")
-        verify_checksums(d)
-        try:
-            raw = json.loads((d / CONFIG_FILE).read_text())
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            from margrpo.io import InputError
+        raw, tokenizer, state = read_folder(directory, MODEL_TYPE, "margrpo train-toyclip")
+        model = build_checked(lambda: cls(ToyClipConfig(**raw), tokenizer), Path(directory))
+        return load_checked(model, state, Path(directory)).to(device).eval()
 
-            raise InputError(f"{d / CONFIG_FILE}: not valid JSON ({err})") from err
-        if raw.pop("model_type", None) != MODEL_TYPE:
-            raise ValueError(f"{d / CONFIG_FILE}: model_type is not {MODEL_TYPE!r}")
-        model = cls(ToyClipConfig(**raw), WordTokenizer.from_pretrained(d / TOKENIZER_DIR))
-        try:
-            state = load_file(str(d / WEIGHTS_FILE))
-        except Exception as err:  # safetensors raises its own error types for truncated / garbled files
-            raise ValueError(f"{d / WEIGHTS_FILE}: corrupt or unreadable weights ({err})") from err
-        try:
-            model.load_state_dict(state, strict=True)
-        except RuntimeError as err:
-            raise ValueError(f"{d / WEIGHTS_FILE}: weights do not match {d / CONFIG_FILE} ({err})") from err
-        return model.to(device).eval()
+
+# ============================================================================ model folders
+
+
+def save_folder(model: nn.Module, model_type: str, config: dict, tokenizer: WordTokenizer, directory: str | Path) -> None:
+    """A learned toy reward's folder: config.json (with `model_type`), model.safetensors, tokenizer/, checksums.json."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    save_safetensors({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, d / WEIGHTS_FILE)
+    atomic_write_text(d / CONFIG_FILE, json.dumps({"model_type": model_type, **config}, indent=1) + "\n")
+    tokenizer.save_pretrained(str(d / TOKENIZER_DIR))
+    record_checksums(d)  # checked on load
+
+
+def read_folder(directory: str | Path, model_type: str, writer: str) -> tuple[dict, WordTokenizer, dict]:
+    """(config without model_type, tokenizer, state dict) of a folder `save_folder` wrote, after its checksums; every
+    problem named with its file (`writer`: the command that writes such folders)."""
+    d = Path(directory)
+    expected = f"{CONFIG_FILE}, {WEIGHTS_FILE} and {TOKENIZER_DIR}/ (written by `{writer}`)"
+    if not d.is_dir():
+        raise FileNotFoundError(f"{model_type} model folder {d} does not exist; expected it to hold {expected}")
+    missing = [n for n in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_DIR) if not (d / n).exists()]
+    if missing:
+        raise FileNotFoundError(f"{d} is not a {model_type} model: missing {', '.join(missing)}; expected {expected}")
+    verify_checksums(d)
+    try:
+        raw = json.loads((d / CONFIG_FILE).read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InputError(f"{d / CONFIG_FILE}: not valid JSON ({err})") from err
+    if not isinstance(raw, dict) or raw.pop("model_type", None) != model_type:
+        raise ValueError(f"{d / CONFIG_FILE}: model_type is not {model_type!r}")
+    tokenizer = WordTokenizer.from_pretrained(d / TOKENIZER_DIR)
+    try:
+        state = load_file(str(d / WEIGHTS_FILE))
+    except Exception as err:  # safetensors raises its own error types for truncated / garbled files
+        raise ValueError(f"{d / WEIGHTS_FILE}: corrupt or unreadable weights ({err})") from err
+    return raw, tokenizer, state
+
+
+def build_checked(build, d: Path):
+    """`build()`, a config that does not fit the model class named as the folder's config.json."""
+    try:
+        return build()
+    except TypeError as err:
+        raise InputError(f"{d / CONFIG_FILE}: not a config of this model ({err})") from err
+
+
+def load_checked(model: nn.Module, state: dict, d: Path) -> nn.Module:
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as err:
+        raise ValueError(f"{d / WEIGHTS_FILE}: weights do not match {d / CONFIG_FILE} ({err})") from err
+    return model
 
 
 # ============================================================================ reward
@@ -247,8 +272,11 @@ class ToyClipReward:
     world, clean held-out renders): true captions 0.74 / 0.86 / 0.92 (5th / 50th / 95th
     percentile), another scene's caption -0.61 / 0.09 / 0.67, a one-attribute swap ~0.85 median;
     so only differences within a group are meaningful (which is all GRPO uses). `metadata` is accepted for the reward
-    protocol and not used: the scorer sees only the text.
+    protocol and not used: the scorer sees only the text. Subclasses name another model folder class and its score.
     """
+
+    model_class = ToyClip
+    name = "toyclip"
 
     def __init__(self, path: str | Path, device: str | torch.device | None = None, batch_size: int = 256):
         if batch_size < 1:
@@ -256,11 +284,14 @@ class ToyClipReward:
         self.path = Path(path)
         self.device = None if device is None else torch.device(device)
         self.batch_size = batch_size
-        self.model = ToyClip.from_pretrained(self.path, device=self.device or "cpu").requires_grad_(False)
+        self.model = self.model_class.from_pretrained(self.path, device=self.device or "cpu").requires_grad_(False)
+
+    def score(self, images: Tensor, prompts: list[str]) -> Tensor:
+        return self.model.score(images, prompts)
 
     def __call__(self, images: Tensor, prompts: list[str], metadata: list[dict]) -> Tensor:
         if images.ndim != 4 or images.shape[1] != 3:
-            raise ValueError(f"toyclip expects images [B, 3, H, W] in [0, 1], got shape {tuple(images.shape)}")
+            raise ValueError(f"{self.name} expects images [B, 3, H, W] in [0, 1], got shape {tuple(images.shape)}")
         if len(prompts) != images.shape[0]:
             raise ValueError(f"{images.shape[0]} images but {len(prompts)} prompts")
         device = self.device or images.device  # the model follows the inputs unless pinned
@@ -271,6 +302,6 @@ class ToyClipReward:
         with torch.no_grad():
             for i in range(0, len(prompts), self.batch_size):
                 chunk = images[i : i + self.batch_size].to(device=device, dtype=torch.float32).clamp(0, 1)
-                scores.append(self.model.score(chunk, prompts[i : i + self.batch_size]))  # [b]
+                scores.append(self.score(chunk, prompts[i : i + self.batch_size]))  # [b]
         out = torch.cat(scores) if scores else torch.zeros(0)
         return out.to(device=images.device, dtype=torch.float32)

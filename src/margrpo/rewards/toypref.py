@@ -20,22 +20,18 @@ benchmarks/parser_accuracy.py), or brighten anything else the aesthetic tower ha
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from margrpo.io import InputError, atomic_write_text, record_checksums, save_safetensors, verify_checksums
-from margrpo.rewards.toyclip import TOKENIZER_DIR, ToyClip, ToyClipConfig
+from margrpo.rewards.toyclip import ToyClip, ToyClipConfig, ToyClipReward, build_checked, load_checked, read_folder, save_folder
 from margrpo.text import WordTokenizer
 
 __all__ = ["ToyPrefConfig", "ToyPref", "ToyPrefReward"]
 
 MODEL_TYPE = "toypref"
-CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 
 
 @dataclass
@@ -101,70 +97,21 @@ class ToyPref(nn.Module):
 
     def save_pretrained(self, directory: str | Path) -> None:
         """config.json (model_type "toypref"), model.safetensors, tokenizer/ and checksums.json."""
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        save_safetensors({k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}, d / WEIGHTS_FILE)
-        atomic_write_text(d / CONFIG_FILE, json.dumps({"model_type": MODEL_TYPE, **asdict(self.config)}, indent=1) + "\n")
-        self.clip.tokenizer.save_pretrained(str(d / TOKENIZER_DIR))
-        record_checksums(d)
+        save_folder(self, MODEL_TYPE, asdict(self.config), self.clip.tokenizer, directory)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, device: str | torch.device = "cpu") -> "ToyPref":
-        d = Path(directory)
-        expected = f"{CONFIG_FILE}, {WEIGHTS_FILE} and {TOKENIZER_DIR}/ (written by `margrpo train-toypref`)"
-        if not d.is_dir():
-            raise FileNotFoundError(f"toypref model folder {d} does not exist; expected it to hold {expected}")
-        missing = [n for n in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_DIR) if not (d / n).exists()]
-        if missing:
-            raise FileNotFoundError(f"{d} is not a toypref model: missing {', '.join(missing)}; expected {expected}")
-        verify_checksums(d)
-        try:
-            raw = json.loads((d / CONFIG_FILE).read_text())
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise InputError(f"{d / CONFIG_FILE}: not valid JSON ({err})") from err
-        if raw.pop("model_type", None) != MODEL_TYPE:
-            raise ValueError(f"{d / CONFIG_FILE}: model_type is not {MODEL_TYPE!r}")
-        try:
-            config = ToyPrefConfig.from_dict(raw)
-        except TypeError as err:
-            raise InputError(f"{d / CONFIG_FILE}: not a toypref config ({err})") from err
-        model = cls(config, WordTokenizer.from_pretrained(d / TOKENIZER_DIR))
-        try:
-            state = load_file(str(d / WEIGHTS_FILE))
-        except Exception as err:  # safetensors raises its own error types for truncated / garbled files
-            raise ValueError(f"{d / WEIGHTS_FILE}: corrupt or unreadable weights ({err})") from err
-        try:
-            model.load_state_dict(state, strict=True)
-        except RuntimeError as err:
-            raise ValueError(f"{d / WEIGHTS_FILE}: weights do not match {d / CONFIG_FILE} ({err})") from err
-        return model.to(device).eval()
+        raw, tokenizer, state = read_folder(directory, MODEL_TYPE, "margrpo train-toypref")
+        model = build_checked(lambda: cls(ToyPrefConfig.from_dict(raw), tokenizer), Path(directory))
+        return load_checked(model, state, Path(directory)).to(device).eval()
 
 
-class ToyPrefReward:
+class ToyPrefReward(ToyClipReward):
     """The `toypref` reward: the preference score, float32 [B] (unbounded, like HPS's logits: only differences within
     a group mean anything, which is all GRPO uses). `metadata` is accepted for the reward protocol and not read."""
 
-    def __init__(self, path: str | Path, device: str | torch.device | None = None, batch_size: int = 256):
-        if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size} must be >= 1")
-        self.path = Path(path)
-        self.device = None if device is None else torch.device(device)
-        self.batch_size = batch_size
-        self.model = ToyPref.from_pretrained(self.path, device=self.device or "cpu").requires_grad_(False)
+    model_class = ToyPref
+    name = "toypref"
 
-    def __call__(self, images: Tensor, prompts: list[str], metadata: list[dict]) -> Tensor:
-        if images.ndim != 4 or images.shape[1] != 3:
-            raise ValueError(f"toypref expects images [B, 3, H, W] in [0, 1], got shape {tuple(images.shape)}")
-        if len(prompts) != images.shape[0]:
-            raise ValueError(f"{images.shape[0]} images but {len(prompts)} prompts")
-        device = self.device or images.device
-        if self.model.device != device:
-            self.model.to(device)
-        self.model.eval()
-        scores = []
-        with torch.no_grad():
-            for i in range(0, len(prompts), self.batch_size):
-                chunk = images[i : i + self.batch_size].to(device=device, dtype=torch.float32).clamp(0, 1)
-                scores.append(self.model(chunk, prompts[i : i + self.batch_size]))
-        out = torch.cat(scores) if scores else torch.zeros(0)
-        return out.to(device=images.device, dtype=torch.float32)
+    def score(self, images: Tensor, prompts: list[str]) -> Tensor:
+        return self.model(images, prompts)
