@@ -184,23 +184,23 @@ def _check_references(config: dict, source: str) -> None:
     for name, policy in config["policies"].items():
         if policy["kind"] != "toy" and not policy.get("path"):
             raise ConfigError(f"{source}: key 'policies.{name}.path': a {policy['kind']} policy loads from a local folder; set its path")
-    for setting, weights in config["rewards"].items():
-        if "toyclip" in weights and not config["toyclip"]["enabled"]:
-            raise ConfigError(f"{source}: key 'rewards.{setting}.toyclip': the toyclip scorer is disabled (toyclip.enabled: false)")
-    if "toyclip" in config["evaluation"]["preference"] and not config["toyclip"]["enabled"]:
-        raise ConfigError(f"{source}: key 'evaluation.preference': the toyclip scorer is disabled (toyclip.enabled: false)")
-    for setting, weights in config["rewards"].items():
-        if "toypref" in weights and not config["toypref"]["enabled"]:
-            raise ConfigError(f"{source}: key 'rewards.{setting}.toypref': the toypref scorer is disabled (toypref.enabled: false)")
-    if "toypref" in config["evaluation"]["preference"] and not config["toypref"]["enabled"]:
-        raise ConfigError(f"{source}: key 'evaluation.preference': the toypref scorer is disabled (toypref.enabled: false)")
-    named = any("toypref" in w for w in config["rewards"].values()) or "toypref" in config["evaluation"]["preference"]
-    if named and not config["toyclip"]["enabled"]:
+    for scorer in ("toyclip", "toypref"):  # the scorers the pipeline trains
+        for setting, weights in config["rewards"].items():
+            if scorer in weights and not config[scorer]["enabled"]:
+                raise ConfigError(f"{source}: key 'rewards.{setting}.{scorer}': the {scorer} scorer is disabled ({scorer}.enabled: false)")
+        if scorer in config["evaluation"]["preference"] and not config[scorer]["enabled"]:
+            raise ConfigError(f"{source}: key 'evaluation.preference': the {scorer} scorer is disabled ({scorer}.enabled: false)")
+    if names_scorer(config, "toypref") and not config["toyclip"]["enabled"]:
         raise ConfigError(f"{source}: key 'toyclip.enabled': toypref (named by a reward or evaluation.preference) is "
                           "fine-tuned from toyclip, which is disabled")
-    if named and config["prompts"]["source"] == "shapesworld" and config["world"]["backdrop_max"] < 0.04:
+    if names_scorer(config, "toypref") and config["prompts"]["source"] == "shapesworld" and config["world"]["backdrop_max"] < 0.04:
         raise ConfigError(f"{source}: key 'world.backdrop_max': toypref prefers the brighter of two backdrops, and "
                           f"{config['world']['backdrop_max']} leaves no range to prefer in (>= 0.04), or set toypref.enabled: false")
+
+
+def names_scorer(config: dict, scorer: str) -> bool:
+    """Does a reward setting or the preference evaluation use `scorer`? (The workflow trains toypref only then.)"""
+    return any(scorer in w for w in config["rewards"].values()) or scorer in config["evaluation"]["preference"]
 
 
 def _check_variants(config: dict, source: str) -> None:
@@ -544,4 +544,3 @@ def related_train_spec(config: dict, method: str) -> dict:
 
 def _without(d: dict, *keys: str) -> dict:
     return {k: v for k, v in d.items() if k not in keys}
-

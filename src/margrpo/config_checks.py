@@ -13,14 +13,9 @@ from margrpo.io import InputError
 
 def world_config(world: dict):
     """The WorldConfig `make-suites` builds from the config's `world` section (the toy32 preset and these knobs)."""
-    import dataclasses
+    from margrpo.world.config import PRESETS, world_from_knobs
 
-    from margrpo.world.config import PALETTE, PRESETS
-
-    knobs = {k: v for k, v in world.items() if k not in ("palette_size", "backdrop_max")}
-    if "backdrop_max" in world:  # make-suites' --backdrop-max: backdrops from black to this grey
-        knobs["backdrop_range"] = (0.0, world["backdrop_max"])
-    return dataclasses.replace(PRESETS["toy32"], **knobs, palette=tuple(PALETTE)[: world["palette_size"]])
+    return world_from_knobs(PRESETS["toy32"], world)
 
 
 def world_capacity(cfg) -> dict[str, int]:

@@ -219,8 +219,9 @@ def _report(bar, log: Callable[[str], None], step: int, steps: int, stats: dict[
         log(f"toyclip step {step}/{steps}: loss {stats['loss']:.4f} (nce {stats['nce']:.4f}, hard {stats['hard']:.4f}), scale {stats['scale']:.1f}")
 
 
-def save_atomic(model: ToyClip, out_dir: str | Path) -> Path:
-    """save_pretrained into a sibling temp folder, then rename it onto `out_dir` (replacing an old one)."""
+def save_atomic(model, out_dir: str | Path) -> Path:
+    """`model.save_pretrained` into a sibling temp folder, then rename it onto `out_dir` (replacing an old one):
+    toyclip's and toypref's stages both write their folder this way."""
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp)
     return Path(out_dir)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -30,16 +29,15 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from margrpo.io import atomic_dir
 from margrpo.rewards.toyclip import ToyClip
 from margrpo.rewards.toypref import ToyPref
 from margrpo.runtime import warmup_cosine
-from margrpo.world import prompt_for_spec, render, scene_for_spec
+from margrpo.world import render, scene_for_spec
 from margrpo.world.negatives import hard_negatives
 from margrpo.world.scene import sample_backdrop
 from margrpo.world.suites import sample_captioned
 
-__all__ = ["PAIR_KINDS", "sample_pairs", "train_toypref", "evaluate_pairs", "save_atomic"]
+__all__ = ["PAIR_KINDS", "degrade", "sample_pairs", "train_toypref", "evaluate_pairs"]
 
 PAIR_KINDS = ("alignment", "aesthetic")
 
@@ -138,7 +136,7 @@ def train_toypref(
     rng = np.random.default_rng(np.random.SeedSequence([seed, 2]))
     model = ToyPref.from_toyclip(clip, aesthetic_width).train()
     fresh = [*model.aesthetic.parameters(), model.alignment_scale]
-    base = [p for p in model.clip.parameters()]
+    base = list(model.clip.parameters())
     opt = torch.optim.AdamW([{"params": base, "lr_scale": 1.0}, {"params": fresh, "lr_scale": 10.0, "weight_decay": 0.0}], lr=lr)
     warmup = max(1, steps // 20)
     losses = []
@@ -183,10 +181,3 @@ def evaluate_pairs(model: ToyPref, world_cfg, n: int = 1000, seed: int = 0, batc
                 "aesthetic_margin": float(np.mean([r[3] for r in picked])) if picked else float("nan")}
     return {"overall": accuracy(lambda r: True), **{kind: accuracy(lambda r, kind=kind: r[0] == kind) for kind in PAIR_KINDS},
             "alignment_loser_brighter": accuracy(lambda r: r[0] == "alignment" and r[1])}
-
-
-def save_atomic(model: ToyPref, out_dir: str | Path) -> Path:
-    """save_pretrained into a sibling temp folder, then rename it onto `out_dir`."""
-    with atomic_dir(out_dir) as tmp:
-        model.save_pretrained(tmp)
-    return Path(out_dir)

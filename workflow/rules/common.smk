@@ -16,6 +16,7 @@ if workflow.overwrite_configfiles:
 from margrpo.config import (  # noqa: E402
     RELATED_POLICIES,
     name_pattern,
+    names_scorer,
     pretrain_settings,
     read_config_file,
     related_policy,
@@ -117,8 +118,7 @@ def get_loaded_policy(policy):
 
 def uses_toypref():
     """toypref is trained only where a reward setting or the preference evaluation names it."""
-    named = any("toypref" in w for w in config["rewards"].values()) or "toypref" in config["evaluation"]["preference"]
-    return config["toypref"]["enabled"] and named
+    return config["toypref"]["enabled"] and names_scorer(config, "toypref")
 
 
 def get_reward_inputs(wildcards):

@@ -15,6 +15,7 @@ from pathlib import Path
 from margrpo.io import atomic_write_json
 from margrpo.prompts.suites import write_suite
 from margrpo.world import PALETTE, PRESETS, heldout_in_spec
+from margrpo.world.config import world_from_knobs
 from margrpo.world.suites import build_suites
 
 log = logging.getLogger(__name__)
@@ -72,15 +73,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def world_config(args: argparse.Namespace):
     fields = (f.name for f in dataclasses.fields(PRESETS[args.preset]))
-    overrides = {name: getattr(args, name) for name in fields if getattr(args, name, None) is not None}
-    if args.palette_size is not None:
-        if "palette" in overrides:
-            raise SystemExit("give --palette or --palette-size, not both")
-        overrides["palette"] = tuple(PALETTE)[: args.palette_size]
-    if args.backdrop_max is not None:
-        overrides["backdrop_range"] = (0.0, args.backdrop_max)
+    knobs = {name: getattr(args, name) for name in (*fields, "palette_size", "backdrop_max") if getattr(args, name, None) is not None}
+    if "palette" in knobs and "palette_size" in knobs:
+        raise SystemExit("give --palette or --palette-size, not both")  # the flags' names, not world_from_knobs' keys
     try:
-        return dataclasses.replace(PRESETS[args.preset], **overrides)
+        return world_from_knobs(PRESETS[args.preset], knobs)
     except ValueError as err:
         raise SystemExit(f"make-suites: {err}") from err
 

@@ -40,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     from margrpo.io import atomic_write_json
     from margrpo.rewards.toyclip import ToyClip
-    from margrpo.toypref_training import evaluate_pairs, save_atomic, train_toypref
+    from margrpo.toyclip_training import save_atomic
+    from margrpo.toypref_training import evaluate_pairs, train_toypref
 
     settings = json_arg(args.config_json, "--config-json", section="toypref")
     if not settings["enabled"]:

@@ -157,6 +157,19 @@ class WorldConfig:
         return cls(**data)
 
 
+def world_from_knobs(base: WorldConfig, knobs: dict) -> WorldConfig:
+    """`base` with a config's world knobs: WorldConfig fields, plus `palette_size` (the first N colours of PALETTE) and
+    `backdrop_max` (backdrops drawn from black to this grey). One reading for `make-suites` and the dry run."""
+    fields = {k: v for k, v in knobs.items() if k not in ("palette_size", "backdrop_max")}
+    if knobs.get("palette_size") is not None:
+        if "palette" in fields:
+            raise ValueError("give palette or palette_size, not both")
+        fields["palette"] = tuple(PALETTE)[: knobs["palette_size"]]
+    if knobs.get("backdrop_max") is not None:
+        fields["backdrop_range"] = (0.0, knobs["backdrop_max"])
+    return dataclasses.replace(base, **fields)
+
+
 # Size presets: the 32-px default and a 64-px world in which stripes survive blur (measured).
 PRESETS: dict[str, WorldConfig] = {
     "toy32": WorldConfig(),
