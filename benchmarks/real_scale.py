@@ -20,7 +20,7 @@ sets a `gradient_checkpointing` switch of GRPOConfig, the policy or its config w
 row says "unsupported" where none does.
 
     python benchmarks/real_scale.py [--policies nova,harmon] [--variants grpo,fix,mte,sim,committed]
-        [--steps 3] [--device cuda] [--precision bf16] [--gradient-checkpointing] [--tiny] [--threads N] [--out FILE.json]
+        [--steps 3] [--micro-batches N] [--device cuda] [--precision bf16] [--gradient-checkpointing] [--tiny] [--threads N] [--out FILE.json]
 """
 
 import argparse
@@ -133,6 +133,8 @@ def make_trainer(name: str, variant: str, args, device: torch.device, out: str) 
     spec = train_spec(config, name, "hps", base, overrides)
     sampling = SamplingConfig(**{**spec["sampling"], **(TINY_SAMPLING if args.tiny else {})})
     spec["grpo"].update(TINY_GRPO if args.tiny else {})
+    if args.micro_batches:
+        spec["grpo"]["micro_batches"] = args.micro_batches
     ckpt = "off"
     if "gradient_checkpointing" in {f.name for f in dataclasses.fields(GRPOConfig)}:
         spec["grpo"]["gradient_checkpointing"], ckpt = args.gradient_checkpointing, "on" if args.gradient_checkpointing else "off"
@@ -221,6 +223,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--precision", default="bf16", choices=["bf16", "no"])
     p.add_argument("--gradient-checkpointing", action="store_true", help="where the trainer or policy has the switch")
+    p.add_argument("--micro-batches", type=int, default=None, help="grpo.micro_batches (default: the paper config's)")
     p.add_argument("--tiny", action="store_true", help="tiny random policies (tests, CPU)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's; 1 with --tiny)")
     p.add_argument("--out", default=None, help="write every number as JSON here")
@@ -236,11 +239,15 @@ def main() -> None:
     peak = matmul_tflops(device)
     print(f"device {name}; matmul {peak:.4g} TFLOP/s ({'bf16' if device.type == 'cuda' else 'fp32'}); "
           f"precision {args.precision}; {args.steps} timed step(s) after one warm-up{'; tiny policies' if args.tiny else ''}", flush=True)
-    rows = [run_or_oom(n, v, args, device, peak) for n in policies for v in variants]
+    rows = []
+    for n in policies:
+        for v in variants:  # each row is printed and saved as it finishes: a run cut off by a time limit keeps them
+            rows.append(run_or_oom(n, v, args, device, peak))
+            print(" ".join(f"{h}={f.format(rows[-1][h]) if rows[-1][h] is not None else 'oom'}" for h, f in COLUMNS), flush=True)
+            if args.out:
+                Path(args.out).write_text(json.dumps({"device": name, "matmul_tflops": peak, "precision": args.precision,
+                                                      "steps": args.steps, "tiny": args.tiny, "rows": rows}, indent=1) + "\n")
     print_table(rows)
-    if args.out:
-        Path(args.out).write_text(json.dumps({"device": name, "matmul_tflops": peak, "precision": args.precision,
-                                              "steps": args.steps, "tiny": args.tiny, "rows": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

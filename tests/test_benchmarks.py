@@ -22,6 +22,12 @@ def test_real_scale_tiny_reports_every_policy_and_variant(repo, tmp_path):
             assert math.isfinite(r[field]) and r[field] > 0, (key, field, r[field])
         assert r["peak_mem_mb"] > 0 and r["gradient_checkpointing"] == "off"
         assert any(line.split()[:2] == list(key) for line in run.stdout.splitlines())  # the table has the row too
+    # the trainer with every block checkpointed: Harmon's MAR-H (dropout 0.1) used to be recomputed in train mode
+    run = subprocess.run([sys.executable, str(repo / "benchmarks/real_scale.py"), "--tiny", "--device", "cpu", "--steps", "1",
+                          "--policies", "harmon,nova", "--variants", "fix", "--gradient-checkpointing", "--out", str(out)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert [r["gradient_checkpointing"] for r in json.loads(out.read_text())["rows"]] == ["on", "on"]
 
 
 def test_gradient_signal_runs_on_a_tiny_policy(repo, tmp_path):

@@ -198,3 +198,31 @@ def test_grounding_dino_is_float32_only(tiny):
 
     with pytest.raises(ValueError, match="not supported"):
         build_reward("grounding_dino", **tiny["grounding_dino"], dtype="bfloat16")
+
+
+
+@pytest.mark.parametrize("kind", ["toy", "nova", "harmon"])
+def test_gradient_checkpointing_recomputes_in_the_mode_of_the_forward_pass(kind):
+    """As GRPO's trainer: the replay (cond and uncond passes, bf16 autocast) runs in eval mode inside
+    `deterministic`, and backward runs after it, with the policy back in train mode. The blocks used to
+    be recomputed in train mode, with MAR-H's dropout: torch refused ("recomputed values ... different
+    metadata"; Harmon-1.5B on an H200). Now the same gradients as without checkpointing."""
+    policy = MAKERS[kind]()
+    policy.train()
+    tokens, known, cond = ar_inputs(policy)
+
+    def replay_grads():
+        policy.zero_grad(set_to_none=True)
+        with deterministic(policy), torch.autocast("cpu", dtype=torch.bfloat16):
+            c = policy.prepare_condition(cond)
+            u = policy.prepare_condition(policy.null_condition(len(tokens)))
+            loss = (policy.ar_forward(tokens, known, c).float() - policy.ar_forward(tokens, known, u).float()).square().mean()
+        loss.backward()
+        return {n: p.grad.float().clone() for n, p in policy.named_parameters() if p.grad is not None}
+
+    plain = replay_grads()
+    policy.set_gradient_checkpointing(True)
+    checkpointed = replay_grads()
+    assert policy.training and plain.keys() == checkpointed.keys() and plain
+    for n, g in plain.items():
+        assert torch.allclose(checkpointed[n], g, rtol=1e-2, atol=1e-2 * g.abs().max().item()), n

@@ -178,7 +178,7 @@ def _denoise_groups(policy, sampler: Sampler, groups, scale, temperature):
         out = guided_output(policy, x, t, z_c, z_u, scale).float()
         noise = None
         if bool(sampler.is_stochastic(i)):  # the draws the step would make from each group's generator, in order
-            noise = torch.cat([torch.randn((n, x.shape[-1]), generator=g[3], device=x.device, dtype=torch.float32)
+            noise = torch.cat([torch.randn((n, x.shape[-1]), generator=g[3], dtype=torch.float32).to(x.device)
                                for n, g in zip(sizes, groups)])
         step = sampler.step(out, i, x, temperature=temperature, variance_noise=noise)
         x = step.prev_sample
@@ -416,6 +416,7 @@ def replay(
     """
     if logprob_cfg not in ("exact", "cond_only"):
         raise ValueError(f"Unknown logprob_cfg: {logprob_cfg!r}; expected 'exact' or 'cond_only'")
+    ar_steps, diff_steps = ar_steps.to(rollout.latents.device), diff_steps.to(rollout.latents.device)  # they index its tensors
     with deterministic(policy):
         sampler = make_sampler(policy, rollout.sampling)
         M, U = diff_steps.shape

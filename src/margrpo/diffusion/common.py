@@ -90,8 +90,10 @@ def init_noise(
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> Tensor:
-    """The start of a reverse process, N(0, I), drawn in float32 and cast: the same draws for every dtype."""
-    return torch.randn(shape, generator=generator, device=device, dtype=torch.float32).to(dtype)
+    """The start of a reverse process, N(0, I), drawn in float32 and cast: the same draws for every dtype.
+
+    Drawn where the generator lives (margrpo's are CPU generators) and moved: the same draws on every device."""
+    return torch.randn(shape, generator=generator, dtype=torch.float32).to(device=device, dtype=dtype)
 
 
 def check_step_index(step_index: StepIndex, num_steps: int, batch: int | None = None) -> StepIndex:
@@ -174,7 +176,7 @@ def gaussian_step(
         if scalar_final:
             prev_sample = mean.to(sample_dtype)  # deterministic final step: no noise drawn
         else:
-            noise = variance_noise if variance_noise is not None else torch.randn(mean.shape, generator=generator, device=mean.device, dtype=torch.float32)
+            noise = variance_noise if variance_noise is not None else torch.randn(mean.shape, generator=generator, dtype=torch.float32).to(mean.device)
             if noise.shape != mean.shape:
                 raise ValueError(f"variance_noise must have the sample's shape {tuple(mean.shape)}, got {tuple(noise.shape)}")
             prev_sample = (mean + std * noise).to(sample_dtype)  # rows with std == 0 get the mean

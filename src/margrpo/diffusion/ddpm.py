@@ -287,7 +287,7 @@ class DDPMSampler:
         self, n: int, generator: torch.Generator | None = None, device: torch.device | str | None = None
     ) -> Tensor:
         """Training timesteps j ~ U{0, ..., J-1} of the full process. [n] long."""
-        return torch.randint(0, self.config.num_train_steps, (n,), generator=generator, device=device)
+        return torch.randint(0, self.config.num_train_steps, (n,), generator=generator).to(device)
 
     def train_model_time(self, train_time: Tensor) -> Tensor:
         """The float the head sees for a training timestep: the timestep itself. [N]."""

@@ -189,9 +189,9 @@ class FlowSDESampler:
 
         The grid shift is a sampling-time choice and is not applied here."""
         if self.config.train_time_sampling == "logit_normal":
-            return torch.sigmoid(torch.randn(n, generator=generator, device=device))
+            return torch.sigmoid(torch.randn(n, generator=generator)).to(device)
         if self.config.train_time_sampling == "uniform":
-            return torch.rand(n, generator=generator, device=device)
+            return torch.rand(n, generator=generator).to(device)
         raise ValueError(
             f"Unknown train_time_sampling: {self.config.train_time_sampling!r}; expected one of {TRAIN_TIME_SAMPLINGS}"
         )

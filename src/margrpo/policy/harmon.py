@@ -49,6 +49,7 @@ LDM key names mapped on load and save.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import fields
 from pathlib import Path
@@ -63,7 +64,7 @@ from margrpo.io import atomic_path, atomic_write_json, record_checksums, verify_
 from margrpo.policy.base import MARPolicy, TextCondition
 from margrpo.policy.harmon_config import QWEN2_5_1_5B_INSTRUCT, HarmonConfig
 from margrpo.policy.mar_h import MAR, build_mlp, build_vae, vae_key_to_ldm
-from margrpo.policy.memory import hf_checkpointing
+from margrpo.policy.memory import forward_mode, hf_checkpointing
 
 CONFIG = "config.json"
 LLM_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
@@ -191,7 +192,8 @@ class HarmonPolicy(MARPolicy):
         """The Qwen2 layers (transformers' own checkpointing) and MAR-H's encoder/decoder blocks."""
         self.gradient_checkpointing = self.mar.gradient_checkpointing = enabled
         if enabled:
-            self.llm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.llm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={
+                "use_reentrant": False, "context_fn": functools.partial(forward_mode, self.llm)})
         else:
             self.llm.gradient_checkpointing_disable()
 

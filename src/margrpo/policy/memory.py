@@ -15,6 +15,7 @@ adapter_model.safetensors + adapter_config.json (`save_adapters` / `load_adapter
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 from pathlib import Path
 from typing import Iterator
@@ -32,10 +33,30 @@ def run_blocks(blocks, h: torch.Tensor, *args, checkpointing: bool = False) -> t
     """`h` through each block; with `checkpointing` and gradients enabled, each block is recomputed in backward."""
     for block in blocks:
         if checkpointing and torch.is_grad_enabled():
-            h = checkpoint(block, h, *args, use_reentrant=False)
+            h = checkpoint(block, h, *args, use_reentrant=False, context_fn=functools.partial(forward_mode, block))
         else:
             h = block(h, *args)
     return h
+
+
+def forward_mode(module: nn.Module):
+    """checkpoint's `context_fn`: recompute in the train/eval mode of the forward pass. GRPO replays in
+    eval mode (`base.deterministic`) but calls backward after leaving it, so a block would otherwise be
+    recomputed in train mode, with dropout (MAR-H's 0.1): other tensors, which torch refuses."""
+    flags = [(m, m.training) for m in module.modules()]
+
+    @contextlib.contextmanager
+    def as_in_forward():
+        now = [(m, m.training) for m, _ in flags]
+        for m, flag in flags:
+            m.training = flag
+        try:
+            yield
+        finally:
+            for m, flag in now:
+                m.training = flag
+
+    return contextlib.nullcontext(), as_in_forward()
 
 
 @contextlib.contextmanager
