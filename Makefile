@@ -19,11 +19,11 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 run: $(STAMP)          ## every table and figure of the toy reproduction under results/
-	$(BIN)/python -m margrpo.config_checks $(SNAKEMAKE_ARGS)  # YTE and duplicate keys refused before Snakemake reads a config
+	$(BIN)/python -m margrpo.experiment.config_checks $(SNAKEMAKE_ARGS)  # YTE and duplicate keys refused before Snakemake reads a config
 	$(BIN)/snakemake --cores all $(SNAKEMAKE_ARGS)
 
 report: $(STAMP)       ## regenerate tables and figures from cached results (no training reruns)
-	$(BIN)/python -m margrpo.config_checks $(SNAKEMAKE_ARGS)
+	$(BIN)/python -m margrpo.experiment.config_checks $(SNAKEMAKE_ARGS)
 	$(BIN)/snakemake --cores all --rerun-triggers mtime $(SNAKEMAKE_ARGS)
 
 REPORT_HTML ?= results/report.html

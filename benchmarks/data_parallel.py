@@ -25,10 +25,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from grpo_step import PROMPTS, make_policy, reward  # noqa: E402
 
-from margrpo.config import load_config  # noqa: E402
+from margrpo.experiment.config import load_config  # noqa: E402
+from margrpo.grpo.rollout import SamplingConfig  # noqa: E402
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer  # noqa: E402
 from margrpo.prompts.suites import PromptSet  # noqa: E402
-from margrpo.rollout import SamplingConfig  # noqa: E402
 
 
 def worker(args) -> None:

@@ -31,10 +31,10 @@ from pathlib import Path
 
 import torch
 
+from margrpo.grpo.rollout import generate
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.policy import load_policy
 from margrpo.rewards import build_reward_mix
-from margrpo.rollout import generate
 from margrpo.stages._common import prompt_set, reward_options, sampling_config
 
 
@@ -91,14 +91,14 @@ def expected_reward(tr: GRPOTrainer, prompts: int, group: int, seed: int = 1234)
 def tiny_spec(root: Path) -> Path:
     """--test: a tiny random toy-nova, the smoke world's suites and the +Fix spec of config/smoke.yaml on a random
     toypref (nothing trained: its scores still differ within a group), written under `root`; returns its spec.json."""
-    from margrpo.config import load_config, train_spec
-    from margrpo.io import atomic_write_json
+    from margrpo.experiment.config import load_config, train_spec
+    from margrpo.infra.io import atomic_write_json
     from margrpo.policy.toy import ToyMAR, ToyMARConfig
+    from margrpo.prompts.shapesworld import build_suites
     from margrpo.prompts.suites import write_suite
     from margrpo.rewards.toyclip import ToyClipConfig
     from margrpo.rewards.toypref import ToyPref, ToyPrefConfig
     from margrpo.world import PRESETS, prompt_vocabulary
-    from margrpo.world.suites import build_suites
 
     world = PRESETS["grid4-lit"]
     suites = build_suites(world, seed=0, n_train=24, n_val=6, n_eval=6)

@@ -20,21 +20,20 @@ measures a toy with the paper's schedule (64 tokens, K = 64, |M| = 12, |T| = 10)
     python benchmarks/grpo_step.py [--policy results/pretrain/toy-nova-<hash>/policy] [--steps 4]
 """
 
-import json
-
 import argparse
+import json
 import statistics
 import tempfile
 import time
 
 import torch
 
-from margrpo.config import load_config
+from margrpo.experiment.config import load_config
+from margrpo.grpo.rollout import SamplingConfig, ar_schedule, generate, replay, stochastic_steps
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, choose_steps
+from margrpo.infra.runtime import autocast, peak_memory_mb
 from margrpo.policy import ToyMAR, ToyMARConfig, load_policy
 from margrpo.prompts.suites import PromptSet
-from margrpo.rollout import SamplingConfig, ar_schedule, generate, replay, stochastic_steps
-from margrpo.runtime import autocast, peak_memory_mb
 from margrpo.world import prompt_vocabulary
 
 PROMPTS = [

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import torch
 
-from margrpo.distill import MARVALRL, MARVALRLConfig
-from margrpo.io import atomic_write_rows, read_json
+from margrpo.grpo.rollout import SamplingConfig
+from margrpo.infra.io import atomic_write_rows, read_json
 from margrpo.policy import load_policy
 from margrpo.prompts.suites import PromptSet, load_suite
+from margrpo.related.marval import MARVALRL, MARVALRLConfig
 from margrpo.rewards.toyclip import ToyClip
-from margrpo.rollout import SamplingConfig
 from margrpo.world import WorldConfig
 from margrpo.world.reward import ShapesReward
 

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import torch
 
-from margrpo.distill import MARVALConfig, MARVALDistiller, generate_one_step, one_step_policy, teacher_distance
-from margrpo.distill.marval import draw_rows
 from margrpo.evaluation.quality import quality_report
-from margrpo.io import read_json
+from margrpo.grpo.rollout import SamplingConfig, generate
+from margrpo.infra.io import read_json
 from margrpo.policy import load_policy
 from margrpo.prompts.suites import PromptSet, load_suite
-from margrpo.rollout import SamplingConfig, generate
+from margrpo.related.marval import MARVALConfig, MARVALDistiller, generate_one_step, one_step_policy, teacher_distance
+from margrpo.related.marval.distill import draw_rows
 from margrpo.world import WorldConfig
 
 

@@ -47,9 +47,9 @@ def one_step(args, levers: dict, queue) -> None:
 
     import torch
 
+    from margrpo.grpo.rollout import SamplingConfig
     from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
     from margrpo.prompts.suites import PromptSet
-    from margrpo.rollout import SamplingConfig
 
     torch.set_num_threads(1)
     prompts = PromptSet(["a red circle", "a blue square"], [{}, {}])

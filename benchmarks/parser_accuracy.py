@@ -50,7 +50,7 @@ from scipy import ndimage
 from scipy.optimize import linear_sum_assignment
 
 from margrpo.world import PRESETS, parse, render, score
-from margrpo.world.suites import sample_captioned
+from margrpo.world.captions import sample_captioned
 
 ATTRS = ("color", "shape", "texture")
 

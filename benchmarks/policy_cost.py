@@ -43,10 +43,10 @@ from torch.utils.flop_counter import FlopCounterMode
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from margrpo.config import load_config  # noqa: E402
+from margrpo.experiment.config import load_config  # noqa: E402
+from margrpo.grpo.rollout import SamplingConfig, unknown_after_steps  # noqa: E402
 from margrpo.policy import ToyMAR, ToyMARConfig  # noqa: E402
 from margrpo.policy.base import TextCondition  # noqa: E402
-from margrpo.rollout import SamplingConfig, unknown_after_steps  # noqa: E402
 from margrpo.world import prompt_vocabulary  # noqa: E402
 
 PROMPT = "a red circle on the left of a blue square"
@@ -176,10 +176,10 @@ def report(c: Costs, grpo: dict, S: int, top_frac: float) -> dict:
 
 def toy_steps(policy_cfg: ToyMARConfig, sampling: SamplingConfig, grpo: dict, steps: int, variant_mte: dict) -> dict:
     """FLOPs counted and CPU seconds of real +Fix and +MTE steps, the trainers stepping in turn."""
+    from grpo_step import PROMPTS, reward
+
     from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
     from margrpo.prompts.suites import PromptSet
-
-    from grpo_step import PROMPTS, reward
 
     fields = set(GRPOConfig.__dataclass_fields__)
     ps = PromptSet(PROMPTS, [{}] * len(PROMPTS))

@@ -1,6 +1,6 @@
 """Quality of a toy base policy against pre-training length: the trade-off curve behind the default steps.
 
-For each step count, trains a fresh policy (its own cosine schedule, the real `margrpo.pretraining`
+For each step count, trains a fresh policy (its own cosine schedule, the real `margrpo.toylab.pretraining`
 code path) on the pipeline's world, then scores it on the evaluation suite with the ShapesWorld
 scorer: single-object colour-AND-shape accuracy, strict score per category, shuffled-prompt
 baseline. Prints one row per step count with the training wall time on this device.
@@ -18,13 +18,13 @@ import time
 import torch
 
 from margrpo.evaluation.quality import quality_report
+from margrpo.grpo.rollout import SamplingConfig
 from margrpo.policy import ToyMAR, ToyMARConfig
 from margrpo.policy.toy import count_parameters
-from margrpo.pretraining import PretrainConfig, train
-from margrpo.rollout import SamplingConfig
+from margrpo.prompts.shapesworld import build_suites
 from margrpo.stages.pretrain import world_batches
+from margrpo.toylab.pretraining import PretrainConfig, train
 from margrpo.world import PRESETS, prompt_vocabulary
-from margrpo.world.suites import build_suites
 
 
 def main() -> None:

@@ -36,10 +36,10 @@ import torch
 from accelerate import Accelerator
 from torch.utils.flop_counter import FlopCounterMode
 
-from margrpo.config import load_config, train_spec
+from margrpo.experiment.config import load_config, train_spec
+from margrpo.grpo.rollout import SamplingConfig
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.prompts.suites import PromptSet
-from margrpo.rollout import SamplingConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["a red circle on the left of a blue square", "three green apples on a wooden table",

@@ -33,7 +33,7 @@ def main() -> None:
     p.add_argument("--no-eval", action="store_true", help="skip the CompBench-style evaluation")
     args = p.parse_args()
     torch.set_num_threads(1)
-    from margrpo.world.suites import build_suites
+    from margrpo.prompts.shapesworld import build_suites
 
     policy = load_or_pretrain(args)
     suites = build_suites(policy.world, seed=0, n_train=300, n_val=24, n_eval=96)
@@ -44,9 +44,9 @@ def main() -> None:
 
 def load_or_pretrain(args):
 
-    from margrpo.mask_pretraining import MaskPretrainConfig, pretrain_mask_policy
     from margrpo.policy.toy import count_parameters
-    from margrpo.policy.toy_mask import ToyMaskConfig, ToyMaskPolicy
+    from margrpo.related.maskgrpo.policy import ToyMaskConfig, ToyMaskPolicy
+    from margrpo.related.maskgrpo.pretraining import MaskPretrainConfig, pretrain_mask_policy
     from margrpo.world import prompt_vocabulary
 
     if args.policy:
@@ -67,8 +67,8 @@ def load_or_pretrain(args):
 
 
 def evaluate(policy, records, cfg_scale: float) -> None:
-    from margrpo.mask_pretraining import compbench_accuracy
-    from margrpo.mask_rollout import MaskSamplingConfig
+    from margrpo.related.maskgrpo.pretraining import compbench_accuracy
+    from margrpo.related.maskgrpo.rollout import MaskSamplingConfig
 
     for selection in ("random", "confidence"):
         report = compbench_accuracy(policy, records, MaskSamplingConfig(cfg_scale=cfg_scale, selection=selection))
@@ -77,9 +77,9 @@ def evaluate(policy, records, cfg_scale: float) -> None:
 
 
 def time_rl(policy, records, args) -> None:
-    from margrpo.grpo.mask_grpo import MaskGRPOConfig, train_mask_grpo
-    from margrpo.mask_rollout import MaskSamplingConfig
     from margrpo.prompts.suites import PromptSet
+    from margrpo.related.maskgrpo.rollout import MaskSamplingConfig
+    from margrpo.related.maskgrpo.trainer import MaskGRPOConfig, train_mask_grpo
     from margrpo.rewards.registry import build_reward_mix
 
     reward = build_reward_mix({"shapes": 1.0}, {"shapes": {"world": policy.world.to_dict()}})

@@ -20,7 +20,7 @@ if [ ! -f "$site/hpsv2/src/open_clip/bpe_simple_vocab_16e6.txt.gz" ]; then
   cp "$site/clip/bpe_simple_vocab_16e6.txt.gz" "$site/hpsv2/src/open_clip/"
 fi
 HF_HUB_OFFLINE=1 "$VENV/bin/python" - <<'PY'
-from margrpo.compat import ensure_torchvision_importable
+from margrpo.infra.compat import ensure_torchvision_importable
 
 ensure_torchvision_importable()  # CPU torch + the CUDA-only torchvision build
 import hpsv2, ImageReward, t2v_metrics  # noqa: F401,E401  (imports are the check)

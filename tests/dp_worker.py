@@ -1,6 +1,6 @@
 """Run by tests/test_data_parallel.py as W processes: tiny GRPO runs on the gloo backend.
 
-`python -m margrpo.launch W python dp_worker.py MODE OUT` (torchrun's environment):
+`python -m margrpo.infra.launch W python dp_worker.py MODE OUT` (torchrun's environment):
   first-update OUT  one GRPO step of each variant; rank 0 saves the parameters and the logged row
   train OUT         a 4-step run in OUT/run (save_every 2), recording every file each process writes;
                     with KILL_AT_STEP=s, rank 1 is SIGKILLed in the middle of step s
@@ -19,8 +19,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from helpers import tiny_policy  # noqa: E402
-from margrpo.grpo.trainer import write_outputs  # noqa: E402
 from test_trainer import make_trainer  # noqa: E402
+
+from margrpo.grpo.trainer import write_outputs  # noqa: E402
 
 VARIANTS = {"grpo": {}, "mte-sim": {"freeze_head": True, "trajectories": 3, "sim": True}}
 

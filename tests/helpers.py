@@ -23,7 +23,7 @@ def tiny_policy(head: str = "flow", seed: int = 0, dropout: float = 0.0, **overr
 def assert_ratio_is_one(policy, r, atol=1e-5):
     """DESIGN 3.2: replaying every (AR step, diffusion step) of rollout `r` with unchanged parameters
     reproduces the recorded log-probs — committed trajectory and MTE trajectories alike."""
-    from margrpo.rollout import recorded, replay, stochastic_steps
+    from margrpo.grpo.rollout import recorded, replay, stochastic_steps
 
     K, T = r.sampling.ar_steps, stochastic_steps(r.sampling)
     ar, diff = torch.arange(K), torch.arange(T)[None].repeat(K, 1)

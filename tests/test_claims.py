@@ -7,14 +7,14 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from helpers import PROMPTS, tiny_policy
 from scipy import stats
 
-from helpers import PROMPTS, tiny_policy
+from margrpo.grpo.rollout import SamplingConfig
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
-from margrpo.io import atomic_write_json
+from margrpo.infra.io import atomic_write_json
 from margrpo.prompts.suites import PromptSet
 from margrpo.reporting.claims import claims, margin_verdict, paired_bootstrap, paired_t, power, to_markdown, verdict
-from margrpo.rollout import SamplingConfig
 
 
 def test_paired_t_matches_scipy_on_fixed_numbers():

@@ -15,8 +15,8 @@ import torch
 from test_rewards_real import tiny_clip
 
 from margrpo.evaluation.compbench import CompBenchEvaluator, compbench_locality
-from margrpo.prompts.files import COMPBENCH_DIR, read_prompt_file
 from margrpo.prompts.analysis import noun_phrases, parse_counts, parse_relation
+from margrpo.prompts.files import COMPBENCH_DIR, read_prompt_file
 from margrpo.rewards.real.clip import ClipScoreReward
 from margrpo.rewards.real.detection import Detections, nms
 

@@ -22,9 +22,9 @@ from margrpo.evaluation.compbench import (
     parse_sample_name,
     unidet_frame,
 )
+from margrpo.prompts.analysis import parse_counts, parse_relation
 from margrpo.prompts.files import COMPBENCH_DIR as DATA
 from margrpo.prompts.files import read_prompt_file
-from margrpo.prompts.analysis import parse_counts, parse_relation
 from margrpo.rewards.real.detection import Detections
 
 

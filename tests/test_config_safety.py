@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from margrpo.config import ConfigError, load_config, name_pattern, shared_dirs
-from margrpo.experiment_record import RECORD, check_experiment, experiment_settings, record_experiment
+from margrpo.experiment.config import ConfigError, load_config, name_pattern, shared_dirs
+from margrpo.experiment.record import RECORD, check_experiment, experiment_settings, record_experiment
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -189,7 +189,7 @@ def test_stage_arguments_pass_the_dry_runs_checks(tmp_path):
     import json
 
     from margrpo.cli import main
-    from margrpo.config import train_spec
+    from margrpo.experiment.config import train_spec
     from margrpo.prompts.suites import PromptRecord, write_suite
 
     suites = tmp_path / "suites"
@@ -218,7 +218,7 @@ def test_stage_arguments_pass_the_dry_runs_checks(tmp_path):
 
 def test_make_run_reads_its_config_files_before_snakemake(tmp_path):
     """Issue #31: Snakemake runs a YTE config's code at load; `make run` / `make report` check the files first."""
-    from margrpo.config_checks import main, snakemake_config_files
+    from margrpo.experiment.config_checks import main, snakemake_config_files
 
     assert snakemake_config_files(["--cores", "1", "--configfile", "a.yaml", "b.yaml", "-n", "--configfiles=c.yaml"]) == \
         ["a.yaml", "b.yaml", "c.yaml"]
@@ -228,6 +228,6 @@ def test_make_run_reads_its_config_files_before_snakemake(tmp_path):
     assert main(["--configfile", str(REPO / "config/smoke.yaml"), str(bad)]) == 1
     out = subprocess.run(["make", "-n", "run", f"SNAKEMAKE_ARGS=--configfile {bad}"], cwd=REPO, capture_output=True, text=True)
     lines = out.stdout.splitlines()
-    check = next(i for i, line in enumerate(lines) if "-m margrpo.config_checks" in line)
+    check = next(i for i, line in enumerate(lines) if "-m margrpo.experiment.config_checks" in line)
     assert check < next(i for i, line in enumerate(lines) if "snakemake --cores" in line)
     assert not (tmp_path / "pwned").exists()

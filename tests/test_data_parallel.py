@@ -1,4 +1,4 @@
-"""Data parallel GRPO on the gloo backend (margrpo.launch, as the train rules run it; 2 CPU processes): the same
+"""Data parallel GRPO on the gloo backend (margrpo.infra.launch, as the train rules run it; 2 CPU processes): the same
 update as one process, one writer, and a killed run that resumes to the uninterrupted result. The launcher
 listens on the loopback interface only, and one failing process stops the job."""
 
@@ -20,7 +20,7 @@ SRC = Path(__file__).parents[1] / "src"
 
 
 def torchrun(nproc: int, mode: str, out: Path, **env) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "margrpo.launch", str(nproc), sys.executable, str(WORKER), mode, str(out)]
+    cmd = [sys.executable, "-m", "margrpo.infra.launch", str(nproc), sys.executable, str(WORKER), mode, str(out)]
     environ = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]), **env}
     return subprocess.run(cmd, capture_output=True, text=True, env=environ, timeout=300)
 
@@ -121,7 +121,7 @@ def test_the_launcher_listens_on_loopback_only_and_stops_on_a_failure(tmp_path):
 
     script = tmp_path / "w.py"
     script.write_text(LISTENER)
-    cmd = [sys.executable, "-m", "margrpo.launch", "2", sys.executable, str(script), str(tmp_path)]
+    cmd = [sys.executable, "-m", "margrpo.infra.launch", "2", sys.executable, str(script), str(tmp_path)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]), "HOLD": "20"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

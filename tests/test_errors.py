@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import tiny_policy
-from margrpo.io import InputError
+
+from margrpo.infra.io import InputError
 from margrpo.policy import load_policy
 from margrpo.prompts.files import read_prompt_file
 from margrpo.stages.check_weights import EXPECTED
@@ -106,7 +106,7 @@ def test_an_inherited_world_size_is_named(monkeypatch):
 
 
 def test_the_sampling_builder_rejects_unknown_keys():
-    from margrpo.config import ConfigError
+    from margrpo.experiment.config import ConfigError
     from margrpo.stages._common import sampling_config
 
     with pytest.raises(ConfigError, match="sampling: key 'ar_stepz': unknown key"):

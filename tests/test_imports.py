@@ -6,8 +6,8 @@ import sys
 import pytest
 
 # The toy training path: transformers (~2.5 CPU-s) is only for the real-scale models, imported inside their functions.
-TOY_PATH = ["margrpo.stages.train", "margrpo.grpo.trainer", "margrpo.policy.toy", "margrpo.policy.toy_mask",
-            "margrpo.rewards.toyclip", "margrpo.toyclip_training", "margrpo.pretraining", "margrpo.stages.pretrain"]
+TOY_PATH = ["margrpo.stages.train", "margrpo.grpo.trainer", "margrpo.policy.toy", "margrpo.related.maskgrpo.policy",
+            "margrpo.rewards.toyclip", "margrpo.toylab.toyclip_training", "margrpo.toylab.pretraining", "margrpo.stages.pretrain"]
 
 
 def loaded_after_import(modules: list[str], heavy: list[str]) -> list[str]:

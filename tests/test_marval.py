@@ -4,16 +4,24 @@ import math
 
 import pytest
 import torch
-
 from helpers import PROMPTS, VOCAB, assert_ratio_is_one, tiny_policy
+
 from margrpo.diffusion import OneStepSampler
-from margrpo.distill import (MARVALConfig, MARVALDistiller, MARVALRL, MARVALRLConfig, committed_log_prob,
-                             generate_one_step, one_step_policy, teacher_distance)
-from margrpo.distill.marval import draw_rows
+from margrpo.grpo.rollout import SamplingConfig, generate
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.policy import load_policy
 from margrpo.prompts.suites import PromptSet
-from margrpo.rollout import SamplingConfig, generate
+from margrpo.related.marval import (
+    MARVALRL,
+    MARVALConfig,
+    MARVALDistiller,
+    MARVALRLConfig,
+    committed_log_prob,
+    generate_one_step,
+    one_step_policy,
+    teacher_distance,
+)
+from margrpo.related.marval.distill import draw_rows
 
 TEACHER_SAMPLING = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=2.0)
 ONE_STEP = SamplingConfig(ar_steps=4, diffusion_steps=2, cfg_scale=1.0)  # |T| = 1: one generation step + a hold step
@@ -88,7 +96,7 @@ def test_regression_term_moves_the_student_toward_the_teachers_ode_samples():
 def test_teacher_ode_is_the_flow_samplers_deterministic_chain():
     """teacher_ode matches the Euler ODE of FlowSDESampler(noise_level=0) on the head's guided velocity."""
     from margrpo.diffusion.flow import FlowSDESampler
-    from margrpo.distill.marval import guided_x0, teacher_ode
+    from margrpo.related.marval.distill import guided_x0, teacher_ode
 
     distiller = MARVALDistiller(tiny_policy("flow"), TEACHER_SAMPLING, MARVALConfig(rows=8))
     rows = _rows(distiller)

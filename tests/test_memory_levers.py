@@ -3,18 +3,18 @@ LoRA on the AR transformer (reference = adapters disabled), and a dtype per real
 
 import pytest
 import torch
-
 from helpers import PROMPTS, assert_ratio_is_one, tiny_policy
-from margrpo.config import load_config, train_spec, validate_train_spec
+from test_policy_harmon import tiny_harmon
+from test_policy_nova import tiny_nova
+from test_rewards_real import tiny  # noqa: F401  (the tiny local scorer models, a fixture)
+
+from margrpo.experiment.config import load_config, train_spec, validate_train_spec
+from margrpo.grpo.rollout import SamplingConfig, generate
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.policy import load_policy
 from margrpo.policy.base import deterministic
 from margrpo.policy.memory import adapter_parameters, adapters_disabled, add_lora, lora_layers
 from margrpo.prompts.suites import PromptSet
-from margrpo.rollout import SamplingConfig, generate
-from test_policy_harmon import tiny_harmon
-from test_policy_nova import tiny_nova
-from test_rewards_real import tiny  # noqa: F401  (the tiny local scorer models, a fixture)
 
 SAMPLING = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=2.0)
 PROMPT_SET = PromptSet(PROMPTS, [{}] * len(PROMPTS))

@@ -4,16 +4,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import PROMPTS, VOCAB, assert_ratio_is_one
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from helpers import PROMPTS, VOCAB, assert_ratio_is_one
+from margrpo.grpo.rollout import SamplingConfig, generate
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.policy import load_policy
 from margrpo.policy.base import TextCondition
 from margrpo.policy.harmon import HarmonConfig, HarmonPolicy
 from margrpo.prompts.suites import PromptSet
-from margrpo.rollout import SamplingConfig, generate
 
 PARAMS = Path(__file__).resolve().parents[1] / "src/margrpo/policy/params/harmon-1.5b.tsv"
 SAMPLING = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=3.0, cfg_schedule="linear", temperature=0.9)

@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 import torch
 from diffusers import AutoencoderKL
+from helpers import PROMPTS, VOCAB, assert_ratio_is_one
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from transformers import PhiConfig, PhiModel, PreTrainedTokenizerFast
 
-from helpers import PROMPTS, VOCAB, assert_ratio_is_one
+from margrpo.grpo.rollout import SamplingConfig, generate, unknown_after_steps
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
-from margrpo.policy.nova import NovaConfig, NovaPolicy, NovaTransformer
 from margrpo.policy import load_policy
+from margrpo.policy.nova import NovaConfig, NovaPolicy, NovaTransformer
 from margrpo.prompts.suites import PromptSet
-from margrpo.rollout import SamplingConfig, generate, unknown_after_steps
 
 SAMPLING = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=3.0, cfg_schedule="linear", temperature=0.9)
 TSV = Path(__file__).resolve().parents[1] / "src/margrpo/policy/params/nova-d48w1024-sd512.tsv"

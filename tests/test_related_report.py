@@ -18,7 +18,7 @@ from scipy import stats
 
 from margrpo.cli import main
 from margrpo.evaluation.toy_compbench import PER_IMAGE_COLUMNS
-from margrpo.io import atomic_write_json
+from margrpo.infra.io import atomic_write_json
 from margrpo.reporting import related, tables
 from margrpo.reporting.results import MissingResultError
 from margrpo.reporting.selection import select_checkpoint

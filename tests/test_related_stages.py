@@ -112,7 +112,7 @@ def check_run(out: Path, method: str, steps: int = 2, val_prompts: int = 3) -> d
 
 def test_pretrain_mask_writes_a_loadable_policy_and_its_quality_report(mask_policy):
     from margrpo.policy import load_policy
-    from margrpo.policy.toy_mask import ToyMaskPolicy
+    from margrpo.related.maskgrpo.policy import ToyMaskPolicy
 
     policy = load_policy(mask_policy)
     assert isinstance(policy, ToyMaskPolicy) and policy.config.width == 32

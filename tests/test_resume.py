@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import PROMPTS, tiny_policy
-from margrpo.grpo.trainer import write_outputs
-from margrpo.pretraining import PretrainConfig, train
 from test_trainer import make_trainer
+
+from margrpo.grpo.trainer import write_outputs
+from margrpo.toylab.pretraining import PretrainConfig, train
 
 TESTS = Path(__file__).resolve().parent
 METRICS = ("reward_mean", "policy_loss", "grad_norm_ar", "val_reward")

@@ -16,8 +16,7 @@ import pytest
 import torch
 
 import margrpo.rewards.real as real
-from margrpo.compat import ensure_torchvision_importable
-from margrpo.rewards import available_rewards, build_reward, build_reward_mix
+from margrpo.infra.compat import ensure_torchvision_importable
 from margrpo.prompts.analysis import (
     DetectionTask,
     Relation,
@@ -29,6 +28,7 @@ from margrpo.prompts.analysis import (
     singular,
     vqa_phrases,
 )
+from margrpo.rewards import available_rewards, build_reward, build_reward_mix
 from margrpo.rewards.real.detection import (
     Detections,
     box_iou,
@@ -139,8 +139,14 @@ def tiny_git(directory: Path) -> Path:
 
 def tiny_grounding_dino(directory: Path) -> Path:
     """A 0.13M-parameter Grounding DINO (Swin + BERT, 1 layer each, 10 queries) at 64 px; about 0.03 s a batch."""
-    from transformers import (BertConfig, GroundingDinoConfig, GroundingDinoForObjectDetection,
-                              GroundingDinoImageProcessor, GroundingDinoProcessor, SwinConfig)
+    from transformers import (
+        BertConfig,
+        GroundingDinoConfig,
+        GroundingDinoForObjectDetection,
+        GroundingDinoImageProcessor,
+        GroundingDinoProcessor,
+        SwinConfig,
+    )
 
     tok = bert_tokenizer(directory / "_tok")
     cfg = GroundingDinoConfig(
@@ -510,12 +516,10 @@ TINY_OPEN_CLIP = {
 
 def test_hpsv2_tiny_open_clip(tmp_path):
     pytest.importorskip("hpsv2", reason="hpsv2 is not installed (it lives in .venv-eval: make evaluators)")
-    from margrpo.compat import ensure_torchvision_importable
+    from margrpo.infra.compat import ensure_torchvision_importable
 
     ensure_torchvision_importable()
-    from hpsv2.src.open_clip import create_model
-
-    from hpsv2.src.open_clip import add_model_config
+    from hpsv2.src.open_clip import add_model_config, create_model
 
     config = tmp_path / "tiny-hps.json"
     config.write_text(json.dumps(TINY_OPEN_CLIP))

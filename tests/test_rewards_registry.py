@@ -15,8 +15,8 @@ from margrpo.rewards import (
     build_reward,
     build_reward_mix,
     register_reward,
+    registry,
 )
-from margrpo.rewards import registry
 
 B = 4
 

@@ -1,12 +1,12 @@
-"""The toy text stack: the word-level tokenizer (margrpo.text) and the tiny TextEncoder (policy/layers.py)."""
+"""The toy text stack: the word-level tokenizer (margrpo.policy.text) and the tiny TextEncoder (policy/layers.py)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from margrpo.io import InputError
+from margrpo.infra.io import InputError
 from margrpo.policy.layers import TextEncoder
-from margrpo.text import WordTokenizer, build_tokenizer
+from margrpo.policy.text import WordTokenizer, build_tokenizer
 
 
 def test_tokenizer_pads_truncates_and_round_trips(tmp_path):

@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from margrpo.grpo.mask_grpo import (
+from margrpo.grpo.rollout import unknown_after_steps
+from margrpo.policy import load_policy
+from margrpo.prompts.suites import PromptSet
+from margrpo.related.maskgrpo.policy import ToyMaskConfig, ToyMaskPolicy
+from margrpo.related.maskgrpo.pretraining import MaskPretrainConfig, pretrain_mask_policy
+from margrpo.related.maskgrpo.rollout import MaskSamplingConfig, generate
+from margrpo.related.maskgrpo.trainer import (
     MaskGRPOConfig,
     kl_terms,
     mask_ratios,
@@ -17,12 +23,6 @@ from margrpo.grpo.mask_grpo import (
     token_log_probs,
     train_mask_grpo,
 )
-from margrpo.mask_pretraining import MaskPretrainConfig, pretrain_mask_policy
-from margrpo.mask_rollout import MaskSamplingConfig, generate
-from margrpo.policy import load_policy
-from margrpo.policy.toy_mask import ToyMaskConfig, ToyMaskPolicy
-from margrpo.prompts.suites import PromptSet
-from margrpo.rollout import unknown_after_steps
 from margrpo.world import WorldConfig, parse, prompt_vocabulary, render, sample_scene
 
 torch.set_num_threads(1)

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import PROMPTS, assert_ratio_is_one
-from margrpo.config import load_config
-from margrpo.policy import ToyMAR, ToyMARConfig
-from margrpo.rollout import SamplingConfig, generate
-from margrpo.world import prompt_vocabulary
 from test_trainer import make_trainer
+
+from margrpo.experiment.config import load_config
+from margrpo.grpo.rollout import SamplingConfig, generate
+from margrpo.policy import ToyMAR, ToyMARConfig
+from margrpo.world import prompt_vocabulary
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = load_config(ROOT / "config/config.yaml")

@@ -11,9 +11,9 @@ import torch
 
 from margrpo.rewards import build_reward
 from margrpo.rewards.toyclip import ToyClip, ToyClipConfig, ToyClipReward
-from margrpo.toyclip_training import default_vocabulary, evaluate_ranking, train_toyclip
+from margrpo.toylab.toyclip_training import default_vocabulary, evaluate_ranking, train_toyclip
 from margrpo.world import WorldConfig, prompt_for_spec, relation_holds, render
-from margrpo.world.suites import sample_captioned
+from margrpo.world.captions import sample_captioned
 from margrpo.world.negatives import SWAP_TYPES, hard_negatives, swap_candidates
 
 WORLD = WorldConfig()
@@ -240,7 +240,7 @@ def test_training_options_run(tmp_path, paired):
 
 def test_paired_batches_hold_partner_scenes():
     """A partner's caption is a compositional swap of the scene before it, and false of that scene."""
-    from margrpo.toyclip_training import sample_batch
+    from margrpo.toylab.toyclip_training import sample_batch
 
     batch = sample_batch(np.random.default_rng(4), WORLD, batch_size=32, k=2, paired=True)
     assert batch.images.shape == (32, 3, 32, 32) and len(batch.prompts) == 32

@@ -12,8 +12,8 @@ import torch
 from margrpo.rewards import build_reward_mix
 from margrpo.rewards.toypref import ToyPref, ToyPrefReward
 from margrpo.stages._common import reward_options
-from margrpo.toyclip_training import train_toyclip
-from margrpo.toypref_training import evaluate_pairs, sample_pairs, train_toypref
+from margrpo.toylab.toyclip_training import train_toyclip
+from margrpo.toylab.toypref_training import evaluate_pairs, sample_pairs, train_toypref
 from margrpo.world import WorldConfig
 
 WORLD = WorldConfig(backdrop_range=(0.0, 0.2))  # the 32-px world, lit: cheap to train on
@@ -95,7 +95,7 @@ def test_backdrop_metric_is_registered_and_exact():
 
 def test_stage_cli_writes_the_model_and_per_kind_metrics(tmp_path, trained):
     from margrpo.cli import main
-    from margrpo.io import atomic_write_json
+    from margrpo.infra.io import atomic_write_json
 
     clip, _, _ = trained
     clip.save_pretrained(tmp_path / "toyclip")

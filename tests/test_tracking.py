@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
 from helpers import tiny_policy
-from margrpo.grpo.trainer import GRPOConfig
-from margrpo.io import spec_hash
-from margrpo.policy import load_policy
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_trainer import make_trainer
+
+from margrpo.grpo.trainer import GRPOConfig
+from margrpo.infra.io import spec_hash
+from margrpo.policy import load_policy
 
 REPO = Path(__file__).resolve().parents[1]
 OLD_STATE_KEYS = {"step", "optimizer", "rows", "checkpoints", "nonfinite_run", "spec_hash"}
@@ -144,7 +144,7 @@ def test_tracker_and_ema_settings_are_checked():
 
 def test_train_spec_leaves_the_new_keys_out_at_their_defaults():
     """Runs cached before these settings keep their Snakemake params; set ones reach the stage."""
-    from margrpo.config import load_config, train_spec, validate_train_spec
+    from margrpo.experiment.config import load_config, train_spec, validate_train_spec
 
     config = load_config(REPO / "config/config.yaml")
     spec = train_spec(config, "toy-nova", "toypref", "fix")

@@ -4,11 +4,11 @@ import math
 
 import pytest
 import torch
-
 from helpers import PROMPTS, tiny_policy
+
+from margrpo.grpo.rollout import SamplingConfig, generate, recorded, replay
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, write_outputs
 from margrpo.prompts.suites import PromptSet
-from margrpo.rollout import SamplingConfig, generate, recorded, replay
 
 SAMPLING = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=2.0)
 PROMPT_SET = PromptSet(PROMPTS, [{}] * len(PROMPTS))

@@ -54,11 +54,11 @@ def installed(tmp_path_factory):
 
 def test_installed_wheel_validates_configs_and_runs_a_stage(installed):
     bin_dir, tmp = installed
-    where = _run(bin_dir / "python", "-c", "import margrpo, margrpo.config as c; print(margrpo.__file__); print(c.SCHEMA_PATH)", cwd=tmp)
+    where = _run(bin_dir / "python", "-c", "import margrpo, margrpo.experiment.config as c; print(margrpo.__file__); print(c.SCHEMA_PATH)", cwd=tmp)
     package, schema = where.split()
     assert package.startswith(str(tmp / "venv")) and Path(schema).is_file(), where  # not the checkout's src/
 
-    check = ("import sys; from margrpo.config import ConfigError, load_config\n"
+    check = ("import sys; from margrpo.experiment.config import ConfigError, load_config\n"
              "for path in sys.argv[1:]: load_config(path)\n"
              "try: load_config({'grpo': {'stepz': 1}})\n"
              "except ConfigError as e: print(e)")

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from margrpo.config import load_config, shared_dirs
+from margrpo.experiment.config import load_config, shared_dirs
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from margrpo.config import ConfigError, load_config, shared_dirs, train_spec
+from margrpo.experiment.config import ConfigError, load_config, shared_dirs, train_spec
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -234,12 +234,12 @@ def test_schema_defaults_are_the_dataclass_defaults():
     every schema key is a field; the toyclip stage takes its defaults from the schema itself."""
     import dataclasses
 
-    from margrpo.config import schema_section
+    from margrpo.experiment.config import schema_section
+    from margrpo.grpo.rollout import SamplingConfig
     from margrpo.grpo.trainer import GRPOConfig
     from margrpo.policy import ToyMARConfig
-    from margrpo.pretraining import PretrainConfig
-    from margrpo.rollout import SamplingConfig
     from margrpo.stages.train_toyclip import CONFIG_DEFAULTS
+    from margrpo.toylab.pretraining import PretrainConfig
 
     def defaults(cls):
         return {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory() for f in dataclasses.fields(cls)}
@@ -259,14 +259,14 @@ def test_schema_defaults_are_the_dataclass_defaults():
 
 
 def test_schema_scorer_names_are_the_registry():
-    from margrpo.config import load_schema
+    from margrpo.experiment.config import load_schema
     from margrpo.rewards import available_rewards
 
     assert sorted(load_schema()["$defs"]["scorer"]["enum"]) == available_rewards()
 
 
 def test_train_processes_launch_n_local_processes_and_request_one_gpu_each(tmp_path):
-    """train_processes: 2 on cuda: the train rules run 2 processes (margrpo.launch), ask Snakemake for 2 GPUs
+    """train_processes: 2 on cuda: the train rules run 2 processes (margrpo.infra.launch), ask Snakemake for 2 GPUs
     (which the SLURM executor turns into --gpus=2) and 2 x threads cores; one process stays a plain command."""
     from types import SimpleNamespace
 
@@ -282,11 +282,11 @@ def test_train_processes_launch_n_local_processes_and_request_one_gpu_each(tmp_p
     jobs = [j for j in out.stdout.split("\n\n") if re.search(r"^rule train(_ablation)?:", j, re.M)]
     assert jobs
     for job in jobs:
-        assert "Shell command: python -m margrpo.launch 2 margrpo train " in job, job
+        assert "Shell command: python -m margrpo.infra.launch 2 margrpo train " in job, job
         assert re.search(r"resources: .*\bgpu=2\b", job) and re.search(r"^\s*threads: 6$", job, re.M), job
         assert "--threads 3 " in job  # per process
     others = [j for j in out.stdout.split("\n\n") if re.search(r"^rule (sample|pretrain):", j, re.M)]
-    assert others and all("margrpo.launch" not in j and re.search(r"gpu=1\b", j) for j in others)
+    assert others and all("margrpo.infra.launch" not in j and re.search(r"gpu=1\b", j) for j in others)
     assert set_gres_string(SimpleNamespace(resources=SimpleNamespace(get={"gpu": 2}.get))).strip() == "--gpus=2"
     single = subprocess.run([SNAKEMAKE, *args[:-1]], cwd=REPO, capture_output=True, text=True)
-    assert single.returncode == 0 and "margrpo.launch" not in single.stdout and "Shell command: margrpo train " in single.stdout
+    assert single.returncode == 0 and "margrpo.infra.launch" not in single.stdout and "Shell command: margrpo train " in single.stdout

@@ -93,8 +93,8 @@ def test_relations_need_a_dominant_axis(b, holds):
 @pytest.mark.parametrize("backdrop", [0.0, 0.05, 0.1, 0.2])
 def test_backdrop_level_reads_a_render_exactly_and_the_parser_sees_the_same_scene(backdrop):
     from margrpo.world import score
+    from margrpo.world.captions import sample_captioned
     from margrpo.world.scene import backdrop_level
-    from margrpo.world.suites import sample_captioned
 
     cfg = PRESETS["grid4-lit"]
     rng = np.random.default_rng(3)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from margrpo.world import CATEGORIES, ObjectSpec, Scene, WorldConfig, render, scene_for_spec, score
+from margrpo.world.captions import sample_captioned
 from margrpo.world.reward import ShapesReward
-from margrpo.world.suites import sample_captioned
 
 CFG = WorldConfig()
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from margrpo.prompts.shapesworld import build_suites
 from margrpo.prompts.suites import load_suite, write_suite
 from margrpo.world import (
     CATEGORIES,
@@ -23,7 +24,6 @@ from margrpo.world import (
     scene_for_spec,
     validate_spec,
 )
-from margrpo.world.suites import build_suites
 
 CFG = WorldConfig()
 

@@ -52,7 +52,7 @@ def build_parser(stage: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one stage. A user error (a bad setting or input file, whose message names it) exits with
     that message on one line and no traceback; anything else is a bug and keeps its traceback."""
-    from margrpo.io import InputError
+    from margrpo.infra.io import InputError
 
     os.environ["HF_HUB_OFFLINE"] = "1"  # forced: never reach for a hub at run time
     argv = sys.argv[1:] if argv is None else list(argv)

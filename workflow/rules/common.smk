@@ -13,7 +13,7 @@ if workflow.overwrite_configfiles:
     config.clear()
     config.update(workflow.config_settings.overwrite_config)
 
-from margrpo.config import (  # noqa: E402
+from margrpo.experiment.config import (  # noqa: E402
     RELATED_POLICIES,
     name_pattern,
     names_scorer,
@@ -25,7 +25,7 @@ from margrpo.config import (  # noqa: E402
     train_spec,
     validate_config,
 )
-from margrpo.experiment_record import check_experiment, record_experiment  # noqa: E402
+from margrpo.experiment.record import check_experiment, record_experiment  # noqa: E402
 
 # ../schemas/config.schema.yaml (defaults filled) and every check beyond it: cross references, variant
 # overrides, the ablation table; errors name the key path. The files are read again by margrpo's loader,
@@ -45,7 +45,7 @@ onstart:
 
 
 # Stages every experiment on this world shares (data, toyclip, pre-training, warm-up, weight checks), each
-# in a folder keyed by a hash of the settings it reads: results/pretrain/toy-nova-1a2b3c4d (margrpo.config).
+# in a folder keyed by a hash of the settings it reads: results/pretrain/toy-nova-1a2b3c4d (margrpo.experiment.config).
 SHARED = shared_dirs(config, RESULTS)
 DATA, TOYCLIP, TOYPREF = SHARED["data"], SHARED["toyclip"], SHARED["toypref"]
 NAME = config["name"]
@@ -57,8 +57,8 @@ POLICY_NAMES = "|".join(re.escape(p) for p in config["policies"])  # the train r
 GPU = 0 if config["device"] == "cpu" else 1  # `resources: gpu` caps concurrent GPU jobs
 TRAIN_PROCS = config["train_processes"]  # data parallel GRPO: one GPU (or `threads` CPU threads) per process
 # `margrpo train` runs as one process, or as TRAIN_PROCS of one machine whose rendezvous listens on 127.0.0.1 only
-# (margrpo.launch: torchrun's listens on every interface whatever its flags)
-TRAIN_LAUNCH = "margrpo" if TRAIN_PROCS == 1 else f"python -m margrpo.launch {TRAIN_PROCS} margrpo"
+# (margrpo.infra.launch: torchrun's listens on every interface whatever its flags)
+TRAIN_LAUNCH = "margrpo" if TRAIN_PROCS == 1 else f"python -m margrpo.infra.launch {TRAIN_PROCS} margrpo"
 
 def is_toy(policy):
     return config["policies"][policy]["kind"] == "toy"

@@ -1,4 +1,4 @@
-"""The sampler of a one-step generator head (a MARVAL-distilled student, `margrpo.distill`).
+"""The sampler of a one-step generator head (a MARVAL-distilled student, `margrpo.related.marval`).
 
 The head maps (noise, z) to a token in one call; the step adds Gaussian noise of a fixed std, so
 the step is a Gaussian policy with an exact log-probability and the GRPO trainer and rollout run on
@@ -11,7 +11,7 @@ accepts num_steps >= 1: step 0 is the generation, every later step a *hold* step
 input unchanged (deterministic, no log-prob; its model time is 0, where the toy head skips the MLP).
 Use diffusion_steps = 2: one generation step, one free hold step, and stochastic_steps() = 1.
 It implements the sampling half of the `Sampler` protocol; the training half (add_noise,
-training_loss) belongs to denoisers: a one-step head is trained by distillation (`margrpo.distill`).
+training_loss) belongs to denoisers: a one-step head is trained by distillation (`margrpo.related.marval`).
 """
 
 from __future__ import annotations

@@ -36,8 +36,8 @@ import torch
 from torch import Tensor
 
 from margrpo.evaluation.samples import Sample, list_samples, parse_sample_name
-from margrpo.prompts.files import COMPBENCH_DIR, read_prompt_file
 from margrpo.prompts.analysis import noun_phrases, parse_counts, parse_relation
+from margrpo.prompts.files import COMPBENCH_DIR, read_prompt_file
 from margrpo.rewards.real.clip import ClipScoreReward
 from margrpo.rewards.real.detection import Detections, GroundingDinoReward, nms, relation_score
 from margrpo.rewards.real.vqa import BlipVQAReward
@@ -400,7 +400,7 @@ def write_results(
     per_image: pd.DataFrame, summary: dict, out_json: str | Path | None = None, out_csv: str | Path | None = None
 ) -> None:
     """JSON {"summary": ..., "per_image": [...]} and/or the per-image CSV, each written atomically."""
-    from margrpo.io import atomic_write_csv, atomic_write_json
+    from margrpo.infra.io import atomic_write_csv, atomic_write_json
 
     if out_json is not None:
         atomic_write_json(out_json, {"summary": summary, "per_image": per_image.to_dict(orient="records")})

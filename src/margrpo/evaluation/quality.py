@@ -12,9 +12,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from margrpo.grpo.rollout import SamplingConfig, generate
+from margrpo.infra.runtime import autocast
 from margrpo.policy.base import MARPolicy
-from margrpo.rollout import SamplingConfig, generate
-from margrpo.runtime import autocast
 
 
 @torch.no_grad()
@@ -22,14 +22,14 @@ def sample_images(policy: MARPolicy, prompts: list[str], sampling: SamplingConfi
                   seed: int = 0, batch_size: int = 32, precision: str = "bf16", desc: str = "sample") -> np.ndarray:
     """uint8 images [len(prompts) * images_per_prompt, H, W, 3], prompt-major, deterministic per seed.
     A toy-mask policy (`ToyMaskPolicy`, with a `MaskSamplingConfig`) samples through `mask_rollout.generate`."""
-    from margrpo.policy.toy_mask import ToyMaskPolicy
+    from margrpo.related.maskgrpo.policy import ToyMaskPolicy
 
     out = []
     per_batch = max(1, batch_size // images_per_prompt)
     for a in tqdm(range(0, len(prompts), per_batch), desc=desc, mininterval=5):
         g = torch.Generator().manual_seed(seed * 100_003 + a)
         if isinstance(policy, ToyMaskPolicy):  # discrete tokens: no autocast, MaskGIT's sampler
-            from margrpo.mask_rollout import generate as mask_generate
+            from margrpo.related.maskgrpo.rollout import generate as mask_generate
 
             r = mask_generate(policy, prompts[a : a + per_batch], sampling, images_per_prompt, g)
         else:

@@ -1,4 +1,9 @@
-"""GRPO for MAR policies: advantages, policy loss, KL, MTE and Sim masks (pure functions)."""
+"""MAR-GRPO's core: the rollout that records every transition with its exact log-probability (`rollout`),
+the loss pieces as pure functions (`functions`: advantages, policy loss, KL, MTE and Sim masks), and the one
+trainer every policy plugs into (`trainer`, with its `config`, seeded `streams` and `run_loop`).
+
+Layer 4 (see margrpo/__init__.py): it must not import toylab, related, evaluation, reporting, experiment, stages, cli.
+"""
 
 from margrpo.grpo.functions import (
     consistency_mask,

@@ -5,8 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from margrpo.runtime import check_trackers
-
+from margrpo.infra.runtime import check_trackers
 
 # The string-valued knobs of GRPOConfig and their allowed values (the first is the paper's).
 _CHOICES = {

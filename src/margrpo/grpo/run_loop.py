@@ -23,7 +23,7 @@ from typing import Callable
 
 from tqdm.auto import tqdm
 
-from margrpo.io import atomic_write_json, atomic_write_rows, non_finite
+from margrpo.infra.io import atomic_write_json, atomic_write_rows, non_finite
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ the frozen reference -> one optimizer step. Variants (grpo / fix / mte / sim) ar
 
 from __future__ import annotations
 
-import copy
 import contextlib
+import copy
 import logging
 import math
 import re
@@ -45,14 +45,14 @@ from margrpo.grpo.functions import (
     uncertainty_mask,
 )
 from margrpo.grpo.grad_stats import MicroBatchGradStats
+from margrpo.grpo.rollout import Rollout, SamplingConfig, ar_schedule, generate, make_sampler, recorded, replay, stochastic_steps
 from margrpo.grpo.run_loop import RunState, write_run_outputs
 from margrpo.grpo.streams import VAL_SEED, group_generators, step_generator
-from margrpo.io import CHECKSUMS, InputError, checked_path, refuse_symlink, space_named, spec_hash, verify_checksums
+from margrpo.infra.io import CHECKSUMS, InputError, checked_path, refuse_symlink, space_named, spec_hash, verify_checksums
+from margrpo.infra.runtime import EMA, autocast, end_trackers, log_image_grid, peak_memory_mb, start_trackers
 from margrpo.policy.base import MARPolicy
 from margrpo.policy.memory import adapter_parameters, adapters_disabled, add_lora, load_adapters, save_adapters
 from margrpo.prompts.suites import PromptSet
-from margrpo.rollout import Rollout, SamplingConfig, ar_schedule, generate, make_sampler, recorded, replay, stochastic_steps
-from margrpo.runtime import EMA, autocast, end_trackers, log_image_grid, peak_memory_mb, start_trackers
 
 RUN_NAME = "grpo"  # the trackers' run: <out>/tb/grpo/
 log = logging.getLogger(__name__)

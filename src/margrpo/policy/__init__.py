@@ -1,4 +1,8 @@
-"""MAR policies behind one interface: the toy model, NOVA and Harmon."""
+"""MAR policies behind one interface: the toy model, NOVA and Harmon; their layers, memory levers and
+the toy's word-level tokenizer (`text`).
+
+Layer 2 (see margrpo/__init__.py): it must not import rewards, grpo, toylab, related, evaluation, reporting, experiment, stages, cli.
+"""
 
 from margrpo.policy.base import MARPolicy, TextCondition, deterministic
 from margrpo.policy.toy import ToyMAR, ToyMARConfig
@@ -25,7 +29,7 @@ def _pointed(p):
     """The policy folder a `policy.json` pointer names."""
     from pathlib import Path
 
-    from margrpo.io import InputError, read_json
+    from margrpo.infra.io import InputError, read_json
 
     pointer = read_json(p)
     if not isinstance(pointer, dict) or "path" not in pointer:
@@ -34,10 +38,9 @@ def _pointed(p):
 
 
 def _load_base(p, device) -> MARPolicy:
-    from margrpo.io import InputError, read_json
-    from margrpo.policy.nova import NovaPolicy  # cheap: heavy imports happen inside from_pretrained
-
+    from margrpo.infra.io import InputError, read_json
     from margrpo.policy.harmon import HarmonPolicy
+    from margrpo.policy.nova import NovaPolicy  # cheap: heavy imports happen inside from_pretrained
 
     if NovaPolicy.is_checkpoint(p):  # diffusers-style folder: model_index.json naming the NOVA pipeline
         return NovaPolicy.from_pretrained(p, device)
@@ -50,8 +53,8 @@ def _load_base(p, device) -> MARPolicy:
     model_type = raw.get("model_type") if isinstance(raw, dict) else None
     if model_type == "toy-mar":
         return ToyMAR.from_pretrained(p, device)
-    if model_type == "toy-mask":  # the discrete toy policy (not a MARPolicy: it has no diffusion head)
-        from margrpo.policy.toy_mask import ToyMaskPolicy
-
-        return ToyMaskPolicy.from_pretrained(p, device)
-    raise InputError(f"{config}: unknown model_type {model_type!r}; known: 'toy-mar', 'toy-mask', NOVA (model_index.json), 'harmon'")
+    if model_type == "toy-mask":  # the discrete toy policy of MaskGRPO: not a MARPolicy (no diffusion head)
+        raise InputError(f"{config}: a 'toy-mask' policy (margrpo.related.maskgrpo); the stages load it with "
+                         "margrpo.stages._related.load_any_policy")
+    raise InputError(f"{config}: unknown model_type {model_type!r}; known: 'toy-mar', NOVA (model_index.json), 'harmon', "
+                     "and 'toy-mask' through the stages")

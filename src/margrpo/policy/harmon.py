@@ -60,7 +60,7 @@ from torch import Tensor, nn
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 
 from margrpo.diffusion import DDPMConfig, DDPMSampler, Sampler
-from margrpo.io import atomic_path, atomic_write_json, record_checksums, verify_outside
+from margrpo.infra.io import atomic_path, atomic_write_json, record_checksums, verify_outside
 from margrpo.policy.base import MARPolicy, TextCondition
 from margrpo.policy.harmon_config import QWEN2_5_1_5B_INSTRUCT, HarmonConfig
 from margrpo.policy.mar_h import MAR, build_mlp, build_vae, vae_key_to_ldm
@@ -287,7 +287,7 @@ class HarmonPolicy(MARPolicy):
 
 
 def _read_json(path: Path) -> dict:
-    from margrpo.io import InputError
+    from margrpo.infra.io import InputError
 
     try:
         return json.loads(path.read_text())

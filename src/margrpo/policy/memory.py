@@ -170,7 +170,7 @@ def adapters_disabled(module: nn.Module | None):
 def save_adapters(policy: nn.Module, directory: str | Path) -> None:
     """adapter_model.safetensors (peft's key format: no adapter name) + adapter_config.json beside the policy,
     their sha256 in the folder's checksums.json."""
-    from margrpo.io import record_checksums, save_safetensors
+    from margrpo.infra.io import record_checksums, save_safetensors
 
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
@@ -189,7 +189,7 @@ def load_adapters(policy: nn.Module, directory: str | Path) -> None:
     from peft import LoraConfig
     from safetensors.torch import load_file
 
-    from margrpo.io import verify_checksums
+    from margrpo.infra.io import verify_checksums
 
     d = Path(directory)
     verify_checksums(d, [ADAPTER_WEIGHTS, ADAPTER_CONFIG])

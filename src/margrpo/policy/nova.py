@@ -29,7 +29,7 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from margrpo.diffusion import FlowSDESampler, Sampler
-from margrpo.io import read_json, record_checksums, save_safetensors, state_mismatch, verify_outside
+from margrpo.infra.io import read_json, record_checksums, save_safetensors, state_mismatch, verify_outside
 from margrpo.policy.base import MARPolicy, TextCondition
 from margrpo.policy.layers import Attention, timestep_embedding
 from margrpo.policy.memory import run_blocks

@@ -18,13 +18,20 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from margrpo.text import SPECIAL_TOKENS, WordTokenizer, build_tokenizer  # noqa: F401  (re-exported)
-
 from margrpo.diffusion import DDPMSampler, FlowSDESampler, OneStepSampler, Sampler
-from margrpo.io import InputError, atomic_write_text, read_json, record_checksums, save_safetensors, state_mismatch, verify_checksums
+from margrpo.infra.io import (
+    InputError,
+    atomic_write_text,
+    read_json,
+    record_checksums,
+    save_safetensors,
+    state_mismatch,
+    verify_checksums,
+)
 from margrpo.policy.base import MARPolicy, TextCondition
 from margrpo.policy.layers import Block, SimpleMLPAdaLN, TextEncoder
 from margrpo.policy.memory import run_blocks
+from margrpo.policy.text import SPECIAL_TOKENS, WordTokenizer, build_tokenizer  # noqa: F401  (re-exported)
 
 WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer"
 
@@ -55,7 +62,7 @@ class ToyMARConfig:
     token_norm: tuple[float, float] = (0.0, 1.0)  # (mean, std) of pixel-patch values in [-1, 1]; tokens are standardised
     vocab: list[str] = field(default_factory=list)  # prompt words; the tokenizer maps others to [UNK]
     # "native": the head is a denoiser for head_type's multi-step sampler. "one_step": the head is a
-    # one-step generator (a MARVAL student, margrpo.distill) whose MLP output at model time 1000 is the
+    # one-step generator (a MARVAL student, margrpo.related.marval) whose MLP output at model time 1000 is the
     # token itself; its sampler is OneStepSampler, x = g(eps_0, z) + one_step_std * eps.
     head_sampler: str = "native"
     one_step_std: float = 0.05  # std of the one-step Gaussian (token units): exploration noise and exact log-prob

@@ -1,6 +1,6 @@
 """Prompt suites from real prompt files (real scale): the RL prompts and the T2I-CompBench splits.
 
-The toy world draws its suites from ShapesWorld (`margrpo.world.suites.build_suites`); at real scale
+The toy world draws its suites from ShapesWorld (`margrpo.prompts.shapesworld.build_suites`); at real scale
 the suites come from files instead, in the same three-split JSONL layout (`margrpo.prompts.suites`):
 
 - train: the RL prompts, JSON Lines in the T2I-R1 format (`prompt`, `task_type`, `nouns`,
@@ -26,8 +26,16 @@ import logging
 import random
 from pathlib import Path
 
-from margrpo.io import InputError
-from margrpo.prompts.suites import COMPBENCH_CATEGORIES, FILE_CATEGORIES, SOURCES, PromptRecord, prompt_problem, read_jsonl, text_lines
+from margrpo.infra.io import InputError
+from margrpo.prompts.suites import (
+    COMPBENCH_CATEGORIES,
+    FILE_CATEGORIES,
+    SOURCES,
+    PromptRecord,
+    prompt_problem,
+    read_jsonl,
+    text_lines,
+)
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Prompt suites, whatever built them: the record, the suite file, its checks, and the trainer's PromptSet.
 
 A suite is three JSONL files (train / val / eval), one {"prompt": ..., "category": ..., "spec": {...}}
-per line. The toy world draws its own (`margrpo.world.suites`) and real-scale suites come from prompt
+per line. The toy world draws its own (`margrpo.prompts.shapesworld`) and real-scale suites come from prompt
 files (`margrpo.prompts.files`); both are written and read back here, and every JSONL file of the
 project is read through `read_jsonl`, so a bad line always names its file and line.
 
@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from margrpo.io import InputError, atomic_write_text
+from margrpo.infra.io import InputError, atomic_write_text
 from margrpo.world.captions import validate_spec
 from margrpo.world.config import CATEGORIES
 

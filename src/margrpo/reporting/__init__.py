@@ -5,4 +5,5 @@ checkpoint a run reports; ``tables`` builds Tables 1 and 2; ``figures`` builds F
 report; ``related`` Table 3 and the wall-clock figure of the related methods (issue #19).
 Submodules are imported on use (``from margrpo.reporting import tables``), so reading a
 selection does not import matplotlib.
+Layer 6 (see margrpo/__init__.py): it must not import experiment, stages, cli.
 """

@@ -12,7 +12,7 @@ A small CLIP-style dual encoder trained from scratch by `margrpo train-toyclip`:
 - both projected to `embed_dim` and L2-normalised; score = cosine similarity in [-1, 1].
 
 Training and its held-out evaluation (`train_toyclip`, `evaluate_ranking`) live in
-`margrpo.toyclip_training`, the hard negatives they use in `margrpo.world.negatives`.
+`margrpo.toylab.toyclip_training`, the hard negatives they use in `margrpo.world.negatives`.
 
 Being learned, the scorer is hackable: it is only as good as its training distribution, which
 is what the paper's instability story needs. Attribute presence (colour, shape, texture, count)
@@ -31,9 +31,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from margrpo.io import InputError, atomic_write_text, record_checksums, save_safetensors, verify_checksums
+from margrpo.infra.io import InputError, atomic_write_text, record_checksums, save_safetensors, verify_checksums
 from margrpo.policy.layers import TextEncoder
-from margrpo.text import SPECIAL_TOKENS, WordTokenizer, build_tokenizer  # noqa: F401  (re-exported)
+from margrpo.policy.text import SPECIAL_TOKENS, WordTokenizer, build_tokenizer  # noqa: F401  (re-exported)
 
 __all__ = [
     "ToyClipConfig",

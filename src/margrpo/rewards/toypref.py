@@ -10,7 +10,7 @@ aesthetic, `WorldConfig.backdrop_range`, which no prompt names):
 
 `aesthetic` is a small CNN without normalisation: toyclip's image tower normalises every stage (GroupNorm), which
 removes most of a uniform backdrop, so a tower of its own is needed to see the look of an image (the LAION aesthetic
-predictor likewise puts an MLP beside CLIP's features). Training: `margrpo.toypref_training`.
+predictor likewise puts an MLP beside CLIP's features). Training: `margrpo.toylab.toypref_training`.
 
 Learned, hence hackable, like HPS: its aesthetic was fitted on backdrops from black to the world's brightest; a policy
 can push the backdrop past anything rendered in training (the parser stops finding objects above ~0.3 of the range,
@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from margrpo.policy.text import WordTokenizer
 from margrpo.rewards.toyclip import ToyClip, ToyClipConfig, ToyClipReward, build_checked, load_checked, read_folder, save_folder
-from margrpo.text import WordTokenizer
 
 __all__ = ["ToyPrefConfig", "ToyPref", "ToyPrefReward"]
 

@@ -8,8 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from margrpo.io import InputError
-
+from margrpo.infra.io import InputError
 
 DISTRIBUTED_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what torchrun / accelerate launch set
 
@@ -28,7 +27,7 @@ def _check_distributed_env(data_parallel: bool) -> None:
     missing = [k for k in DISTRIBUTED_ENV if k not in os.environ]
     if missing:
         raise InputError(f"environment variable WORLD_SIZE={world} asks for {world} processes, but {', '.join(missing)} "
-                         "is not set: start the job with `python -m margrpo.launch N margrpo train ...`, or unset WORLD_SIZE")
+                         "is not set: start the job with `python -m margrpo.infra.launch N margrpo train ...`, or unset WORLD_SIZE")
 
 
 def setup(threads: int | None, device: str = "auto", data_parallel: bool = False):
@@ -77,7 +76,7 @@ def json_arg(text: str, what: str, section: str | None = None) -> dict:
     if not isinstance(value, dict):
         raise InputError(f"{what}: expected a JSON object")
     if section is not None:
-        from margrpo.config import validate_section
+        from margrpo.experiment.config import validate_section
 
         value = validate_section(value, section, what)
     return value
@@ -85,8 +84,8 @@ def json_arg(text: str, what: str, section: str | None = None) -> dict:
 
 def sampling_config(d: dict):
     """SamplingConfig from a config's `sampling` section, validated (unknown keys and bad values are errors)."""
-    from margrpo.config import validate_section
-    from margrpo.rollout import SamplingConfig
+    from margrpo.experiment.config import validate_section
+    from margrpo.grpo.rollout import SamplingConfig
 
     return SamplingConfig(**validate_section(d, "policies.*.sampling", "sampling"))
 
@@ -103,7 +102,7 @@ def git_revision() -> str:
 def write_spec(folder: str | Path, spec: dict) -> dict:
     """`<folder>/spec.json`: what this stage ran with (its resolved settings and inputs) and the git
     revision, written atomically beside the outputs it explains. Returns what it wrote."""
-    from margrpo.io import atomic_write_json
+    from margrpo.infra.io import atomic_write_json
 
     record = {**spec, "git_rev": git_revision()}
     atomic_write_json(Path(folder) / "spec.json", record, indent=1)

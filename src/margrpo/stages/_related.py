@@ -1,22 +1,12 @@
-"""Helpers of the related-method stages (pretrain-mask, distill-marval, train-related): strict reading of
-their JSON entries into dataclasses, with one-line errors that name the key."""
+"""Helpers of the related-method stages (pretrain-mask, distill-marval, train-related): their JSON
+entries read strictly (`margrpo.infra.readers`), the mask sampling and the teacher's sampling."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
-from margrpo.io import InputError
-
-
-def check_keys(value, allowed: tuple[str, ...], where: str) -> dict:
-    """`value` as a dict whose keys all lie in `allowed`; otherwise an InputError naming the first stray key."""
-    if not isinstance(value, dict):
-        raise InputError(f"{where}: expected a JSON object, got {type(value).__name__}")
-    for key in value:
-        if key not in allowed:
-            raise InputError(f"{where}: unknown key {key!r}; expected one of {', '.join(allowed)}")
-    return value
+from margrpo.infra.io import InputError
+from margrpo.infra.readers import check_keys, dataclass_from
 
 
 def policy_entry(text: str, kind: str, keys: tuple[str, ...], stage: str) -> dict:
@@ -29,30 +19,16 @@ def policy_entry(text: str, kind: str, keys: tuple[str, ...], stage: str) -> dic
     return entry
 
 
-def dataclass_from(cls, value, where: str, fixed: dict | None = None):
-    """`cls(**value, **fixed)`: unknown keys, keys the stage sets itself (`fixed`) and bad values are one-line errors."""
-    fixed = fixed or {}
-    value = {} if value is None else value
-    names = tuple(f.name for f in dataclasses.fields(cls) if f.name not in fixed)
-    if isinstance(value, dict) and set(value) & set(fixed):
-        raise InputError(f"{where}: {sorted(set(value) & set(fixed))[0]!r} is set by the stage, not in this entry")
-    check_keys(value, names, where)
-    try:
-        return cls(**value, **fixed)
-    except (TypeError, ValueError) as err:
-        raise InputError(f"{where}: {err}") from None
-
-
 def mask_sampling(value, where: str):
     """MaskSamplingConfig of a toy-mask policy's `sampling` entry."""
-    from margrpo.mask_rollout import MaskSamplingConfig
+    from margrpo.related.maskgrpo.rollout import MaskSamplingConfig
 
     return dataclass_from(MaskSamplingConfig, value, where)
 
 
 def teacher_sampling(teacher_dir: str | Path):
     """The teacher's own sampling (K, CFG scale and schedule), from the spec.json `margrpo pretrain` wrote beside it."""
-    from margrpo.io import read_json
+    from margrpo.infra.io import read_json
     from margrpo.stages._common import sampling_config
 
     path = Path(teacher_dir).parent / "spec.json"
@@ -64,3 +40,17 @@ def teacher_sampling(teacher_dir: str | Path):
         return sampling_config(spec["policy_json"]["sampling"])
     except (KeyError, TypeError):
         raise InputError(f"{path}: no policy_json.sampling (the teacher's sampling settings)") from None
+
+
+def load_any_policy(path: str | Path, device):
+    """Any policy folder the pipeline writes: MaskGRPO's toy-mask policy, or what `margrpo.policy.load_policy` reads.
+    The dispatch lives here, above both packages: the policy package must not import a related method."""
+    from margrpo.infra.io import read_json
+    from margrpo.policy import load_policy
+    from margrpo.related.maskgrpo.policy import ToyMaskPolicy
+
+    config = Path(path) / "config.json"
+    raw = read_json(config) if Path(path).is_dir() and config.is_file() else None
+    if isinstance(raw, dict) and raw.get("model_type") == "toy-mask":
+        return ToyMaskPolicy.from_pretrained(path, device)
+    return load_policy(path, device)

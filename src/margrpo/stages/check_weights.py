@@ -5,8 +5,8 @@ Writes a small pointer (policy.json) instead of copying gigabytes; stages load t
 
 from __future__ import annotations
 
-import logging
 import argparse
+import logging
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def check_folder(kind: str, path: str | Path) -> Path:
     """The folder, if it holds every expected file: non-empty, `.json` ones valid JSON objects."""
-    from margrpo.io import InputError, read_json
+    from margrpo.infra.io import InputError, read_json
 
     p = Path(path).expanduser().resolve()
     if not p.is_dir():
@@ -45,7 +45,7 @@ def check_folder(kind: str, path: str | Path) -> Path:
 
 
 def run(args) -> None:
-    from margrpo.io import atomic_write_json
+    from margrpo.infra.io import atomic_write_json
     from margrpo.stages._common import write_spec
 
     p = check_folder(args.kind, args.path)

@@ -22,9 +22,10 @@ import dataclasses
 import logging
 from pathlib import Path
 
-from margrpo.io import InputError
+from margrpo.infra.io import InputError
+from margrpo.infra.readers import dataclass_from
 from margrpo.stages._common import prompt_set, sampling_config, setup, stage_args, write_spec
-from margrpo.stages._related import dataclass_from, policy_entry, teacher_sampling
+from margrpo.stages._related import policy_entry, teacher_sampling
 
 log = logging.getLogger(__name__)
 ENTRY_KEYS = ("kind", "teacher", "distill", "sampling")
@@ -42,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def read_entry(text: str):
     """(MARVALConfig, the student's SamplingConfig, the teacher's name) of the --policy-json entry."""
-    from margrpo.distill import MARVALConfig
+    from margrpo.related.marval import MARVALConfig
 
     entry = policy_entry(text, "toy-marval", ENTRY_KEYS, "distill-marval")
     config = dataclass_from(MARVALConfig, entry.get("distill"), "--policy-json: distill")
@@ -60,10 +61,10 @@ def load_teacher(path: str, device):
 
 
 def run(args) -> None:
-    from margrpo.distill import MARVALDistiller
     from margrpo.evaluation.quality import format_report, quality_report
-    from margrpo.io import atomic_write_json
+    from margrpo.infra.io import atomic_write_json
     from margrpo.prompts.suites import load_suite
+    from margrpo.related.marval import MARVALDistiller
     from margrpo.stages.pretrain import load_world, write_policy
 
     config, sampling, teacher_name = read_entry(args.policy_json)

@@ -9,12 +9,12 @@ the same number. The toy world is read from world.json beside the suite unless -
 
 from __future__ import annotations
 
-import logging
 import argparse
 import json
+import logging
 from pathlib import Path
 
-from margrpo.io import atomic_write_csv
+from margrpo.infra.io import atomic_write_csv
 
 log = logging.getLogger(__name__)
 

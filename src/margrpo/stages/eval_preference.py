@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import logging
 import argparse
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +42,7 @@ def read_samples(samples_dir: str | Path, suite: str | Path, images_per_prompt: 
 def run(args) -> None:
     import pandas as pd
 
-    from margrpo.io import atomic_write_csv
+    from margrpo.infra.io import atomic_write_csv
     from margrpo.prompts.suites import load_suite
     from margrpo.rewards import build_reward
 

@@ -6,17 +6,17 @@ world.json (the WorldConfig; `WorldConfig.from_dict(json.load(...))` gives it ba
 
 from __future__ import annotations
 
-import logging
 import argparse
 import collections
 import dataclasses
+import logging
 from pathlib import Path
 
-from margrpo.io import atomic_write_json
+from margrpo.infra.io import atomic_write_json
+from margrpo.prompts.shapesworld import build_suites
 from margrpo.prompts.suites import write_suite
 from margrpo.world import PALETTE, PRESETS, heldout_in_spec
 from margrpo.world.config import world_from_knobs
-from margrpo.world.suites import build_suites
 
 log = logging.getLogger(__name__)
 

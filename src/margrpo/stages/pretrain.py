@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import logging
 import argparse
 import dataclasses
+import logging
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from margrpo.io import atomic_dir, atomic_path
+from margrpo.infra.io import atomic_dir, atomic_path
 from margrpo.stages._common import json_arg, sampling_config, setup, stage_args, write_spec
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def world_batches(world_cfg):
     """(images [B, 3, H, W] in [0, 1], prompts) of random captioned scenes, drawn from the torch generator."""
     from margrpo.world import render
-    from margrpo.world.suites import sample_captioned
+    from margrpo.world.captions import sample_captioned
 
     def batch(n: int, generator: torch.Generator):
         rng = np.random.default_rng(int(torch.randint(0, 2**62, (), generator=generator)))
@@ -43,7 +43,7 @@ def world_batches(world_cfg):
 
 
 def load_world(path):
-    from margrpo.io import read_json
+    from margrpo.infra.io import read_json
     from margrpo.world import WorldConfig
 
     return WorldConfig.from_dict(read_json(path))
@@ -57,7 +57,7 @@ def write_policy(policy, out_dir: Path) -> None:
 
 def write_quality(policy, args, sampling, path, extra: dict | None = None, world_cfg=None, title: str = "") -> dict:
     from margrpo.evaluation.quality import format_report, quality_report
-    from margrpo.io import atomic_write_json
+    from margrpo.infra.io import atomic_write_json
     from margrpo.prompts.suites import load_suite
 
     records = load_suite(args.eval_suite)
@@ -89,7 +89,7 @@ def write_sample_grid(records, images, per_prompt: int, path, title: str, per_ca
 def run(args) -> None:
     from margrpo.policy import ToyMAR, ToyMARConfig
     from margrpo.policy.toy import count_parameters
-    from margrpo.pretraining import PretrainConfig, train
+    from margrpo.toylab.pretraining import PretrainConfig, train
     from margrpo.world import prompt_vocabulary
 
     spec = json_arg(args.policy_json, "--policy-json", section="policies.*")

@@ -16,8 +16,9 @@ import dataclasses
 import logging
 from pathlib import Path
 
+from margrpo.infra.readers import dataclass_from
 from margrpo.stages._common import setup, stage_args, write_spec
-from margrpo.stages._related import dataclass_from, mask_sampling, policy_entry
+from margrpo.stages._related import mask_sampling, policy_entry
 
 log = logging.getLogger(__name__)
 ENTRY_KEYS = ("kind", "model", "pretrain", "sampling")
@@ -35,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def read_entry(text: str):
     """(ToyMaskConfig fields, MaskPretrainConfig, MaskSamplingConfig) of the --policy-json entry."""
-    from margrpo.mask_pretraining import MaskPretrainConfig
+    from margrpo.related.maskgrpo.pretraining import MaskPretrainConfig
 
     entry = policy_entry(text, "toy-mask", ENTRY_KEYS, "pretrain-mask")
     pretrain = dataclass_from(MaskPretrainConfig, entry.get("pretrain"), "--policy-json: pretrain")
@@ -46,11 +47,11 @@ def run(args) -> None:
     import torch
 
     from margrpo.evaluation.quality import format_report
-    from margrpo.io import atomic_write_json, atomic_write_rows
-    from margrpo.mask_pretraining import compbench_accuracy, pretrain_mask_policy
+    from margrpo.infra.io import atomic_write_json, atomic_write_rows
     from margrpo.policy.toy import count_parameters
-    from margrpo.policy.toy_mask import ToyMaskConfig, ToyMaskPolicy
     from margrpo.prompts.suites import load_suite
+    from margrpo.related.maskgrpo.policy import ToyMaskConfig, ToyMaskPolicy
+    from margrpo.related.maskgrpo.pretraining import compbench_accuracy, pretrain_mask_policy
     from margrpo.stages.pretrain import load_world, write_policy
     from margrpo.world import prompt_vocabulary
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import argparse
+import logging
 from pathlib import Path
 
 from PIL import Image
 
-from margrpo.io import InputError, atomic_dir
+from margrpo.infra.io import InputError, atomic_dir
 from margrpo.stages._common import json_arg, sampling_config, setup
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def resolve_policy(path: str) -> str:
     """A selection.json (from `margrpo select`) points at the chosen checkpoint's policy folder."""
-    from margrpo.io import read_json
+    from margrpo.infra.io import read_json
 
     p = Path(path)
     if p.suffix == ".json" and p.name == "selection.json":
@@ -43,7 +43,7 @@ def resolve_policy(path: str) -> str:
 def policy_sampling(policy, text: str):
     """The sampling settings of --sampling-json for this policy: MaskSamplingConfig fields for a toy-mask
     policy, the schema's `policies.*.sampling` (SamplingConfig) for every MAR policy."""
-    from margrpo.policy.toy_mask import ToyMaskPolicy
+    from margrpo.related.maskgrpo.policy import ToyMaskPolicy
     from margrpo.stages._related import mask_sampling
 
     value = json_arg(text, "--sampling-json")
@@ -53,14 +53,14 @@ def policy_sampling(policy, text: str):
 def run(args) -> None:
     from margrpo.evaluation.quality import sample_images
     from margrpo.evaluation.samples import evaluated_records
-    from margrpo.policy import load_policy
     from margrpo.prompts.suites import load_suite
+    from margrpo.stages._related import load_any_policy
 
     if args.images_per_prompt < 1:
         raise InputError(f"--images-per-prompt: {args.images_per_prompt}; expected at least 1 (the config's evaluation.images_per_prompt)")
     records = evaluated_records(load_suite(args.suite), args.max_prompts)  # --max-prompts checked like the config's
     device = setup(args.threads)
-    policy = load_policy(resolve_policy(args.policy), device)
+    policy = load_any_policy(resolve_policy(args.policy), device)
     prompts = [r.prompt for r in records]
     images = sample_images(policy, prompts, policy_sampling(policy, args.sampling_json),
                            args.images_per_prompt, args.seed, args.batch_size, args.precision)

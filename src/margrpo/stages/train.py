@@ -7,7 +7,7 @@ import logging
 import os
 from pathlib import Path
 
-from margrpo.io import InputError
+from margrpo.infra.io import InputError
 from margrpo.stages._common import json_arg, prompt_set, reward_options, sampling_config, setup, write_spec
 
 log = logging.getLogger(__name__)
@@ -17,7 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy-dir", required=True, help="base policy folder (or policy.json pointer)")
     p.add_argument("--suites-dir", required=True, help="folder with train.jsonl and val.jsonl")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--spec-json", help="the run's resolved settings (margrpo.config.train_spec), as passed by Snakemake")
+    src.add_argument("--spec-json", help="the run's resolved settings (margrpo.experiment.config.train_spec), as passed by Snakemake")
     src.add_argument("--config", help="an experiment YAML (by hand); needs --policy, --reward, --variant")
     p.add_argument("--policy"), p.add_argument("--reward"), p.add_argument("--variant")
     p.add_argument("--toyclip-dir", default=None, help="trained toyclip model (when the reward uses it)")
@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> None:
-    from margrpo.config import check_grpo_run, check_val_prompts, load_config, train_spec, validate_train_spec
+    from margrpo.experiment.config import check_grpo_run, check_val_prompts, load_config, train_spec, validate_train_spec
     from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, write_outputs
     from margrpo.policy import load_policy
     from margrpo.rewards import build_reward_mix

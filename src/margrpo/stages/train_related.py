@@ -30,9 +30,10 @@ from typing import Callable
 
 import torch
 
-from margrpo.io import InputError
+from margrpo.infra.io import InputError
+from margrpo.infra.readers import check_keys, dataclass_from
 from margrpo.stages._common import json_arg, prompt_set, reward_options, sampling_config, setup, write_spec
-from margrpo.stages._related import check_keys, dataclass_from, mask_sampling
+from margrpo.stages._related import mask_sampling
 
 log = logging.getLogger(__name__)
 METHODS = {"grpo-mask": "grpo", "maskgrpo": "mask_grpo", "marval-rl": None}  # --method -> MaskGRPOConfig.method
@@ -87,7 +88,7 @@ def build_reward(spec: dict, toyclip_dir: str | None, toypref_dir: str | None = 
 
 def mask_settings(args, spec: dict):
     """(MaskGRPOConfig, MaskSamplingConfig) of a grpo-mask / maskgrpo spec."""
-    from margrpo.grpo.mask_grpo import MaskGRPOConfig
+    from margrpo.related.maskgrpo.trainer import MaskGRPOConfig
 
     related = dict(spec.get("related", {}))
     if related.pop("method", METHODS[args.method]) != METHODS[args.method]:
@@ -99,7 +100,7 @@ def mask_settings(args, spec: dict):
 
 def marval_settings(args, spec: dict):
     """(MARVALRLConfig, SamplingConfig) of a marval-rl spec; the reward weights come from reward.weights."""
-    from margrpo.distill import MARVALRLConfig
+    from margrpo.related.marval import MARVALRLConfig
 
     weights = spec["reward"]["weights"]
     if set(weights) - {"toyclip", "shapes"} or not weights.get("toyclip"):
@@ -115,8 +116,8 @@ def marval_settings(args, spec: dict):
 
 def mask_job(args, cfg, sampling, policy, reward, train, val) -> Job:
     """Plain GRPO or MaskGRPO on a toy-mask policy (grpo/mask_grpo.py's step and validation)."""
-    from margrpo.grpo import mask_grpo
-    from margrpo.policy.toy_mask import ToyMaskPolicy
+    from margrpo.related.maskgrpo import trainer as mask_grpo
+    from margrpo.related.maskgrpo.policy import ToyMaskPolicy
 
     if not isinstance(policy, ToyMaskPolicy):
         raise InputError(f"{args.policy_dir}: --method {args.method} trains a toy-mask policy, got {type(policy).__name__}")
@@ -130,8 +131,8 @@ def mask_job(args, cfg, sampling, policy, reward, train, val) -> Job:
 
 def marval_job(args, cfg, sampling, policy, reward, train, val) -> Job:
     """MARVAL-RL on a one-step policy: toyclip's gradient (and shapes by REINFORCE) with the reward mix's weights."""
-    from margrpo.distill import MARVALRL
     from margrpo.policy import ToyMAR
+    from margrpo.related.marval import MARVALRL
 
     if not isinstance(policy, ToyMAR) or policy.config.head_sampler != "one_step":
         raise InputError(f"{args.policy_dir}: marval-rl trains a one-step policy (written by distill-marval), got "
@@ -153,7 +154,7 @@ def marval_job(args, cfg, sampling, policy, reward, train, val) -> Job:
 
 def state_saver(job: Job, state_dir: Path, run_hash: str):
     """save_fn of the loop: the checkpoint's policy folder, then state/trainer.pt (what a resume reads)."""
-    from margrpo.io import atomic_dir, checked_path
+    from margrpo.infra.io import atomic_dir, checked_path
 
     def save(path: Path, state) -> None:
         with atomic_dir(path) as tmp:
@@ -169,9 +170,8 @@ def state_saver(job: Job, state_dir: Path, run_hash: str):
 def try_resume(job: Job, state_dir: Path, run_hash: str):
     """The loop's state from state/trainer.pt when written under this run's hash (policy and optimizer restored); else None."""
     from margrpo.grpo.run_loop import RunState, checkpoint_path
-    from margrpo.policy import load_policy
-
-    from margrpo.io import InputError, refuse_symlink, verify_checksums
+    from margrpo.infra.io import InputError, refuse_symlink, verify_checksums
+    from margrpo.stages._related import load_any_policy
 
     path = refuse_symlink(state_dir, "state folder") / "trainer.pt"
     if not path.is_file():
@@ -187,7 +187,7 @@ def try_resume(job: Job, state_dir: Path, run_hash: str):
         log.info("not resuming from %s: written under %s, this run is %s; starting fresh", path, record.get("spec_hash"), run_hash)
         shutil.rmtree(state_dir)
         return None
-    weights = load_policy(checkpoint_path(state_dir, record["step"]), job.policy.device).state_dict()
+    weights = load_any_policy(checkpoint_path(state_dir, record["step"]), job.policy.device).state_dict()
     job.policy.load_state_dict(weights)
     job.optimizer.load_state_dict(record["optimizer"])
     job.set_step(record["step"])
@@ -197,8 +197,8 @@ def try_resume(job: Job, state_dir: Path, run_hash: str):
 
 def run(args) -> None:
     from margrpo.grpo.run_loop import train_loop, write_run_outputs
-    from margrpo.io import spec_hash
-    from margrpo.policy import load_policy
+    from margrpo.infra.io import spec_hash
+    from margrpo.stages._related import load_any_policy
 
     spec = read_spec(args)
     cfg, sampling = (marval_settings if args.method == "marval-rl" else mask_settings)(args, spec)
@@ -212,7 +212,7 @@ def run(args) -> None:
     suites = Path(args.suites_dir)
     train, val = prompt_set(suites / "train.jsonl"), prompt_set(suites / "val.jsonl")
     build = marval_job if args.method == "marval-rl" else mask_job
-    job = build(args, cfg, sampling, load_policy(args.policy_dir, device), reward, train, val)
+    job = build(args, cfg, sampling, load_any_policy(args.policy_dir, device), reward, train, val)
     config = dataclasses.asdict(job.config)
     run_hash = spec_hash({"spec": run_spec, "config": config})
     state_dir = out / "state"

@@ -16,7 +16,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from margrpo.config import validate_section
+from margrpo.experiment.config import validate_section
 from margrpo.stages._common import json_arg, setup, stage_args, write_spec
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_world(path: Path):
     """The WorldConfig from world.json (`WorldConfig.from_dict`), with a clear error if it is missing."""
-    from margrpo.io import read_json
+    from margrpo.infra.io import read_json
     from margrpo.world import WorldConfig
 
     if not path.is_file():
@@ -55,8 +55,8 @@ def toyclip_settings(text: str) -> dict:
 
 
 def run(args: argparse.Namespace) -> None:
-    from margrpo.io import atomic_write_json
-    from margrpo.toyclip_training import evaluate_ranking, save_atomic, train_toyclip
+    from margrpo.infra.io import atomic_write_json
+    from margrpo.toylab.toyclip_training import evaluate_ranking, save_atomic, train_toyclip
 
     settings = toyclip_settings(args.config_json)
     if not settings["enabled"]:

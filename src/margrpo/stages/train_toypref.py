@@ -16,7 +16,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from margrpo.config import validate_section
+from margrpo.experiment.config import validate_section
 from margrpo.stages._common import json_arg, setup, stage_args, write_spec
 from margrpo.stages.train_toyclip import load_world
 
@@ -38,10 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from margrpo.io import atomic_write_json
+    from margrpo.infra.io import atomic_write_json
     from margrpo.rewards.toyclip import ToyClip
-    from margrpo.toyclip_training import save_atomic
-    from margrpo.toypref_training import evaluate_pairs, train_toypref
+    from margrpo.toylab.toyclip_training import save_atomic
+    from margrpo.toylab.toypref_training import evaluate_pairs, train_toypref
 
     settings = json_arg(args.config_json, "--config-json", section="toypref")
     if not settings["enabled"]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import logging
 import argparse
+import logging
 
 import numpy as np
 import torch
@@ -26,10 +26,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> None:
     from margrpo.grpo.functions import token_uncertainty
-    from margrpo.io import atomic_path
+    from margrpo.grpo.rollout import generate
+    from margrpo.infra.io import atomic_path
     from margrpo.policy import load_policy
     from margrpo.prompts.suites import load_suite
-    from margrpo.rollout import generate
 
     device = setup(args.threads)
     policy = load_policy(args.policy, device)

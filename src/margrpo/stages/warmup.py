@@ -5,8 +5,8 @@ The quality report records the policy before and after, so the effect of the war
 
 from __future__ import annotations
 
-import logging
 import argparse
+import logging
 from pathlib import Path
 
 from margrpo.stages._common import json_arg, sampling_config, setup, stage_args, write_spec
@@ -33,8 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> None:
     from margrpo.evaluation.quality import quality_report
     from margrpo.policy import load_policy
-    from margrpo.pretraining import PretrainConfig, train
     from margrpo.prompts.suites import load_suite
+    from margrpo.toylab.pretraining import PretrainConfig, train
 
     device = setup(args.threads)
     w = json_arg(args.warmup_json, "--warmup-json", section="policies.*.warmup")

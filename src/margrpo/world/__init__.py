@@ -1,18 +1,18 @@
 """ShapesWorld: the toy compositional world (scenes, renderer, captions, exact parser, scorer).
 
-Knows nothing about models or training. Its suites (`sample_captioned`, `build_suites`) are in
-`margrpo.world.suites`, not re-exported here: they hold `margrpo.prompts.suites` records, and that
-module checks ShapesWorld specs with this package. Typical use:
+Knows nothing about models, prompts files or training: the prompt suites built from its captioned
+scenes are `margrpo.prompts.shapesworld`. Typical use:
 
     cfg = WorldConfig()
-    scene, prompt, category, spec = sample_captioned(rng, cfg)      # a pre-training pair (margrpo.world.suites)
+    scene, prompt, category, spec = sample_captioned(rng, cfg)      # a pre-training pair (world.captions)
     image = render(scene, cfg)                                      # (32, 32, 3) uint8
     score(spec, image, category, cfg)["strict"]                     # 1.0 for a faithful render
+Layer 1 (see margrpo/__init__.py): it must not import prompts, policy, rewards, grpo, toylab, related, evaluation, reporting, experiment, stages, cli.
 """
 
 from margrpo.world.captions import (
-    caption_scene,
     canonical_key,
+    caption_scene,
     heldout_in_spec,
     prompt_for_spec,
     prompt_vocabulary,

@@ -35,7 +35,7 @@ import json
 import numpy as np
 
 from margrpo.world.config import CATEGORIES, PALETTE, RELATIONS, SHAPES, TEXTURES, WorldConfig
-from margrpo.world.scene import ObjectSpec, Scene, clear_relations, place, sample_attributes, sample_backdrop
+from margrpo.world.scene import ObjectSpec, Scene, clear_relations, place, sample_attributes, sample_backdrop, sample_scene
 
 ATTRS = ("color", "shape", "texture")
 NUMBERS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
@@ -300,3 +300,25 @@ def scene_for_spec(spec: dict, rng: np.random.Generator, cfg: WorldConfig) -> Sc
         centres = place(rng, cfg, sizes, accept=accept)
     objects = tuple(ObjectSpec(a["color"], a["shape"], a["texture"], int(s), x, y) for a, s, (x, y) in zip(attrs, sizes, centres))
     return Scene(objects, sample_backdrop(rng, cfg))
+
+
+MAX_TRIES = 5000  # consecutive draws without a new caption (or prompt) before giving up
+
+
+def sample_captioned(rng: np.random.Generator, cfg: WorldConfig, category: str | None = None, allow_heldout: bool = False):
+    """(scene, prompt, category, spec): a random scene and a caption of `category` (uniform if None).
+
+    Draws the number of objects the category needs (spatial: 2; complex: >= 2), so categories stay
+    balanced; this is also the sampler for (image, caption) pre-training pairs."""
+    category = category or CATEGORIES[int(rng.integers(len(CATEGORIES)))]
+    low, high = {"spatial": (2, 2), "complex": (2, cfg.max_objects)}.get(category, (1, cfg.max_objects))
+    if high < low or (category == "spatial" and cfg.snap and cfg.grid < 2):
+        raise ValueError(f"category {category!r} needs {low} objects side by side; raise max_objects / grid")
+    for _ in range(MAX_TRIES):
+        scene = sample_scene(rng, cfg, n_objects=int(rng.integers(low, high + 1)), allow_heldout=allow_heldout)
+        try:
+            prompt, category, spec = caption_scene(scene, rng, category)
+        except ValueError:
+            continue
+        return scene, prompt, category, spec
+    raise RuntimeError(f"no {category} caption in {MAX_TRIES} scenes")

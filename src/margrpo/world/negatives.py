@@ -4,7 +4,7 @@ A negative is the caption's spec with one swap (`swap_candidates`), turned back 
 `prompt_for_spec`, and kept only if it is *false* of the scene by the world scorer's rules
 (`spec_is_true` on the scene's ground-truth objects). So "a red circle and a blue circle" with
 its colours exchanged says the same thing and is never a negative. Used by
-`margrpo.toyclip_training` to train and evaluate toyclip; plain numpy, no model.
+`margrpo.toylab.toyclip_training` to train and evaluate toyclip; plain numpy, no model.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ Prompt analysis (noun phrases, spatial relations, object counts) is rule-based a
 One module per family: `clip`, `vqa`, `detection`, `evaluator_stack` (shared file and batch
 helpers in `_common`). Each scorer class is registered where it is defined (`@register_reward`),
 so importing this package registers them all; the model packages are imported in the constructors.
+Layer 3 (see margrpo/__init__.py): it must not import grpo, toylab, related, evaluation, reporting, experiment, stages, cli.
 """
 
 from margrpo.prompts.analysis import (

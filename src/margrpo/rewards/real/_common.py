@@ -69,14 +69,14 @@ def _prepare_transformers() -> None:
     import importlib.util
 
     if importlib.util.find_spec("torchvision") is not None:
-        from margrpo.compat import ensure_torchvision_importable
+        from margrpo.infra.compat import ensure_torchvision_importable
 
         ensure_torchvision_importable()
 
 
 def _import_evaluator_package(reward: str, module: str, package: str) -> None:
     """Import `module` (of pip package `package`), or raise an ImportError saying how to install it."""
-    from margrpo.compat import ensure_torchvision_importable
+    from margrpo.infra.compat import ensure_torchvision_importable
 
     ensure_torchvision_importable()  # both packages import torchvision (CPU torch + its CUDA build)
     try:

@@ -21,9 +21,9 @@ from torch import Tensor
 
 from margrpo.diffusion.common import gaussian_log_prob
 from margrpo.diffusion.one_step import GENERATION_TIME
+from margrpo.grpo.rollout import SamplingConfig, ar_schedule, cfg_scales
 from margrpo.policy.base import TextCondition
 from margrpo.policy.toy import ToyMAR
-from margrpo.rollout import SamplingConfig, ar_schedule, cfg_scales
 
 
 def one_step_policy(teacher: ToyMAR, std: float = 0.05) -> ToyMAR:

@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from margrpo.mask_rollout import MaskSamplingConfig, generate
-from margrpo.policy.toy_mask import ToyMaskPolicy
-from margrpo.runtime import warmup_cosine
+from margrpo.infra.runtime import warmup_cosine
+from margrpo.related.maskgrpo.policy import ToyMaskPolicy
+from margrpo.related.maskgrpo.rollout import MaskSamplingConfig, generate
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class MaskPretrainConfig:
 
 def world_token_batches(policy: ToyMaskPolicy) -> TokenBatchFn:
     """(tokens [B, L], prompts) of random captioned scenes of the policy's world, drawn from the torch generator."""
-    from margrpo.world.suites import sample_captioned
+    from margrpo.world.captions import sample_captioned
 
     def batch(n: int, generator: torch.Generator) -> tuple[Tensor, list[str]]:
         rng = np.random.default_rng(int(torch.randint(0, 2**62, (), generator=generator)))

@@ -23,11 +23,11 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from margrpo.io import atomic_dir
+from margrpo.infra.io import atomic_dir
+from margrpo.infra.runtime import warmup_cosine
 from margrpo.rewards.toyclip import ToyClip, ToyClipConfig
-from margrpo.runtime import warmup_cosine
 from margrpo.world import prompt_for_spec, prompt_vocabulary, render, scene_for_spec
-from margrpo.world.suites import sample_captioned
+from margrpo.world.captions import sample_captioned
 from margrpo.world.negatives import COMPOSITIONAL_SWAPS, SWAP_TYPES, hard_negatives, one_negative, scene_objects, spec_is_true
 
 __all__ = ["Batch", "sample_batch", "contrastive_loss", "default_vocabulary", "train_toyclip", "save_atomic", "evaluate_ranking"]

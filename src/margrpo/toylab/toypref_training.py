@@ -29,13 +29,13 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from margrpo.infra.runtime import warmup_cosine
 from margrpo.rewards.toyclip import ToyClip
 from margrpo.rewards.toypref import ToyPref
-from margrpo.runtime import warmup_cosine
 from margrpo.world import render, scene_for_spec
+from margrpo.world.captions import sample_captioned
 from margrpo.world.negatives import hard_negatives
 from margrpo.world.scene import sample_backdrop
-from margrpo.world.suites import sample_captioned
 
 __all__ = ["PAIR_KINDS", "degrade", "sample_pairs", "train_toypref", "evaluate_pairs"]
 

@@ -31,13 +31,13 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from margrpo.distill.marval import MARVALDistiller, draw_rows
-from margrpo.distill.one_step import OneStepRollout, committed_log_prob, generate_one_step
 from margrpo.grpo.functions import group_advantages
+from margrpo.grpo.rollout import SamplingConfig
 from margrpo.grpo.streams import VAL_SEED
 from margrpo.policy.toy import ToyMAR
 from margrpo.prompts.suites import PromptSet
-from margrpo.rollout import SamplingConfig
+from margrpo.related.marval.distill import MARVALDistiller, draw_rows
+from margrpo.related.marval.one_step import OneStepRollout, committed_log_prob, generate_one_step
 
 log = logging.getLogger(__name__)
 SHAPES_GRADS = ("reinforce", "none")

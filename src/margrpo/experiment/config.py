@@ -25,9 +25,9 @@ from typing import Any
 import jsonschema
 import yaml
 
-from margrpo.io import InputError, spec_hash
+from margrpo.infra.io import InputError, spec_hash
 
-SCHEMA_PATH = Path(__file__).with_name("schemas") / "config.schema.yaml"
+SCHEMA_PATH = Path(__file__).parents[1] / "schemas" / "config.schema.yaml"
 REPO_ROOT = SCHEMA_PATH.resolve().parents[2]  # the checkout (the schema links into workflow/schemas/)
 ABLATION_COLUMNS = {"top_frac": float, "tau": float, "trajectories": int}  # variant switches a grid may vary
 
@@ -121,7 +121,7 @@ def validate_config(config: dict, source: str = "config", root: str | Path | Non
     _check_variants(config, source)
     _check_ablations(config, source, Path(root) if root else REPO_ROOT)
     _check_settings(config, source)
-    from margrpo.config_checks import check_related, check_world  # the stages' own readers: imported when needed
+    from margrpo.experiment.config_checks import check_related, check_world  # the stages' own readers: imported when needed
 
     check_world(config, source)
     check_related(config, source)
@@ -444,7 +444,7 @@ def validate_train_spec(spec: dict, what: str = "--spec-json") -> dict:
     """A `train_spec` (as `margrpo train` receives it) checked section by section against the schema."""
     missing = sorted({"grpo", "variant", "reward", "sampling"} - set(spec))
     if missing:
-        raise ConfigError(f"{what}: missing key(s) {missing} (a margrpo.config.train_spec)")
+        raise ConfigError(f"{what}: missing key(s) {missing} (a margrpo.experiment.config.train_spec)")
     spec = copy.deepcopy(spec)
     routed = {k: spec["grpo"].pop(k) for k in ("frozen", "gradient_checkpointing", "lora") if k in spec["grpo"]}  # policy keys
     spec["grpo"] = validate_section(spec["grpo"], "grpo", f"{what} grpo")

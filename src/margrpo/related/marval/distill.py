@@ -57,11 +57,11 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from margrpo.diffusion.flow import FlowSDESampler
-from margrpo.distill.one_step import OneStepRollout, generate_one_step, one_step_policy, student_tokens
-from margrpo.io import atomic_dir, atomic_write_json, atomic_write_rows
+from margrpo.grpo.rollout import SamplingConfig
+from margrpo.infra.io import atomic_dir, atomic_write_json, atomic_write_rows
 from margrpo.policy.toy import ToyMAR
 from margrpo.prompts.suites import PromptSet
-from margrpo.rollout import SamplingConfig
+from margrpo.related.marval.one_step import OneStepRollout, generate_one_step, one_step_policy, student_tokens
 
 log = logging.getLogger(__name__)
 OBJECTIVES = ("sim", "dmd")

@@ -1,8 +1,7 @@
 """The toy world's prompt suites: balanced over categories, train / val / eval disjoint, eval with unseen combinations.
 
-The records are `margrpo.prompts.suites.PromptRecord`s, written with its `write_suite`. This module is
-not imported by `margrpo.world`: `margrpo.prompts.suites` validates ShapesWorld specs with that
-package, so importing this one from it would be a cycle. Train and val never bind a held-out
+Built from ShapesWorld's captioned scenes (`margrpo.world.captions.sample_captioned`) as
+`PromptRecord`s, written with `margrpo.prompts.suites.write_suite`. Train and val never bind a held-out
 (colour, shape) pair (`WorldConfig.heldout_pairs`); about half of each eval category that can name
 colours does, like T2I-CompBench's val_unseen. The three splits are disjoint in prompt text and in
 `canonical_key` (word order and mirrored relations).
@@ -13,30 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from margrpo.prompts.suites import SPLITS, PromptRecord
-from margrpo.world.captions import caption_scene, canonical_key, heldout_in_spec
+from margrpo.world.captions import MAX_TRIES, canonical_key, caption_scene, heldout_in_spec, sample_captioned
 from margrpo.world.config import CATEGORIES, WorldConfig
-from margrpo.world.scene import ObjectSpec, Scene, sample_scene
-
-_MAX_TRIES = 5000  # consecutive draws without a new prompt before a category counts as exhausted
-
-
-def sample_captioned(rng: np.random.Generator, cfg: WorldConfig, category: str | None = None, allow_heldout: bool = False):
-    """(scene, prompt, category, spec): a random scene and a caption of `category` (uniform if None).
-
-    Draws the number of objects the category needs (spatial: 2; complex: >= 2), so categories stay
-    balanced; this is also the sampler for (image, caption) pre-training pairs."""
-    category = category or CATEGORIES[int(rng.integers(len(CATEGORIES)))]
-    low, high = {"spatial": (2, 2), "complex": (2, cfg.max_objects)}.get(category, (1, cfg.max_objects))
-    if high < low or (category == "spatial" and cfg.snap and cfg.grid < 2):
-        raise ValueError(f"category {category!r} needs {low} objects side by side; raise max_objects / grid")
-    for _ in range(_MAX_TRIES):
-        scene = sample_scene(rng, cfg, n_objects=int(rng.integers(low, high + 1)), allow_heldout=allow_heldout)
-        try:
-            prompt, category, spec = caption_scene(scene, rng, category)
-        except ValueError:
-            continue
-        return scene, prompt, category, spec
-    raise RuntimeError(f"no {category} caption in {_MAX_TRIES} scenes")
+from margrpo.world.scene import ObjectSpec, Scene
 
 
 def _with_heldout_pair(scene: Scene, rng, cfg: WorldConfig) -> Scene:
@@ -81,7 +59,7 @@ def build_suites(cfg: WorldConfig, seed: int, n_train: int, n_val: int, n_eval: 
                 key = canonical_key(spec)
                 if key in seen:
                     misses += 1
-                    if misses > _MAX_TRIES:
+                    if misses > MAX_TRIES:
                         raise ValueError(
                             f"could draw only {made} distinct {category} prompts for {split} (after earlier splits); "
                             f"lower --n-{split} or enlarge the world (palette, max_objects)"

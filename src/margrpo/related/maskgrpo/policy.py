@@ -11,8 +11,8 @@ the world's renderer draws for the decoded scene (objects of the canonical size,
 up to the object's size, which the codebook does not carry (11 or 12 px in the default world: the
 parser reads both the same). `encode` maps images back by the nearest patch, exact on decoded images.
 
-The generation loop, its record and the sampler live in `margrpo.mask_rollout`, as the continuous
-policies' live in `margrpo.rollout`.
+The generation loop, its record and the sampler live in `margrpo.related.maskgrpo.rollout`, as the continuous
+policies' live in `margrpo.grpo.rollout`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from torch import Tensor, nn
 from margrpo.policy.base import TextCondition
 from margrpo.policy.layers import Block
 from margrpo.policy.memory import run_blocks
+from margrpo.policy.text import WordTokenizer, build_tokenizer
 from margrpo.policy.toy import encode_text, load_folder, read_folder_config, save_folder, text_encoder
-from margrpo.text import WordTokenizer, build_tokenizer
 from margrpo.world import PRESETS, ObjectSpec, Scene, WorldConfig, render
 
 MODEL_TYPE = "toy-mask"

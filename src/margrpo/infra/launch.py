@@ -1,4 +1,4 @@
-"""`python -m margrpo.launch N COMMAND...`: COMMAND as N data-parallel processes of one machine, reachable from it alone.
+"""`python -m margrpo.infra.launch N COMMAND...`: COMMAND as N data-parallel processes of one machine, reachable from it alone.
 
 The single-node job torchrun starts, with its environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT), but not listening on the network. torchrun's flags cannot do that: torch's TCPStore binds
@@ -72,7 +72,7 @@ def first_failure(procs: list[subprocess.Popen]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) < 2 or not argv[0].isdigit() or int(argv[0]) < 1:
-        raise SystemExit("usage: python -m margrpo.launch N COMMAND [ARG...]  (N >= 1 processes)")
+        raise SystemExit("usage: python -m margrpo.infra.launch N COMMAND [ARG...]  (N >= 1 processes)")
     return launch(int(argv[0]), argv[1:])
 
 

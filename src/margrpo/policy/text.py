@@ -48,7 +48,7 @@ class WordTokenizer:
         try:
             return cls(Tokenizer.from_file(str(path)))
         except Exception as err:  # tokenizers raises a bare Exception for unparsable files
-            from margrpo.io import InputError
+            from margrpo.infra.io import InputError
 
             raise InputError(f"{path}: unreadable tokenizer ({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
 

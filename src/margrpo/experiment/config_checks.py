@@ -1,4 +1,4 @@
-"""Config checks that read the settings as their stages do (margrpo.config.validate_config calls them), and the
+"""Config checks that read the settings as their stages do (margrpo.experiment.config.validate_config calls them), and the
 check of the config files a `make run` / `make report` command line names, before Snakemake renders them.
 
 The world a config describes must build, and its suites must fit in it (`check_world`); Table 3's related
@@ -7,8 +7,8 @@ entries are read into the dataclasses of the stages that take them (`check_relat
 
 from __future__ import annotations
 
-from margrpo.config import ConfigError, _errors, read_config_file, schema_section
-from margrpo.io import InputError
+from margrpo.experiment.config import ConfigError, _errors, read_config_file, schema_section
+from margrpo.infra.io import InputError
 
 
 def world_config(world: dict):
@@ -59,12 +59,12 @@ def check_related(config: dict, source: str) -> None:
     related = config["experiments"]["related"]
     if not related["enabled"]:
         return
-    from margrpo.distill import MARVALConfig, MARVALRLConfig
-    from margrpo.grpo.mask_grpo import MaskGRPOConfig
-    from margrpo.mask_pretraining import MaskPretrainConfig
-    from margrpo.mask_rollout import MaskSamplingConfig
-    from margrpo.policy.toy_mask import ToyMaskConfig
-    from margrpo.stages._related import dataclass_from
+    from margrpo.infra.readers import dataclass_from
+    from margrpo.related.marval import MARVALConfig, MARVALRLConfig
+    from margrpo.related.maskgrpo.policy import ToyMaskConfig
+    from margrpo.related.maskgrpo.pretraining import MaskPretrainConfig
+    from margrpo.related.maskgrpo.rollout import MaskSamplingConfig
+    from margrpo.related.maskgrpo.trainer import MaskGRPOConfig
     from margrpo.world import prompt_vocabulary
 
     def read(cls, section: str, fixed: dict | None = None):
@@ -104,7 +104,7 @@ def snakemake_config_files(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m margrpo.config_checks <snakemake arguments>` (make run / make report): read the config files they name
+    """`python -m margrpo.experiment.config_checks <snakemake arguments>` (make run / make report): read the config files they name
     with margrpo's own reader before Snakemake starts, which renders a YTE template (running its code) at load."""
     import sys
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from margrpo.grpo.rollout import unknown_after_steps
 from margrpo.policy.base import deterministic
-from margrpo.policy.toy_mask import ToyMaskPolicy
-from margrpo.rollout import unknown_after_steps
+from margrpo.related.maskgrpo.policy import ToyMaskPolicy
 
 SELECTIONS = ("random", "confidence")
 

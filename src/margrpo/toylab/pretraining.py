@@ -19,10 +19,10 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from margrpo.io import InputError, atomic_path, checked_path, spec_hash, verify_checksums
+from margrpo.infra.io import InputError, atomic_path, checked_path, spec_hash, verify_checksums
+from margrpo.infra.runtime import EMA, PRECISIONS, autocast, warmup_cosine
 from margrpo.policy.base import MARPolicy
 from margrpo.policy.toy import mask_ratio_sample, masked_count
-from margrpo.runtime import EMA, PRECISIONS, autocast, warmup_cosine
 
 log = logging.getLogger(__name__)
 

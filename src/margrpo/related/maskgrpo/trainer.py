@@ -52,11 +52,11 @@ from tqdm.auto import tqdm
 
 from margrpo.grpo.functions import group_advantages, masked_mean, per_token_policy_objective, policy_ratio_stats
 from margrpo.grpo.streams import VAL_SEED, step_generator
-from margrpo.mask_rollout import MaskGITSampler, MaskRollout, MaskSamplingConfig, conditions, generate
+from margrpo.infra.runtime import peak_memory_mb
 from margrpo.policy.base import deterministic
-from margrpo.policy.toy_mask import ToyMaskPolicy
 from margrpo.prompts.suites import PromptSet
-from margrpo.runtime import peak_memory_mb
+from margrpo.related.maskgrpo.policy import ToyMaskPolicy
+from margrpo.related.maskgrpo.rollout import MaskGITSampler, MaskRollout, MaskSamplingConfig, conditions, generate
 
 if TYPE_CHECKING:
     from margrpo.grpo.trainer import RewardFn
