@@ -86,8 +86,8 @@ def check_run(out: Path, method: str, steps: int = 2, val_prompts: int = 3) -> d
     """metrics.csv and summary.json in `margrpo train`'s format, read by the reporting code and `margrpo select`."""
     import pandas as pd
 
-    from margrpo.policy import load_policy
     from margrpo.reporting.results import load_summary
+    from margrpo.stages._related import load_any_policy
 
     metrics = pd.read_csv(out / "metrics.csv")
     assert metrics["step"].tolist() == list(range(1, steps + 1))
@@ -102,7 +102,7 @@ def check_run(out: Path, method: str, steps: int = 2, val_prompts: int = 3) -> d
     for c, val in zip(summary["checkpoints"], metrics["val_reward"]):
         assert len(c["val_scores"]) == val_prompts and c["val_reward"] == pytest.approx(val)
         assert c["path"] == str(out / "state" / f"ckpt-{c['step']:06d}" / "policy")
-        load_policy(c["path"])
+        load_any_policy(c["path"])
     for step in ("best", "2"):
         main(["select", "--summary", str(out / "summary.json"), "--step", step, "--out", str(out / f"select-{step}.json")])
     selection = json.loads((out / "select-2.json").read_text())
@@ -111,10 +111,14 @@ def check_run(out: Path, method: str, steps: int = 2, val_prompts: int = 3) -> d
 
 
 def test_pretrain_mask_writes_a_loadable_policy_and_its_quality_report(mask_policy):
+    from margrpo.infra.io import InputError
     from margrpo.policy import load_policy
     from margrpo.related.maskgrpo.policy import ToyMaskPolicy
+    from margrpo.stages._related import load_any_policy
 
-    policy = load_policy(mask_policy)
+    policy = load_any_policy(mask_policy)
+    with pytest.raises(InputError, match="a 'toy-mask' policy .*load_any_policy"):
+        load_policy(mask_policy)  # the policy package does not import a related method: the stages dispatch
     assert isinstance(policy, ToyMaskPolicy) and policy.config.width == 32
     assert policy.world == WorldConfig.from_dict(json.loads((mask_policy.parents[1] / "data" / "world.json").read_text()))
     quality = json.loads((mask_policy.parent / "quality.json").read_text())

@@ -21,7 +21,7 @@ from margrpo.policy.base import MARPolicy
 def sample_images(policy: MARPolicy, prompts: list[str], sampling: SamplingConfig, images_per_prompt: int = 1,
                   seed: int = 0, batch_size: int = 32, precision: str = "bf16", desc: str = "sample") -> np.ndarray:
     """uint8 images [len(prompts) * images_per_prompt, H, W, 3], prompt-major, deterministic per seed.
-    A toy-mask policy (`ToyMaskPolicy`, with a `MaskSamplingConfig`) samples through `mask_rollout.generate`."""
+    A toy-mask policy (`ToyMaskPolicy`, with a `MaskSamplingConfig`) samples through `related.maskgrpo.rollout.generate`."""
     from margrpo.related.maskgrpo.policy import ToyMaskPolicy
 
     out = []

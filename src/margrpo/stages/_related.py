@@ -42,7 +42,7 @@ def teacher_sampling(teacher_dir: str | Path):
         raise InputError(f"{path}: no policy_json.sampling (the teacher's sampling settings)") from None
 
 
-def load_any_policy(path: str | Path, device):
+def load_any_policy(path: str | Path, device="cpu"):
     """Any policy folder the pipeline writes: MaskGRPO's toy-mask policy, or what `margrpo.policy.load_policy` reads.
     The dispatch lives here, above both packages: the policy package must not import a related method."""
     from margrpo.infra.io import read_json

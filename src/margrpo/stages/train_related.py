@@ -4,7 +4,7 @@
         --spec-json '<json>' --toyclip-dir T --seed N --out-dir RUN
 
 Methods: `grpo-mask` (plain GRPO with exact log-probs) and `maskgrpo` (MaskGRPO) on a toy-mask policy
-(grpo/mask_grpo.py); `marval-rl` (reward gradients through a one-step policy, distill/marval_rl.py) on
+(related/maskgrpo/trainer.py); `marval-rl` (reward gradients through a one-step policy, related/marval/rl.py) on
 a one-step toy-marval policy. The spec: {"method", "related": MaskGRPOConfig fields (grpo-mask /
 maskgrpo; `method` comes from --method) or MARVALRLConfig fields (marval-rl; the reward weights come
 from `reward.weights`), "reward": {"name", "weights"}, "reward_models", "sampling" (the policy's:
@@ -115,7 +115,7 @@ def marval_settings(args, spec: dict):
 
 
 def mask_job(args, cfg, sampling, policy, reward, train, val) -> Job:
-    """Plain GRPO or MaskGRPO on a toy-mask policy (grpo/mask_grpo.py's step and validation)."""
+    """Plain GRPO or MaskGRPO on a toy-mask policy (related/maskgrpo/trainer.py's step and validation)."""
     from margrpo.related.maskgrpo import trainer as mask_grpo
     from margrpo.related.maskgrpo.policy import ToyMaskPolicy
 

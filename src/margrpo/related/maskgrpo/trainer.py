@@ -3,7 +3,7 @@
 Both share the group advantages, the clipped surrogate and the KL of `grpo.functions`; they differ in
 which tokens are scored and given what.
 
-**Plain GRPO** (`method: grpo`). The rollout record (`mask_rollout.MaskRollout`) gives, for every
+**Plain GRPO** (`method: grpo`). The rollout record (`rollout.MaskRollout`) gives, for every
 unmasking step k, the state the step saw and the tokens it committed. The log-prob of a committed
 token is its exact categorical log-prob given that state, recomputed with gradients for the chosen
 steps in one batched pass; with random selection their sum is the exact log-likelihood of the

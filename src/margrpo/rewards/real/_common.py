@@ -65,7 +65,7 @@ def _model_and_processor(path, processor_path, reward: str, source: str, process
 
 def _prepare_transformers() -> None:
     """transformers' image processors import torchvision when it is installed; in the evaluator
-    environment that is the CUDA build, which needs the CPU-torch workaround first (compat.py)."""
+    environment that is the CUDA build, which needs the CPU-torch workaround first (margrpo.infra.compat)."""
     import importlib.util
 
     if importlib.util.find_spec("torchvision") is not None:
