@@ -14,7 +14,9 @@ import multiprocessing as mp
 import resource
 
 SETTINGS = {"off": {}, "gradient_checkpointing": {"gradient_checkpointing": True},
-            "lora(rank 8)": {"lora": {"rank": 8}}, "both": {"gradient_checkpointing": True, "lora": {"rank": 8}}}
+            "lora(rank 8)": {"lora": {"rank": 8}}, "both": {"gradient_checkpointing": True, "lora": {"rank": 8}},
+            "replay_chunk 1 (of |M| 4)": {"replay_chunk": 1},
+            "checkpointing + chunk 1": {"gradient_checkpointing": True, "replay_chunk": 1}}
 
 
 def small_nova(width: int, depth: int, size: int):

@@ -20,7 +20,7 @@ sets a `gradient_checkpointing` switch of GRPOConfig, the policy or its config w
 row says "unsupported" where none does.
 
     python benchmarks/real_scale.py [--policies nova,harmon] [--variants grpo,fix,mte,sim,committed]
-        [--steps 3] [--micro-batches N] [--device cuda] [--precision bf16] [--gradient-checkpointing] [--tiny] [--threads N] [--out FILE.json]
+        [--steps 3] [--micro-batches N] [--replay-chunk N] [--device cuda] [--precision bf16] [--gradient-checkpointing] [--tiny] [--threads N] [--out FILE.json]
 """
 
 import argparse
@@ -135,6 +135,8 @@ def make_trainer(name: str, variant: str, args, device: torch.device, out: str) 
     spec["grpo"].update(TINY_GRPO if args.tiny else {})
     if args.micro_batches:
         spec["grpo"]["micro_batches"] = args.micro_batches
+    if args.replay_chunk:
+        spec["grpo"]["replay_chunk"] = args.replay_chunk
     ckpt = "off"
     if "gradient_checkpointing" in {f.name for f in dataclasses.fields(GRPOConfig)}:
         spec["grpo"]["gradient_checkpointing"], ckpt = args.gradient_checkpointing, "on" if args.gradient_checkpointing else "off"
@@ -223,6 +225,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--precision", default="bf16", choices=["bf16", "no"])
     p.add_argument("--gradient-checkpointing", action="store_true", help="where the trainer or policy has the switch")
+    p.add_argument("--replay-chunk", type=int, default=None, help="grpo.replay_chunk: chosen AR steps per backward (default: all)")
     p.add_argument("--micro-batches", type=int, default=None, help="grpo.micro_batches (default: the paper config's)")
     p.add_argument("--tiny", action="store_true", help="tiny random policies (tests, CPU)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's; 1 with --tiny)")

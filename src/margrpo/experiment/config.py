@@ -402,7 +402,7 @@ def _check_duplicate_keys(node, source: str, path: str = "") -> None:
             _check_duplicate_keys(value, source, where)
 
 
-LATER_GRPO_KEYS = ("trackers", "ema_decay", "advantages")  # grpo keys added after runs were cached (issue #17)
+LATER_GRPO_KEYS = ("trackers", "ema_decay", "advantages", "replay_chunk")  # grpo keys added after runs were cached
 
 
 def train_spec(config: dict, policy: str, reward: str, variant: str, variant_overrides: dict | None = None) -> dict:

@@ -64,6 +64,9 @@ class GRPOConfig:
     # whether a change of reward comes from the reward's signal or from the updates' noise
     advantages: str = "group"
     micro_batches: int = 2  # gradient-variance statistic (and memory chunking)
+    # memory: the chosen AR steps a micro-batch replays and backpropagates at once (None: all |M|). Activation
+    # memory grows with it; the gradient is the same sum (float rounding aside)
+    replay_chunk: int | None = None
     save_every: int = 20
     val_every: int = 10
     val_prompts: int = 24
@@ -118,6 +121,8 @@ class GRPOConfig:
                              "policy change; set old_logprob: recomputed, or reinforce: true (no ratio)")
         if self.micro_batches < 1 or (self.batch_prompts * self.group_size) % self.micro_batches:
             raise ValueError(f"micro_batches ({self.micro_batches}) must divide the {self.batch_prompts * self.group_size} images of a batch")
+        if self.replay_chunk is not None and (isinstance(self.replay_chunk, bool) or self.replay_chunk < 1):
+            raise ValueError(f"replay_chunk must be >= 1 (chosen AR steps per backward) or None (all), got {self.replay_chunk!r}")
         if self.steps < 1 or self.batch_prompts < 1:
             raise ValueError(f"steps ({self.steps}) and batch_prompts ({self.batch_prompts}) must be >= 1")
         if self.group_size < 2:

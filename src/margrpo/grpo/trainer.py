@@ -171,9 +171,9 @@ class GRPOTrainer:
 
     def run_hash(self, spec: dict | None) -> str:
         """What a resumable state must match: this trainer's configs plus the stage's `spec` (inputs, reward, seed).
-        The trackers change no result, and switches that are off (EMA, LoRA, gradient checkpointing) change none
+        The trackers change no result, and switches that are off (EMA, LoRA, checkpointing, replay_chunk) change none
         either: none counts, so states written before those switches existed still resume."""
-        off = {"ema_decay": None, "lora": None, "gradient_checkpointing": False}
+        off = {"ema_decay": None, "lora": None, "gradient_checkpointing": False, "replay_chunk": None}
         quiet = lambda g: {k: v for k, v in g.items() if k != "trackers" and not (k in off and v == off[k])}  # noqa: E731
         spec = {**spec, "grpo": quiet(spec["grpo"])} if spec and "grpo" in spec else spec
         return spec_hash({"grpo": quiet(asdict(self.cfg)), "sampling": asdict(self.sampling), "spec": spec})
@@ -283,6 +283,31 @@ class GRPOTrainer:
         stats.update(policy_loss=policy_term.item(), kl=kl_term.item())
         return policy_term + cfg.beta * kl_term, stats
 
+    def micro_backward(self, rollout: Rollout, adv: torch.Tensor, ar: torch.Tensor, diff: torch.Tensor,
+                       mte_mask: torch.Tensor | None, sim_keep: torch.Tensor | None,
+                       old: tuple[torch.Tensor, torch.Tensor | None] | None, counts: tuple[torch.Tensor, torch.Tensor]
+                       ) -> tuple[float, dict]:
+        """`micro_loss` backpropagated `grpo.replay_chunk` chosen AR steps at a time, so one chunk's activations
+        are freed before the next is replayed (the replay of all |M| steps at once is what outgrows a GPU at
+        the paper's batch). Each chunk's loss is its share of the mean over steps (the whole of the sum under
+        `reinforce`), so the chunks' gradients sum to the micro-batch's; their stats combine to its stats."""
+        size = self.cfg.replay_chunk or len(ar)
+        if size >= len(ar):
+            loss, stats = self.micro_loss(rollout, adv, ar, diff, mte_mask, sim_keep, old, counts)
+            self.accelerator.backward(loss)
+            return loss.item(), stats
+        parts = []
+        for a in range(0, len(ar), size):
+            part = slice(a, a + size)
+            part_old = None if old is None else tuple(None if o is None else o[part] for o in old)
+            loss, stats = self.micro_loss(rollout, adv, ar[part], diff[part], mte_mask, sim_keep, part_old,
+                                          (counts[0][part], counts[1][part]))
+            share = 1.0 if self.cfg.reinforce else len(ar[part]) / len(ar)
+            self.accelerator.backward(loss * share)
+            selected = self.loss_weights(rollout, ar[part], diff[part], sim_keep)[0].count_nonzero().item()
+            parts.append((share, selected, loss.item(), stats))
+        return sum(sh * v for sh, _, v, _ in parts), combine_chunk_stats(parts)
+
     def train_step(self) -> dict:
         """One GRPO step: rollout and score -> plan the updates -> update (DESIGN 3)."""
         t0 = time.time()
@@ -350,12 +375,11 @@ class GRPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         grad_stats, stats, total = MicroBatchGradStats(self.stat_params, len(batch.rows) * self.world), [], 0.0
         for c, rows in enumerate(batch.rows):
-            loss, s = self.micro_loss(batch.subs[c], batch.adv[rows], update.ar, update.diff, batch.pick(batch.mte_mask, c),
-                                      batch.pick(batch.sim_keep, c), update.old[c], counts)
-            self.accelerator.backward(loss)
+            loss, s = self.micro_backward(batch.subs[c], batch.adv[rows], update.ar, update.diff, batch.pick(batch.mte_mask, c),
+                                          batch.pick(batch.sim_keep, c), update.old[c], counts)
             grad_stats.after_backward(last=c == len(batch.rows) - 1)
             stats.append(s)
-            total += loss.item()
+            total += loss
         sum_gradients(self.params)  # each process's loss is its share of the batch loss: the sum is the batch gradient
         grad_stats.sq_sum = all_sum(grad_stats.sq_sum)
         total = float(all_sum(torch.tensor(total, dtype=torch.float64)))
@@ -527,3 +551,16 @@ def write_outputs(trainer: GRPOTrainer, spec: dict) -> None:
     """metrics.csv (one row per step) and summary.json (checkpoints with validation rewards), atomically."""
     state = RunState(trainer.step, trainer.rows, trainer.checkpoints)
     write_run_outputs(trainer.out_dir, state, spec["variant"]["name"], spec, asdict(trainer.cfg))
+
+
+def combine_chunk_stats(parts: list[tuple[float, int, float, dict]]) -> dict:
+    """One micro-batch's stats from its chunks' (share, selected tokens, loss, stats): the loss terms add up
+    by share, the ratio stats are token-weighted means (clip_frac, ratio_mean) and extremes (min, max)."""
+    n = sum(sel for _, sel, _, _ in parts)
+    out = {k: sum(sh * s[k] for sh, _, _, s in parts) for k in ("policy_loss", "kl")}
+    for k in ("clip_frac", "ratio_mean"):
+        out[k] = sum(sel * s[k] for _, sel, _, s in parts if sel) / n if n else (0.0 if k == "clip_frac" else float("nan"))
+    for k, pick in (("ratio_min", min), ("ratio_max", max)):
+        values = [s[k] for _, sel, _, s in parts if sel]
+        out[k] = pick(values) if values else float("nan")
+    return out
