@@ -109,6 +109,70 @@ def test_no_import_cycle():
     assert cycles(graph) == []
 
 
+# --- layers --------------------------------------------------------------------------------------------
+LAYERS = [["infra"], ["world", "diffusion"], ["prompts", "policy"], ["rewards"], ["grpo"], ["toylab", "related"],
+          ["evaluation", "reporting"], ["experiment"], ["stages", "cli"]]
+LAYER = {pkg: n for n, pkgs in enumerate(LAYERS) for pkg in pkgs}
+
+
+def every_import(tree: ast.AST, package: str) -> list[tuple[int, str]]:
+    """(line, module) of every margrpo import anywhere in the file: in functions and under TYPE_CHECKING too."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            anchor = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            found.append((node.lineno, ".".join(anchor + [node.module] if node.module else anchor)))
+    return [(line, m) for line, m in found if m == "margrpo" or m.startswith("margrpo.")]
+
+
+def upward_imports(module: str, imports: list[tuple[int, str]]) -> list[str]:
+    """The imports of `module` that reach a package of a higher layer than its own."""
+    own = LAYER[module.split(".")[1]]
+    return [f"line {line}: {target} (layer {LAYER[target.split('.')[1]]} > {own})" for line, target in imports
+            if target.count(".") and LAYER.get(target.split(".")[1], -1) > own]
+
+
+def test_the_layer_check_finds_an_upward_import():
+    code = "from margrpo.infra.io import InputError\ndef f():\n    from margrpo.stages._common import setup\n"
+    found = upward_imports("margrpo.policy.toy", every_import(ast.parse(code), "margrpo.policy"))
+    assert found == ["line 3: margrpo.stages._common (layer 8 > 2)"]
+    assert upward_imports("margrpo.stages.train", every_import(ast.parse(code), "margrpo.stages")) == []
+
+
+def test_imports_run_down_the_layers():
+    """No module imports from a package above its own, not even inside a function (a lazy import is
+    still a dependency). A package not in LAYERS fails here: give it a layer first."""
+    mods = _modules()
+    packages = {m.split(".")[1] for m in mods if m.count(".")}
+    assert packages == set(LAYER), f"packages without a layer or layers without a package: {packages ^ set(LAYER)}"
+    bad = {}
+    for m, (f, is_pkg) in mods.items():
+        if m == "margrpo":
+            continue
+        found = upward_imports(m, every_import(ast.parse(f.read_text(), str(f)), m if is_pkg else m.rpartition(".")[0]))
+        if found:
+            bad[m] = found
+    assert not bad, bad
+
+
+def test_nothing_loose_at_the_package_root():
+    assert sorted(p.name for p in (SRC / "margrpo").glob("*.py")) in (["__init__.py", "cli.py"], ["__init__.py", "__main__.py", "cli.py"])
+
+
+@pytest.mark.parametrize("package", sorted(m.split(".")[1] for m, (_, is_pkg) in _modules().items() if m.count(".") == 1 and is_pkg))
+def test_each_package_says_what_it_must_not_import(package):
+    """Its docstring's "Layer" line names the packages above it, as LAYERS does."""
+    n = LAYER[package]
+    doc = ast.get_docstring(ast.parse((SRC / "margrpo" / package / "__init__.py").read_text())) or ""
+    line = next((ln for ln in doc.splitlines() if ln.startswith(f"Layer {n} ")), None)
+    assert line, f"margrpo.{package}: no 'Layer {n} ...' line in its docstring"
+    higher = [p for pkgs in LAYERS[n + 1:] for p in pkgs]
+    if higher and n:
+        assert line.endswith(f"it must not import {', '.join(higher)}."), line
+
+
 @pytest.mark.parametrize("path", sorted((SRC / "margrpo").rglob("*.py")), ids=lambda p: str(p.relative_to(SRC)))
 def test_modules_and_functions_stay_short(path):
     text = path.read_text()
