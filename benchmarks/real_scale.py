@@ -133,10 +133,9 @@ def make_trainer(name: str, variant: str, args, device: torch.device, out: str) 
     spec = train_spec(config, name, "hps", base, overrides)
     sampling = SamplingConfig(**{**spec["sampling"], **(TINY_SAMPLING if args.tiny else {})})
     spec["grpo"].update(TINY_GRPO if args.tiny else {})
-    if args.micro_batches:
-        spec["grpo"]["micro_batches"] = args.micro_batches
-    if args.replay_chunk:
-        spec["grpo"]["replay_chunk"] = args.replay_chunk
+    for key in ("micro_batches", "replay_chunk"):  # --micro-batches / --replay-chunk: the paper config's unless given
+        if getattr(args, key):
+            spec["grpo"][key] = getattr(args, key)
     ckpt = "off"
     if "gradient_checkpointing" in {f.name for f in dataclasses.fields(GRPOConfig)}:
         spec["grpo"]["gradient_checkpointing"], ckpt = args.gradient_checkpointing, "on" if args.gradient_checkpointing else "off"

@@ -11,16 +11,8 @@ from margrpo.grpo.rollout import SamplingConfig, generate
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.policy import load_policy
 from margrpo.prompts.suites import PromptSet
-from margrpo.related.marval import (
-    MARVALRL,
-    MARVALConfig,
-    MARVALDistiller,
-    MARVALRLConfig,
-    committed_log_prob,
-    generate_one_step,
-    one_step_policy,
-    teacher_distance,
-)
+from margrpo.related.marval import (MARVALRL, MARVALConfig, MARVALDistiller, MARVALRLConfig, committed_log_prob,
+                                    generate_one_step, one_step_policy, teacher_distance)
 from margrpo.related.marval.distill import draw_rows
 
 TEACHER_SAMPLING = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=2.0)

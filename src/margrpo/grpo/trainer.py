@@ -296,7 +296,7 @@ class GRPOTrainer:
             loss, stats = self.micro_loss(rollout, adv, ar, diff, mte_mask, sim_keep, old, counts)
             self.accelerator.backward(loss)
             return loss.item(), stats
-        parts = []
+        tokens, parts = self.loss_weights(rollout, ar, diff, sim_keep)[0], []  # [M, U, n, L]: each chunk's token count
         for a in range(0, len(ar), size):
             part = slice(a, a + size)
             part_old = None if old is None else tuple(None if o is None else o[part] for o in old)
@@ -304,8 +304,7 @@ class GRPOTrainer:
                                           (counts[0][part], counts[1][part]))
             share = 1.0 if self.cfg.reinforce else len(ar[part]) / len(ar)
             self.accelerator.backward(loss * share)
-            selected = self.loss_weights(rollout, ar[part], diff[part], sim_keep)[0].count_nonzero().item()
-            parts.append((share, selected, loss.item(), stats))
+            parts.append((share, tokens[part].count_nonzero().item(), loss.item(), stats))
         return sum(sh * v for sh, _, v, _ in parts), combine_chunk_stats(parts)
 
     def train_step(self) -> dict:

@@ -19,15 +19,7 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from margrpo.diffusion import DDPMSampler, FlowSDESampler, OneStepSampler, Sampler
-from margrpo.infra.io import (
-    InputError,
-    atomic_write_text,
-    read_json,
-    record_checksums,
-    save_safetensors,
-    state_mismatch,
-    verify_checksums,
-)
+from margrpo.infra.io import InputError, atomic_write_text, read_json, record_checksums, save_safetensors, state_mismatch, verify_checksums
 from margrpo.policy.base import MARPolicy, TextCondition
 from margrpo.policy.layers import Block, SimpleMLPAdaLN, TextEncoder
 from margrpo.policy.memory import run_blocks

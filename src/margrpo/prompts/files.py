@@ -27,15 +27,7 @@ import random
 from pathlib import Path
 
 from margrpo.infra.io import InputError
-from margrpo.prompts.suites import (
-    COMPBENCH_CATEGORIES,
-    FILE_CATEGORIES,
-    SOURCES,
-    PromptRecord,
-    prompt_problem,
-    read_jsonl,
-    text_lines,
-)
+from margrpo.prompts.suites import COMPBENCH_CATEGORIES, FILE_CATEGORIES, SOURCES, PromptRecord, prompt_problem, read_jsonl, text_lines
 
 log = logging.getLogger(__name__)
 

@@ -34,15 +34,8 @@ import numpy as np
 import pandas as pd
 
 from margrpo.infra.io import atomic_write_csv, atomic_write_text
-from margrpo.reporting.results import (
-    MissingResultError,
-    load_compbench_per_image,
-    load_metrics,
-    load_selection,
-    load_summary,
-    mean_ci,
-    parse_run,
-)
+from margrpo.reporting.results import (MissingResultError, load_compbench_per_image, load_metrics, load_selection, load_summary,
+                                      mean_ci, parse_run)
 from margrpo.reporting.tables import VARIANT_LABELS
 
 __all__ = ["paired_t", "paired_bootstrap", "paired_summary", "decide", "power", "Claims", "claims", "write_claims", "POWER_TARGET"]

@@ -23,16 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from margrpo.infra.io import atomic_write_csv, atomic_write_text
-from margrpo.reporting.results import (
-    RunId,
-    comparable_scores,
-    eval_scores,
-    load_metrics,
-    load_selection,
-    load_summary,
-    mean_ci,
-    parse_run,
-)
+from margrpo.reporting.results import RunId, comparable_scores, eval_scores, load_metrics, load_selection, load_summary, mean_ci, parse_run
 
 __all__ = ["VARIANT_LABELS", "Table", "RowSpec", "build_table", "table1", "table2", "val_gain", "write_table", "to_markdown",
            "to_latex"]
