@@ -96,7 +96,7 @@ t = torch.ones(1)
 dist.all_reduce(t)
 open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}"), "w").write(str(int(t.item())))
 if dist.get_rank() == 1 and os.environ.get("EXIT_RANK1"):
-    sys.exit(int(os.environ["EXIT_RANK1"]))
+    os._exit(int(os.environ["EXIT_RANK1"]))  # dies at once: sys.exit with a live gloo group can abort in torch's teardown (134)
 time.sleep(float(os.environ.get("HOLD", "0")))
 """
 
@@ -137,3 +137,4 @@ def test_the_launcher_listens_on_loopback_only_and_stops_on_a_failure(tmp_path):
     start = time.time()
     failed = subprocess.run(cmd, env={**env, "HOLD": "60", "EXIT_RANK1": "3"}, capture_output=True, text=True, timeout=120)
     assert failed.returncode == 3 and time.time() - start < 40, failed.stderr[-2000:]
+    assert "process 1 of 2 exited with code 3; stopping the others" in failed.stderr

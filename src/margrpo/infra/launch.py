@@ -7,7 +7,7 @@ the wildcard address whatever host it is given, so `--standalone`, `--rdzv-endpo
 torch 2.13 in /proc/net/tcp6). Here the store runs on a socket this launcher binds to 127.0.0.1
 (TCPStore's `master_listen_fd`), every process joins it as a client (torchelastic's agent-store protocol),
 and gloo and NCCL open their sockets on the loopback device. The first process to fail stops the others;
-the launcher exits with its code.
+the launcher names it and exits with its code.
 """
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ def launch(world: int, command: list[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):  # Snakemake stops a job with SIGTERM: pass it on
         signal.signal(sig, lambda s, _: [p.send_signal(s) for p in procs if p.poll() is None])
     failed = first_failure(procs)
+    if failed:
+        rank, code = failed
+        print(f"margrpo.infra.launch: process {rank} of {world} exited with code {code}; stopping the others",
+              file=sys.stderr, flush=True)
     for p in procs:  # one failed: the others would wait for it in a collective forever
         if p.poll() is None:
             p.terminate()
@@ -49,11 +53,12 @@ def launch(world: int, command: list[str]) -> int:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
-    return failed
+    return failed[1] if failed else 0
 
 
-def first_failure(procs: list[subprocess.Popen]) -> int:
-    """Wait for the processes in the order they end: the exit code of the first to fail, or 0 when all succeed.
+def first_failure(procs: list[subprocess.Popen]) -> tuple[int, int] | None:
+    """Wait for the processes in the order they end: the rank and exit code of the first to fail, or None when
+    all succeed.
 
     The kernel's order, not a poll: when one process dies, its peers die of the broken connection moments
     later, and a poll that sees both at once could report a peer's code instead of the cause's.
@@ -65,8 +70,8 @@ def first_failure(procs: list[subprocess.Popen]) -> int:
             continue
         p.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
         if p.returncode:  # a signal -N as a shell reports it, 128 + N
-            return p.returncode if p.returncode > 0 else 128 - p.returncode
-    return 0
+            return procs.index(p), p.returncode if p.returncode > 0 else 128 - p.returncode
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
