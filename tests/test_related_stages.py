@@ -154,6 +154,26 @@ def test_train_related_on_toy_mask_writes_the_files_of_margrpo_train(method, mas
     assert again["checkpoints"] == summary["checkpoints"]
 
 
+
+def test_a_fresh_related_run_removes_only_the_files_its_trainer_wrote(mask_policy, data, tmp_path, logged):
+    """train-related cleared its whole state/ when the state there was of another run; now, as `margrpo train`,
+    it keeps what it did not write."""
+    out, spec = tmp_path / "run", related_spec("grpo-mask", data, {"shapes": 1.0}, MASK_SAMPLING, iterations=2)
+    train_related("grpo-mask", mask_policy, data, spec, out)
+    (out / "state/notes.txt").write_text("mine")
+    (out / "state/ckpt-old").mkdir()
+    (out / "state/.trainer.pt.abc.tmp.pt").write_bytes(b"torn")  # a killed write's temporary file
+    state = out / "state/trainer.pt"
+    state.write_bytes(state.read_bytes()[:-1] + bytes([state.read_bytes()[-1] ^ 1]))
+    logged()
+    train_related("grpo-mask", mask_policy, data, spec, out)
+    log = logged()
+    assert "sha256 differs" in log and "starting fresh" in log and "keeping" in log
+    kept = {"ckpt-old", "notes.txt", "trainer.pt", "checksums.json"}
+    assert kept <= {p.name for p in (out / "state").iterdir()} and (out / "state/notes.txt").read_text() == "mine"
+    assert not (out / "state/.trainer.pt.abc.tmp.pt").exists()
+    assert json.loads((out / "summary.json").read_text())["checkpoints"][-1]["step"] == 2
+
 def test_distill_marval_writes_a_one_step_policy_and_marval_rl_trains_it(one_step_policy, data, toyclip_dir):
     from margrpo.policy import ToyMAR, load_policy
 

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import logging
 import math
+import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from tqdm.auto import tqdm
 
-from margrpo.infra.io import atomic_write_json, atomic_write_rows, non_finite
+from margrpo.infra.io import CHECKSUMS, atomic_write_json, atomic_write_rows, non_finite
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,21 @@ class RunState:
 def checkpoint_path(state_dir: str | Path, step: int) -> Path:
     """Where the policy of a checkpoint goes, as the GRPO trainer's: state/ckpt-XXXXXX/policy."""
     return Path(state_dir) / f"ckpt-{step:06d}" / "policy"
+
+
+def clear_written_state(state_dir: str | Path) -> None:
+    """Remove what a trainer's save writes in state/ (trainer.pt, checksums.json, ckpt-<step>/ and their temporary
+    files), nothing else: a fresh start never deletes a file it did not write."""
+    for p in Path(state_dir).iterdir():
+        name = p.name.lstrip(".")  # atomic writers' temporary names: .<name>.<random>.tmp...
+        owned = (p.name in ("trainer.pt", CHECKSUMS) or re.fullmatch(r"ckpt-\d{6}", p.name)
+                 or (p.name.startswith(".") and name.split(".", 1)[0] in ("trainer", "checksums")))
+        if owned and p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        elif owned:
+            p.unlink()
+        else:
+            log.info("keeping %s: not written by this trainer", p)
 
 
 def _mean(scores: list[float]) -> float:

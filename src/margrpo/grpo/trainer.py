@@ -12,8 +12,6 @@ import contextlib
 import copy
 import logging
 import math
-import re
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -46,9 +44,9 @@ from margrpo.grpo.functions import (
 )
 from margrpo.grpo.grad_stats import MicroBatchGradStats
 from margrpo.grpo.rollout import Rollout, SamplingConfig, ar_schedule, generate, make_sampler, recorded, replay, stochastic_steps
-from margrpo.grpo.run_loop import RunState, write_run_outputs
+from margrpo.grpo.run_loop import RunState, clear_written_state, write_run_outputs
 from margrpo.grpo.streams import VAL_SEED, group_generators, step_generator
-from margrpo.infra.io import CHECKSUMS, InputError, checked_path, refuse_symlink, space_named, spec_hash, verify_checksums
+from margrpo.infra.io import InputError, checked_path, refuse_symlink, space_named, spec_hash, verify_checksums
 from margrpo.infra.runtime import EMA, autocast, end_trackers, log_image_grid, peak_memory_mb, start_trackers
 from margrpo.policy.base import MARPolicy
 from margrpo.policy.memory import adapter_parameters, adapters_disabled, add_lora, load_adapters, save_adapters
@@ -449,20 +447,6 @@ class GRPOTrainer:
         with checked_path(self.state_dir / "trainer.pt") as tmp:  # a resume checks it (a bit flip loads silently)
             torch.save(state, tmp)
 
-    def clear_state(self) -> None:
-        """Remove what `save` writes in state/ (trainer.pt, checksums.json, ckpt-<step>/ and their temporary files),
-        nothing else: a fresh start never deletes a file it did not write."""
-        for p in self.state_dir.iterdir():
-            name = p.name.lstrip(".")  # atomic writers' temporary names: .<name>.<random>.tmp...
-            owned = (p.name in ("trainer.pt", CHECKSUMS) or re.fullmatch(r"ckpt-\d{6}", p.name)
-                     or (p.name.startswith(".") and name.split(".", 1)[0] in ("trainer", "checksums")))
-            if owned and p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p)
-            elif owned:
-                p.unlink()
-            else:
-                log.info("keeping %s: not written by this trainer", p)
-
     def try_resume(self) -> bool:
         """Resume from state/ only if it was written under this run's spec (`self.spec_hash`); else clear it."""
         from margrpo.policy import load_policy  # the policy registry imports every model family
@@ -482,7 +466,7 @@ class GRPOTrainer:
         if state.get("spec_hash") != self.spec_hash:
             log.info("not resuming from %s: %s; starting fresh", path, why)
             if self.accelerator.is_main_process:
-                self.clear_state()
+                clear_written_state(self.state_dir)
             barrier()
             return False
         ckpt = self.state_dir / f"ckpt-{state['step']:06d}" / "policy"  # found beside trainer.pt wherever the folder is now

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -169,7 +168,7 @@ def state_saver(job: Job, state_dir: Path, run_hash: str):
 
 def try_resume(job: Job, state_dir: Path, run_hash: str):
     """The loop's state from state/trainer.pt when written under this run's hash (policy and optimizer restored); else None."""
-    from margrpo.grpo.run_loop import RunState, checkpoint_path
+    from margrpo.grpo.run_loop import RunState, checkpoint_path, clear_written_state
     from margrpo.infra.io import InputError, refuse_symlink, verify_checksums
     from margrpo.stages._related import load_any_policy
 
@@ -185,7 +184,7 @@ def try_resume(job: Job, state_dir: Path, run_hash: str):
         record = {"spec_hash": f"unreadable ({type(err).__name__})"}
     if record.get("spec_hash") != run_hash:
         log.info("not resuming from %s: written under %s, this run is %s; starting fresh", path, record.get("spec_hash"), run_hash)
-        shutil.rmtree(state_dir)
+        clear_written_state(state_dir)
         return None
     weights = load_any_policy(checkpoint_path(state_dir, record["step"]), job.policy.device).state_dict()
     job.policy.load_state_dict(weights)
