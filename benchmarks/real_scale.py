@@ -11,10 +11,11 @@ Sampling, the GRPO settings (3 prompts x 4 images, |M| = 12, |T| = 10, micro-bat
 LLM) and the variants come from config/paper-{nova,harmon}.yaml via `train_spec`, as a real run gets
 them; `committed` is fix with loss_tokens: committed. The reward is the images' mean brightness:
 this measures the trainer, not a scorer. Per (policy, variant): one warm-up step, then `--steps`
-timed steps; peak memory is torch.cuda.max_memory_allocated reset per run (on CPU the process's max
-RSS, which never resets); the rollout's FLOPs are counted with FlopCounterMode on one rollout
-(`rollout_and_score`: generate + reward + MTE / Sim masks) and divided by its time alone, as a
-fraction of a large square matmul's TFLOP/s measured in the same run (bf16 on CUDA, fp32 on CPU).
+timed steps; each policy is built once and reset to its initial weights for each variant. Peak memory
+is torch.cuda.max_memory_allocated reset per run (on CPU the process's max RSS, which never resets);
+the rollout's FLOPs are counted with FlopCounterMode on one rollout (`rollout_and_score`: generate +
+reward + MTE / Sim masks) and divided by its time alone, as a fraction of a large square matmul's
+TFLOP/s measured in the same run (bf16 on CUDA, fp32 on CPU).
 A run that runs out of GPU memory gives an "oom" row and the others go ahead. `--gradient-checkpointing`
 sets a `gradient_checkpointing` switch of GRPOConfig, the policy or its config where one exists; the
 row says "unsupported" where none does.
@@ -102,14 +103,32 @@ def build_harmon(tiny: bool):
     return HarmonPolicy(config, stand_in_tokenizer())
 
 
-def build_policy(name: str, tiny: bool, device: torch.device, checkpointing: bool):
-    """A fresh random policy on `device` (the trainer freezes parts of it) and the checkpointing state."""
+def build_policy(name: str, tiny: bool, device: torch.device):
+    """A fresh random policy on `device`."""
     torch.manual_seed(0)
     with torch.device(device):
         policy = {"nova": build_nova, "harmon": build_harmon}[name](tiny)
     with torch.no_grad():  # adaLN-zero heads output 0 at init: give them an output that depends on z
         for p in policy.head_parameters():
             p.add_(0.02 * torch.randn_like(p))
+    return policy
+
+
+_BUILT: dict[str, tuple] = {}  # the one policy in memory and its initial weights (on the CPU)
+
+
+def initial_policy(name: str, tiny: bool, device: torch.device, checkpointing: bool):
+    """The policy with its initial weights, all trainable (the trainer freezes parts of it), and the checkpointing
+    state. Built once per policy and reset for each later variant: a full-size random init takes tens of seconds."""
+    if name in _BUILT:
+        policy, weights = _BUILT[name]
+        policy.load_state_dict(weights)
+    else:
+        _BUILT.clear()  # the last policy's memory first
+        gc.collect()
+        policy = build_policy(name, tiny, device)
+        _BUILT[name] = policy, {k: v.detach().to("cpu", copy=True) for k, v in policy.state_dict().items()}
+    policy.requires_grad_(True).train()
     return policy, switch_checkpointing(policy, checkpointing)
 
 
@@ -139,7 +158,7 @@ def make_trainer(name: str, variant: str, args, device: torch.device, out: str) 
     ckpt = "off"
     if "gradient_checkpointing" in {f.name for f in dataclasses.fields(GRPOConfig)}:
         spec["grpo"]["gradient_checkpointing"], ckpt = args.gradient_checkpointing, "on" if args.gradient_checkpointing else "off"
-    policy, policy_ckpt = build_policy(name, args.tiny, device, args.gradient_checkpointing)
+    policy, policy_ckpt = initial_policy(name, args.tiny, device, args.gradient_checkpointing)
     ckpt = ckpt if ckpt == "on" else policy_ckpt
     prompts = PromptSet(PROMPTS, [{}] * len(PROMPTS))
     cfg = GRPOConfig.from_spec(spec, precision=args.precision)

@@ -30,6 +30,27 @@ def test_real_scale_tiny_reports_every_policy_and_variant(repo, tmp_path):
     assert [r["gradient_checkpointing"] for r in json.loads(out.read_text())["rows"]] == ["on", "on"]
 
 
+
+def test_real_scale_resets_the_policy_it_reuses_to_a_fresh_build(repo):
+    """Each policy is built once; a later variant gets it back with the fresh build's weights, all trainable."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("real_scale", repo / "benchmarks/real_scale.py")
+    real_scale = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(real_scale)
+    cpu = torch.device("cpu")
+    policy, _ = real_scale.initial_policy("harmon", True, cpu, False)
+    with torch.no_grad():  # what a variant's training leaves behind: changed weights, frozen parts
+        for p in policy.parameters():
+            p.add_(1.0)
+    policy.llm.requires_grad_(False)
+    again, _ = real_scale.initial_policy("harmon", True, cpu, False)
+    fresh = real_scale.build_policy("harmon", True, cpu).state_dict()
+    assert again is policy and all(p.requires_grad for p in again.parameters()) and again.training
+    assert all(torch.equal(v, fresh[k]) for k, v in again.state_dict().items())
+
 def test_gradient_signal_runs_on_a_tiny_policy(repo, tmp_path):
     """benchmarks/gradient_signal.py --test: batch gradients, their cosines and the reward along each direction."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo / "src"), os.environ.get("PYTHONPATH", "")])}
