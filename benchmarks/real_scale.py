@@ -267,7 +267,8 @@ def main() -> None:
             print(" ".join(f"{h}={f.format(rows[-1][h]) if rows[-1][h] is not None else 'oom'}" for h, f in COLUMNS), flush=True)
             if args.out:
                 Path(args.out).write_text(json.dumps({"device": name, "matmul_tflops": peak, "precision": args.precision,
-                                                      "steps": args.steps, "tiny": args.tiny, "rows": rows}, indent=1) + "\n")
+                                                      "steps": args.steps, "tiny": args.tiny,
+                                                      "micro_batches": args.micro_batches, "replay_chunk": args.replay_chunk, "rows": rows}, indent=1) + "\n")
     print_table(rows)
 
 

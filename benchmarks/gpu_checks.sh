@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The real-scale checks that are still unmeasured (docs/real-scale.md, "On a GPU"), in one call that fits a
+# short GPU loan: does the paper's batch fit with `grpo.replay_chunk`, how long is a step, what is the peak
+# memory. Each check is one `benchmarks/real_scale.py` run (random full-size weights) under its own time
+# limit; each row is saved as it finishes, so a check cut off by its limit keeps the rows it has.
+#
+#   bash benchmarks/gpu_checks.sh OUT_DIR [SECONDS_PER_CHECK]     (default 150 s a check, 4 checks)
+#
+#   WHEELS=DIR   first install DIR/*.whl (--no-index --no-deps) into $SITE (default /tmp/margrpo-site):
+#                for a GPU machine without network whose Python lacks transformers, diffusers, peft, ...
+#   TINY=1       the tests' tiny policies on the CPU: checks this script itself in seconds
+set -uo pipefail
+out=${1:?usage: bash benchmarks/gpu_checks.sh OUT_DIR [SECONDS_PER_CHECK]}
+limit=${2:-150}
+cd "$(dirname "$0")/.."
+mkdir -p "$out"
+if [ -n "${WHEELS:-}" ]; then
+  site=${SITE:-/tmp/margrpo-site}
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$WHEELS"/*.whl || exit 1
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+python=${PYTHON:-python3}
+device=(--device cuda)
+if [ -n "${TINY:-}" ]; then
+  device=(--tiny --device cpu)
+else
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.csv"
+fi
+
+check() {  # NAME ARGS...: one real_scale run, its log and JSON rows under OUT_DIR, its exit code in summary.txt
+  local name=$1
+  shift
+  timeout "$limit" "$python" benchmarks/real_scale.py "${device[@]}" --steps 1 --out "$out/$name.json" "$@" 2>&1 |
+    tee "$out/$name.log"
+  local rc=${PIPESTATUS[0]}
+  echo "$name: exit $rc$([ "$rc" = 124 ] && echo ", cut off at $limit s")" | tee -a "$out/summary.txt"
+}
+
+# the paper's batch (3 x 4 images, |M| = 12, micro_batches 2), one chosen AR step per backward
+check nova-chunk1 --policies nova --variants fix,grpo --replay-chunk 1
+check harmon-chunk1 --policies harmon --variants fix,grpo --replay-chunk 1
+# the same with every block checkpointed: the smallest peak the levers give
+check nova-chunk1-ckpt --policies nova --variants fix --replay-chunk 1 --gradient-checkpointing
+check harmon-chunk1-ckpt --policies harmon --variants fix --replay-chunk 1 --gradient-checkpointing
