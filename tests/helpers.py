@@ -20,6 +20,13 @@ def tiny_policy(head: str = "flow", seed: int = 0, dropout: float = 0.0, **overr
     return policy
 
 
+def flip_last_byte(path) -> None:
+    """Change one bit of a file, as a bit flip on disk would: loads silently unless a checksum catches it."""
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+
+
 def assert_ratio_is_one(policy, r, atol=1e-5):
     """DESIGN 3.2: replaying every (AR step, diffusion step) of rollout `r` with unchanged parameters
     reproduces the recorded log-probs — committed trajectory and MTE trajectories alike."""

@@ -30,7 +30,6 @@ def test_real_scale_tiny_reports_every_policy_and_variant(repo, tmp_path):
     assert [r["gradient_checkpointing"] for r in json.loads(out.read_text())["rows"]] == ["on", "on"]
 
 
-
 def test_real_scale_resets_the_policy_it_reuses_to_a_fresh_build(repo):
     """Each policy is built once; a later variant gets it back with the fresh build's weights, all trainable."""
     import importlib.util
@@ -50,6 +49,7 @@ def test_real_scale_resets_the_policy_it_reuses_to_a_fresh_build(repo):
     fresh = real_scale.build_policy("harmon", True, cpu).state_dict()
     assert again is policy and all(p.requires_grad for p in again.parameters()) and again.training
     assert all(torch.equal(v, fresh[k]) for k, v in again.state_dict().items())
+
 
 def test_gradient_signal_runs_on_a_tiny_policy(repo, tmp_path):
     """benchmarks/gradient_signal.py --test: batch gradients, their cosines and the reward along each direction."""

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import flip_last_byte
 
 from margrpo.cli import main
 from margrpo.world import WorldConfig, prompt_vocabulary
@@ -154,7 +155,6 @@ def test_train_related_on_toy_mask_writes_the_files_of_margrpo_train(method, mas
     assert again["checkpoints"] == summary["checkpoints"]
 
 
-
 def test_a_fresh_related_run_removes_only_the_files_its_trainer_wrote(mask_policy, data, tmp_path, logged):
     """train-related cleared its whole state/ when the state there was of another run; now, as `margrpo train`,
     it keeps what it did not write."""
@@ -163,8 +163,7 @@ def test_a_fresh_related_run_removes_only_the_files_its_trainer_wrote(mask_polic
     (out / "state/notes.txt").write_text("mine")
     (out / "state/ckpt-old").mkdir()
     (out / "state/.trainer.pt.abc.tmp.pt").write_bytes(b"torn")  # a killed write's temporary file
-    state = out / "state/trainer.pt"
-    state.write_bytes(state.read_bytes()[:-1] + bytes([state.read_bytes()[-1] ^ 1]))
+    flip_last_byte(out / "state/trainer.pt")
     logged()
     train_related("grpo-mask", mask_policy, data, spec, out)
     log = logged()
@@ -173,6 +172,7 @@ def test_a_fresh_related_run_removes_only_the_files_its_trainer_wrote(mask_polic
     assert kept <= {p.name for p in (out / "state").iterdir()} and (out / "state/notes.txt").read_text() == "mine"
     assert not (out / "state/.trainer.pt.abc.tmp.pt").exists()
     assert json.loads((out / "summary.json").read_text())["checkpoints"][-1]["step"] == 2
+
 
 def test_distill_marval_writes_a_one_step_policy_and_marval_rl_trains_it(one_step_policy, data, toyclip_dir):
     from margrpo.policy import ToyMAR, load_policy

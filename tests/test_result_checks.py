@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_policy
+from helpers import flip_last_byte, tiny_policy
 from test_trainer import make_trainer
 
 from margrpo.grpo.trainer import write_outputs
@@ -18,12 +18,6 @@ from margrpo.policy import load_policy
 from margrpo.reporting.results import load_metrics, load_summary
 
 MARGRPO = str(Path(sys.executable).with_name("margrpo"))
-
-
-def flip_last_byte(path):
-    data = bytearray(path.read_bytes())
-    data[-1] ^= 1
-    path.write_bytes(bytes(data))
 
 
 @pytest.fixture(scope="module")
