@@ -46,3 +46,27 @@ def assert_ratio_is_one(policy, r, atol=1e-5):
         mte_ratio = torch.exp(rp.mte_log_prob - old_mte)[replayed]
         assert torch.allclose(mte_ratio, torch.ones_like(mte_ratio), atol=atol, rtol=0), (mte_ratio.min(), mte_ratio.max())
     return rp
+
+
+# Issue #36: a user's files in a run folder, none of which a run may remove (fresh start, resume or restart).
+USER_FILES = {
+    "notes.txt": b"the run folder's top\n",
+    "state/notes.txt": b"state/, no trainer state there yet\n",
+    "state/mine/deep/data.bin": bytes(range(256)),  # a nested folder
+    "state/.trainer.pt.bak": b"a dot file named like the trainer's temporary files\n",
+    "state/ckpt-000001/notes.txt": b"beside a checkpoint the run writes\n",
+    "state/ckpt-000005/policy/notes.txt": b"a folder with a checkpoint's name that no run wrote\n",
+    "tb/grpo/notes.txt": b"in the trackers' folder, which a fresh start clears of its event files\n",
+}
+
+
+def plant_user_files(run) -> None:
+    for name, data in USER_FILES.items():
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_bytes(data)
+
+
+def assert_user_files_kept(run, when: str) -> None:
+    """Every planted file still there, byte for byte."""
+    found = {name: (run / name).read_bytes() if (run / name).is_file() else None for name in USER_FILES}
+    assert found == USER_FILES, f"{when}: lost or changed {sorted(k for k in USER_FILES if found[k] != USER_FILES[k])}"

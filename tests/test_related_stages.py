@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import flip_last_byte
+from helpers import assert_user_files_kept, flip_last_byte, plant_user_files
 
 from margrpo.cli import main
 from margrpo.world import WorldConfig, prompt_vocabulary
@@ -172,6 +172,54 @@ def test_a_fresh_related_run_removes_only_the_files_its_trainer_wrote(mask_polic
     assert kept <= {p.name for p in (out / "state").iterdir()} and (out / "state/notes.txt").read_text() == "mine"
     assert not (out / "state/.trainer.pt.abc.tmp.pt").exists()
     assert json.loads((out / "summary.json").read_text())["checkpoints"][-1]["step"] == 2
+
+
+class Interrupted(Exception):
+    """Stands for a job killed after its first checkpoint: the next invocation of the same spec continues from it."""
+
+
+def test_train_related_deletes_nothing_it_did_not_write(mask_policy, data, tmp_path, monkeypatch, logged):
+    """Issue #36, as for `margrpo train` (tests/test_resume.py): a user's files in the run folder outlive a fresh start,
+    a resume that continues and a restart under another spec; the restart still removes what the trainer wrote."""
+    import margrpo.stages.train_related as stage
+
+    run, spec = tmp_path / "run", related_spec("grpo-mask", data, {"shapes": 1.0}, MASK_SAMPLING, iterations=2)
+    plant_user_files(run)
+    saver = stage.state_saver
+
+    def saver_that_dies(*args):
+        save = saver(*args)
+
+        def save_then_die(path, state):
+            save(path, state)
+            raise Interrupted
+        return save_then_die
+
+    with monkeypatch.context() as patch:
+        patch.setattr(stage, "state_saver", saver_that_dies)
+        with pytest.raises(Interrupted):
+            train_related("grpo-mask", mask_policy, data, spec, run)  # fresh, killed after its step-1 checkpoint
+    assert (run / "state/trainer.pt").is_file() and (run / "state/ckpt-000001/policy/checksums.json").is_file()
+    assert_user_files_kept(run, "fresh start")
+    logged()
+    train_related("grpo-mask", mask_policy, data, spec, run)  # the same spec: continues from step 1 to step 2
+    assert "resumed from" in logged() and json.loads((run / "summary.json").read_text())["steps"] == 2
+    assert_user_files_kept(run, "resume")
+    (run / "state/.trainer.pt.x1y2z3w4.tmp.pt").write_bytes(b"torn")  # the temporary file of a killed trainer.pt write
+    train_related("grpo-mask", mask_policy, data, {**spec, "related": {**spec["related"], "steps": 1}}, run)  # another spec
+    assert "starting fresh" in logged() and json.loads((run / "summary.json").read_text())["steps"] == 1
+    assert_user_files_kept(run, "restart")
+    assert not (run / "state/ckpt-000002").exists() and not (run / "state/.trainer.pt.x1y2z3w4.tmp.pt").exists()
+
+
+def test_train_related_refuses_to_replace_a_checkpoint_folder_it_did_not_write(mask_policy, data, tmp_path):
+    """Issue #36: a checkpoint's policy folder is replaced whole (atomic_dir); one there that no run wrote is refused."""
+    run, spec = tmp_path / "run", related_spec("grpo-mask", data, {"shapes": 1.0}, MASK_SAMPLING, iterations=2, steps=1)
+    (run / "state/ckpt-000001/policy").mkdir(parents=True)
+    (run / "state/ckpt-000001/policy/notes.txt").write_text("mine")
+    with pytest.raises(SystemExit, match=f"{run / 'state/ckpt-000001/policy'}: not a checkpoint margrpo wrote"):
+        train_related("grpo-mask", mask_policy, data, spec, run)
+    assert (run / "state/ckpt-000001/policy/notes.txt").read_text() == "mine"
 
 
 def test_distill_marval_writes_a_one_step_policy_and_marval_rl_trains_it(one_step_policy, data, toyclip_dir):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import PROMPTS, tiny_policy
+from helpers import PROMPTS, assert_user_files_kept, plant_user_files, tiny_policy
 from test_trainer import make_trainer
 
 from margrpo.grpo.trainer import write_outputs
@@ -151,3 +151,104 @@ def test_pretraining_killed_while_saving_resumes_without_duplicate_log_rows(tmp_
     assert "resumed from" in logged()
     assert log_steps(tmp_path / "state") == [1, 2, 3, 4, 5, 6]
     assert_same_weights(resumed, pretrain(tmp_path / "full", steps=6))
+
+
+class Interrupted(Exception):
+    """Stands for a job killed after its first checkpoint: the next invocation of the same spec continues from it."""
+
+
+def train_inputs(tmp_path) -> dict:
+    """A tiny policy folder and train / val suites in `tmp_path`; the smoke config's `margrpo train` spec, rewarded by
+    `shapes` (no reward model to train)."""
+    from margrpo.experiment.config import load_config, train_spec
+    from margrpo.prompts.suites import PromptRecord, write_suite
+
+    tiny_policy("flow", seed=1).save_pretrained(tmp_path / "policy")
+    objects = [{"color": c, "shape": s, "texture": None, "count": 1} for c, s in (("red", "circle"), ("blue", "square"))]
+    records = [PromptRecord(f"a {o['color']} {o['shape']}", "color", {"objects": [o], "relation": None, "exact_count": False})
+               for o in objects]
+    for split in ("train", "val"):
+        write_suite(records, tmp_path / "suites" / f"{split}.jsonl")
+    spec = train_spec(load_config(TESTS.parent / "config/smoke.yaml"), "toy-nova", "toyclip", "grpo")
+    return {**spec, "reward": {"name": "shapes", "weights": {"shapes": 1.0}}}
+
+
+def test_margrpo_train_deletes_nothing_it_did_not_write(tmp_path, monkeypatch, logged):
+    """Issue #36: a run deletes nothing it did not write. Files a user put in the run folder, in state/ (before any
+    trainer state was there), in tb/grpo/, beside a checkpoint, or under names like the trainer's own, outlive a
+    fresh start, a resume that continues, and a restart under another spec, which still removes what the trainer wrote."""
+    from margrpo.cli import main
+    from margrpo.grpo.trainer import GRPOTrainer
+
+    spec, run = train_inputs(tmp_path), tmp_path / "run"
+
+    def train(spec):
+        main(["train", "--policy-dir", str(tmp_path / "policy"), "--suites-dir", str(tmp_path / "suites"),
+              "--spec-json", json.dumps(spec), "--out-dir", str(run), "--threads", "1"])
+
+    plant_user_files(run)
+    save = GRPOTrainer.save
+
+    def save_then_die(self):
+        save(self)
+        raise Interrupted
+
+    with monkeypatch.context() as patch:
+        patch.setattr(GRPOTrainer, "save", save_then_die)
+        with pytest.raises(Interrupted):
+            train(spec)  # a fresh start, killed after its step-1 checkpoint
+    assert (run / "state/trainer.pt").is_file() and (run / "state/ckpt-000001/policy/checksums.json").is_file()
+    assert_user_files_kept(run, "fresh start")
+    logged()
+    train(spec)  # the same spec: continues from step 1 to step 2
+    assert "resumed from" in logged() and json.loads((run / "summary.json").read_text())["steps"] == 2
+    assert_user_files_kept(run, "resume")
+    (run / "state/.trainer.pt.x1y2z3w4.tmp.pt").write_bytes(b"torn")  # the temporary file of a killed trainer.pt write
+    events = sorted((run / "tb/grpo").glob("events.out.tfevents.*"))
+    assert len(events) == 2  # one per invocation
+    train({**spec, "grpo": {**spec["grpo"], "steps": 1}})  # another spec: starts fresh
+    assert "starting fresh" in logged() and json.loads((run / "summary.json").read_text())["steps"] == 1
+    assert_user_files_kept(run, "restart")
+    # ... and what the earlier run wrote is gone: its step-2 checkpoint, the torn temporary file, its event files
+    assert not (run / "state/ckpt-000002").exists() and not (run / "state/.trainer.pt.x1y2z3w4.tmp.pt").exists()
+    assert not any(p.exists() for p in events) and len(list((run / "tb/grpo").glob("events.out.tfevents.*"))) == 1
+
+
+def test_a_fresh_start_removes_what_a_save_wrote_and_keeps_what_it_did_not(tmp_path):
+    """clear_written_state's rules (issue #36), on a state/ built by the savers themselves: a checkpoint goes file by
+    file, as its manifest lists them; what the manifest does not list stays, with its folders."""
+    from margrpo.grpo.run_loop import clear_written_state
+    from margrpo.infra.io import checked_path
+
+    state, elsewhere = tmp_path / "state", tmp_path / "frozen"
+    (elsewhere / "vae").mkdir(parents=True)
+    (elsewhere / "vae/weights.bin").write_bytes(b"frozen")
+    with checked_path(state / "trainer.pt") as tmp:
+        tmp.write_bytes(b"state")
+    written = []
+    for step in (1, 2, 5):
+        policy = state / f"ckpt-{step:06d}" / "policy"
+        tiny_policy().save_pretrained(policy)
+        (policy / "vae").symlink_to(elsewhere / "vae", target_is_directory=True)  # as NOVA links its frozen parts
+        (policy / ".model.safetensors.ab12cd34.tmp.safetensors").write_bytes(b"torn")  # a killed rewrite's temporary
+        written += [p for p in policy.parent.rglob("*")]
+    (state / "ckpt-000003/.policy.ab12cd34.tmp/tokenizer").mkdir(parents=True)  # atomic_dir's folder of a killed save
+    (state / "ckpt-000004/.policy.old").mkdir(parents=True)
+    tiny_policy().save_pretrained(state / "ckpt-000004/.policy.old")  # atomic_dir's old folder, moved aside
+    mine = {"ckpt-000002/notes.txt": b"beside", "ckpt-000005/policy/notes.txt": b"inside, unlisted",
+            "ckpt-000005/policy/tokenizer/mine.json": b"{}", "ckpt-000006/policy/config.json": b"{}",  # no manifest
+            "ckpt-000007/policy/checksums.json": b"not a manifest", "ckpt-000007/policy/model.safetensors": b"x",
+            "trainer.pt.bak": b"b", ".trainer.pt.old": b"o", "ckpt-1/x": b"x", "policy/checksums.json": b"{}"}
+    for name, data in mine.items():
+        (state / name).parent.mkdir(parents=True, exist_ok=True)
+        (state / name).write_bytes(data)
+    tiny_policy().save_pretrained(elsewhere / "ckpt/policy")
+    (state / "ckpt-000008").symlink_to(elsewhere / "ckpt", target_is_directory=True)  # a link: never cleared through
+
+    clear_written_state(state)
+    left = sorted(p.relative_to(state).as_posix() for p in state.rglob("*") if p.is_file() or p.is_symlink())
+    assert left == sorted([*mine, "ckpt-000008"]) and (elsewhere / "ckpt/policy/model.safetensors").is_file()
+    assert all((state / name).read_bytes() == data for name, data in mine.items())
+    assert (elsewhere / "vae/weights.bin").read_bytes() == b"frozen"  # the link went, never what it leads to
+    assert not (state / "ckpt-000001").exists() and not (state / "ckpt-000003").exists() and not (state / "ckpt-000004").exists()
+    assert sorted(p.name for p in (state / "ckpt-000005/policy").iterdir()) == ["notes.txt", "tokenizer"]

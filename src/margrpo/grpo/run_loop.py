@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from typing import Callable
 
 from tqdm.auto import tqdm
 
-from margrpo.infra.io import CHECKSUMS, atomic_write_json, atomic_write_rows, non_finite
+from margrpo.infra.io import CHECKSUMS, atomic_write_json, atomic_write_rows, listed_files, non_finite
 
 log = logging.getLogger(__name__)
 
@@ -48,19 +49,92 @@ def checkpoint_path(state_dir: str | Path, step: int) -> Path:
     return Path(state_dir) / f"ckpt-{step:06d}" / "policy"
 
 
+TRAINER_FILES = ("trainer.pt", CHECKSUMS)  # what a trainer's save writes at the top of state/, beside its ckpt-<step>/
+CHECKPOINT = re.compile(r"ckpt-\d{6}")  # `checkpoint_path`'s folder of one checkpoint
+POLICY = ("policy", ".policy.old")  # the policy folder in it, and where atomic_dir moves the old one aside
+FROZEN_LINKS = ("vae", "text_encoder", "tokenizer")  # NOVA's links to its frozen parts (policy/nova.py save_pretrained)
+_TEMPORARY = re.compile(r"\.(.+)\.[a-z0-9_]+\.tmp(\.[^.]*)?")  # atomic_path / atomic_dir: .<name>.<random>.tmp<suffix>
+
+
+def temporary_of(name: str) -> str | None:
+    """The file or folder an atomic writer was writing when it left the temporary `name` behind, else None."""
+    m = _TEMPORARY.fullmatch(name)
+    return m[1] if m and (m[2] or "") == Path(m[1]).suffix else None
+
+
 def clear_written_state(state_dir: str | Path) -> None:
-    """Remove what a trainer's save writes in state/ (trainer.pt, checksums.json, ckpt-<step>/ and their temporary
-    files), nothing else: a fresh start never deletes a file it did not write."""
-    for p in Path(state_dir).iterdir():
-        name = p.name.lstrip(".")  # atomic writers' temporary names: .<name>.<random>.tmp...
-        owned = (p.name in ("trainer.pt", CHECKSUMS) or re.fullmatch(r"ckpt-\d{6}", p.name)
-                 or (p.name.startswith(".") and name.split(".", 1)[0] in ("trainer", "checksums")))
-        if owned and p.is_dir() and not p.is_symlink():
+    """Remove from state/ what a trainer's save wrote there, and nothing else: a run deletes nothing it did not
+    write (issues #31.5, #36). A trainer (this loop's `save_fn`, `margrpo train`'s GRPOTrainer.save) writes
+
+    - trainer.pt and checksums.json at the top of state/: these two names, files (not folders or links);
+    - the atomic writers' temporary files of those two (.trainer.pt.<random>.tmp.pt, killed writes);
+    - ckpt-<6 digits>/policy/: of it, only what its own checksums.json (the manifest every policy folder margrpo
+      writes carries) lists, the manifest itself, the temporary files of those, and NOVA's links to its frozen
+      parts; atomic_dir's .policy.<random>.tmp/ and .policy.old/ beside it (the former whole: a killed write's);
+    - then the folders these removals left empty (policy/, its subfolders, ckpt-<step>/), no other folder.
+
+    So a user's file anywhere in state/ stays, beside a checkpoint or inside its policy folder too (unless
+    it was there before the trainer wrote that folder: the manifest then lists it with the checkpoint's files),
+    and so does its folder; a folder with a checkpoint's name that holds no margrpo manifest (a stray
+    ckpt-000005/ a user made, or one a killed save left before its manifest) stays whole. A copy of a margrpo
+    checkpoint put there under a checkpoint's name carries the manifest, and is taken as the trainer's."""
+    state_dir = Path(state_dir)
+    for p in state_dir.iterdir():
+        if p.name in TRAINER_FILES or temporary_of(p.name) in TRAINER_FILES:
+            if p.is_file() and not p.is_symlink():
+                p.unlink()
+                continue
+        elif CHECKPOINT.fullmatch(p.name) and p.is_dir() and not p.is_symlink():
+            _clear_checkpoint(p)
+            if p.exists():
+                log.info("keeping %s: it holds files this trainer did not write", p)
+            continue
+        log.info("keeping %s: not written by this trainer", p)
+
+
+def _clear_checkpoint(folder: Path) -> None:
+    """What a save wrote in one ckpt-<step>/ folder (see clear_written_state); the folder too if that was all."""
+    for p in folder.iterdir():
+        if p.is_symlink() or not p.is_dir():
+            continue
+        if p.name in POLICY:
+            _remove_listed(p)
+        elif temporary_of(p.name) == "policy":  # atomic_dir's folder of a killed save
             shutil.rmtree(p)
-        elif owned:
-            p.unlink()
-        else:
-            log.info("keeping %s: not written by this trainer", p)
+    _prune([folder], folder)
+
+
+def _remove_listed(folder: Path) -> None:
+    """The files `folder`'s checksums.json lists, the manifest, the temporary files of those and NOVA's frozen
+    links; then the folders left empty. A folder without a readable manifest is left whole."""
+    listed = listed_files(folder)
+    if listed is None:
+        log.info("keeping %s: no %s of margrpo's in it", folder, CHECKSUMS)
+        return
+    listed = set(listed) | {CHECKSUMS}
+    removed = []
+    for root, dirs, files in os.walk(folder):  # never through a link
+        here = Path(root)
+        for name in files:
+            p, target = here / name, temporary_of(name)
+            if not p.is_symlink() and (p.relative_to(folder).as_posix() in listed
+                                       or (target is not None and (here / target).relative_to(folder).as_posix() in listed)):
+                p.unlink()
+                removed.append(here)
+        for name in [d for d in dirs if (here / d).is_symlink()]:
+            dirs.remove(name)
+            if here == folder and name in FROZEN_LINKS:
+                (here / name).unlink()  # the link, never what it leads to
+                removed.append(here)
+    _prune(removed, folder)
+
+
+def _prune(folders: list[Path], top: Path) -> None:
+    """Remove each of `folders` that is empty now, then its parents while they are empty, up to `top` included."""
+    for d in sorted(set(folders), key=lambda d: len(d.parts), reverse=True):
+        while (d == top or top in d.parents) and d.is_dir() and not d.is_symlink() and not any(d.iterdir()):
+            d.rmdir()
+            d = d.parent
 
 
 def _mean(scores: list[float]) -> float:

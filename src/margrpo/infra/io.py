@@ -46,6 +46,7 @@ __all__ = [
     "record_checksums",
     "verify_checksums",
     "verify_outside",
+    "listed_files",
     "save_safetensors",
     "refuse_symlink",
 ]
@@ -303,6 +304,15 @@ def _manifest(folder: Path) -> dict[str, str]:
                                              for v in sums.values()):
         raise InputError(f"{path}: expected {{file: sha256, or a list of them while the file is being replaced}}")
     return sums
+
+
+def listed_files(folder: str | os.PathLike) -> list[str] | None:
+    """The files (relative to `folder`) its checksums.json says margrpo wrote there; None where the folder has no
+    readable manifest (not a folder margrpo wrote, or one it did not finish writing)."""
+    try:
+        return sorted(_manifest(Path(folder))) if (Path(folder) / CHECKSUMS).is_file() else None
+    except InputError:
+        return None
 
 
 def _accepted(recorded: str | list[str]) -> list[str]:

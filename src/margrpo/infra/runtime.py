@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import math
 import resource
-import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable
@@ -119,14 +118,29 @@ def log_image_grid(accelerator, tag: str, images: torch.Tensor, step: int) -> No
             tracker.log_images({tag: [grid.permute(1, 2, 0).numpy()]}, step=step)
 
 
+TB_EVENTS = "events.out.tfevents."  # how the name of every file TensorBoard's writer writes starts
+
+
+def clear_event_files(folder: Path) -> None:
+    """Remove TensorBoard's event files (`events.out.tfevents.*`) from `folder`, what its writer wrote there, and
+    nothing else: a file a user put in the folder stays, and so does the folder (issue #36: a run deletes nothing
+    it did not write). A linked folder is left whole: the files it leads to are not this run's to remove."""
+    if folder.is_symlink() or not folder.is_dir():
+        return
+    for p in folder.iterdir():
+        if p.name.startswith(TB_EVENTS) and p.is_file() and not p.is_symlink():
+            p.unlink()
+
+
 def start_trackers(accelerator, log_dir: Path, name: str, resumed_at: int | None, wandb: dict) -> None:
-    """The accelerator's trackers, once per run, under a fixed run name. A fresh start clears the run's
-    folder; a resume at step s hides what a killed run logged after s (TensorBoard's purge_step; wandb
-    resumes the run of the same id), so no step shows twice. Every log then names its step."""
+    """The accelerator's trackers, once per run, under a fixed run name. A fresh start removes the event files
+    of earlier runs from the run's folder (`clear_event_files`: those alone, not the folder); a resume at step s
+    hides what a killed run logged after s (TensorBoard's purge_step; wandb resumes the run of the same id), so
+    no step shows twice. Every log then names its step."""
     if not accelerator.log_with or accelerator.trackers:
         return
     if resumed_at is None and accelerator.is_main_process:
-        shutil.rmtree(Path(log_dir) / name, ignore_errors=True)
+        clear_event_files(Path(log_dir) / name)
     tensorboard = {} if resumed_at is None else {"purge_step": resumed_at + 1}
     accelerator.init_trackers(name, init_kwargs={"tensorboard": tensorboard, "wandb": {"resume": "allow", "dir": str(log_dir), **wandb}})
 

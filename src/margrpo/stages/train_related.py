@@ -152,10 +152,15 @@ def marval_job(args, cfg, sampling, policy, reward, train, val) -> Job:
 
 
 def state_saver(job: Job, state_dir: Path, run_hash: str):
-    """save_fn of the loop: the checkpoint's policy folder, then state/trainer.pt (what a resume reads)."""
-    from margrpo.infra.io import atomic_dir, checked_path
+    """save_fn of the loop: the checkpoint's policy folder, then state/trainer.pt (what a resume reads). The policy
+    folder is replaced whole (atomic_dir), so a folder already there that margrpo did not write (no checksums.json:
+    atomic_dir only ever renames a finished folder in) is refused, not replaced: a run deletes nothing it did not write."""
+    from margrpo.infra.io import CHECKSUMS, atomic_dir, checked_path, listed_files
 
     def save(path: Path, state) -> None:
+        if (path.exists() or path.is_symlink()) and (path.is_symlink() or listed_files(path) is None):
+            raise InputError(f"{path}: not a checkpoint margrpo wrote (no {CHECKSUMS} in it), where this run writes its step "
+                             f"{state.step} checkpoint; the run deletes nothing it did not write: move the folder away and rerun")
         with atomic_dir(path) as tmp:
             job.policy.save_pretrained(tmp)
         record = {"step": state.step, "rows": state.rows, "checkpoints": state.checkpoints,
