@@ -23,7 +23,9 @@ from test_trainer import make_trainer  # noqa: E402
 
 from margrpo.grpo.trainer import write_outputs  # noqa: E402
 
-VARIANTS = {"grpo": {}, "mte-sim": {"freeze_head": True, "trajectories": 3, "sim": True}}
+VARIANTS = {"grpo": {}, "fix": {"freeze_head": True}, "mte-sim": {"freeze_head": True, "trajectories": 3, "sim": True},
+            "lora": {"freeze_head": True, "lora": {"rank": 4, "alpha": 8}}, "chunked": {"freeze_head": True, "replay_chunk": 1}}
+SHARDING = os.environ.get("SHARDING", "replicate")  # grpo.parallel: DDP, or FSDP2's two shardings
 
 
 def first_update(out: Path) -> None:
@@ -31,10 +33,13 @@ def first_update(out: Path) -> None:
     for name, variant in VARIANTS.items():
         # micro_batches is per process: 2 of 2 images each in one process, 1 of 2 in each of two: the same split
         micro = 2 // int(os.environ["WORLD_SIZE"])
-        trainer = make_trainer(out / name, policy=tiny_policy("flow", seed=1), trackers=[], micro_batches=micro, **variant)
+        trainer = make_trainer(out / name, policy=tiny_policy("flow", seed=1), trackers=[], micro_batches=micro,
+                               sharding=SHARDING, **variant)
         row = trainer.train_step()
-        results[name] = {"params": [p.detach().clone() for p in trainer.policy.parameters()],
-                         "grads": [p.grad.clone() for p in trainer.params if p.grad is not None],  # summed over processes
+        whole = trainer.engine.full_tensors  # FSDP's shards gathered (every process takes part)
+        params = whole(dict(trainer.policy.named_parameters()))
+        grads = whole({n: p.grad for n, p in trainer.policy.named_parameters() if p.grad is not None})  # summed over processes
+        results[name] = {"params": list(params.values()), "grads": list(grads.values()),
                          "row": {k: v for k, v in row.items() if isinstance(v, float)}}
     if trainer.accelerator.is_main_process:
         torch.save(results, out / "first_update.pt")
@@ -67,7 +72,7 @@ def record_writes(rank: int) -> list[str]:
 
 def train(out: Path) -> None:
     kill_at = int(os.environ.get("KILL_AT_STEP", "0"))
-    trainer = make_trainer(out / "run", policy=tiny_policy("flow", seed=1), steps=4, save_every=2, val_every=2)
+    trainer = make_trainer(out / "run", policy=tiny_policy("flow", seed=1), steps=4, save_every=2, val_every=2, sharding=SHARDING)
     rank = trainer.accelerator.process_index
     if kill_at and rank == 1:
         step = trainer.train_step
@@ -83,7 +88,7 @@ def train(out: Path) -> None:
     if trainer.accelerator.is_main_process:
         write_outputs(trainer, {"variant": {"name": "grpo"}})
     recorded = list(writes)
-    torch.save([p.detach().clone() for p in trainer.policy.parameters()], out / f"params-rank{rank}.pt")
+    torch.save(list(trainer.engine.full_tensors(dict(trainer.policy.named_parameters())).values()), out / f"params-rank{rank}.pt")
     (out / f"writes-rank{rank}.json").write_text(json.dumps(recorded))
 
 

@@ -3,6 +3,7 @@ update as one process, one writer, and a killed run that resumes to the uninterr
 listens on the loopback interface only, and one failing process stops the job."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -47,46 +48,69 @@ def test_shards_are_whole_groups_and_streams_ignore_the_split():
     assert set(one).isdisjoint(g.initial_seed() for g in group_generators(0, 5, 2, range(4)))  # MTE's stream differs
 
 
-def test_two_processes_take_the_one_process_first_update(tmp_path):
-    """Each process rolls out one of the two groups; summed gradients give the 1-process step (1e-5)."""
-    ok(torchrun(1, "first-update", tmp_path / "one"))
-    ok(torchrun(2, "first-update", tmp_path / "two"))
-    one, two = (torch.load(tmp_path / d / "first_update.pt") for d in ("one", "two"))
+@pytest.fixture(scope="module")
+def one_process_update(tmp_path_factory):
+    out = tmp_path_factory.mktemp("one")
+    ok(torchrun(1, "first-update", out))
+    return torch.load(out / "first_update.pt")
+
+
+@pytest.mark.parametrize("sharding", ["replicate", "full_shard", "shard_grad_op"])
+def test_two_processes_take_the_one_process_first_update(tmp_path, one_process_update, sharding):
+    """Each process rolls out one of the two groups; DDP (replicate) or FSDP2 sums the gradients: the 1-process step
+    on the whole batch (1e-5), for GRPO, +Fix, +MTE/+Sim, LoRA and a chunked replay, with the same gradient
+    statistic. FSDP reduces a chunked replay's gradient in parts: its variance is NaN there, not a wrong number."""
+    ok(torchrun(2, "first-update", tmp_path, SHARDING=sharding))
+    one, two = one_process_update, torch.load(tmp_path / "first_update.pt")
     for variant in one:
-        assert relative_error(one[variant]["params"], _initial()) > 1e-6, f"{variant}: the update changed nothing; the comparison would be empty"
+        assert relative_error(one[variant]["params"], _initial(variant)) > 1e-6, f"{variant}: the update changed nothing; the comparison would be empty"
         assert relative_error(two[variant]["grads"], one[variant]["grads"]) < 1e-5, variant
         assert relative_error(two[variant]["params"], one[variant]["params"]) < 1e-5, variant
         for key in ("reward_mean", "reward_std", "adv_std", "policy_loss", "kl", "grad_norm_ar", "grad_var_ar"):
+            if key == "grad_var_ar" and variant == "chunked" and sharding != "replicate":
+                assert math.isnan(two[variant]["row"][key])
+                continue
             assert two[variant]["row"][key] == pytest.approx(one[variant]["row"][key], rel=1e-4, abs=1e-7), (variant, key)
     assert "mte_frac" in two["mte-sim"]["row"]
 
 
-def _initial() -> list[torch.Tensor]:
+def _initial(variant: str) -> list[torch.Tensor]:
     sys.path.insert(0, str(Path(__file__).parent))
+    from dp_worker import VARIANTS
     from helpers import tiny_policy
 
-    return [p.detach().clone() for p in tiny_policy("flow", seed=1).parameters()]
+    from margrpo.policy.memory import add_lora
+
+    policy = tiny_policy("flow", seed=1)
+    if VARIANTS[variant].get("lora"):
+        torch.manual_seed(0)
+        add_lora(policy, VARIANTS[variant]["lora"])
+    return [p.detach().clone() for p in policy.parameters()]
 
 
-def test_only_rank_zero_writes_and_a_killed_run_resumes_to_the_same_result(tmp_path):
-    ok(torchrun(2, "train", tmp_path / "straight"))
+@pytest.mark.parametrize("sharding", ["replicate", "full_shard"])
+def test_only_rank_zero_writes_and_a_killed_run_resumes_to_the_same_result(tmp_path, sharding):
+    """Killed in step 3 (rank 1 SIGKILLed), the run resumes from the step-2 checkpoint with ONE process: the
+    checkpoints hold whole tensors and the optimizer state by parameter name, whatever wrote them."""
+    ok(torchrun(2, "train", tmp_path / "straight", SHARDING=sharding))
     writes = [json.loads((tmp_path / "straight" / f"writes-rank{r}.json").read_text()) for r in range(2)]
     assert any("trainer.pt" in w for w in writes[0]) and any("metrics.csv" in w for w in writes[0])
     assert writes[1] == [], writes[1]
     rows = (tmp_path / "straight" / "run" / "metrics.csv").read_text().splitlines()
     assert len(rows) == 5  # header + 4 steps, written once
 
-    killed = torchrun(2, "train", tmp_path / "killed", KILL_AT_STEP="3")
+    killed = torchrun(2, "train", tmp_path / "killed", KILL_AT_STEP="3", SHARDING=sharding)
     assert killed.returncode != 0 and not (tmp_path / "killed" / "params-rank0.pt").exists()
     assert (tmp_path / "killed" / "run" / "state" / "trainer.pt").exists()  # the step-2 checkpoint
-    resumed = torchrun(2, "train", tmp_path / "killed")
+    resumed = torchrun(1, "train", tmp_path / "killed")
     ok(resumed)
-    assert "resumed from" in resumed.stderr
-    for r in range(2):
-        a, b = (torch.load(tmp_path / d / f"params-rank{r}.pt") for d in ("straight", "killed"))
-        assert relative_error(b, a) < 1e-6
+    assert "resumed from" in resumed.stderr and "at step 2" in resumed.stderr
+    a, b = (torch.load(tmp_path / d / "params-rank0.pt") for d in ("straight", "killed"))
+    assert relative_error(b, a) < 1e-5
     straight, again = ((tmp_path / d / "run" / "metrics.csv").read_text().splitlines() for d in ("straight", "killed"))
-    assert len(again) == 5 and [r.split(",")[:3] for r in again] == [r.split(",")[:3] for r in straight]
+    assert len(again) == 5 and [r.split(",")[:2] for r in again[:3]] == [r.split(",")[:2] for r in straight[:3]]
+    for x, y in zip(again[3:], straight[3:]):  # steps 3-4 on one process: the same numbers up to summation order
+        assert float(x.split(",")[1]) == pytest.approx(float(y.split(",")[1]), rel=1e-4, abs=1e-6)
 
 
 LISTENER = """

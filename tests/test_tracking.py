@@ -120,7 +120,7 @@ def test_ema_off_and_trackers_leave_metrics_and_checkpoints_as_before(tmp_path):
     assert (tmp_path / "tb/tb/grpo").is_dir() and not (tmp_path / "plain/tb").exists()
     state = torch.load(tmp_path / "tb/state/trainer.pt", weights_only=True)
     assert set(state) == OLD_STATE_KEYS and logged.ema is None
-    old = {k: v for k, v in asdict(logged.cfg).items() if k not in ("trackers", "ema_decay", "lora", "gradient_checkpointing", "replay_chunk")}
+    old = {k: v for k, v in asdict(logged.cfg).items() if k not in ("trackers", "ema_decay", "lora", "gradient_checkpointing", "replay_chunk", "sharding")}
     assert state["spec_hash"] == spec_hash({"grpo": old, "sampling": asdict(logged.sampling), "spec": None})
     for run in (logged, plain):
         saved = load_policy(run.state_dir / "ckpt-000002/policy").state_dict()

@@ -55,10 +55,18 @@ EXP = config["experiments"]
 RELATED_DIRS = SHARED["related"] or {p: f"{RESULTS}/related-off/{p}" for p in ("toy-mask", "toy-marval")}
 POLICY_NAMES = "|".join(re.escape(p) for p in config["policies"])  # the train rule's policies (not the related ones)
 GPU = 0 if config["device"] == "cpu" else 1  # `resources: gpu` caps concurrent GPU jobs
-TRAIN_PROCS = config["train_processes"]  # data parallel GRPO: one GPU (or `threads` CPU threads) per process
-# `margrpo train` runs as one process, or as TRAIN_PROCS of one machine whose rendezvous listens on 127.0.0.1 only
-# (margrpo.infra.launch: torchrun's listens on every interface whatever its flags)
-TRAIN_LAUNCH = "margrpo" if TRAIN_PROCS == 1 else f"python -m margrpo.infra.launch {TRAIN_PROCS} margrpo"
+TRAIN_PROCS = config["train_processes"]  # data parallel GRPO: one GPU (or `threads` CPU threads) per process, per node
+TRAIN_NODES = config["train_nodes"]
+# `margrpo train` runs as one process; as TRAIN_PROCS of one machine whose rendezvous listens on 127.0.0.1 only
+# (margrpo.infra.launch: torchrun's listens on every interface whatever its flags); or, on several nodes, as
+# torchrun started by srun once per node, its c10d rendezvous on the first node at train_port
+if TRAIN_NODES > 1:
+    TRAIN_LAUNCH = f"python -m margrpo.infra.launch --nodes {TRAIN_NODES} --port {config['train_port']} {TRAIN_PROCS} margrpo"
+    # SLURM: M nodes, one task (torchrun) on each, TRAIN_PROCS GPUs per node (gres counts per node)
+    TRAIN_RESOURCES = {"nodes": TRAIN_NODES, "tasks": TRAIN_NODES, **({"gres": f"gpu:{TRAIN_PROCS}"} if GPU else {})}
+else:
+    TRAIN_LAUNCH = "margrpo" if TRAIN_PROCS == 1 else f"python -m margrpo.infra.launch {TRAIN_PROCS} margrpo"
+    TRAIN_RESOURCES = {"gpu": GPU * TRAIN_PROCS}
 
 def is_toy(policy):
     return config["policies"][policy]["kind"] == "toy"

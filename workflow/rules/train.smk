@@ -23,7 +23,7 @@ rule train:
         threads=config["threads"],  # per process
     threads: config["threads"] * TRAIN_PROCS
     resources:
-        gpu=GPU * TRAIN_PROCS,
+        **TRAIN_RESOURCES,
         runtime=240,
     conda:
         "../../envs/margrpo.yaml"
@@ -56,7 +56,7 @@ rule train_ablation:
         threads=config["threads"],  # per process
     threads: config["threads"] * TRAIN_PROCS
     resources:
-        gpu=GPU * TRAIN_PROCS,
+        **TRAIN_RESOURCES,
         runtime=240,
     conda:
         "../../envs/margrpo.yaml"

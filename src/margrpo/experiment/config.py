@@ -211,7 +211,7 @@ def _check_variants(config: dict, source: str) -> None:
         g = {**config["grpo"], **variant["overrides"]}
         key = lambda k: f"{where}.{k}" if k in variant["overrides"] else f"grpo.{k}"  # noqa: E731
         samplings = {f"policies.{pname}.sampling": policy["sampling"] for pname, policy in config["policies"].items()}
-        check_grpo_run(g, samplings, config["train_processes"], source, key, f" in variant {name!r}")
+        check_grpo_run(g, samplings, config["train_processes"] * config["train_nodes"], source, key, f" in variant {name!r}")
 
 
 def check_grpo_run(g: dict, samplings: dict[str, dict], procs: int, source: str, key, context: str = "") -> None:
@@ -219,11 +219,11 @@ def check_grpo_run(g: dict, samplings: dict[str, dict], procs: int, source: str,
     {key path: sampling}). One check for the dry run (every variant x policy) and `margrpo train` (its spec)."""
     if g["batch_prompts"] % procs:
         raise ConfigError(f"{source}: key '{key('batch_prompts')}': {g['batch_prompts']} prompt groups do not split evenly "
-                          f"over train_processes = {procs} (each process rolls out whole groups){context}")
+                          f"over the {procs} processes (train_processes x train_nodes; each process rolls out whole groups){context}")
     images = g["batch_prompts"] * g["group_size"] // procs
     if images % g["micro_batches"]:
         raise ConfigError(f"{source}: key '{key('micro_batches')}': {g['micro_batches']} micro-batches do not divide the "
-                          f"{images} images of a batch (batch_prompts x group_size / train_processes){context}")
+                          f"{images} images of a process's batch (batch_prompts x group_size / (train_processes x train_nodes)){context}")
     for where, s in samplings.items():
         if g["mask_steps"] > s["ar_steps"]:
             raise ConfigError(f"{source}: key '{key('mask_steps')}': |M| = {g['mask_steps']} exceeds {where}.ar_steps = {s['ar_steps']}")
@@ -423,6 +423,8 @@ def train_spec(config: dict, policy: str, reward: str, variant: str, variant_ove
         grpo["gradient_checkpointing"] = True
     if config["policies"][policy].get("lora"):
         grpo["lora"] = dict(config["policies"][policy]["lora"])
+    if config["policies"][policy].get("sharding", "replicate") != "replicate":
+        grpo["sharding"] = config["policies"][policy]["sharding"]
     defaults = schema_section("grpo")["properties"]
     for key in LATER_GRPO_KEYS:  # at their default they stay out, so that runs cached before them keep their spec
         if key in grpo and grpo[key] == defaults[key]["default"]:
@@ -446,7 +448,7 @@ def validate_train_spec(spec: dict, what: str = "--spec-json") -> dict:
     if missing:
         raise ConfigError(f"{what}: missing key(s) {missing} (a margrpo.experiment.config.train_spec)")
     spec = copy.deepcopy(spec)
-    routed = {k: spec["grpo"].pop(k) for k in ("frozen", "gradient_checkpointing", "lora") if k in spec["grpo"]}  # policy keys
+    routed = {k: spec["grpo"].pop(k) for k in ("frozen", "gradient_checkpointing", "lora", "sharding") if k in spec["grpo"]}  # policy keys
     spec["grpo"] = validate_section(spec["grpo"], "grpo", f"{what} grpo")
     spec["grpo"].update(routed)
     name = spec["variant"].pop("name", None)

@@ -93,10 +93,15 @@ class GRPOConfig:
     # then trains the adapters alone and replays the reference as the same model with adapters disabled.
     gradient_checkpointing: bool = False
     lora: dict | None = None
+    # How a run of several processes splits the policy (grpo.parallel): replicate (DDP), full_shard (FSDP2,
+    # ZeRO-3) or shard_grad_op (FSDP2, ZeRO-2). One process: no effect. No effect on results either.
+    sharding: str = "replicate"
 
     def __post_init__(self):
         self.frozen, self.trackers = tuple(self.frozen), tuple(self.trackers)  # from JSON: lists
         check_trackers(self.trackers)
+        if self.sharding not in ("replicate", "full_shard", "shard_grad_op"):
+            raise ValueError(f"sharding must be replicate, full_shard or shard_grad_op, got {self.sharding!r}")
         if self.ema_decay is not None and not 0 < self.ema_decay < 1:
             raise ValueError(f"ema_decay must be in (0, 1) or null (no EMA), got {self.ema_decay}")
         for name, allowed in _CHOICES.items():

@@ -1,12 +1,8 @@
 """Data parallelism inside one GRPO run: each process rolls out its share of the prompt groups.
 
 A group never spans processes, so advantages stay per group and need no communication. What is
-communicated: the loss's token counts (the batch's token mean is over every process's tokens), the
-gradients (summed, so W processes take exactly the step one process takes on the whole batch),
-and what is logged. The policy is not wrapped in DistributedDataParallel: DDP synchronises
-gradients only for passes through the wrapper's `forward`, while a MAR policy is driven through
-its methods (`ar_forward`, `head`, ...). One summed all-reduce per optimizer step (bucketed) does
-what DDP's reducer does, and leaves the micro-batch gradient statistic exact.
+communicated here: the loss's token counts (the batch's token mean is over every process's tokens)
+and what is logged. The gradients are torch's engines' business (DDP or FSDP2, `grpo.parallel`).
 
 With one process every function here is the identity and communicates nothing.
 """
@@ -15,9 +11,6 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-
-BUCKET_ELEMENTS = 1 << 26  # 256 MB of float32 per all-reduce
-
 
 def shard(n: int, rank: int, world: int) -> range:
     """The contiguous share of n items (prompt groups) that process `rank` of `world` takes."""
@@ -70,41 +63,6 @@ def broadcast_parameters(module: torch.nn.Module) -> None:
     if active():
         for t in [*module.parameters(), *module.buffers()]:
             dist.broadcast(t.data, src=0)
-
-
-def sum_gradients(params: list[torch.nn.Parameter]) -> None:
-    """Sum the gradients of `params` over processes, in place. A parameter without a gradient on every
-    process keeps none (as with one process); one with a gradient on some process gets zeros elsewhere."""
-    if not active():
-        return
-    has = all_sum(torch.tensor([p.grad is not None for p in params], dtype=torch.int32))
-    grads = []
-    for p, h in zip(params, has.tolist()):
-        if h and p.grad is None:
-            p.grad = torch.zeros_like(p)
-        if h:
-            grads.append(p.grad)
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for g in grads:  # the same order on every process: `has` is agreed
-        by_dtype.setdefault(g.dtype, []).append(g)
-    for same in by_dtype.values():
-        bucket, size = [], 0
-        for g in same:
-            bucket.append(g)
-            size += g.numel()
-            if size >= BUCKET_ELEMENTS:
-                _all_reduce_bucket(bucket)
-                bucket, size = [], 0
-        if bucket:
-            _all_reduce_bucket(bucket)
-
-
-def _all_reduce_bucket(grads: list[torch.Tensor]) -> None:
-    """One all-reduce for several gradients (of one dtype): flatten, sum, copy back."""
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    for g, part in zip(grads, flat.split([g.numel() for g in grads])):
-        g.copy_(part.view_as(g))
 
 
 def barrier() -> None:

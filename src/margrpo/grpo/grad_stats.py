@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from margrpo.grpo.data_parallel import all_sum
+
 
 class MicroBatchGradStats:
     """Norm of the accumulated AR gradient and its variance across micro-batches (Fig. 2a / Fig. 5).
@@ -15,12 +17,21 @@ class MicroBatchGradStats:
     averaged over the P elements, is (sum_c ||x_c||^2 - n ||G||^2) / ((n - 1) P): it needs only one
     snapshot of the previous gradient (in the parameters' dtype), not one flat copy per micro-batch,
     which matters at 0.6-2.3B AR parameters.
+
+    With several processes the engines report the local squares (grpo.parallel) and the gradients may be
+    shards (DTensors): ||G|| is then summed over the shards. `exact` False (an FSDP group reduced twice in one
+    micro-batch) makes the variance NaN rather than wrong.
     """
 
     def __init__(self, params: list[torch.nn.Parameter], n_micro: int):
         self.params, self.n = params, n_micro
         self.prev: list[torch.Tensor | None] = [None] * len(params)
         self.sq_sum = torch.zeros((), dtype=torch.float64)
+        self.exact = True
+
+    def snapshot(self) -> dict[int, torch.Tensor]:
+        """The gradients as of the last `after_backward`, by parameter id (for DDP's hook)."""
+        return {id(p): prev for p, prev in zip(self.params, self.prev) if prev is not None}
 
     def after_backward(self, last: bool) -> None:
         squares = []  # one sum per parameter, kept on its device: a single host sync per micro-batch
@@ -35,10 +46,18 @@ class MicroBatchGradStats:
 
     def result(self) -> tuple[float, float]:
         """(||G||, mean per-element variance across micro-batches; NaN with one micro-batch)."""
-        squares = [p.grad.detach().float().square().sum(dtype=torch.float64) for p in self.params if p.grad is not None]
-        total = float(torch.stack(squares).sum()) if squares else 0.0
+        squares = [_local(p.grad.detach()).float().square().sum(dtype=torch.float64) for p in self.params if p.grad is not None]
+        total = torch.stack(squares).sum() if squares else torch.zeros((), dtype=torch.float64)
+        if any(_local(p) is not p for p in self.params):  # shards: each element lives on one process
+            total = all_sum(total.cpu())
+        total = float(total)
         count = sum(p.numel() for p in self.params)
-        if self.n < 2:
+        if self.n < 2 or not self.exact:
             return math.sqrt(total), float("nan")
         var = (self.n**2 * float(self.sq_sum) - self.n * total) / ((self.n - 1) * count)
         return math.sqrt(total), max(var, 0.0)
+
+
+def _local(x: torch.Tensor) -> torch.Tensor:
+    """This process's shard of a DTensor (FSDP), else x."""
+    return x.to_local() if hasattr(x, "to_local") else x

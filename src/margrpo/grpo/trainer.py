@@ -22,15 +22,7 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 from margrpo.grpo.config import GRPOConfig
-from margrpo.grpo.data_parallel import (
-    all_cat,
-    all_objects,
-    all_sum,
-    barrier,
-    broadcast_parameters,
-    shard,
-    sum_gradients,
-)
+from margrpo.grpo.data_parallel import all_cat, all_objects, all_sum, barrier, broadcast_parameters, shard
 from margrpo.grpo.functions import (
     consistency_mask,
     group_advantages,
@@ -43,13 +35,14 @@ from margrpo.grpo.functions import (
     uncertainty_mask,
 )
 from margrpo.grpo.grad_stats import MicroBatchGradStats
+from margrpo.grpo.parallel import Engine, LocalSquares, parallelize, shard_reference
 from margrpo.grpo.rollout import Rollout, SamplingConfig, ar_schedule, generate, make_sampler, recorded, replay, stochastic_steps
 from margrpo.grpo.run_loop import RunState, clear_written_state, write_run_outputs
 from margrpo.grpo.streams import VAL_SEED, group_generators, step_generator
 from margrpo.infra.io import InputError, checked_path, refuse_symlink, space_named, spec_hash, verify_checksums
 from margrpo.infra.runtime import EMA, autocast, end_trackers, log_image_grid, peak_memory_mb, start_trackers
 from margrpo.policy.base import MARPolicy
-from margrpo.policy.memory import adapter_parameters, adapters_disabled, add_lora, load_adapters, save_adapters
+from margrpo.policy.memory import adapter_parameters, adapters_disabled, add_lora, save_adapters
 from margrpo.prompts.suites import PromptSet
 
 RUN_NAME = "grpo"  # the trackers' run: <out>/tb/grpo/
@@ -160,19 +153,32 @@ class GRPOTrainer:
         elif config.beta > 0:  # the frozen pre-RL policy; what RL never changes is shared, not copied
             shared = {id(p): p for p in self.policy.parameters() if not p.requires_grad}  # deepcopy's memo
             self.ref = copy.deepcopy(self.policy, shared).requires_grad_(False).eval()
+        # the only place that knows about processes: DDP or FSDP2 around the plain policy (grpo.parallel)
+        self.saver = None  # a whole copy of a sharded policy on the main process's CPU, for writing checkpoints
+        if config.sharding != "replicate" and self.world > 1 and self.accelerator.is_main_process:
+            self.saver = copy.deepcopy(self.policy).cpu()
+        self.engine: Engine = parallelize(self.policy, config.sharding, self.micro_loss, list(self._stat_params()),
+                                          list(self.policy.head_parameters()), config.precision, self.accelerator.device)
+        if self.ref is not None and self.ref is not self.policy:
+            shard_reference(self.ref, self.engine)
         # the gradient statistics of Fig. 2a / 5 (logged as grad_*_ar) are the AR's; with the AR frozen (`head`), the head's
-        self.stat_params = [p for p in (self.policy.head_parameters() if config.freeze_ar else self.policy.ar_parameters()) if p.requires_grad]
+        self.stat_params = list(self._stat_params())  # read again: FSDP replaces the parameters by shards
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, betas=(0.9, 0.999), weight_decay=config.weight_decay)
         self.step, self.rows, self.checkpoints, self.nonfinite_run = 0, [], [], 0
         self.spec_hash = self.run_hash(None)
 
+    def _stat_params(self):
+        part = self.policy.head_parameters() if self.cfg.freeze_ar else self.policy.ar_parameters()
+        return (p for p in part if p.requires_grad)
+
     def run_hash(self, spec: dict | None) -> str:
         """What a resumable state must match: this trainer's configs plus the stage's `spec` (inputs, reward, seed).
-        The trackers change no result, and switches that are off (EMA, LoRA, checkpointing, replay_chunk) change none
-        either: none counts, so states written before those switches existed still resume."""
+        The trackers and the sharding change no result, and switches that are off (EMA, LoRA, checkpointing,
+        replay_chunk) change none either: none counts, so states written before those switches existed still resume
+        (and a run resumes under another sharding)."""
         off = {"ema_decay": None, "lora": None, "gradient_checkpointing": False, "replay_chunk": None}
-        quiet = lambda g: {k: v for k, v in g.items() if k != "trackers" and not (k in off and v == off[k])}  # noqa: E731
+        quiet = lambda g: {k: v for k, v in g.items() if k not in ("trackers", "sharding") and not (k in off and v == off[k])}  # noqa: E731
         spec = {**spec, "grpo": quiet(spec["grpo"])} if spec and "grpo" in spec else spec
         return spec_hash({"grpo": quiet(asdict(self.cfg)), "sampling": asdict(self.sampling), "spec": spec})
 
@@ -283,25 +289,27 @@ class GRPOTrainer:
 
     def micro_backward(self, rollout: Rollout, adv: torch.Tensor, ar: torch.Tensor, diff: torch.Tensor,
                        mte_mask: torch.Tensor | None, sim_keep: torch.Tensor | None,
-                       old: tuple[torch.Tensor, torch.Tensor | None] | None, counts: tuple[torch.Tensor, torch.Tensor]
-                       ) -> tuple[float, dict]:
+                       old: tuple[torch.Tensor, torch.Tensor | None] | None, counts: tuple[torch.Tensor, torch.Tensor],
+                       sync: bool = True) -> tuple[float, dict]:
         """`micro_loss` backpropagated `grpo.replay_chunk` chosen AR steps at a time, so one chunk's activations
         are freed before the next is replayed (the replay of all |M| steps at once is what outgrows a GPU at
         the paper's batch). Each chunk's loss is its share of the mean over steps (the whole of the sum under
         `reinforce`), so the chunks' gradients sum to the micro-batch's; their stats combine to its stats."""
         size = self.cfg.replay_chunk or len(ar)
         if size >= len(ar):
-            loss, stats = self.micro_loss(rollout, adv, ar, diff, mte_mask, sim_keep, old, counts)
-            self.accelerator.backward(loss)
+            with self.engine.sync(sync):  # `sync`: this backward reduces the gradients over processes
+                loss, stats = self.engine.loss(self.micro_loss, rollout, adv, ar, diff, mte_mask, sim_keep, old, counts)
+                self.accelerator.backward(loss)
             return loss.item(), stats
         tokens, parts = self.loss_weights(rollout, ar, diff, sim_keep)[0], []  # [M, U, n, L]: each chunk's token count
         for a in range(0, len(ar), size):
             part = slice(a, a + size)
             part_old = None if old is None else tuple(None if o is None else o[part] for o in old)
-            loss, stats = self.micro_loss(rollout, adv, ar[part], diff[part], mte_mask, sim_keep, part_old,
-                                          (counts[0][part], counts[1][part]))
             share = 1.0 if self.cfg.reinforce else len(ar[part]) / len(ar)
-            self.accelerator.backward(loss * share)
+            with self.engine.sync(sync and a + size >= len(ar)):  # the chunks accumulate locally; the last reduces
+                loss, stats = self.engine.loss(self.micro_loss, rollout, adv, ar[part], diff[part], mte_mask, sim_keep,
+                                               part_old, (counts[0][part], counts[1][part]))
+                self.accelerator.backward(loss * share)
             parts.append((share, tokens[part].count_nonzero().item(), loss.item(), stats))
         return sum(sh * v for sh, _, v, _ in parts), combine_chunk_stats(parts)
 
@@ -371,13 +379,27 @@ class GRPOTrainer:
         counts = (all_sum(weight.sum((1, 2, 3))), all_sum(tokens.sum((1, 2, 3))))  # over every process's images
         self.optimizer.zero_grad(set_to_none=True)
         grad_stats, stats, total = MicroBatchGradStats(self.stat_params, len(batch.rows) * self.world), [], 0.0
+        engine, n = self.engine, len(batch.rows)
+        engine.squares = LocalSquares() if self.world > 1 else None
         for c, rows in enumerate(batch.rows):
+            last = c == n - 1
+            if last and engine.sharding == "replicate":  # DDP reads the last local gradient against this snapshot
+                engine.prev = grad_stats.snapshot()
+            # each process's loss is its share of the batch loss: the gradients' sum over processes is the batch
+            # gradient. DDP reduces once, after the last micro-batch; FSDP reduces each micro-batch into the shards
             loss, s = self.micro_backward(batch.subs[c], batch.adv[rows], update.ar, update.diff, batch.pick(batch.mte_mask, c),
-                                          batch.pick(batch.sim_keep, c), update.old[c], counts)
-            grad_stats.after_backward(last=c == len(batch.rows) - 1)
+                                          batch.pick(batch.sim_keep, c), update.old[c], counts,
+                                          sync=last or not engine.reads_local_grads)
+            if engine.reads_local_grads and not (last and engine.squares is not None):
+                grad_stats.after_backward(last=last)
+            if engine.squares is not None:
+                engine.squares.end_micro_batch()
             stats.append(s)
             total += loss
-        sum_gradients(self.params)  # each process's loss is its share of the batch loss: the sum is the batch gradient
+        if engine.squares is not None:
+            grad_stats.sq_sum += engine.squares.total
+            grad_stats.exact = engine.squares.exact
+            engine.squares, engine.prev = None, {}
         grad_stats.sq_sum = all_sum(grad_stats.sq_sum)
         total = float(all_sum(torch.tensor(total, dtype=torch.float64)))
         return [s for part in all_objects(stats) for s in part], total, grad_stats, tokens
@@ -415,35 +437,55 @@ class GRPOTrainer:
         same noise: differences between them are paired (common random numbers)."""
         n, G = min(self.cfg.val_prompts, len(self.val_prompts)), self.cfg.val_images
         scores = []  # (first prompt, scores) of this process's batches; batch a goes to process (a / 8) mod W
+        starts = list(range(0, n, 8))
+        mine = starts[self.rank :: self.world]
+        # a sharded policy's every forward is collective: each process runs as many batches (repeats discarded)
+        rounds = -(-len(starts) // self.world) if self.engine.sharding not in (None, "replicate") else len(mine)
         with self.ema.applied(self.policy) if self.ema else contextlib.nullcontext():  # the EMA weights, when on
-            for a in list(range(0, n, 8))[self.rank :: self.world]:
+            for i in range(rounds):
+                a = mine[i] if i < len(mine) else starts[0]
                 batch, images = validation_batch(self.policy, self.reward_fn, self.val_prompts, a, n, self.sampling, G, self.cfg.precision)
+                if i >= len(mine):
+                    continue
                 scores.append((a, batch))
                 if a == 0 and self.accelerator.trackers:  # the first image of the first (up to 8) prompts
                     log_image_grid(self.accelerator, "val/samples", images[::G], self.step)
         return [x for _, part in sorted(b for shares in all_objects(scores) for b in shares) for x in part]
 
     def save(self) -> None:
-        """Checkpoint (policy folder) + resumable trainer state, written atomically."""
+        """Checkpoint (policy folder) + resumable trainer state, written atomically by the main process. Both hold
+        whole tensors (a sharded policy is gathered first, by every process), so a run resumes under any number of
+        processes and any sharding."""
         ckpt = self.state_dir / f"ckpt-{self.step:06d}" / "policy"
+        policy, engine = self.policy, self.engine
+        whole = None
+        if self.saver is not None or engine.sharding not in (None, "replicate"):  # FSDP: gather, then write a plain copy
+            with self.ema.applied(policy) if self.ema else contextlib.nullcontext():  # selection and evaluation read the EMA
+                whole = engine.full_state(policy)
+        # tensors and primitives only (loads with weights_only=True); the policy is the ckpt folder beside it
+        state = {"step": self.step, "optimizer": engine.optimizer_state(self.optimizer, policy), "rows": self.rows,
+                 "checkpoints": self.checkpoints, "nonfinite_run": self.nonfinite_run, "spec_hash": self.spec_hash}
+        if self.ema:  # the raw trained weights RL goes on from, and their average
+            state.update(raw=engine.full_tensors(self.ema.tracked(policy)), ema=engine.full_tensors(self.ema.shadow))
         if self.accelerator.is_main_process:
             with space_named(ckpt.parent):  # a full disk says so, naming the checkpoint (torch: "basic_ios::clear")
-                self._save_main(ckpt)
+                self._save_main(ckpt, state, whole)
         # no rank goes on before the checkpoint is on disk: a process that dies in the next step cannot take it with it
         self.accelerator.wait_for_everyone()
 
-    def _save_main(self, ckpt: Path) -> None:
-        """The main process's part of `save`: the policy folder, then trainer.pt."""
+    def _save_main(self, ckpt: Path, state: dict, whole: dict | None) -> None:
+        """The main process's part of `save`: the policy folder (`whole`: a sharded policy's gathered tensors,
+        written through the plain copy), then trainer.pt."""
         policy = self.accelerator.unwrap_model(self.policy)
-        with self.ema.applied(policy) if self.ema else contextlib.nullcontext():  # selection and evaluation read the EMA
+        if whole is not None:
+            Engine(self.saver).load_full_state(self.saver, whole)
+            policy, applied = self.saver, contextlib.nullcontext()
+        else:
+            applied = self.ema.applied(policy) if self.ema else contextlib.nullcontext()  # selection and evaluation read the EMA
+        with applied:
             policy.save_pretrained(ckpt)
             if self.cfg.lora:  # the base weights above are unchanged; the adapters beside them
                 save_adapters(policy, ckpt)
-        # tensors and primitives only (loads with weights_only=True); the policy is the ckpt folder beside it
-        state = {"step": self.step, "optimizer": self.optimizer.state_dict(), "rows": self.rows,
-                 "checkpoints": self.checkpoints, "nonfinite_run": self.nonfinite_run, "spec_hash": self.spec_hash}
-        if self.ema:  # the raw trained weights RL goes on from, and their average
-            state.update(raw=self.ema.tracked(policy), ema=self.ema.shadow)
         with checked_path(self.state_dir / "trainer.pt") as tmp:  # a resume checks it (a bit flip loads silently)
             torch.save(state, tmp)
 
@@ -470,14 +512,15 @@ class GRPOTrainer:
             barrier()
             return False
         ckpt = self.state_dir / f"ckpt-{state['step']:06d}" / "policy"  # found beside trainer.pt wherever the folder is now
-        loaded = load_policy(ckpt, device=self.accelerator.device)
-        self.policy.load_state_dict(loaded.state_dict())
-        if self.cfg.lora:
-            load_adapters(self.policy, ckpt)
+        loaded = load_policy(ckpt)  # whole, on the CPU, with its LoRA adapters; each process keeps its share
+        self.engine.load_full_state(self.policy, self.engine.full_state(loaded))
+        del loaded
+        # the optimizer first: torch's loader may take an empty step to create the state, which the EMA's hook would see
+        self.engine.load_optimizer_state(self.optimizer, self.policy, state["optimizer"])
         if self.ema:  # the folder holds the EMA of the trained parameters; RL goes on from the raw ones
-            self.ema.assign(self.policy, state["raw"])
-            self.ema.shadow = {k: v.to(self.accelerator.device) for k, v in state["ema"].items()}
-        self.optimizer.load_state_dict(state["optimizer"])
+            like = self.ema.tracked(self.policy)
+            self.ema.assign(self.policy, self.engine.shard_like(state["raw"], like))
+            self.ema.shadow = {k: v.float() for k, v in self.engine.shard_like(state["ema"], like).items()}
         self.step, self.rows, self.checkpoints = state["step"], state["rows"], state["checkpoints"]
         self.nonfinite_run = state["nonfinite_run"]
         log.info("resumed from %s at step %d of %d", path, self.step, self.cfg.steps)

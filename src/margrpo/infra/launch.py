@@ -1,4 +1,11 @@
-"""`python -m margrpo.infra.launch N COMMAND...`: COMMAND as N data-parallel processes of one machine, reachable from it alone.
+"""`python -m margrpo.infra.launch [--nodes M --port P] N COMMAND...`: COMMAND as N data-parallel processes per node.
+
+One node (`--nodes 1`, the default): the processes of one machine, reachable from it alone (below).
+Several nodes: torchrun itself, started once per node by `srun` inside a SLURM allocation of M nodes, with a
+c10d rendezvous on the allocation's first node at port P (the port must be open between the nodes; the
+processes' NCCL / gloo sockets use ports the OS picks). Outside SLURM, start torchrun on each node yourself
+with the same flags (`multi_node_command` prints them). Nothing else is ours: torchrun restarts nothing
+(`--max-restarts 0`), and its exit code is the job's.
 
 The single-node job torchrun starts, with its environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT), but not listening on the network. torchrun's flags cannot do that: torch's TCPStore binds
@@ -74,11 +81,41 @@ def first_failure(procs: list[subprocess.Popen]) -> tuple[int, int] | None:
     return None
 
 
+def multi_node_command(nodes: int, per_node: int, endpoint: str, run_id: str, command: list[str]) -> list[str]:
+    """torchrun (`python -m torch.distributed.run`) for one node of an M-node job, its rendezvous at `endpoint`."""
+    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc-per-node={per_node}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}", "--max-restarts=0", *command]
+
+
+def launch_slurm(nodes: int, per_node: int, port: int, command: list[str]) -> int:
+    """srun starts torchrun once on each of the allocation's nodes; the first node hosts the rendezvous."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        raise SystemExit(f"margrpo.infra.launch: --nodes {nodes} runs inside a SLURM allocation of {nodes} nodes "
+                         "(SLURM_JOB_NODELIST is unset); elsewhere run on each node: "
+                         + " ".join(multi_node_command(nodes, per_node, "FIRST_NODE:PORT", "RUN_ID", command)))
+    first = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                           check=True).stdout.split()[0]
+    torchrun = multi_node_command(nodes, per_node, f"{first}:{port}", os.environ.get("SLURM_JOB_ID", "margrpo"), command)
+    srun = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    print(f"margrpo.infra.launch: {' '.join(srun + torchrun)}", file=sys.stderr, flush=True)
+    return subprocess.run(srun + torchrun).returncode
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) < 2 or not argv[0].isdigit() or int(argv[0]) < 1:
-        raise SystemExit("usage: python -m margrpo.infra.launch N COMMAND [ARG...]  (N >= 1 processes)")
-    return launch(int(argv[0]), argv[1:])
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m margrpo.infra.launch", description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=1, help="nodes of the job (> 1: under SLURM, torchrun on each)")
+    parser.add_argument("--port", type=int, default=29500, help="the rendezvous port on the first node (--nodes > 1)")
+    parser.add_argument("processes", type=int, help="processes per node (one GPU each on cuda)")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.processes < 1 or args.nodes < 1 or not args.command:
+        parser.error("N >= 1 processes, --nodes >= 1 and a COMMAND are needed")
+    if args.nodes > 1:
+        return launch_slurm(args.nodes, args.processes, args.port, args.command)
+    return launch(args.processes, args.command)
 
 
 if __name__ == "__main__":
