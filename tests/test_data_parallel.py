@@ -113,6 +113,31 @@ def test_only_rank_zero_writes_and_a_killed_run_resumes_to_the_same_result(tmp_p
         assert float(x.split(",")[1]) == pytest.approx(float(y.split(",")[1]), rel=1e-4, abs=1e-6)
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_rendezvous_through_torchrun_and_take_the_one_process_update(tmp_path, one_process_update):
+    """A 2-node job as the SLURM launcher starts it (`launch.multi_node_command`: torchrun once per node, c10d
+    rendezvous on the first node), both "nodes" on this machine: FSDP across them takes the 1-process step."""
+    from margrpo.infra.launch import multi_node_command
+
+    command = multi_node_command(2, 1, f"127.0.0.1:{free_port()}", "test-two-nodes", [str(WORKER), "first-update", str(tmp_path)])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SHARDING": "full_shard",
+           "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    nodes = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outputs = [p.communicate(timeout=300)[0] for p in nodes]
+    assert all(p.returncode == 0 for p in nodes), outputs[0][-3000:] + outputs[1][-3000:]
+    one, two = one_process_update, torch.load(tmp_path / "first_update.pt")
+    for variant in ("grpo", "fix", "lora"):
+        assert relative_error(two[variant]["params"], one[variant]["params"]) < 1e-5, variant
+        assert two[variant]["row"]["grad_var_ar"] == pytest.approx(one[variant]["row"]["grad_var_ar"], rel=1e-4), variant
+
+
 LISTENER = """
 import os, sys, time, torch, torch.distributed as dist
 dist.init_process_group("gloo")

@@ -82,7 +82,8 @@ def with_variant(name, **settings):
     (with_variant("grpo", overrides={"group_size": 1}), "variants.grpo.overrides.group_size", "less than the minimum of 2"),
     (with_variant("grpo", overrides={"micro_batches": 5}), "variants.grpo.overrides.micro_batches", "do not divide the 12 images"),
     ({"grpo": {"micro_batches": 5}}, "grpo.micro_batches", "do not divide the 12 images"),
-    ({"train_processes": 2}, "grpo.batch_prompts", "3 prompt groups do not split evenly over train_processes = 2"),
+    ({"train_processes": 2}, "grpo.batch_prompts", "3 prompt groups do not split evenly over the 2 processes (train_processes x train_nodes"),
+    ({"train_nodes": 2, "train_processes": 2}, "grpo.batch_prompts", "3 prompt groups do not split evenly over the 4 processes"),
     ({"train_processes": 3, "grpo": {"micro_batches": 8}}, "grpo.micro_batches", "do not divide the 4 images"),
     ({"policies": {"toy-nova": {"kind": "toy", "model": {"widht": 64}}}}, "policies.toy-nova.model.widht", "unknown key"),
     ({"rewards": {"toyclip": {"toyclip": 1.0}, "mixed": {"toyclip": 1.0, "hpsv3": 1.0}}}, "rewards.mixed.hpsv3", "is not one of"),
@@ -263,6 +264,29 @@ def test_schema_scorer_names_are_the_registry():
     from margrpo.rewards import available_rewards
 
     assert sorted(load_schema()["$defs"]["scorer"]["enum"]) == available_rewards()
+
+
+def test_train_nodes_start_torchrun_on_each_node_and_ask_slurm_for_the_nodes(tmp_path):
+    """train_nodes: 2 x train_processes: 2 on cuda: the train rules go through the launcher's SLURM path (srun, one
+    torchrun per node, rendezvous port from the config) and ask for 2 nodes, 2 tasks and 2 GPUs per node."""
+    from types import SimpleNamespace
+
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    cfg = tmp_path / "nodes.yaml"
+    cfg.write_text(yaml.safe_dump({"device": "cuda", "train_processes": 2, "train_nodes": 2, "train_port": 29600,
+                                   "grpo": {"batch_prompts": 4, "group_size": 2, "mask_steps": 2, "diffusion_steps": 2}}))
+    args = ["-n", "-p", "--cores", "8", "--resources", "gpu=8", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+            "--configfile", str(REPO / "config/smoke.yaml"), str(cfg)]
+    out = subprocess.run([SNAKEMAKE, *args], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    jobs = [j for j in out.stdout.split("\n\n") if re.search(r"^rule train(_ablation)?:", j, re.M)]
+    assert jobs
+    for job in jobs:
+        assert "Shell command: python -m margrpo.infra.launch --nodes 2 --port 29600 2 margrpo train " in job, job
+        assert re.search(r"resources: .*\bnodes=2\b", job) and re.search(r"\btasks=2\b", job) and "gres=gpu:2" in job, job
+    resources = SimpleNamespace(gres="gpu:2", get={"gres": "gpu:2"}.get)
+    assert set_gres_string(SimpleNamespace(resources=resources)).strip() == "--gres=gpu:2"  # per node, as SLURM counts it
 
 
 def test_train_processes_launch_n_local_processes_and_request_one_gpu_each(tmp_path):
