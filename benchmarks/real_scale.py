@@ -152,6 +152,8 @@ def make_trainer(name: str, variant: str, args, device: torch.device, out: str) 
     spec = train_spec(config, name, "hps", base, overrides)
     sampling = SamplingConfig(**{**spec["sampling"], **(TINY_SAMPLING if args.tiny else {})})
     spec["grpo"].update(TINY_GRPO if args.tiny else {})
+    if args.per_gpu:  # one process's share of the official run: batch_prompts / train_processes (1 prompt x 4 images)
+        spec["grpo"]["batch_prompts"] //= config["train_processes"] * config["train_nodes"]
     for key in ("micro_batches", "replay_chunk"):  # --micro-batches / --replay-chunk: the paper config's unless given
         if getattr(args, key):
             spec["grpo"][key] = getattr(args, key)
@@ -195,7 +197,7 @@ def run(name: str, variant: str, args, device: torch.device, peak_tflops: float)
         torch.cuda.reset_peak_memory_stats(device)
     with tempfile.TemporaryDirectory(prefix="real_scale-") as out:  # the trainer writes nothing unless it saves
         trainer, ckpt = make_trainer(name, variant, args, device, out)
-    trainer.train_step()  # warm-up: allocator, kernels, optimizer state
+    first = trainer.train_step()  # warm-up: allocator, kernels, optimizer state; its replay runs on the rollout's weights
     seconds = sum(timed(trainer.train_step, device) for _ in range(args.steps)) / args.steps
     memory = peak_memory_mb(device)
     rollout_s = timed(trainer.rollout_and_score, device)
@@ -209,7 +211,8 @@ def run(name: str, variant: str, args, device: torch.device, peak_tflops: float)
         torch.cuda.empty_cache()
     return {"policy": name, "variant": variant, "s_per_step": seconds, "images_per_s": images / seconds,
             "peak_mem_mb": memory, "rollout_s": rollout_s, "rollout_tflop": tflop, "rollout_tflops": tflop / rollout_s,
-            "matmul_tflops": peak_tflops, "fraction": tflop / rollout_s / peak_tflops, "gradient_checkpointing": ckpt}
+            "matmul_tflops": peak_tflops, "fraction": tflop / rollout_s / peak_tflops, "gradient_checkpointing": ckpt,
+            "images_per_step": images, "first_ratio_min": first["ratio_min"], "first_ratio_max": first["ratio_max"]}
 
 
 def run_or_oom(name: str, variant: str, args, device: torch.device, peak_tflops: float) -> dict:
@@ -219,13 +222,15 @@ def run_or_oom(name: str, variant: str, args, device: torch.device, peak_tflops:
     except torch.cuda.OutOfMemoryError:
         pass
     gc.collect()  # outside the except block: its traceback no longer holds the trainer
+    reached = torch.cuda.max_memory_allocated(device) / 2**20  # what was held when the next allocation failed
     torch.cuda.empty_cache()
-    print(f"{name} {variant}: out of GPU memory", flush=True)
-    return {"policy": name, "variant": variant, "error": "out of memory", **{h: None for h, _ in COLUMNS[2:]}}
+    print(f"{name} {variant}: out of GPU memory (held {reached:.0f} MB at the failing allocation)", flush=True)
+    return {"policy": name, "variant": variant, "error": "out of memory", "oom_held_mb": reached, **{h: None for h, _ in COLUMNS[2:]}}
 
 
 COLUMNS = [("policy", "{}"), ("variant", "{}"), ("s_per_step", "{:.3f}"), ("images_per_s", "{:.2f}"), ("peak_mem_mb", "{:.0f}"),
-           ("rollout_s", "{:.3f}"), ("rollout_tflops", "{:.4g}"), ("fraction", "{:.3f}"), ("gradient_checkpointing", "{}")]
+           ("rollout_s", "{:.3f}"), ("rollout_tflops", "{:.4g}"), ("fraction", "{:.3f}"), ("gradient_checkpointing", "{}"),
+           ("images_per_step", "{}"), ("first_ratio_min", "{:.6f}"), ("first_ratio_max", "{:.6f}")]
 
 
 def print_table(rows: list[dict]) -> None:
@@ -245,6 +250,8 @@ def main() -> None:
     p.add_argument("--gradient-checkpointing", action="store_true", help="where the trainer or policy has the switch")
     p.add_argument("--replay-chunk", type=int, default=None, help="grpo.replay_chunk: chosen AR steps per backward (default: all)")
     p.add_argument("--micro-batches", type=int, default=None, help="grpo.micro_batches (default: the paper config's)")
+    p.add_argument("--per-gpu", action="store_true", help="one process's share of the paper config's batch (its "
+                   "batch_prompts / train_processes): what each GPU of the official 3-GPU run rolls out and replays")
     p.add_argument("--tiny", action="store_true", help="tiny random policies (tests, CPU)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's; 1 with --tiny)")
     p.add_argument("--out", default=None, help="write every number as JSON here")

@@ -26,15 +26,31 @@ from margrpo.grpo.trainer import write_outputs  # noqa: E402
 VARIANTS = {"grpo": {}, "fix": {"freeze_head": True}, "mte-sim": {"freeze_head": True, "trajectories": 3, "sim": True},
             "lora": {"freeze_head": True, "lora": {"rank": 4, "alpha": 8}}, "chunked": {"freeze_head": True, "replay_chunk": 1}}
 SHARDING = os.environ.get("SHARDING", "replicate")  # grpo.parallel: DDP, or FSDP2's two shardings
+POLICY = os.environ.get("POLICY", "toy")  # the tiny toy, NOVA or Harmon of the tests
+
+
+def build_policy():
+    if POLICY == "nova":
+        from test_policy_nova import tiny_nova
+
+        return tiny_nova(seed=1)
+    if POLICY == "harmon":
+        from test_policy_harmon import tiny_harmon
+
+        return tiny_harmon(seed=1)
+    return tiny_policy("flow", seed=1)
 
 
 def first_update(out: Path) -> None:
     results = {}
     for name, variant in VARIANTS.items():
+        if POLICY == "harmon" and "lora" in variant:  # Harmon's LoRA adapts the LLM, which the paper config freezes
+            continue
         # micro_batches is per process: 2 of 2 images each in one process, 1 of 2 in each of two: the same split
         micro = 2 // int(os.environ["WORLD_SIZE"])
-        trainer = make_trainer(out / name, policy=tiny_policy("flow", seed=1), trackers=[], micro_batches=micro,
-                               sharding=SHARDING, **variant)
+        frozen = ("llm.", "proj_in.", "proj_out.") if POLICY == "harmon" else ()  # the paper config's rl_frozen
+        trainer = make_trainer(out / name, policy=build_policy(), trackers=[], micro_batches=micro, sharding=SHARDING,
+                               frozen=frozen, **variant)
         row = trainer.train_step()
         whole = trainer.engine.full_tensors  # FSDP's shards gathered (every process takes part)
         params = whole(dict(trainer.policy.named_parameters()))

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from PIL import Image
 
 from margrpo.experiment.config import load_config, shared_dirs
@@ -303,3 +304,34 @@ def test_slurm_profile_runs_the_smoke_dag_through_sbatch(smoke_run, tmp_path):
     for table in ("table1", "table2"):
         a, b = _numbers(smoke_run / f"results/smoke/report/{table}.csv"), _numbers(tmp_path / f"results/smoke/report/{table}.csv")
         assert a.shape == b.shape and pd.DataFrame(a).equals(pd.DataFrame(b)) or abs(a - b).max() < 1e-6
+
+
+@pytest.mark.slurm
+def test_slurm_runs_a_two_process_grpo_job_through_sbatch(smoke_run, tmp_path):
+    """train_processes: 2 through sbatch: one allocation, the launcher's two processes (torchrun's environment,
+    gloo on CPU), one run folder written once. The shared stages come from the smoke run, so only the train job
+    goes to SLURM. Two nodes are not tried: Debian's slurmd runs one node per host (no --enable-multiple-slurmd),
+    and the 2-node rendezvous is tested without SLURM (test_data_parallel.py)."""
+    if os.geteuid() != 0 or not Path("/usr/bin/apt-get").exists():
+        pytest.skip("the local SLURM cluster needs root and apt-get (scripts/slurm-local.sh)")
+    start = subprocess.run(["bash", str(REPO / "scripts/slurm-local.sh"), "start"], capture_output=True, text=True)
+    if start.returncode != 0:
+        pytest.skip(f"could not start a local SLURM cluster: {start.stdout[-1500:]}{start.stderr[-1500:]}")
+    shutil.copytree(smoke_run / "results", tmp_path / "results")
+    config = yaml.safe_load((REPO / "config/smoke.yaml").read_text())
+    config.update(name="smoke-dp", train_processes=2)
+    config["grpo"]["batch_prompts"] = 2
+    (tmp_path / "dp.yaml").write_text(yaml.safe_dump(config))
+    target = "results/smoke-dp/train/toy-nova/toypref/fix/seed0/summary.json"
+    dry = snakemake(tmp_path, "-n", target, configfile=tmp_path / "dp.yaml")
+    assert dry.returncode == 0 and re.findall(r"^rule (\w+):", dry.stdout, re.M) == ["train"], dry.stdout[-3000:]
+    small = ["cpus_per_task=2", "mem_mb=2000", "runtime=30"]
+    out = snakemake(tmp_path, target, "--workflow-profile", str(REPO / "workflow/profiles/slurm"), "--slurm-status-command",
+                    "squeue", "--slurm-init-seconds-before-status-checks", "2", "--jobs", "1", "--latency-wait", "5",
+                    "--default-resources", *small, "--set-resources", *[f"train:{kv}" for kv in small], configfile=tmp_path / "dp.yaml")
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    assert "python -m margrpo.infra.launch 2 margrpo train" in out.stdout + out.stderr
+    log = (tmp_path / "logs/smoke-dp/train/toy-nova/toypref/fix/seed0.log").read_text()
+    assert "Traceback" not in log
+    rows = (tmp_path / "results/smoke-dp/train/toy-nova/toypref/fix/seed0/metrics.csv").read_text().splitlines()
+    assert len(rows) == 1 + config["grpo"]["steps"]  # one writer: every step once

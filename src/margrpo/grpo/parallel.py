@@ -7,9 +7,9 @@
   `forward`, while a MAR policy is driven through its methods (`ar_forward`, `head`, ...), so DDP wraps a thin
   module (`LossModule`) whose forward is the trainer's micro-batch loss; the policy is its child.
 - `full_shard` (ZeRO-3) / `shard_grad_op` (ZeRO-2): FSDP2 (`fully_shard`) on every block of the policy's
-  `nn.ModuleList`s, on each module that holds only head parameters, then on the policy itself with its
-  interface methods registered as forward methods. Frozen parameters outside the AR and the head (text
-  encoder, VAE) are left out (`ignored_params`): whole on every GPU and shared with the KL reference.
+  `nn.ModuleList`s, on the children of each module that holds only head parameters, then on the policy itself
+  with its interface methods registered as forward methods (`root_methods`). Frozen parameters outside the AR
+  and the head (text encoder, VAE) are left out (`ignored_params`): whole on every GPU.
 
 Both sum gradients over processes (each process's loss is its share of the batch loss): N processes take the
 step one process takes on the whole batch. With one process nothing is wrapped and nothing communicates.
@@ -18,14 +18,13 @@ The micro-batch gradient statistic (Fig. 2a / 5) needs each micro-batch's *local
 reduce inside backward. DDP: the trainer accumulates micro-batches under `no_sync`, where the local gradient is
 in `.grad`, and the last one's is read in DDP's communication hook, before its all-reduce. FSDP: every
 micro-batch is reduced (sharded gradients accumulate) and its local gradient is read as the input of FSDP's
-reduce-scatter (`set_custom_reduce_scatter`), exact when each FSDP group is reduced once per micro-batch;
-a group that is reduced twice (a module used twice in one backward, its two partial gradients reduced apart)
-makes the statistic NaN rather than wrong (docs/real-scale.md, "What the engines cannot do").
+reduce-scatter (`set_custom_reduce_scatter`), summed over the parts in which FSDP reduces a group
+(`LocalSquares`). What FSDP does not let us read exactly (a group reduced in parts of different layouts) makes
+the statistic NaN rather than wrong (docs/real-scale.md, "What the engines cannot do").
 """
 
 from __future__ import annotations
 
-import logging
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
@@ -37,7 +36,6 @@ from torch import nn
 SHARDINGS = ("replicate", "full_shard", "shard_grad_op")
 # the interface methods that use the policy's own (root) parameters: FSDP must all-gather around each
 FORWARD_METHODS = ("encode_prompts", "prepare_condition", "null_condition", "ar_forward", "head", "encode", "decode")
-log = logging.getLogger(__name__)
 
 
 class LossModule(nn.Module):
@@ -54,18 +52,34 @@ class LossModule(nn.Module):
 @dataclass
 class LocalSquares:
     """Squared norms of each micro-batch's local gradient of the statistic's parameters, filled by the engines'
-    hooks (`take`), and whether every one was exact."""
+    hooks, and whether every one was exact.
+
+    FSDP reduces a group once per post-backward, and a group runs several (a module used twice in one backward,
+    the root whose methods' inputs carry gradients back mid-backward, a chunk's accumulated gradient and the
+    next's): each part's input is summed per group (the parts share one layout: the same parameters) and the sum
+    is squared when the micro-batch ends. A part of another layout cannot be added element by element: the
+    micro-batch is then inexact and the variance NaN. The sums cost one fp32 copy of this process's local gradient
+    of the statistic's groups during a micro-batch's backward."""
 
     total: torch.Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.float64))
     exact: bool = True
-    calls: dict[int, int] = field(default_factory=dict)  # FSDP: reduce-scatters per group in this micro-batch
+    pending: dict[int, torch.Tensor] = field(default_factory=dict)  # FSDP: each group's local gradient so far
 
     def add(self, sq: torch.Tensor) -> None:
         self.total += sq.detach().double().cpu()
 
+    def add_later(self, key: int, grad: torch.Tensor) -> None:
+        if key not in self.pending:
+            self.pending[key] = grad.detach().float().clone()
+        elif self.pending[key].shape == grad.shape:
+            self.pending[key] += grad.detach().float()
+        else:
+            self.exact = False
+
     def end_micro_batch(self) -> None:
-        self.exact &= all(n == 1 for n in self.calls.values())
-        self.calls.clear()
+        for g in self.pending.values():
+            self.add(g.square().sum(dtype=torch.float64))
+        self.pending.clear()
 
 
 class Engine:
@@ -179,12 +193,12 @@ class FSDPEngine(Engine):
         # which groups the statistic reads, decided on the plain parameters (FSDP replaces them by shards)
         counted = [_counts_for_statistic(m, [u for u in self.units if u is not m], trained_ids, stat_ids)
                    for m in [*self.units, policy]]
+        methods = root_methods(policy, self.units, head_params)
         for unit in self.units:
             fully_shard(unit, **self.kwargs)
         fully_shard(policy, **self.kwargs, ignored_params=ignored)
-        for name in FORWARD_METHODS:
-            if hasattr(policy, name):
-                register_fsdp_forward_method(policy, name)
+        for name in methods:
+            register_fsdp_forward_method(policy, name)
         for key, (module, counts) in enumerate(zip([*self.units, policy], counted)):
             # sum, not mean: each process's loss is its share of the batch loss (gloo has no pre-multiplied sum)
             module.set_gradient_divide_factor(1.0)
@@ -196,6 +210,9 @@ class FSDPEngine(Engine):
         @contextmanager
         def block():
             self.policy.set_requires_gradient_sync(enabled)
+            # the root always reduces: its methods' inputs can carry gradients back mid-backward, which reduces it in
+            # parts, and parts of chunks accumulated locally would mix layouts the statistic cannot add (add_later)
+            self.policy.set_requires_gradient_sync(True, recurse=False)
             try:
                 yield
             finally:
@@ -223,9 +240,8 @@ class _CountingReduceScatter:
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
         squares = self.engine.squares
         if squares is not None and self.key is not None:
-            squares.add(input_tensor.float().square().sum(dtype=torch.float64))
-            squares.calls[self.key] = squares.calls.get(self.key, 0) + 1
-        return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
+            squares.add_later(self.key, input_tensor)
+        return dist.reduce_scatter_single(output=output_tensor, input=input_tensor, group=group, op=op, async_op=async_op)
 
 
 def _register_reduce_scatter_type() -> None:
@@ -258,17 +274,23 @@ def shard_reference(ref: nn.Module, engine: Engine) -> None:
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     kwargs = {**engine.kwargs, "reshard_after_forward": True}
-    head = {id(p) for n, p in ref.named_parameters() if n in _head_names(engine)}
-    for unit in shard_units(ref, head):
+    head = {id(p) for p in ref.head_parameters()}
+    units = shard_units(ref, head)
+    methods = root_methods(ref, units, head)
+    for unit in units:
         fully_shard(unit, **kwargs)
     fully_shard(ref, **kwargs, ignored_params=outside_units(ref, head))
-    for name in FORWARD_METHODS:
-        if hasattr(ref, name):
-            register_fsdp_forward_method(ref, name)
+    for name in methods:
+        register_fsdp_forward_method(ref, name)
 
 
-def _head_names(engine: FSDPEngine) -> set[str]:
-    return {n for unit in engine.units for n, _ in unit.named_parameters()}
+def root_methods(policy: nn.Module, units: list[nn.Module], head: set[int]) -> list[str]:
+    """The interface methods to register on the root. `head` only if a head parameter is left in the root group:
+    else the head's own groups all-gather for it, and registering it would hook the root's post-backward on the
+    head's input z, which reduces the root's gradient in two parts whenever it is accumulated over chunks."""
+    in_units = {id(p) for u in units for p in u.parameters()}
+    head_in_root = any(id(p) in head and id(p) not in in_units for p in policy.parameters())
+    return [m for m in FORWARD_METHODS if hasattr(policy, m) and (m != "head" or head_in_root)]
 
 
 # --- the sharding plan, read off the module tree ------------------------------------------------------------------
@@ -279,16 +301,35 @@ def _ar_and_head(policy: nn.Module, head: set[int]) -> set[int]:
 
 def shard_units(policy: nn.Module, head: set[int]) -> list[nn.Module]:
     """The FSDP groups below the root, innermost first: every element of an nn.ModuleList made only of AR or head
-    parameters (the transformer blocks), then each largest module made only of head parameters."""
+    parameters (the transformer blocks), then each child of the largest modules made only of head parameters.
+    Children, not the head module itself: a policy may call into its head below the head's own forward (Harmon's
+    `mar.diffloss.net`), and FSDP gathers a group only around its module's forward. Parameters held by a head
+    module directly stay in the root group (and `head` is then registered on the root)."""
     model = _ar_and_head(policy, head)
     inside = lambda m, ids: bool(list(m.parameters())) and all(id(p) in ids for p in m.parameters())  # noqa: E731
     units = [b for m in policy.modules() if isinstance(m, nn.ModuleList) for b in m if inside(b, model)]
-    taken = {id(p) for u in units for p in u.parameters()}
     for name, m in policy.named_modules():
         parent = policy.get_submodule(name.rsplit(".", 1)[0]) if "." in name else policy
-        if m is not policy and inside(m, head) and not inside(parent, head) and not all(id(p) in taken for p in m.parameters()):
-            units.append(m)
+        if m is not policy and inside(m, head) and not inside(parent, head):
+            units += [c for c in _leaves_outside(m, units) if inside(c, head)]
     return units
+
+
+def _leaves_outside(module: nn.Module, units: list[nn.Module]) -> list[nn.Module]:
+    """The children of `module` that hold parameters outside `units`, looking through containers (ModuleList,
+    Sequential children that are themselves only containers of units)."""
+    taken = {id(p) for u in units for p in u.parameters()}
+    out = []
+    for child in module.children():
+        if all(id(p) in taken for p in child.parameters()):
+            continue
+        if isinstance(child, nn.ModuleList):
+            out += _leaves_outside(child, units)
+        elif any(id(p) in taken for p in child.parameters()):  # holds units: its own remainder groups below it
+            out += _leaves_outside(child, units)
+        else:
+            out.append(child)
+    return out
 
 
 def outside_units(policy: nn.Module, head: set[int]) -> set[nn.Parameter]:
