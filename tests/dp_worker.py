@@ -88,7 +88,9 @@ def record_writes(rank: int) -> list[str]:
 
 def train(out: Path) -> None:
     kill_at = int(os.environ.get("KILL_AT_STEP", "0"))
-    trainer = make_trainer(out / "run", policy=tiny_policy("flow", seed=1), steps=4, save_every=2, val_every=2, sharding=SHARDING)
+    ema = float(os.environ["EMA"]) if os.environ.get("EMA") else None  # grpo.ema_decay
+    trainer = make_trainer(out / "run", policy=tiny_policy("flow", seed=1), steps=4, save_every=2, val_every=2, sharding=SHARDING,
+                           ema_decay=ema)
     rank = trainer.accelerator.process_index
     if kill_at and rank == 1:
         step = trainer.train_step

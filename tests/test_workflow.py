@@ -5,8 +5,10 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -306,6 +308,40 @@ def test_slurm_profile_runs_the_smoke_dag_through_sbatch(smoke_run, tmp_path):
         assert a.shape == b.shape and pd.DataFrame(a).equals(pd.DataFrame(b)) or abs(a - b).max() < 1e-6
 
 
+def _smoke_dp(smoke_run, tmp_path, **top) -> tuple[dict, str]:
+    """The smoke run's shared stages beside a config of two processes (batch_prompts 2): what a train job needs."""
+    shutil.copytree(smoke_run / "results", tmp_path / "results")
+    config = yaml.safe_load((REPO / "config/smoke.yaml").read_text())
+    config.update(name="smoke-dp", **top)
+    config["grpo"]["batch_prompts"] = 2
+    (tmp_path / "dp.yaml").write_text(yaml.safe_dump(config))
+    return config, "results/smoke-dp/train/toy-nova/toypref/fix/seed0/summary.json"
+
+
+def test_a_smoke_grpo_job_runs_on_two_nodes_through_torchrun(smoke_run, tmp_path):
+    """One GRPO job of the smoke config as a 2-node job runs it: the rule's own `margrpo train` command, started by
+    torchrun on each of two "nodes" (two agents on this machine, --nnodes 2 --nproc-per-node 1, c10d rendezvous
+    on 127.0.0.1; `launch.multi_node_command`, what srun starts on each node). One run folder, written once."""
+    from margrpo.infra.launch import multi_node_command
+
+    config, target = _smoke_dp(smoke_run, tmp_path, train_processes=1, train_nodes=2)
+    dry = snakemake(tmp_path, "-n", "-p", target, configfile=tmp_path / "dp.yaml")
+    assert dry.returncode == 0 and re.findall(r"^rule (\w+):", dry.stdout, re.M) == ["train"], dry.stdout[-3000:]
+    shell = re.search(r"python -m margrpo\.infra\.launch --nodes 2 --port \d+ 1 (margrpo train .*?) > ", dry.stdout).group(1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torchrun = multi_node_command(2, 1, f"127.0.0.1:{port}", "smoke-two-nodes", ["--no-python", *shlex.split(shell)])
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    nodes = [subprocess.Popen(torchrun, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(2)]
+    logs = [p.communicate(timeout=600)[0] for p in nodes]
+    assert all(p.returncode == 0 for p in nodes), logs[0][-3000:] + logs[1][-3000:]
+    run = tmp_path / target.rsplit("/", 1)[0]
+    rows = (run / "metrics.csv").read_text().splitlines()
+    assert len(rows) == 1 + config["grpo"]["steps"] and json.loads((run / "summary.json").read_text())
+
+
 @pytest.mark.slurm
 def test_slurm_runs_a_two_process_grpo_job_through_sbatch(smoke_run, tmp_path):
     """train_processes: 2 through sbatch: one allocation, the launcher's two processes (torchrun's environment,
@@ -317,12 +353,7 @@ def test_slurm_runs_a_two_process_grpo_job_through_sbatch(smoke_run, tmp_path):
     start = subprocess.run(["bash", str(REPO / "scripts/slurm-local.sh"), "start"], capture_output=True, text=True)
     if start.returncode != 0:
         pytest.skip(f"could not start a local SLURM cluster: {start.stdout[-1500:]}{start.stderr[-1500:]}")
-    shutil.copytree(smoke_run / "results", tmp_path / "results")
-    config = yaml.safe_load((REPO / "config/smoke.yaml").read_text())
-    config.update(name="smoke-dp", train_processes=2)
-    config["grpo"]["batch_prompts"] = 2
-    (tmp_path / "dp.yaml").write_text(yaml.safe_dump(config))
-    target = "results/smoke-dp/train/toy-nova/toypref/fix/seed0/summary.json"
+    config, target = _smoke_dp(smoke_run, tmp_path, train_processes=2)
     dry = snakemake(tmp_path, "-n", target, configfile=tmp_path / "dp.yaml")
     assert dry.returncode == 0 and re.findall(r"^rule (\w+):", dry.stdout, re.M) == ["train"], dry.stdout[-3000:]
     small = ["cpus_per_task=2", "mem_mb=2000", "runtime=30"]

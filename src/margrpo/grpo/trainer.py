@@ -147,13 +147,24 @@ class GRPOTrainer:
             if id(p) not in trained:  # no gradient computed and no optimizer state
                 p.requires_grad_(False)
         broadcast_parameters(self.policy)  # every process from the same weights (LoRA's are random)
+        self._parallelize()
+        # the gradient statistics of Fig. 2a / 5 (logged as grad_*_ar) are the AR's; with the AR frozen (`head`), the head's
+        self.stat_params = list(self._stat_params())  # read again: FSDP replaces the parameters by shards
+        self.params = [p for p in self.policy.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, betas=(0.9, 0.999), weight_decay=config.weight_decay)
+        self.step, self.rows, self.checkpoints, self.nonfinite_run = 0, [], [], 0
+        self.spec_hash = self.run_hash(None)
+
+    def _parallelize(self) -> None:
+        """The KL reference, then torch's engine around the plain policy and the reference (grpo.parallel: the only
+        place that knows about processes)."""
+        config = self.cfg
         self.ref = None
         if config.beta > 0 and config.lora:  # the same model: micro_loss replays it with the adapters disabled
             self.ref = self.policy
         elif config.beta > 0:  # the frozen pre-RL policy; what RL never changes is shared, not copied
             shared = {id(p): p for p in self.policy.parameters() if not p.requires_grad}  # deepcopy's memo
             self.ref = copy.deepcopy(self.policy, shared).requires_grad_(False).eval()
-        # the only place that knows about processes: DDP or FSDP2 around the plain policy (grpo.parallel)
         self.saver = None  # a whole copy of a sharded policy on the main process's CPU, for writing checkpoints
         if config.sharding != "replicate" and self.world > 1 and self.accelerator.is_main_process:
             self.saver = copy.deepcopy(self.policy).cpu()
@@ -161,12 +172,6 @@ class GRPOTrainer:
                                           list(self.policy.head_parameters()), config.precision, self.accelerator.device)
         if self.ref is not None and self.ref is not self.policy:
             shard_reference(self.ref, self.engine)
-        # the gradient statistics of Fig. 2a / 5 (logged as grad_*_ar) are the AR's; with the AR frozen (`head`), the head's
-        self.stat_params = list(self._stat_params())  # read again: FSDP replaces the parameters by shards
-        self.params = [p for p in self.policy.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, betas=(0.9, 0.999), weight_decay=config.weight_decay)
-        self.step, self.rows, self.checkpoints, self.nonfinite_run = 0, [], [], 0
-        self.spec_hash = self.run_hash(None)
 
     def _stat_params(self):
         part = self.policy.head_parameters() if self.cfg.freeze_ar else self.policy.ar_parameters()
