@@ -346,8 +346,9 @@ def test_a_smoke_grpo_job_runs_on_two_nodes_through_torchrun(smoke_run, tmp_path
 def test_slurm_runs_a_two_process_grpo_job_through_sbatch(smoke_run, tmp_path):
     """train_processes: 2 through sbatch: one allocation, the launcher's two processes (torchrun's environment,
     gloo on CPU), one run folder written once. The shared stages come from the smoke run, so only the train job
-    goes to SLURM. Two nodes are not tried: Debian's slurmd runs one node per host (no --enable-multiple-slurmd),
-    and the 2-node rendezvous is tested without SLURM (test_data_parallel.py)."""
+    goes to SLURM. Two nodes are not tried: two slurmd on one host need a build with --enable-multiple-slurmd (a
+    port per node), which this cluster (Debian's slurm-wlm 22.05.8) was not set up for; the 2-node rendezvous is
+    tested without SLURM (test_a_smoke_grpo_job_runs_on_two_nodes_through_torchrun)."""
     if os.geteuid() != 0 or not Path("/usr/bin/apt-get").exists():
         pytest.skip("the local SLURM cluster needs root and apt-get (scripts/slurm-local.sh)")
     start = subprocess.run(["bash", str(REPO / "scripts/slurm-local.sh"), "start"], capture_output=True, text=True)
