@@ -5,10 +5,8 @@ import json
 import math
 import os
 import re
-import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 from PIL import Image
 
 from margrpo.experiment.config import load_config, shared_dirs
@@ -307,63 +304,3 @@ def test_slurm_profile_runs_the_smoke_dag_through_sbatch(smoke_run, tmp_path):
         a, b = _numbers(smoke_run / f"results/smoke/report/{table}.csv"), _numbers(tmp_path / f"results/smoke/report/{table}.csv")
         assert a.shape == b.shape and pd.DataFrame(a).equals(pd.DataFrame(b)) or abs(a - b).max() < 1e-6
 
-
-def _smoke_dp(smoke_run, tmp_path, **top) -> tuple[dict, str]:
-    """The smoke run's shared stages beside a config of two processes (batch_prompts 2): what a train job needs."""
-    shutil.copytree(smoke_run / "results", tmp_path / "results")
-    config = yaml.safe_load((REPO / "config/smoke.yaml").read_text())
-    config.update(name="smoke-dp", **top)
-    config["grpo"]["batch_prompts"] = 2
-    (tmp_path / "dp.yaml").write_text(yaml.safe_dump(config))
-    return config, "results/smoke-dp/train/toy-nova/toypref/fix/seed0/summary.json"
-
-
-def test_a_smoke_grpo_job_runs_on_two_nodes_through_torchrun(smoke_run, tmp_path):
-    """One GRPO job of the smoke config as a 2-node job runs it: the rule's own `margrpo train` command, started by
-    torchrun on each of two "nodes" (two agents on this machine, --nnodes 2 --nproc-per-node 1, c10d rendezvous
-    on 127.0.0.1; `launch.multi_node_command`, what srun starts on each node). One run folder, written once."""
-    from margrpo.infra.launch import multi_node_command
-
-    config, target = _smoke_dp(smoke_run, tmp_path, train_processes=1, train_nodes=2)
-    dry = snakemake(tmp_path, "-n", "-p", target, configfile=tmp_path / "dp.yaml")
-    assert dry.returncode == 0 and re.findall(r"^rule (\w+):", dry.stdout, re.M) == ["train"], dry.stdout[-3000:]
-    shell = re.search(r"python -m margrpo\.infra\.launch --nodes 2 --port \d+ 1 (margrpo train .*?) > ", dry.stdout).group(1)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    torchrun = multi_node_command(2, 1, f"127.0.0.1:{port}", "smoke-two-nodes", ["--no-python", *shlex.split(shell)])
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    nodes = [subprocess.Popen(torchrun, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for _ in range(2)]
-    logs = [p.communicate(timeout=600)[0] for p in nodes]
-    assert all(p.returncode == 0 for p in nodes), logs[0][-3000:] + logs[1][-3000:]
-    run = tmp_path / target.rsplit("/", 1)[0]
-    rows = (run / "metrics.csv").read_text().splitlines()
-    assert len(rows) == 1 + config["grpo"]["steps"] and json.loads((run / "summary.json").read_text())
-
-
-@pytest.mark.slurm
-def test_slurm_runs_a_two_process_grpo_job_through_sbatch(smoke_run, tmp_path):
-    """train_processes: 2 through sbatch: one allocation, the launcher's two processes (torchrun's environment,
-    gloo on CPU), one run folder written once. The shared stages come from the smoke run, so only the train job
-    goes to SLURM. Two nodes are not tried: two slurmd on one host need a build with --enable-multiple-slurmd (a
-    port per node), which this cluster (Debian's slurm-wlm 22.05.8) was not set up for; the 2-node rendezvous is
-    tested without SLURM (test_a_smoke_grpo_job_runs_on_two_nodes_through_torchrun)."""
-    if os.geteuid() != 0 or not Path("/usr/bin/apt-get").exists():
-        pytest.skip("the local SLURM cluster needs root and apt-get (scripts/slurm-local.sh)")
-    start = subprocess.run(["bash", str(REPO / "scripts/slurm-local.sh"), "start"], capture_output=True, text=True)
-    if start.returncode != 0:
-        pytest.skip(f"could not start a local SLURM cluster: {start.stdout[-1500:]}{start.stderr[-1500:]}")
-    config, target = _smoke_dp(smoke_run, tmp_path, train_processes=2)
-    dry = snakemake(tmp_path, "-n", target, configfile=tmp_path / "dp.yaml")
-    assert dry.returncode == 0 and re.findall(r"^rule (\w+):", dry.stdout, re.M) == ["train"], dry.stdout[-3000:]
-    small = ["cpus_per_task=2", "mem_mb=2000", "runtime=30"]
-    out = snakemake(tmp_path, target, "--workflow-profile", str(REPO / "workflow/profiles/slurm"), "--slurm-status-command",
-                    "squeue", "--slurm-init-seconds-before-status-checks", "2", "--jobs", "1", "--latency-wait", "5",
-                    "--default-resources", *small, "--set-resources", *[f"train:{kv}" for kv in small], configfile=tmp_path / "dp.yaml")
-    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
-    assert "python -m margrpo.infra.launch 2 margrpo train" in out.stdout + out.stderr
-    log = (tmp_path / "logs/smoke-dp/train/toy-nova/toypref/fix/seed0.log").read_text()
-    assert "Traceback" not in log
-    rows = (tmp_path / "results/smoke-dp/train/toy-nova/toypref/fix/seed0/metrics.csv").read_text().splitlines()
-    assert len(rows) == 1 + config["grpo"]["steps"]  # one writer: every step once
