@@ -303,4 +303,3 @@ def test_slurm_profile_runs_the_smoke_dag_through_sbatch(smoke_run, tmp_path):
     for table in ("table1", "table2"):
         a, b = _numbers(smoke_run / f"results/smoke/report/{table}.csv"), _numbers(tmp_path / f"results/smoke/report/{table}.csv")
         assert a.shape == b.shape and pd.DataFrame(a).equals(pd.DataFrame(b)) or abs(a - b).max() < 1e-6
-
