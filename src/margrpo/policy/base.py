@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from margrpo.diffusion import Sampler
+from margrpo.policy.invariant import batch_invariant
 
 
 @dataclass
@@ -137,15 +138,18 @@ class MARPolicy(nn.Module, ABC):
 
 @contextlib.contextmanager
 def deterministic(module: nn.Module):
-    """Eval mode (dropout off) for the duration, restoring each submodule's flag afterwards.
+    """Eval mode (dropout off) and batch-invariant matrix products (`invariant.batch_invariant`) for the
+    duration, restoring each submodule's flag afterwards.
 
     Rollouts and their log-prob recomputation both run inside this, so a policy left in train
-    mode cannot break the ratio == 1 invariant (DESIGN 3.2).
+    mode cannot break the ratio == 1 invariant (DESIGN 3.2), nor can the other batch shapes in which
+    the replay meets the rollout's rows (their products would take other kernel paths on CPU).
     """
     flags = [(m, m.training) for m in module.modules()]
     module.eval()
     try:
-        yield module
+        with batch_invariant():
+            yield module
     finally:
         for m, flag in flags:
             m.training = flag

@@ -24,6 +24,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from margrpo.policy.invariant import batch_invariant, batch_invariant_active
+
 ADAPTER_WEIGHTS, ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.json"
 _BASE = "base_layer."
 
@@ -40,10 +42,12 @@ def run_blocks(blocks, h: torch.Tensor, *args, checkpointing: bool = False) -> t
 
 
 def forward_mode(module: nn.Module):
-    """checkpoint's `context_fn`: recompute in the train/eval mode of the forward pass. GRPO replays in
-    eval mode (`base.deterministic`) but calls backward after leaving it, so a block would otherwise be
-    recomputed in train mode, with dropout (MAR-H's 0.1): other tensors, which torch refuses."""
+    """checkpoint's `context_fn`: recompute in the train/eval mode of the forward pass, and with its
+    batch-invariant products if it had them. GRPO replays in eval mode (`base.deterministic`) but calls
+    backward after leaving it, so a block would otherwise be recomputed in train mode, with dropout
+    (MAR-H's 0.1), or with other products: other tensors, which torch refuses."""
     flags = [(m, m.training) for m in module.modules()]
+    blocked = batch_invariant_active()
 
     @contextlib.contextmanager
     def as_in_forward():
@@ -51,7 +55,8 @@ def forward_mode(module: nn.Module):
         for m, flag in flags:
             m.training = flag
         try:
-            yield
+            with batch_invariant() if blocked else contextlib.nullcontext():
+                yield
         finally:
             for m, flag in now:
                 m.training = flag

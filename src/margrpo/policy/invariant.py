@@ -1,0 +1,135 @@
+"""Batch-invariant matrix products on CPU: a row's result has the same bits in whatever batch it comes.
+
+The rollout computes each token's head output in the batch of its AR step (every unknown token, CFG's
+two branches, MTE's extra trajectories) and z per AR step over its N images; the replay scores the
+chosen (AR step, diffusion step) pairs of a micro-batch in one pass. The same rows thus reach the
+matrix products in batches of other sizes, and a BLAS picks its kernel, and splits the work among its
+threads, by the shape: MKL's result for a row depends on the number of rows M (measured on an AMD EPYC:
+M < 8 differs from M >= 8; with MKL_CBWR=AVX2, MKL's AVX2 kernels dispatched as on Intel, and 8 or more
+threads, many bands of M differ). One ulp in the head's mean is multiplied by 1 / sigma^2 at the
+small-variance steps and summed over a token's 768 channels: the default toys' replays were off by up to
+1.2e-4 (toy-nova) and 4.6e-3 (toy-harmon) in the ratio there, as on an AVX-512 Xeon (1e-4 and 3.2e-3),
+against the 1e-5 of DESIGN 3.2. Both z (the AR transformer's and text encoder's products) and the head's
+own products contribute; the log-density's sum is not at fault (the same inputs give the same sum).
+
+`batch_invariant()` computes every `F.linear` on CPU tensors (nn.Linear, the policies' own calls,
+peft's adapters, transformers' layers) in blocks of exactly `ROW_BLOCK` rows, the last one padded with
+zero rows: every product then has one shape, and a row's result depends on that row alone (its place in
+the block does not matter: measured for MKL's default path on this AMD EPYC and its AVX2 path at 1-32 threads; MKL's
+SSE2 path, MKL_CBWR=COMPATIBLE, with 3 or 5 threads puts its threads' seams inside a block, which no CPU
+takes unless asked). Rollout and replay run inside it (`base.deterministic`). The backward is F.linear's
+own; on this AMD EPYC, where MKL gives the same bits for every M >= 8, no rollout, log-prob or gradient
+of the toys changes (bitwise). CUDA tensors are left alone (cuBLAS chooses by shape too, but the GPU runs
+measured ratio 1.0 exactly, and blocks would cost kernel launches).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+# Rows per matrix product: >= 8 (MKL's small-M kernels differ). A toy rollout's head calls have 144-768 rows and
+# its AR calls 1392: 256 pads them by 24% and 10% in rows, 64 by 5% and 1%, but costs more calls (a toy rollout's
+# CPU time +9-16% at 256, +25% at 64, measured).
+ROW_BLOCK = 256
+_LINEAR = torch._C._nn.linear  # F.linear itself, whatever F.linear names while batch_invariant() is on
+
+
+def row_blocked_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """F.linear(x, weight, bias) computed ROW_BLOCK rows at a time (the last block padded with zeros):
+    each row's result is then the same bits in any batch. x [..., in] -> [..., out]. The backward is
+    F.linear's own (one product over all rows each for the input's and the weight's gradient)."""
+    if x.shape[:-1].numel() == 0:
+        return _LINEAR(x, weight, bias)
+    if not torch.is_autocast_enabled("cpu"):
+        return _rows_linear(x, weight, bias)
+    dtype = torch.get_autocast_dtype("cpu")  # autocast's cast for linear, done here: the products run in its dtype
+    cast = lambda t: t if t is None or t.dtype == torch.float64 else t.to(dtype)  # noqa: E731  (as autocast: not float64)
+    with torch.autocast("cpu", enabled=False):
+        return _rows_linear(cast(x), cast(weight), cast(bias))
+
+
+def _rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    rows = x.reshape(-1, x.shape[-1])
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+    y = _RowBlockedLinear.apply(rows, weight, bias) if needs_grad else _blocked(rows, weight, bias)
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
+def _blocked(rows: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """rows [n, in] -> [n, out]: one product call per ROW_BLOCK rows, the whole blocks read and written in place,
+    the last rows through a block padded with zero rows; each block starts on a 64-byte boundary, as a fresh
+    tensor does (MKL's result may depend on the alignment). One call per block, all alike: a batched product
+    over the blocks (bmm) was not invariant (MKL shares a batch among its threads by the batch's size: 1.8e-4
+    and 5.4e-3 in the toys' ratio at 32 threads with MKL_CBWR=AVX2, measured)."""
+    n, B = rows.shape[0], ROW_BLOCK
+    rows = rows.contiguous()
+    if rows.data_ptr() % 64 or (B * rows.shape[1] * rows.element_size()) % 64:
+        rows = rows.clone()
+    full = n - n % B
+    y = rows.new_empty(n, weight.shape[0])
+    wt = weight.t()
+    for a in range(0, full, B):  # F.linear's own call for a 2-D input, into its rows of y
+        if bias is None:
+            torch.mm(rows[a : a + B], wt, out=y[a : a + B])
+        else:
+            torch.addmm(bias, rows[a : a + B], wt, out=y[a : a + B])
+    if n > full:
+        last = rows.new_zeros(B, rows.shape[1])
+        last[: n - full] = rows[full:]
+        y[full:] = _LINEAR(last, weight, bias)[: n - full]
+    return y
+
+
+class _RowBlockedLinear(torch.autograd.Function):
+    """Forward in blocks of ROW_BLOCK rows; backward as autograd's for addmm(bias, x, weight.t()) (bitwise the same
+    gradients as F.linear on a 2-D or contiguous input: the toys' training numbers do not move)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return _blocked(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, weight = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad
+        return (grad.mm(weight) if need_x else None, grad.t().mm(x) if need_w else None,
+                grad.sum(0) if ctx.has_bias and need_b else None)
+
+
+def _linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """F.linear while batch_invariant() is on: row-blocked for CPU tensors, F.linear itself elsewhere."""
+    if input.device.type != "cpu":
+        return _LINEAR(input, weight, bias)
+    return row_blocked_linear(input, weight, bias)
+
+
+_depth = 0
+
+
+@contextlib.contextmanager
+def batch_invariant() -> Iterator[None]:
+    """For the duration, F.linear on CPU tensors runs in blocks of ROW_BLOCK rows (row_blocked_linear): nn.Linear
+    and every caller of torch.nn.functional.linear (the policies, peft, transformers) find it there. The name is
+    rebound rather than every torch call intercepted (a TorchFunctionMode: +18% on a toy +Fix step, measured);
+    process-wide while on, as torch's own defaults are; nested uses are fine."""
+    global _depth
+    _depth += 1
+    F.linear = _linear
+    try:
+        yield
+    finally:
+        _depth -= 1
+        if not _depth:
+            F.linear = _LINEAR
+
+
+def batch_invariant_active() -> bool:
+    """Whether the calling code runs inside `batch_invariant()` (a checkpointed block recomputes in it too)."""
+    return _depth > 0
