@@ -43,8 +43,11 @@ Per GPU, from the one-process measurement and parameter counts (N processes, one
   unsharded, accumulated in fp32, until the last chunk reduces them: during the replay the gradients are whole;
 - shard_grad_op (FSDP2, reshard_after_forward=False, ZeRO-2): as full_shard, but the policy's FSDP parameters stay
   gathered in bf16 for the whole step; the reference reshards after each forward.
+  Both FSDP shardings also hold, during the replay's backward, one fp32 copy of this process's local (unreduced)
+  gradient of the parameters the micro-batch gradient statistic reads (`grpo.parallel.LocalSquares`: the AR's
+  trained parameters; the head's for head-only).
 FSDP groups are `margrpo.grpo.parallel.shard_units` (every block of an nn.ModuleList made of AR / head
-parameters, then the largest head-only module) and the root (the rest of the AR and the head).
+parameters, then the children of each largest head-only module) and the root (the rest of the AR and the head).
 Reward models' weights (per `reward_models.<name>.dtype`, float32 by default) are whole on every GPU; their
 parameter counts come from their architectures built on the meta device (`reward_weights`).
 
@@ -670,7 +673,8 @@ def group_sizes(trainer) -> dict[str, int]:
             "root": nbytes(root), "root_trained": nbytes(trained(root)), "unit": max(map(nbytes, own), default=0),
             "unit_trained": max((nbytes(trained(ps)) for ps in own), default=0), "groups": len(own) + 1,
             "reference": nbytes(ref), "trained": nbytes(trained(params)), "mask_steps": trainer.cfg.mask_steps,
-            "frozen": nbytes([p for p in params if not p.requires_grad]), "buffers": nbytes(list(policy.buffers()))}
+            "frozen": nbytes([p for p in params if not p.requires_grad]), "buffers": nbytes(list(policy.buffers())),
+            "stat": sum(p.numel() * 4 for p in trainer._stat_params())}
 
 
 # --- per GPU: the one-process measurement composed with N processes and a sharding ---------------------------------
@@ -703,7 +707,9 @@ def per_gpu(step: Step, n: int, sharding: str, rewards: int) -> dict:
             held = bf16(s["fsdp"]) if sharding == "shard_grad_op" else bf16(s["root"]) + 2 * bf16(s["unit"])
             ref = bf16(s["root"]) + 2 * bf16(s["unit"]) if s["reference"] and phase == "replay" else 0
             grads = max(s["unit_trained"], s["root_trained"]) * 6 // 4 if phase == "replay" else 0  # bf16 + fp32
-            gathered = held + ref + grads
+            # the gradient statistic: each group's local (unreduced) gradient summed in fp32 during the backward
+            stat = s.get("stat", s["fsdp_trained"]) if phase == "replay" else 0
+            gathered = held + ref + grads + stat
         parts["gathered"] = gathered
         parts["rewards"] = rewards
         parts = {k: int(parts[k]) for k in PARTS}
@@ -927,8 +933,9 @@ GPU_SESSION = {("nova", "fix"): 82.9 * GiB, ("nova", "grpo"): 93.4 * GiB}
 def gpu_check(args, say=print) -> list[dict]:
     """The plan's tensor peak (no reward model, no allowance: what max_memory_allocated counts) of the step the GPU
     session measured, with the trainer's own draw of chosen AR steps (its first step's) and with the worst case."""
+    wanted = {tuple(item.split(":")) for item in args.gpu_check_runs.split(",")}
     rows, runs = [], [Run(policy, variant, prompts=3, micro_batches=1, replay_chunk=1, chosen=chosen)
-                      for policy, variant in GPU_SESSION for chosen in ("drawn", "first")]
+                      for policy, variant in GPU_SESSION for chosen in ("drawn", "first") if (variant, chosen) in wanted]
     for run in runs:
         step = plan_step(run, args.rollout_steps, say=lambda *_: None)
         policy, variant, chosen, measured = run.policy, run.variant, run.chosen, GPU_SESSION[(run.policy, run.variant)]
@@ -950,8 +957,8 @@ def cpu_model() -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", nargs="+", default=[str(ROOT / "config" / f"paper-{n}.yaml") for n in BUILD],
-                   help="paper configs, each training one policy (nova or harmon)")
+    p.add_argument("--config", nargs="*", default=[str(ROOT / "config" / f"paper-{n}.yaml") for n in BUILD],
+                   help="paper configs, each training one policy (nova or harmon); none: only --validate / --gpu-check")
     p.add_argument("--variants", default=None, help=f"default: {','.join(VARIANTS)} (--test: grpo)")
     p.add_argument("--gpus", type=int, nargs="+", default=[1, 3, 8])
     p.add_argument("--reward", default="mixed", help="the rewards.<name> whose scorers sit on each GPU")
@@ -962,6 +969,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rollout-steps", type=int, default=None, help="AR steps the rollout runs (default |M|; 0: all)")
     p.add_argument("--validate", action="store_true", help="also the fake-vs-real check on a small NOVA")
     p.add_argument("--gpu-check", action="store_true", help="also the step the GPU session measured (NOVA, 12 images)")
+    p.add_argument("--gpu-check-runs", default="fix:drawn,fix:first,grpo:drawn,grpo:first",
+                   help="which of the GPU session's steps --gpu-check plans: VARIANT:CHOSEN, comma-separated")
     p.add_argument("--json", default=None, help="write every number here")
     p.add_argument("--from-json", default=None, help="compose the fake steps of an earlier --json again (no step is run)")
     p.add_argument("--test", action="store_true", help="tiny policies: everything in about a minute (tests)")

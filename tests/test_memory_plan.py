@@ -55,7 +55,7 @@ def test_test_mode_agrees_with_real_tensors_and_predicts_the_old_setting_larger(
 def _step(plan, replay_chunk, **kinds):
     peaks = {p: (sum(kinds.values()), dict(kinds)) for p in plan.PHASES}
     sizes = {"fsdp": 400, "fsdp_trained": 400, "root": 40, "root_trained": 40, "unit": 80, "unit_trained": 80,
-             "reference": 400, "trained": 400, "frozen": 1000, "buffers": 8, "groups": 6, "mask_steps": 12}
+             "reference": 400, "trained": 400, "frozen": 1000, "buffers": 8, "groups": 6, "mask_steps": 12, "stat": 300}
     return plan.Step(plan.Run("nova", "grpo", replay_chunk=replay_chunk), True, peaks, sizes, 0.0, 0.0)
 
 
@@ -70,10 +70,11 @@ def test_per_gpu_composition(plan):
     assert (zero3["trained"], zero3["grads"], zero3["optimizer"], zero3["reference"]) == (100, 100, 200, 100)
     assert zero3["frozen"] == 1008  # the encoders outside the AR and head, and buffers, stay whole
     assert zero3["activations"] == 5000  # no autocast copies: FSDP gathers bf16 parameters
-    # replay: the root and two block groups gathered in bf16, the reference's as well, one group's gradient (bf16 + fp32)
-    assert zero3["gathered"] == (20 + 2 * 40) * 2 + 80 * 6 // 4
+    # replay: the root and two block groups gathered in bf16, the reference's as well, one group's gradient (bf16 + fp32),
+    # and the gradient statistic's fp32 sum of this process's local gradient (grpo.parallel.LocalSquares)
+    assert zero3["gathered"] == (20 + 2 * 40) * 2 + 80 * 6 // 4 + 300
     zero2 = plan.per_gpu(step, 4, "shard_grad_op", rewards=50)
-    assert zero2["gathered"] == 200 + (20 + 2 * 40) + 80 * 6 // 4  # the whole policy stays gathered in bf16
+    assert zero2["gathered"] == 200 + (20 + 2 * 40) + 80 * 6 // 4 + 300  # the whole policy stays gathered in bf16
     for r in (one, ddp, zero3, zero2):
         tensors = sum(r[k] for k in plan.PARTS)
         assert r["total"] == tensors + int(plan.ALLOWANCE_FIXED + plan.ALLOWANCE_SHARE * tensors)
