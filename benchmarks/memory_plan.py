@@ -489,6 +489,21 @@ def instrumented(ledger: Ledger, trainer, amp: CudaAutocast, steps: int | None, 
         if hasattr(owner, "batch_invariant"):
             blocks.append((owner, owner.batch_invariant))
 
+    # a checkpointed block recomputes in backward under CUDA's policy too (torch restores CPU autocast there, and with
+    # it the CPU's policy, which would recompute other dtypes than the forward saved)
+    import margrpo.policy.memory as memory
+
+    forward_mode = memory.forward_mode
+
+    def forward_mode_with_amp(block):
+        before, recompute = forward_mode(block)
+
+        @contextlib.contextmanager
+        def both():
+            with recompute, amp:
+                yield
+        return before, both()
+
     saved = (module.autocast, module._subset, rollout_module.ar_schedule, rollout_module._Record.empty)
     K = len(saved[2](trainer.policy, trainer.sampling))
     R = K if steps is None else max(steps, trainer.cfg.mask_steps)
@@ -549,6 +564,7 @@ def instrumented(ledger: Ledger, trainer, amp: CudaAutocast, steps: int | None, 
     trainer.optimizer.register_step_post_hook(lambda *_: ledger.set_phase("after"))
     module.autocast, module._subset, rollout_module.ar_schedule = cuda_policy, subset, schedule
     rollout_module._Record.empty = empty
+    memory.forward_mode = forward_mode_with_amp
     for owner, _ in blocks:
         owner.batch_invariant = contextlib.nullcontext
     try:
@@ -556,6 +572,7 @@ def instrumented(ledger: Ledger, trainer, amp: CudaAutocast, steps: int | None, 
     finally:
         module.autocast, module._subset, rollout_module.ar_schedule = saved[:3]
         rollout_module._Record.empty = saved[3]
+        memory.forward_mode = forward_mode
         for owner, value in blocks:
             owner.batch_invariant = value
 

@@ -24,7 +24,8 @@ from test_trainer import make_trainer  # noqa: E402
 from margrpo.grpo.trainer import write_outputs  # noqa: E402
 
 VARIANTS = {"grpo": {}, "fix": {"freeze_head": True}, "mte-sim": {"freeze_head": True, "trajectories": 3, "sim": True},
-            "lora": {"freeze_head": True, "lora": {"rank": 4, "alpha": 8}}, "chunked": {"freeze_head": True, "replay_chunk": 1}}
+            "lora": {"freeze_head": True, "lora": {"rank": 4, "alpha": 8}}, "chunked": {"freeze_head": True, "replay_chunk": 1},
+            "checkpointed": {"gradient_checkpointing": True, "replay_chunk": 1}}  # blocks recomputed inside FSDP's groups
 SHARDING = os.environ.get("SHARDING", "replicate")  # grpo.parallel: DDP, or FSDP2's two shardings
 POLICY = os.environ.get("POLICY", "toy")  # the tiny toy, NOVA or Harmon of the tests
 

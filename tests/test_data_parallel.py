@@ -71,7 +71,8 @@ def one_process_update(one_process_updates):
                                              ("nova", "full_shard"), ("harmon", "shard_grad_op")])
 def test_two_processes_take_the_one_process_first_update(tmp_path, one_process_updates, policy, sharding):
     """Each process rolls out one of the two groups; DDP (replicate) or FSDP2 sums the gradients: the 1-process step
-    on the whole batch (1e-5), for GRPO, +Fix, +MTE/+Sim, LoRA and a chunked replay (replay_chunk 1), with the same
+    on the whole batch (1e-5), for GRPO, +Fix, +MTE/+Sim, LoRA, a chunked replay (replay_chunk 1) and gradient
+    checkpointing (AR and head blocks recomputed in backward, inside FSDP's groups), with the same
     micro-batch gradient statistic, on the toy and the tiny NOVA and Harmon (as the paper configs shard them)."""
     ok(torchrun(2, "first-update", tmp_path, SHARDING=sharding, POLICY=policy))
     one, two = one_process_updates(policy), torch.load(tmp_path / "first_update.pt")

@@ -73,6 +73,39 @@ def test_gradient_checkpointing_gives_the_same_gradients(kind):
     assert all(torch.equal(again[n], g) for n, g in plain.items())
 
 
+HEAD_BLOCKS = {"toy": lambda p: p.diffloss.blocks, "nova": lambda p: p.transformer.image_decoder.blocks,
+               "harmon": lambda p: p.mar.diffloss.net.res_blocks}
+
+
+@pytest.mark.parametrize("kind", ["toy", "nova", "harmon"])
+def test_gradient_checkpointing_recomputes_the_heads_blocks_with_the_same_gradients(kind):
+    """The replay's head rows (every unknown token x diffusion steps x CFG) hold most of Harmon's activations
+    (docs/real-scale.md, memory plan): checkpointing covers the head's blocks too, with the same gradients."""
+    policy = MAKERS[kind]()
+    tokens, known, cond = ar_inputs(policy)
+    g = torch.Generator().manual_seed(3)
+    rows = 24
+    x_t = torch.randn(rows, policy.token_dim, generator=g)
+    t = torch.randint(1, 900, (rows,), generator=g).float()
+    calls = []
+    HEAD_BLOCKS[kind](policy)[0].register_forward_pre_hook(lambda *a: calls.append(1))
+
+    def head_grads():
+        policy.zero_grad(set_to_none=True)
+        with deterministic(policy):
+            z = policy.ar_forward(tokens, known, policy.prepare_condition(cond)).flatten(0, 1)[:rows]
+            policy.head(x_t, t, z).square().mean().backward()
+        return {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}
+
+    plain, n_plain = head_grads(), len(calls)
+    policy.set_gradient_checkpointing(True)
+    checkpointed = head_grads()
+    assert n_plain == 1 and len(calls) - n_plain == 2  # the block's forward ran again in backward
+    assert plain.keys() == checkpointed.keys() and plain
+    for n, grad in plain.items():
+        assert torch.allclose(checkpointed[n], grad, rtol=1e-5, atol=1e-5 * grad.abs().max().item()), n
+
+
 def test_gradient_checkpointing_is_off_by_default_and_routed(tmp_path):
     assert GRPOConfig().gradient_checkpointing is False and GRPOConfig().lora is None
     trainer = make_trainer(tmp_path, gradient_checkpointing=True)

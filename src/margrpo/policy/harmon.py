@@ -189,8 +189,9 @@ class HarmonPolicy(MARPolicy):
     lora_scope, lora_targets = r"llm\.model\.layers\.\d+\.", ("q_proj", "k_proj", "v_proj", "o_proj")
 
     def set_gradient_checkpointing(self, enabled: bool = True) -> None:
-        """The Qwen2 layers (transformers' own checkpointing) and MAR-H's encoder/decoder blocks."""
-        self.gradient_checkpointing = self.mar.gradient_checkpointing = enabled
+        """The Qwen2 layers (transformers' own checkpointing), MAR-H's encoder/decoder blocks and its diffusion head's
+        residual blocks (which hold most of a replay's activations: every unknown token x diffusion steps x CFG)."""
+        self.gradient_checkpointing = self.mar.gradient_checkpointing = self.mar.diffloss.net.gradient_checkpointing = enabled
         if enabled:
             self.llm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={
                 "use_reentrant": False, "context_fn": functools.partial(forward_mode, self.llm)})

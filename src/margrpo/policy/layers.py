@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from margrpo.policy.memory import run_blocks
+
 
 class Attention(nn.Module):
     """`fused`: scaled_dot_product_attention on CPU too (as always on CUDA)."""
@@ -96,6 +98,8 @@ class ResBlock(nn.Module):
 class SimpleMLPAdaLN(nn.Module):
     """MAR's diffusion head: an MLP over one token, conditioned on z and t through AdaLN."""
 
+    gradient_checkpointing = False  # of the residual blocks (policy.memory)
+
     def __init__(self, token_dim: int, cond_dim: int, width: int, depth: int, out_dim: int, z_input: bool = False):
         super().__init__()
         # z_input: also add a projection of z to the input features (not only through AdaLN), which
@@ -120,8 +124,7 @@ class SimpleMLPAdaLN(nn.Module):
         h = self.input_proj(x)
         if self.z_proj is not None:
             h = h + self.z_proj(z)
-        for block in self.blocks:
-            h = block(h, c)
+        h = run_blocks(self.blocks, h, c, checkpointing=self.gradient_checkpointing)
         shift, scale = self.final_ada(c).chunk(2, dim=-1)
         return self.out(modulate(self.final_norm(h), shift, scale))
 

@@ -104,6 +104,8 @@ class DiffusionMLP(nn.Module):
     (256-d frequency embedding, affine LayerNorm in the residual blocks) so checkpoints load.
     """
 
+    gradient_checkpointing = False  # of the residual blocks (policy.memory)
+
     def __init__(self, token_dim: int, z_dim: int, width: int, depth: int):
         super().__init__()
         self.time_embed = TimestepEmbedder(width)
@@ -122,8 +124,7 @@ class DiffusionMLP(nn.Module):
     def forward(self, x: Tensor, t: Tensor, z: Tensor) -> Tensor:
         h = self.input_proj(x.to(self.input_proj.weight.dtype))
         c = self.time_embed(t) + self.cond_embed(z.to(self.cond_embed.weight.dtype))  # [N, width]
-        for block in self.res_blocks:
-            h = block(h, c)
+        h = run_blocks(self.res_blocks, h, c, checkpointing=self.gradient_checkpointing)
         return self.final_layer(h, c)
 
 

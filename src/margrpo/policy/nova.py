@@ -285,6 +285,8 @@ class DiffusionMLP(nn.Module):
     """`image_decoder`: v = MLP(x_t, t, z) for one token. Flow matching with x_t = (1 - s) x0 + s eps,
     t = 1000 s, target v = eps - x0 (NOVA's get_losses) — our FlowSDESampler's convention as is."""
 
+    gradient_checkpointing = False  # of the diffusion blocks (policy.memory)
+
     def __init__(self, depth: int, dim: int, cond_dim: int, patch: int, image_dim: int):
         super().__init__()
         self.patch_embed = PatchEmbed(image_dim, dim, patch)
@@ -296,9 +298,7 @@ class DiffusionMLP(nn.Module):
     def forward(self, x: Tensor, t: Tensor, z: Tensor) -> Tensor:
         """x [N, D] noisy tokens, t [N] model time in (0, 1000], z [N, cond_dim] -> velocity [N, D]."""
         c = self.time_cond_embed(t, z)
-        h = self.patch_embed(x)
-        for block in self.blocks:
-            h = block(h, c)
+        h = run_blocks(self.blocks, self.patch_embed(x), c, checkpointing=self.gradient_checkpointing)
         return self.head(self.norm(h, c)[0])
 
 
@@ -492,7 +492,9 @@ class NovaPolicy(MARPolicy):
     lora_scope, lora_targets = r"transformer\.(?:video|image)_encoder\.blocks\.\d+\.", ("qkv", "proj", "fc1", "fc2")
 
     def set_gradient_checkpointing(self, enabled: bool = True) -> None:
+        """The ViT blocks and the diffusion head's blocks."""
         self.gradient_checkpointing = self.transformer.gradient_checkpointing = enabled
+        self.transformer.image_decoder.gradient_checkpointing = enabled
 
     # --- diffusers-style folder -----------------------------------------------------------------------
     def save_pretrained(self, directory: str | Path, copy_frozen: bool = False) -> None:

@@ -119,7 +119,8 @@ class ToyMAR(MARPolicy):
     lora_scope, lora_targets = r"blocks\.\d+\.", ("qkv", "proj", "mlp.0", "mlp.3")
 
     def set_gradient_checkpointing(self, enabled: bool = True) -> None:
-        self.gradient_checkpointing = enabled
+        """The transformer's blocks and the head's residual blocks."""
+        self.gradient_checkpointing = self.diffloss.gradient_checkpointing = enabled
 
     def head(self, x_t: Tensor, t: Tensor, z: Tensor) -> Tensor:
         """The sampler's native output (flow: velocity; DDPM: eps [+ variance]) for noisy tokens x_t [N, D].
