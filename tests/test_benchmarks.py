@@ -64,3 +64,22 @@ def test_gradient_signal_runs_on_a_tiny_policy(repo, tmp_path):
     for line in changes:
         value = float(line.split("reward change")[1].split()[0])
         assert math.isfinite(value)
+
+
+def test_step_profile_splits_a_default_toy_step_into_exclusive_parts(repo, tmp_path):
+    """benchmarks/step_profile.py: every phase of a real +Fix step on the default toy, each part timed exclusively
+    (nested parts are not counted twice: the remainder left for the step's other Python is not negative)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo / "src"), os.environ.get("PYTHONPATH", "")])}
+    out = tmp_path / "profile.json"
+    run = subprocess.run([sys.executable, str(repo / "benchmarks/step_profile.py"), "--steps", "1", "--json", str(out),
+                          "--grpo", '{"batch_prompts": 2}', "--config", str(repo / "config/config.yaml")],
+                         cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    parts = report["parts"]
+    for key in ("rollout/AR transformer", "rollout/head", "replay/AR transformer", "replay/backward, log-densities, loss",
+                "optimizer/AdamW"):
+        assert parts[key] > 0, key
+    assert parts["other/the step's remaining Python"] > -0.01 * report["cpu_s"]
+    assert math.isclose(sum(parts.values()), report["cpu_s"], rel_tol=1e-9) and report["images"] == 8
+    assert "| rollout | head |" in run.stdout
