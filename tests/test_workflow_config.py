@@ -266,6 +266,19 @@ def test_schema_scorer_names_are_the_registry():
     assert sorted(load_schema()["$defs"]["scorer"]["enum"]) == available_rewards()
 
 
+def _dry_run_train_jobs(tmp_path, overrides: dict) -> tuple[str, list[str]]:
+    """A dry run of the smoke config with `overrides` on top, for 8 cores and 8 GPUs: its printout and the train jobs."""
+    cfg = tmp_path / "overrides.yaml"
+    cfg.write_text(yaml.safe_dump(overrides))
+    args = ["-n", "-p", "--cores", "8", "--resources", "gpu=8", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+            "--configfile", str(REPO / "config/smoke.yaml"), str(cfg)]
+    out = subprocess.run([SNAKEMAKE, *args], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    jobs = [j for j in out.stdout.split("\n\n") if re.search(r"^rule train(_ablation)?:", j, re.M)]
+    assert jobs
+    return out.stdout, jobs
+
+
 def test_train_nodes_start_torchrun_on_each_node_and_ask_slurm_for_the_nodes(tmp_path):
     """train_nodes: 2 x train_processes: 2 on cuda: the train rules go through the launcher's SLURM path (srun, one
     torchrun per node, rendezvous port from the config) and ask for 2 nodes, 2 tasks and 2 GPUs per node."""
@@ -273,15 +286,8 @@ def test_train_nodes_start_torchrun_on_each_node_and_ask_slurm_for_the_nodes(tmp
 
     from snakemake_executor_plugin_slurm.utils import set_gres_string
 
-    cfg = tmp_path / "nodes.yaml"
-    cfg.write_text(yaml.safe_dump({"device": "cuda", "train_processes": 2, "train_nodes": 2, "train_port": 29600,
-                                   "grpo": {"batch_prompts": 4, "group_size": 2, "mask_steps": 2, "diffusion_steps": 2}}))
-    args = ["-n", "-p", "--cores", "8", "--resources", "gpu=8", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
-            "--configfile", str(REPO / "config/smoke.yaml"), str(cfg)]
-    out = subprocess.run([SNAKEMAKE, *args], cwd=REPO, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-3000:]
-    jobs = [j for j in out.stdout.split("\n\n") if re.search(r"^rule train(_ablation)?:", j, re.M)]
-    assert jobs
+    _, jobs = _dry_run_train_jobs(tmp_path, {"device": "cuda", "train_processes": 2, "train_nodes": 2, "train_port": 29600,
+                                             "grpo": {"batch_prompts": 4, "group_size": 2, "mask_steps": 2, "diffusion_steps": 2}})
     for job in jobs:
         assert "Shell command: python -m margrpo.infra.launch --nodes 2 --port 29600 2 margrpo train " in job, job
         assert re.search(r"resources: .*\bnodes=2\b", job) and re.search(r"\btasks=2\b", job) and "gres=gpu:2" in job, job
@@ -296,21 +302,16 @@ def test_train_processes_launch_n_local_processes_and_request_one_gpu_each(tmp_p
 
     from snakemake_executor_plugin_slurm.utils import set_gres_string
 
-    cfg = tmp_path / "dp.yaml"
-    cfg.write_text(yaml.safe_dump({"device": "cuda", "train_processes": 2, "threads": 3,
-                                   "grpo": {"batch_prompts": 2, "group_size": 2, "mask_steps": 2, "diffusion_steps": 2}}))
-    args = ["-n", "-p", "--cores", "8", "--resources", "gpu=8", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
-            "--configfile", str(REPO / "config/smoke.yaml"), str(cfg)]
-    out = subprocess.run([SNAKEMAKE, *args], cwd=REPO, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-3000:]
-    jobs = [j for j in out.stdout.split("\n\n") if re.search(r"^rule train(_ablation)?:", j, re.M)]
-    assert jobs
+    out, jobs = _dry_run_train_jobs(tmp_path, {"device": "cuda", "train_processes": 2, "threads": 3,
+                                               "grpo": {"batch_prompts": 2, "group_size": 2, "mask_steps": 2, "diffusion_steps": 2}})
     for job in jobs:
         assert "Shell command: python -m margrpo.infra.launch 2 margrpo train " in job, job
         assert re.search(r"resources: .*\bgpu=2\b", job) and re.search(r"^\s*threads: 6$", job, re.M), job
         assert "--threads 3 " in job  # per process
-    others = [j for j in out.stdout.split("\n\n") if re.search(r"^rule (sample|pretrain):", j, re.M)]
+    others = [j for j in out.split("\n\n") if re.search(r"^rule (sample|pretrain):", j, re.M)]
     assert others and all("margrpo.infra.launch" not in j and re.search(r"gpu=1\b", j) for j in others)
     assert set_gres_string(SimpleNamespace(resources=SimpleNamespace(get={"gpu": 2}.get))).strip() == "--gpus=2"
-    single = subprocess.run([SNAKEMAKE, *args[:-1]], cwd=REPO, capture_output=True, text=True)
+    single = subprocess.run([SNAKEMAKE, "-n", "-p", "--cores", "8", "--resources", "gpu=8", "--snakefile", str(REPO / "Snakefile"),
+                             "--directory", str(tmp_path), "--configfile", str(REPO / "config/smoke.yaml")],
+                            cwd=REPO, capture_output=True, text=True)
     assert single.returncode == 0 and "margrpo.infra.launch" not in single.stdout and "Shell command: margrpo train " in single.stdout
