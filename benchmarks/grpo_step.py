@@ -57,10 +57,10 @@ def make_policy(path):
     return load_policy(path) if path else ToyMAR(ToyMARConfig(vocab=prompt_vocabulary(), **MODEL))
 
 
-def make_trainer(policy_path, sampling, grpo, variant, steps) -> GRPOTrainer:
+def make_trainer(policy_path, sampling, grpo, variant, steps, prompts=PROMPTS) -> GRPOTrainer:
     fields = set(GRPOConfig.__dataclass_fields__)
     cfg = GRPOConfig(**{k: v for k, v in {**grpo, **variant, "steps": steps + 1}.items() if k in fields})
-    ps = PromptSet(PROMPTS, [{}] * len(PROMPTS))
+    ps = PromptSet(prompts, [{}] * len(prompts))
     return GRPOTrainer(make_policy(policy_path), reward, ps, ps, sampling, cfg, tempfile.mkdtemp())
 
 

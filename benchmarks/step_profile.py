@@ -27,12 +27,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from grpo_step import make_policy, reward  # noqa: E402
+from grpo_step import make_trainer  # noqa: E402
 
 from margrpo.experiment.config import load_config  # noqa: E402
 from margrpo.grpo.rollout import SamplingConfig  # noqa: E402
-from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer  # noqa: E402
-from margrpo.prompts.suites import PromptSet  # noqa: E402
+from margrpo.grpo.trainer import GRPOTrainer  # noqa: E402
 
 COLORS, SHAPES = ["red", "blue", "green", "yellow"], ["circle", "square", "triangle"]
 PROMPTS = [f"a {c} {s}" for c in COLORS for s in SHAPES]  # 12: enough groups for 48 images a step
@@ -96,13 +95,9 @@ def main() -> None:
     config = load_config(args.config)
     name = config["experiments"]["ladder"]["policies"][0]
     sampling = SamplingConfig(**config["policies"][name]["sampling"])
-    grpo = {**config["grpo"], "precision": config["mixed_precision"], **json.loads(args.grpo), **VARIANTS[args.variant],
-            "steps": args.steps + 1, "trackers": []}
-    cfg = GRPOConfig(**{k: v for k, v in grpo.items() if k in GRPOConfig.__dataclass_fields__})
-    prompts = PromptSet(PROMPTS, [{}] * len(PROMPTS))
-    import tempfile
-
-    trainer = GRPOTrainer(make_policy(None), reward, prompts, prompts, sampling, cfg, tempfile.mkdtemp())
+    grpo = {**config["grpo"], "precision": config["mixed_precision"], **json.loads(args.grpo), "trackers": []}
+    trainer = make_trainer(None, sampling, grpo, VARIANTS[args.variant], args.steps, prompts=PROMPTS)
+    cfg = trainer.cfg
     trainer.train_step()  # warm-up
     parts = Parts()
     instrument(trainer, parts)

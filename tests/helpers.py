@@ -27,9 +27,9 @@ def flip_last_byte(path) -> None:
     path.write_bytes(bytes(data))
 
 
-def assert_ratio_is_one(policy, r, atol=1e-5):
-    """DESIGN 3.2: replaying every (AR step, diffusion step) of rollout `r` with unchanged parameters
-    reproduces the recorded log-probs — committed trajectory and MTE trajectories alike."""
+def replayed_ratios(policy, r):
+    """Replay every (AR step, diffusion step) of rollout `r`: (the replay, the PPO ratios of the committed trajectory's
+    replayed tokens, those of every extra trajectory of every token predicted at an MTE step, or None without MTE)."""
     from margrpo.grpo.rollout import recorded, replay, stochastic_steps
 
     K, T = r.sampling.ar_steps, stochastic_steps(r.sampling)
@@ -37,13 +37,21 @@ def assert_ratio_is_one(policy, r, atol=1e-5):
     rp = replay(policy, r, ar, diff, with_mte=r.trajectories > 1)
     old, old_mte = recorded(r, ar, diff)
     assert rp.mask.sum() > 0
-    ratio = torch.exp(rp.log_prob - old)[rp.mask]
-    assert torch.allclose(ratio, torch.ones_like(ratio), atol=atol, rtol=0), (ratio.min(), ratio.max())
-    if r.trajectories > 1:  # every extra trajectory of every token predicted at an MTE step
+    ratio, mte_ratio = torch.exp(rp.log_prob - old)[rp.mask], None
+    if r.trajectories > 1:
         has = (~r.known[ar]) & (r.mte_slots()[ar] >= 0)[:, None, None]  # [K, N, L]
         replayed = has[:, None, None].expand_as(rp.mte_log_prob)
         assert replayed.any()
         mte_ratio = torch.exp(rp.mte_log_prob - old_mte)[replayed]
+    return rp, ratio, mte_ratio
+
+
+def assert_ratio_is_one(policy, r, atol=1e-5):
+    """DESIGN 3.2: replaying every (AR step, diffusion step) of rollout `r` with unchanged parameters
+    reproduces the recorded log-probs — committed trajectory and MTE trajectories alike."""
+    rp, ratio, mte_ratio = replayed_ratios(policy, r)
+    assert torch.allclose(ratio, torch.ones_like(ratio), atol=atol, rtol=0), (ratio.min(), ratio.max())
+    if mte_ratio is not None:
         assert torch.allclose(mte_ratio, torch.ones_like(mte_ratio), atol=atol, rtol=0), (mte_ratio.min(), mte_ratio.max())
     return rp
 

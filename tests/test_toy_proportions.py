@@ -35,6 +35,16 @@ def default_toy(name: str, seed: int = 0) -> ToyMAR:
     return policy
 
 
+def default_toy_rollout(name: str) -> tuple[ToyMAR, object]:
+    """`default_toy(name)` and its rollout of two prompts x 2 images with 3 trajectories at two MTE steps (the ratio
+    check's, also run under other kernel paths by tests/ratio_worker.py)."""
+    policy = default_toy(name)
+    sampling = SamplingConfig(**{**CONFIG["policies"][name]["sampling"], "diffusion_steps": 4})
+    r = generate(policy, PROMPTS[:2], sampling, group_size=2, generator=torch.Generator().manual_seed(0), trajectories=3,
+                 mte_steps=torch.tensor([1, sampling.ar_steps - 2]), mte_generator=torch.Generator().manual_seed(1))
+    return policy, r
+
+
 def head_share(policy: ToyMAR) -> float:
     head = sum(p.numel() for p in policy.head_parameters())
     non_text = sum(p.numel() for n, p in policy.named_parameters() if not n.startswith("text_encoder."))
@@ -49,11 +59,7 @@ def test_default_toy_head_holds_at_most_15_percent_of_the_non_text_parameters(na
 
 @pytest.mark.parametrize("name", TOYS)
 def test_default_toy_replays_committed_and_mte_trajectories_with_ratio_one(name):
-    policy = default_toy(name)
-    sampling = SamplingConfig(**{**CONFIG["policies"][name]["sampling"], "diffusion_steps": 4})
-    r = generate(policy, PROMPTS[:2], sampling, group_size=2, generator=torch.Generator().manual_seed(0), trajectories=3,
-                 mte_steps=torch.tensor([1, sampling.ar_steps - 2]), mte_generator=torch.Generator().manual_seed(1))
-    assert_ratio_is_one(policy, r)
+    assert_ratio_is_one(*default_toy_rollout(name))
 
 
 def test_default_toy_reductions_give_the_plain_loss(tmp_path):

@@ -18,8 +18,9 @@ zero rows: every product then has one shape, and a row's result depends on that 
 the block does not matter: measured for MKL's default path on this AMD EPYC and its AVX2 path at 1-32 threads; MKL's
 SSE2 path, MKL_CBWR=COMPATIBLE, with 3 or 5 threads puts its threads' seams inside a block, which no CPU
 takes unless asked). Rollout and replay run inside it (`base.deterministic`). The backward is F.linear's
-own; on this AMD EPYC, where MKL gives the same bits for every M >= 8, no rollout, log-prob or gradient
-of the toys changes (bitwise). CUDA tensors are left alone (cuBLAS chooses by shape too, but the GPU runs
+own. On this AMD EPYC, where MKL gives the same bits for every M >= 8, a product of 8 or more rows keeps
+its bits (the default toy-nova step has no smaller one, counted); products of fewer rows change in their last
+bits (a 2 prompts x 2 images toy-harmon GRPO run moved its step-2 reward by 1e-8 relative). CUDA tensors are left alone (cuBLAS chooses by shape too, but the GPU runs
 measured ratio 1.0 exactly, and blocks would cost kernel launches).
 """
 
