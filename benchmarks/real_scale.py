@@ -12,7 +12,8 @@ LLM) and the variants come from config/paper-{nova,harmon}.yaml via `train_spec`
 them; `committed` is fix with loss_tokens: committed. The reward is the images' mean brightness:
 this measures the trainer, not a scorer. Per (policy, variant): one warm-up step, then `--steps`
 timed steps; each policy is built once and reset to its initial weights for each variant. Peak memory
-is torch.cuda.max_memory_allocated reset per run (on CPU the process's max RSS, which never resets);
+is torch.cuda.max_memory_allocated and max_memory_reserved (the caching allocator's take), reset per run
+(on CPU the process's max RSS, which never resets);
 the rollout's FLOPs are counted with FlopCounterMode on one rollout (`rollout_and_score`: generate +
 reward + MTE / Sim masks) and divided by its time alone, as a fraction of a large square matmul's
 TFLOP/s measured in the same run (bf16 on CUDA, fp32 on CPU).
@@ -185,21 +186,28 @@ def matmul_tflops(device: torch.device) -> float:
     return 2 * n**3 * repeats / timed(lambda: [a @ b for _ in range(repeats)], device) / 1e12
 
 
-def peak_memory_mb(device: torch.device) -> float:
+def peak_memory_mb(device: torch.device) -> tuple[float, float]:
+    """Peak (allocated, reserved) MiB: what tensors held and what the caching allocator took from the GPU (the plan's
+    allowance covers the difference). On CPU both are the process's max RSS, which never resets."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+        return torch.cuda.max_memory_allocated(device) / 2**20, torch.cuda.max_memory_reserved(device) / 2**20
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    return rss, rss
 
 
 def run(name: str, variant: str, args, device: torch.device, peak_tflops: float) -> dict:
     """One (policy, variant): warm-up step, `steps` timed steps, then one rollout timed and one counted."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="real_scale-") as out:  # the trainer writes nothing unless it saves
         trainer, ckpt = make_trainer(name, variant, args, device, out)
-    first = trainer.train_step()  # warm-up: allocator, kernels, optimizer state; its replay runs on the rollout's weights
+    build_s = time.perf_counter() - t0
+    firsts = []  # warm-up: allocator, kernels, optimizer state; its replay runs on the rollout's weights
+    warmup_s = timed(lambda: firsts.append(trainer.train_step()), device)
+    first = firsts[0]
     seconds = sum(timed(trainer.train_step, device) for _ in range(args.steps)) / args.steps
-    memory = peak_memory_mb(device)
+    memory, reserved = peak_memory_mb(device)
     rollout_s = timed(trainer.rollout_and_score, device)
     with FlopCounterMode(display=False) as counter:
         trainer.rollout_and_score()
@@ -210,7 +218,7 @@ def run(name: str, variant: str, args, device: torch.device, peak_tflops: float)
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return {"policy": name, "variant": variant, "s_per_step": seconds, "images_per_s": images / seconds,
-            "peak_mem_mb": memory, "rollout_s": rollout_s, "rollout_tflop": tflop, "rollout_tflops": tflop / rollout_s,
+            "peak_mem_mb": memory, "peak_reserved_mb": reserved, "build_s": build_s, "warmup_s": warmup_s, "rollout_s": rollout_s, "rollout_tflop": tflop, "rollout_tflops": tflop / rollout_s,
             "matmul_tflops": peak_tflops, "fraction": tflop / rollout_s / peak_tflops, "gradient_checkpointing": ckpt,
             "images_per_step": images, "first_ratio_min": first["ratio_min"], "first_ratio_max": first["ratio_max"]}
 
@@ -228,9 +236,9 @@ def run_or_oom(name: str, variant: str, args, device: torch.device, peak_tflops:
     return {"policy": name, "variant": variant, "error": "out of memory", "oom_held_mb": reached, **{h: None for h, _ in COLUMNS[2:]}}
 
 
-COLUMNS = [("policy", "{}"), ("variant", "{}"), ("s_per_step", "{:.3f}"), ("images_per_s", "{:.2f}"), ("peak_mem_mb", "{:.0f}"),
+COLUMNS = [("policy", "{}"), ("variant", "{}"), ("s_per_step", "{:.3f}"), ("images_per_s", "{:.2f}"), ("peak_mem_mb", "{:.0f}"), ("peak_reserved_mb", "{:.0f}"),
            ("rollout_s", "{:.3f}"), ("rollout_tflops", "{:.4g}"), ("fraction", "{:.3f}"), ("gradient_checkpointing", "{}"),
-           ("images_per_step", "{}"), ("first_ratio_min", "{:.6f}"), ("first_ratio_max", "{:.6f}")]
+           ("images_per_step", "{}"), ("build_s", "{:.1f}"), ("warmup_s", "{:.1f}"), ("first_ratio_min", "{:.6f}"), ("first_ratio_max", "{:.6f}")]
 
 
 def print_table(rows: list[dict]) -> None:
