@@ -10,10 +10,12 @@
 Where the MTE overhead comes from is printed too (rollout with S = 4 vs S = 1). MTE (Algorithm 2)
 draws S - 1 extra trajectories of every token predicted at each of the |M| chosen AR steps, batched
 into the committed trajectory's head calls: (S - 1) * sum over the chosen steps of the unknown tokens
-extra head rows per image, on top of the committed trajectory's sum over all K steps. So the head's
-extra work is about (S - 1) |M| / K of the rollout's head work (3 * 4 / 8 = 1.5x on the default toy,
-3 * 12 / 64 = 0.56x at the paper's schedule), plus the replay of the extra trajectories inside the
-uncertainty mask (a fraction k of the loss tokens, S - 1 times). `--sampling '{"ar_steps": 64}'
+extra head rows per image, on top of the committed trajectory's: every unknown token at the chosen steps,
+the committed ones at the others (the rollout records in full only what training reads). Per image that is
+L + |M| / K * sum_k (unknown_k - committed_k) rows for the committed trajectory and (S - 1) |M| / K * sum_k
+unknown_k extra (the default toy: 23 + 27; the paper's schedule, 1024 tokens, K = 64, |M| = 12: about 8,700 +
+23,800), plus the replay of the extra trajectories inside the uncertainty mask (a fraction k of the loss
+tokens, S - 1 times). `--sampling '{"ar_steps": 64}'
 --model '{"patch_size": 8}' --grpo '{"mask_steps": 12, "diffusion_steps": 10, "batch_prompts": 2}'`
 measures a toy with the paper's schedule (64 tokens, K = 64, |M| = 12, |T| = 10).
 
@@ -114,16 +116,17 @@ def main() -> None:
     def rollout(S):
         with autocast(torch.device("cpu"), grpo["precision"]):
             generate(policy, PROMPTS[: grpo["batch_prompts"]], sampling, group_size=grpo["group_size"], generator=torch.Generator().manual_seed(0),
-                     trajectories=S, mte_steps=chosen, mte_generator=torch.Generator().manual_seed(1))
+                     trajectories=S, mte_steps=chosen, mte_generator=torch.Generator().manual_seed(1), full_steps=chosen)
 
     t1 = min(_timed(lambda: rollout(1)) for _ in range(3))
     t4 = min(_timed(lambda: rollout(4)) for _ in range(3))
     L = policy.seq_len
     unknown = [L] + ar_schedule(policy, sampling)[:-1]  # unknown tokens before each AR step
-    main_rows, K = sum(unknown), len(unknown)
-    extra_rows = 3 * grpo["mask_steps"] / K * main_rows  # expected over the uniformly chosen |M| steps
+    K, share = len(unknown), grpo["mask_steps"] / len(unknown)  # expected over the uniformly chosen |M| steps
+    main_rows = L + share * (sum(unknown) - L)  # committed tokens everywhere, every unknown one at the chosen steps
+    extra_rows = 3 * share * sum(unknown)
     print(f"rollout CPU time alone (MTE at |M| = {grpo['mask_steps']} of {K} steps): S=1 {t1:.3f} s, S=4 {t4:.3f} s -> {t4 / t1:.2f}x "
-          f"(head = {100 * head_share:.0f}% of the parameters; head rows per image: {main_rows} committed trajectory "
+          f"(head = {100 * head_share:.0f}% of the parameters; head rows per image: {main_rows:.0f} committed trajectory "
           f"+ {extra_rows:.0f} extra on average = +{100 * extra_rows / main_rows:.0f}%)")
     with autocast(torch.device("cpu"), grpo["precision"]):
         r = generate(policy, PROMPTS[: grpo["batch_prompts"]], sampling, group_size=grpo["group_size"], generator=torch.Generator().manual_seed(0))

@@ -11,9 +11,11 @@ and one head call per image, on the meta device for the real models (no weights,
 CPU for the toy; the real models' AR forward depends on how many tokens are known (NOVA's MAE encoder and
 Harmon's MAR encoder + LLM see only the known ones), so it is counted per component at each AR step's
 sequence lengths, mirroring their `ar_forward`. Per image, with g = 2 branches under CFG and u_k the
-tokens still unknown before AR step k (our rollout runs the head on all of them, the completion mask):
+tokens still unknown before AR step k, L = sum_k c_k the tokens committed, f = |M|/K. A training rollout runs
+the head on every unknown token at the chosen AR steps (the completion mask the loss runs over) and on the
+committed ones at the others; a plain generation (validation, evaluation) on every unknown token everywhere:
 
-    rollout        g * sum_k [AR_k + u_k T H]
+    rollout        g * [sum_k AR_k + (L + f * sum_k (u_k - c_k)) T H]      (plain: g * sum_k [AR_k + u_k T H])
     replay (+Fix)  g * |M|/K * sum_k [3 AR_k + 2 u_k |T| H]     (backward: 2x for the AR, 1x for the frozen head)
     reference KL   g * |M|/K * sum_k [AR_k + u_k |T| H]
     MTE extra      g * (S - 1) * |M|/K * sum_k u_k [T H + 2 top_frac |T| H]
@@ -75,14 +77,16 @@ class Costs:
     def param_share(self) -> float:
         return self.head_params / (self.ar_params + self.head_params)
 
-    def rollout(self) -> tuple[float, float]:
-        """(AR, head) FLOPs of one image's rollout."""
-        return self.branches * sum(self.ar), self.branches * sum(self.unknown) * self.T * self.head_row
+    def rollout(self, M: int | None = None) -> tuple[float, float]:
+        """(AR, head) FLOPs of one image's rollout: a training one at |M| chosen AR steps, or (None) a plain one."""
+        L = self.unknown[0]
+        rows = sum(self.unknown) if M is None else L + M / len(self.ar) * (sum(self.unknown) - L)
+        return self.branches * sum(self.ar), self.branches * rows * self.T * self.head_row
 
     def step(self, M: int, U: int, S: int = 1, top_frac: float = 0.0, kl: bool = True) -> tuple[float, float]:
         """(AR, head) FLOPs of one image's +Fix GRPO step (S > 1: +MTE), expected over the chosen AR steps."""
         f = M / len(self.ar)
-        ar_roll, head_roll = self.rollout()
+        ar_roll, head_roll = self.rollout(M)
         ar = ar_roll + self.branches * f * sum(self.ar) * (3 + kl)
         head = head_roll + self.branches * f * sum(self.unknown) * U * self.head_row * (2 + kl)
         head += self.branches * (S - 1) * f * sum(self.unknown) * self.head_row * (self.T + 2 * top_frac * U)
@@ -159,17 +163,17 @@ def _n(params) -> int:
 
 def report(c: Costs, grpo: dict, S: int, top_frac: float) -> dict:
     M, U = grpo["mask_steps"], grpo["diffusion_steps"]
-    ar_r, head_r = c.rollout()
+    ar_r, head_r = c.rollout(M)
     fix_ar, fix_head = c.step(M, U)
     mte_ar, mte_head = c.step(M, U, S, top_frac)
     h_step = fix_head / (fix_ar + fix_head)
     row = {"policy": c.name, "head_params": c.head_params, "param_share": c.param_share, "rollout_head_share": head_r / (ar_r + head_r),
            "step_head_share": h_step, "K": len(c.ar), "M": M, "ratio_model": (mte_ar + mte_head) / (fix_ar + fix_head),
-           "ratio_approx": 1 + (S - 1) * M / len(c.ar) * h_step, "rollout_gflop": (ar_r + head_r) / 1e9, "step_gflop": (fix_ar + fix_head) / 1e9}
+           "rollout_gflop": (ar_r + head_r) / 1e9, "step_gflop": (fix_ar + fix_head) / 1e9}
     print(f"{c.name:>12}: head {c.head_params / 1e6:7.2f}M of {(c.ar_params + c.head_params) / 1e6:8.2f}M AR + head parameters "
           f"({row['param_share']:.1%}); K={row['K']}, T={c.T}, |M|={M}, |T|={U}; head share of a rollout's FLOPs {row['rollout_head_share']:.1%}, "
-          f"of a +Fix step's {h_step:.1%}; MTE/Fix FLOPs (S={S}, k={top_frac}) {row['ratio_model']:.3f} "
-          f"(1 + (S-1)|M|/K x step share = {row['ratio_approx']:.3f}); per image: rollout {row['rollout_gflop']:.2f}, "
+          f"of a +Fix step's {h_step:.1%}; MTE/Fix FLOPs (S={S}, k={top_frac}) {row['ratio_model']:.3f}; "
+          f"per image: rollout {row['rollout_gflop']:.2f}, "
           f"+Fix step {row['step_gflop']:.2f} GFLOP")
     return row
 

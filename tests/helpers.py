@@ -28,12 +28,14 @@ def flip_last_byte(path) -> None:
 
 
 def replayed_ratios(policy, r):
-    """Replay every (AR step, diffusion step) of rollout `r`: (the replay, the PPO ratios of the committed trajectory's
-    replayed tokens, those of every extra trajectory of every token predicted at an MTE step, or None without MTE)."""
+    """Replay every (AR step, diffusion step) that rollout `r` recorded in full (all, unless generated with `full_steps`):
+    (the replay, the PPO ratios of the committed trajectory's replayed tokens, those of every extra trajectory of every
+    token predicted at an MTE step, or None without MTE)."""
     from margrpo.grpo.rollout import recorded, replay, stochastic_steps
 
     K, T = r.sampling.ar_steps, stochastic_steps(r.sampling)
-    ar, diff = torch.arange(K), torch.arange(T)[None].repeat(K, 1)
+    ar = torch.arange(K) if r.full is None else r.full.nonzero().flatten().cpu()
+    diff = torch.arange(T)[None].repeat(len(ar), 1)
     rp = replay(policy, r, ar, diff, with_mte=r.trajectories > 1)
     old, old_mte = recorded(r, ar, diff)
     assert rp.mask.sum() > 0

@@ -219,3 +219,36 @@ def test_stage_sampling_config_keeps_every_field():
 
     section = {f.name: f.default for f in dataclasses.fields(SamplingConfig)} | {"final_step_noise": True, "ar_steps": 3}
     assert dataclasses.asdict(sampling_config(section)) == section
+
+
+@pytest.mark.parametrize("head", ["flow", "ddpm"])
+@pytest.mark.parametrize("shared", [False, True])
+def test_recording_some_steps_in_full_changes_no_sample_and_no_recorded_value(head, shared):
+    """`full_steps`: the other AR steps denoise their committed tokens alone, from the same noise draws (the
+    products are batch-invariant), so the images and every value the smaller record holds are the same bits."""
+    policy = tiny_policy(head)
+    kw = dict(trajectories=3, mte_steps=torch.tensor([2]), shared_order=shared, shared_noise=shared)
+    every, some = rollout(policy, **kw), rollout(policy, full_steps=[0], **kw)
+    assert some.full.tolist() == [True, False, True, False]  # the asked step and MTE's
+    assert torch.equal(every.images, some.images) and torch.equal(every.latents, some.latents)
+    for a, b in ((every.states, some.states), (every.log_probs, some.log_probs)):
+        assert torch.equal(a[some.full], b[some.full])
+        c = every.committed[:, None, ..., None] if a.dim() == 5 else every.committed[:, None]
+        assert torch.equal(a * c, b * c)  # the committed tokens' trajectories at every step
+    assert torch.equal(every.mte_states, some.mte_states)
+    not_full = (~some.full)[:, None, None] & ~some.known & ~some.committed  # [K, N, L] unknown, not committed, step not full
+    assert not_full.any() and bool((some.log_probs.transpose(0, 1)[:, not_full] == 0).all())
+    assert bool((every.log_probs.transpose(0, 1)[:-1, not_full] != 0).all())  # which the full record holds
+    assert_ratio_is_one(policy, some)  # at the steps recorded in full
+
+
+def test_replaying_a_step_not_recorded_in_full_fails_clearly():
+    policy = tiny_policy("flow")
+    r = rollout(policy, full_steps=[1])
+    diff = torch.arange(3)[None]
+    replay(policy, r, torch.tensor([1]), diff)  # recorded in full: fine
+    for fn in (replay, lambda p, r, a, d: recorded(r, a, d)):
+        with pytest.raises(ValueError, match=r"AR steps \[3\].*full_steps"):
+            fn(policy, r, torch.tensor([1, 3]), diff.repeat(2, 1))
+    with pytest.raises(ValueError, match="full_steps"):
+        rollout(policy, full_steps=[4])

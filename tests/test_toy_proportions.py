@@ -91,4 +91,4 @@ def test_policy_cost_test_mode_prints_each_head_share():
     assert shares["NOVA-0.6B"] == pytest.approx(5.1, abs=0.1)  # DESIGN 4: the 3 x 1280 diffusion MLP of nova-d48w1024
     for name in shares:  # every policy: its share of a rollout's and of a step's FLOPs, and the MTE/Fix FLOP ratio
         line = next(ln for ln in out.stdout.splitlines() if ln.strip().startswith(f"{name}:"))
-        assert re.search(r"rollout's FLOPs [\d.]+%, of a \+Fix step's [\d.]+%; MTE/Fix FLOPs .* ([\d.]+) \(", line), line
+        assert re.search(r"rollout's FLOPs [\d.]+%, of a \+Fix step's [\d.]+%; MTE/Fix FLOPs \(S=4, k=0.3\) ([\d.]+); per image", line), line

@@ -411,3 +411,25 @@ def test_replay_chunk_is_checked_and_stays_out_of_the_cached_spec():
     assert "replay_chunk" not in train_spec(config, "toy-nova", "toypref", "fix")["grpo"]  # cached runs keep their spec
     config["grpo"]["replay_chunk"] = 2
     assert train_spec(config, "toy-nova", "toypref", "fix")["grpo"]["replay_chunk"] == 2
+
+
+@pytest.mark.parametrize("variant", [{"freeze_head": True}, {"freeze_head": True, "trajectories": 3, "sim": True}])
+def test_the_trainers_rollout_records_in_full_only_what_training_reads(tmp_path, monkeypatch, variant):
+    """The chosen AR steps (and, for Sim, each one's predecessor) hold every unknown token's trajectory, the rest the
+    committed tokens'; the images, the recorded log-probs, MTE's mask and Sim's kappa at the chosen steps are the
+    same bits as with every step recorded (the same step's generators draw the same noise twice)."""
+    import margrpo.grpo.trainer as trainer_module
+
+    trainer = make_trainer(tmp_path, mask_steps=1, **variant)
+    trainer.sampling, trainer.ar_steps = SamplingConfig(ar_steps=6, diffusion_steps=5, cfg_scale=2.0), 6
+    some = trainer.rollout_and_score()
+    ar, diff = some.ar, some.diff
+    wanted = set(ar.tolist()) | ({max(int(ar[0]) - 1, 0)} if trainer.cfg.sim else set())
+    assert set(some.rollout.full.nonzero().flatten().tolist()) == wanted
+    every_step = trainer_module.generate
+    monkeypatch.setattr(trainer_module, "generate", lambda *a, **kw: every_step(*a, **{**kw, "full_steps": None}))
+    every = trainer.rollout_and_score()
+    assert every.rollout.full is None and torch.equal(every.rollout.images, some.rollout.images)
+    assert torch.equal(recorded(some.rollout, ar, diff)[0], recorded(every.rollout, ar, diff)[0])
+    for a, b in ((some.mte_mask, every.mte_mask), (some.sim_keep, every.sim_keep)):
+        assert (a is None) == (b is None) and (a is None or torch.equal(a[ar], b[ar]))

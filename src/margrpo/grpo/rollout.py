@@ -6,6 +6,9 @@ and the tokens scheduled for step k are committed. The record (DESIGN 3.2) holds
 known / committed masks per AR step, every (x_t, x_{t-1}, log_prob) of every diffusion step, the
 final latent and, for MTE (Algorithm 2), S - 1 extra trajectories of every token predicted at the
 AR steps chosen for training, drawn from the same z_k inside the loop.
+Only the steps that training reads need every unknown token's trajectory (`full_steps`: the chosen steps, and
+their predecessors for Sim); at the others the head denoises the committed tokens alone, from the same noise
+draws, so the images do not change and the rollout's head does a fraction of the work.
 `replay` recomputes log-probs from the record; with unchanged parameters the ratio is exactly 1.
 """
 
@@ -113,14 +116,25 @@ class Rollout:
     mte_steps: Tensor | None = None  # [M'] sorted AR step indices
     mte_states: Tensor | None = None  # [M', S-1, T + 1, N, L, D] (0 where the token was known)
     mte_log_probs: Tensor | None = None  # [M', S-1, T, N, L]
+    # [K] bool: the AR steps whose record holds every unknown token's trajectory; at the others only the
+    # committed tokens' (states and log-probs 0 for the rest). None: every step.
+    full: Tensor | None = None
     extra: dict = field(default_factory=dict)
 
     @property
     def trajectories(self) -> int:
         return 1 if self.mte_states is None else 1 + self.mte_states.shape[1]
 
+    def require_full(self, ar_steps: Tensor, what: str) -> None:
+        """Fail unless every AR step in `ar_steps` recorded every unknown token (see `full`)."""
+        if self.full is not None and not bool(self.full.to(ar_steps.device)[ar_steps].all()):
+            missing = sorted(set(ar_steps.tolist()) - set(self.full.nonzero().flatten().tolist()))
+            raise ValueError(f"{what} needs every unknown token's trajectory at AR steps {missing}, but the rollout "
+                             f"recorded only the committed tokens there: generate with those steps in full_steps")
+
     def step_clean(self) -> Tensor:
-        """x0 per AR step [K, N, L, D]: the clean latent each unknown token reached at step k (known: final)."""
+        """x0 per AR step [K, N, L, D]: the clean latent each unknown token reached at step k (known: final).
+        Where the step is not in `full`, only its committed tokens' entries are real."""
         clean = self.states[:, -1]
         return torch.where(self.known[..., None], self.latents.float()[None], clean)
 
@@ -161,14 +175,17 @@ def guided_output(policy: MARPolicy, x: Tensor, t: Tensor, z_c: Tensor, z_u: Ten
 
 
 def _denoise_groups(policy, sampler: Sampler, groups, scale, temperature):
-    """Denoise several row groups (x [R, D], z_c, z_u, generator) with one head call and one sampler
+    """Denoise several row groups (x [R, D], z_c, z_u, generator, keep) with one head call and one sampler
     step per diffusion step.
 
     Each group draws its noise from its own generator (`variance_noise`), so batching the groups, MTE's
     extra trajectories among them, changes no sample; it only saves calls (small tensors are overhead-bound).
+    `keep` (bool [R'], or None): the group's rows are those of R' drawn rows that it keeps; the noise of all R'
+    is drawn and the rest discarded, so a row's draws do not depend on which others are denoised.
     Returns [(states [T+1, R, D], log-probs [T, R])] per group.
     """
     sizes = [g[0].shape[0] for g in groups]
+    drawn = [n if g[4] is None else len(g[4]) for n, g in zip(sizes, groups)]
     x = torch.cat([g[0] for g in groups])
     z_c = torch.cat([g[1] for g in groups])
     z_u = None if groups[0][2] is None else torch.cat([g[2] for g in groups])
@@ -178,13 +195,17 @@ def _denoise_groups(policy, sampler: Sampler, groups, scale, temperature):
         out = guided_output(policy, x, t, z_c, z_u, scale).float()
         noise = None
         if bool(sampler.is_stochastic(i)):  # the draws the step would make from each group's generator, in order
-            noise = torch.cat([torch.randn((n, x.shape[-1]), generator=g[3], dtype=torch.float32).to(x.device)
-                               for n, g in zip(sizes, groups)])
+            noise = torch.cat([_kept(torch.randn((n, x.shape[-1]), generator=g[3], dtype=torch.float32), g[4]).to(x.device)
+                               for n, g in zip(drawn, groups)])
         step = sampler.step(out, i, x, temperature=temperature, variance_noise=noise)
         x = step.prev_sample
         states.append(x.float())
         log_probs.append(step.log_prob if step.log_prob is not None else torch.zeros(len(x), device=x.device))
     return list(zip(torch.stack(states).split(sizes, dim=1), torch.stack(log_probs).split(sizes, dim=1)))
+
+
+def _kept(rows: Tensor, keep: Tensor | None) -> Tensor:
+    return rows if keep is None else rows[keep.to(rows.device)]
 
 
 def _conditions(policy: MARPolicy, prompts: list[str], group_size: int, guided: bool):
@@ -284,6 +305,7 @@ def generate(
     mte_generator: torch.Generator | list[torch.Generator] | None = None,
     shared_order: bool = False,
     shared_noise: bool = False,
+    full_steps: Tensor | list[int] | None = None,
 ) -> Rollout:
     """Generate group_size images per prompt and record the trajectory (DESIGN 3.2).
 
@@ -296,6 +318,8 @@ def generate(
     position), so what differs within a group is the scored SDE noise (and the order, unless shared).
     `generator` / `mte_generator` may be lists, one per prompt: each group then draws from its own
     streams, so its samples do not depend on the batch it shares (data-parallel ranks split groups).
+    `full_steps`: the AR steps that record every unknown token's trajectory (default: all; MTE's steps always do);
+    the others denoise only their committed tokens, from the same draws: the same images, a smaller record.
     """
     if trajectories < 1:
         raise ValueError("trajectories (S) must be >= 1")
@@ -310,6 +334,7 @@ def generate(
         orders = torch.cat([_draw_orders(st.count, group_size, L, st.generator, shared_order) for st in streams]).to(device)  # [N, L]
         N, S1 = len(orders), trajectories - 1
         rec = _Record.empty(len(schedule), sampling.diffusion_steps, N, L, D, S1, mte_steps, device)
+        full = _full_steps(len(schedule), full_steps, rec.mte_steps if S1 else None)
         rank = torch.argsort(orders, dim=1)  # rank[n, j] = when token j is generated
         tokens = torch.zeros(N, L, D, device=device)
         known = torch.zeros(N, L, dtype=torch.bool, device=device)
@@ -320,15 +345,30 @@ def generate(
             rows = (~known).nonzero(as_tuple=True)  # every still-unknown token is predicted (completion mask)
             parts = _split_rows(rows, streams, group_size)
             xs = [_initial_noise(sampler, r, st, group_size if shared_noise else None, L, D, device) for r, st in zip(parts, streams)]
-            _denoise_step(policy, sampler, rec, k, parts, xs, z_c, z_u, float(scales[k]), sampling.temperature, streams)
+            keeps = [None if full[k] else rec.committed[k][r] for r in parts]
+            _denoise_step(policy, sampler, rec, k, parts, keeps, xs, z_c, z_u, float(scales[k]), sampling.temperature, streams)
             tokens = torch.where(rec.committed[k][..., None], rec.states[k, -1], tokens)
             known = known | rec.committed[k]
         return Rollout(
             prompts=[p for p in prompts for _ in range(group_size)], latents=tokens, images=policy.decode(tokens),
             orders=orders, known=rec.known, committed=rec.committed, states=rec.states, log_probs=rec.log_probs,
             cfg=torch.tensor(scales), sampling=sampling, mte_steps=None if rec.mte_steps is None else rec.mte_steps.to(device),
-            mte_states=rec.mte_states, mte_log_probs=rec.mte_log_probs,
+            mte_states=rec.mte_states, mte_log_probs=rec.mte_log_probs, full=None if full_steps is None else full.to(device),
         )
+
+
+def _full_steps(K: int, full_steps, mte_steps: Tensor | None) -> Tensor:
+    """[K] bool (CPU): the AR steps that record every unknown token (all when `full_steps` is None)."""
+    if full_steps is None:
+        return torch.ones(K, dtype=torch.bool)
+    steps = torch.as_tensor(full_steps, dtype=torch.long).cpu().flatten()
+    if len(steps) and not 0 <= int(steps.min()) <= int(steps.max()) < K:
+        raise ValueError(f"full_steps {steps.tolist()} outside the {K} AR steps of this schedule")
+    full = torch.zeros(K, dtype=torch.bool)
+    full[steps] = True
+    if mte_steps is not None:  # MTE's S trajectories are of every predicted token
+        full[mte_steps] = True
+    return full
 
 
 def _initial_noise(sampler: Sampler, rows, stream: _Stream, shared: int | None, L: int, D: int, device) -> Tensor:
@@ -339,11 +379,14 @@ def _initial_noise(sampler: Sampler, rows, stream: _Stream, shared: int | None, 
     return noise[rows[0] // shared - stream.first, rows[1]]
 
 
-def _denoise_step(policy, sampler: Sampler, rec: _Record, k: int, parts, xs: list[Tensor], z_c: Tensor, z_u: Tensor | None,
-                  scale: float, temperature: float, streams: list[_Stream]) -> None:
-    """The head's full trajectory of every unknown token at AR step k (and MTE's extra ones), into `rec`;
-    each stream's rows (`parts`) denoise with its own generators, all in the same head calls."""
-    groups = [(x, z_c[r], None if z_u is None else z_u[r], st.generator) for r, x, st in zip(parts, xs, streams)]
+def _denoise_step(policy, sampler: Sampler, rec: _Record, k: int, parts, keeps, xs: list[Tensor], z_c: Tensor,
+                  z_u: Tensor | None, scale: float, temperature: float, streams: list[_Stream]) -> None:
+    """The head's full trajectory of every unknown token at AR step k, or of the committed ones alone where
+    `keeps` (per stream, bool over its rows) says so, and MTE's extra ones, into `rec`; each stream's rows
+    (`parts`) denoise with its own generators, all in the same head calls."""
+    parts = [r if keep is None else (r[0][keep], r[1][keep]) for r, keep in zip(parts, keeps)]
+    xs = [_kept(x, keep) for x, keep in zip(xs, keeps)]
+    groups = [(x, z_c[r], None if z_u is None else z_u[r], st.generator, keep) for r, x, st, keep in zip(parts, xs, streams, keeps)]
     slot = rec.mte_slot(k)
     if slot is not None:  # MTE: same z_k, every predicted token, batched into the same head calls
         S1 = rec.mte_states.shape[1]
@@ -360,7 +403,7 @@ def _extra_group(sampler, rows, z_c, z_u, S1, D, generator):
     """S - 1 more trajectories of the predicted tokens `rows` from the same z_k (DESIGN 3.9): the rows to denoise."""
     x = sampler.init_noise((S1 * len(rows[0]), D), generator=generator, device=z_c.device)
     rep = lambda z: None if z is None else z[rows].repeat(S1, 1)  # noqa: E731  [S1*R, W], trajectory-major
-    return x, rep(z_c), rep(z_u), generator
+    return x, rep(z_c), rep(z_u), generator, None
 
 
 def _store_extra(rows, S1, traj, lp, mte_states, mte_log_probs):
@@ -417,6 +460,7 @@ def replay(
     if logprob_cfg not in ("exact", "cond_only"):
         raise ValueError(f"Unknown logprob_cfg: {logprob_cfg!r}; expected 'exact' or 'cond_only'")
     ar_steps, diff_steps = ar_steps.to(rollout.latents.device), diff_steps.to(rollout.latents.device)  # they index its tensors
+    rollout.require_full(ar_steps, "replay")
     with deterministic(policy):
         sampler = make_sampler(policy, rollout.sampling)
         M, U = diff_steps.shape
@@ -498,6 +542,7 @@ def _score_rows(policy: MARPolicy, sampler: Sampler, rollout: Rollout, ar_steps:
 def recorded(rollout: Rollout, ar_steps: Tensor, diff_steps: Tensor) -> tuple[Tensor, Tensor | None]:
     """The rollout's own log-probs at the chosen steps: [M, U, N, L] and MTE [M, S-1, U, N, L]
     (0 at steps without extra trajectories)."""
+    rollout.require_full(ar_steps, "the recorded log-probs")
     lp = rollout.log_probs[ar_steps[:, None], diff_steps]  # [M, U, N, L]
     mte = None
     if rollout.mte_log_probs is not None:

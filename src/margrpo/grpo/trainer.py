@@ -192,6 +192,11 @@ class GRPOTrainer:
         """|M| AR steps and, for each, |T| stochastic diffusion steps, uniformly (DESIGN 3.3)."""
         return choose_steps(self.ar_steps, stochastic_steps(self.sampling), self.cfg.mask_steps, self.cfg.diffusion_steps, g)
 
+    def recorded_steps(self, ar: torch.Tensor) -> torch.Tensor:
+        """The AR steps whose every unknown token the rollout must record: the chosen ones (replay, MTE) and, for
+        Sim, each one's predecessor (kappa compares x0 at m - 1 and m); the rest commit their tokens alone."""
+        return torch.cat([ar, ar - 1]).clamp(min=0).unique() if self.cfg.sim else ar
+
     def masks(self, rollout: Rollout) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """MTE uncertainty masks M^m per AR step [K, N, L] (Eq. 10; empty at steps without extra
         trajectories) and Sim keep-weights per AR step [K, N, L] (Eq. 11)."""
@@ -207,9 +212,11 @@ class GRPOTrainer:
         if self.cfg.sim:
             x0 = rollout.step_clean()  # [K, N, L, D]
             final = rollout.latents.float()
+            full = torch.ones(len(x0), dtype=torch.bool) if rollout.full is None else rollout.full.cpu()
             keep = [torch.ones_like(rollout.committed[0])]  # the first step has no predecessor
-            for k in range(1, x0.shape[0]):
-                keep.append(consistency_mask(x0[k - 1], x0[k], final, rollout.committed[k], self.cfg.tau))
+            for k in range(1, x0.shape[0]):  # steps that are not recorded in full are never trained: kept, unread
+                keep.append(consistency_mask(x0[k - 1], x0[k], final, rollout.committed[k], self.cfg.tau)
+                            if full[k - 1] and full[k] else torch.ones_like(rollout.committed[k]))
             sim = torch.stack(keep)
         return mte, sim
 
@@ -350,7 +357,8 @@ class GRPOTrainer:
         with autocast(self.accelerator.device, cfg.precision):
             rollout = generate(self.policy, prompts, self.sampling, group_size=cfg.group_size, generator=g_roll,
                                trajectories=cfg.trajectories, mte_steps=ar, mte_generator=g_mte,
-                               shared_order=cfg.group_order == "shared", shared_noise=cfg.group_noise == "shared")
+                               shared_order=cfg.group_order == "shared", shared_noise=cfg.group_noise == "shared",
+                               full_steps=self.recorded_steps(ar))
         rewards, components = self.reward_fn(rollout.images, rollout.prompts, meta)
         adv, frac_zero = group_advantages(rewards, cfg.group_size)
         if cfg.advantages == "shuffled":  # the no-signal control (GRPOConfig.advantages)
@@ -574,7 +582,7 @@ def _subset(r: Rollout, rows: torch.Tensor) -> Rollout:
         prompts=[r.prompts[i] for i in rows.tolist()], latents=pick(r.latents, 0), images=pick(r.images, 0),
         orders=pick(r.orders, 0), known=pick(r.known, 1), committed=pick(r.committed, 1), states=pick(r.states, 2),
         log_probs=pick(r.log_probs, 2), cfg=r.cfg, sampling=r.sampling, mte_steps=r.mte_steps,
-        mte_states=pick(r.mte_states, 3), mte_log_probs=pick(r.mte_log_probs, 3),
+        mte_states=pick(r.mte_states, 3), mte_log_probs=pick(r.mte_log_probs, 3), full=r.full,
     )
 
 
