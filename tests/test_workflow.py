@@ -59,6 +59,21 @@ def test_smoke_dag_writes_every_table_and_figure(smoke_run):
             assert (report / f"{fig}.{ext}").stat().st_size > 1000
 
 
+def test_every_stage_of_the_smoke_dag_records_the_kernel_caps_it_ran_under(smoke_run):
+    """Issue #37: the caps reach every stage through `margrpo` itself (not through the Makefile), and each stage's
+    spec.json says which kernels made its result."""
+    from margrpo.infra.kernels import CAPS
+
+    expected = {k: os.environ.get(k, v) for k, v in CAPS.items()}  # a cap the caller set stands
+    specs = sorted((smoke_run / "results").rglob("spec.json"))
+    stages = {p.relative_to(smoke_run / "results").parts[0] for p in specs}
+    assert {"data", "toyclip", "toypref", "pretrain", "smoke"} <= stages, stages  # shared stages and this config's runs
+    for path in specs:
+        kernels = json.loads(path.read_text())["kernels"]
+        assert {k: kernels[k] for k in CAPS} == expected, path
+        assert kernels["torch_cpu_capability"] != "AVX512" and kernels["cpu"], path
+
+
 @pytest.mark.slow
 def test_smoke_dag_writes_the_claims_table(smoke_run):
     """Every claim the smoke ladder can test has its row, with a finite effect and interval (two seeds: the

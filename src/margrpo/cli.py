@@ -53,8 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     """Run one stage. A user error (a bad setting or input file, whose message names it) exits with
     that message on one line and no traceback; anything else is a bug and keeps its traceback."""
     from margrpo.infra.io import InputError
+    from margrpo.infra.kernels import apply_caps
 
     os.environ["HF_HUB_OFFLINE"] = "1"  # forced: never reach for a hub at run time
+    try:
+        apply_caps()  # before any stage imports torch or numpy: the same kernels on every x86 CPU (infra/kernels.py)
+    except ValueError as err:
+        raise SystemExit(f"margrpo: error: {err}") from None
     argv = sys.argv[1:] if argv is None else list(argv)
     stage = argv[0] if argv and argv[0] in STAGES else None
     args = build_parser(stage).parse_args(argv)

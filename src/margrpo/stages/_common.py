@@ -100,11 +100,12 @@ def git_revision() -> str:
 
 
 def write_spec(folder: str | Path, spec: dict) -> dict:
-    """`<folder>/spec.json`: what this stage ran with (its resolved settings and inputs) and the git
-    revision, written atomically beside the outputs it explains. Returns what it wrote."""
+    """`<folder>/spec.json`: what this stage ran with (its resolved settings and inputs), the git revision and the
+    CPU kernels (infra/kernels.py), written atomically beside the outputs it explains. Returns what it wrote."""
     from margrpo.infra.io import atomic_write_json
+    from margrpo.infra.kernels import kernel_record
 
-    record = {**spec, "git_rev": git_revision()}
+    record = {**spec, "git_rev": git_revision(), "kernels": kernel_record()}
     atomic_write_json(Path(folder) / "spec.json", record, indent=1)
     return record
 
