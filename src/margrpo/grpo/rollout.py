@@ -317,9 +317,8 @@ def generate(
     group baseline); `shared_noise`: they share each token's initial diffusion noise (per prompt and
     position), so what differs within a group is the scored SDE noise (and the order, unless shared).
     `generator` / `mte_generator` may be lists, one per prompt: each group then draws from its own
-    streams, so its samples do not depend on the batch it shares (data-parallel ranks split groups).
-    `full_steps`: the AR steps that record every unknown token's trajectory (default: all; MTE's steps always do);
-    the others denoise only their committed tokens, from the same draws: the same images, a smaller record.
+    streams, so its samples do not depend on the batch it shares (data-parallel ranks split groups). `full_steps`:
+    the AR steps that record every unknown token (default all; MTE's always); the rest only their committed ones.
     """
     if trajectories < 1:
         raise ValueError("trajectories (S) must be >= 1")
@@ -345,8 +344,7 @@ def generate(
             rows = (~known).nonzero(as_tuple=True)  # every still-unknown token is predicted (completion mask)
             parts = _split_rows(rows, streams, group_size)
             xs = [_initial_noise(sampler, r, st, group_size if shared_noise else None, L, D, device) for r, st in zip(parts, streams)]
-            keeps = [None if full[k] else rec.committed[k][r] for r in parts]
-            _denoise_step(policy, sampler, rec, k, parts, keeps, xs, z_c, z_u, float(scales[k]), sampling.temperature, streams)
+            _denoise_step(policy, sampler, rec, k, parts, bool(full[k]), xs, z_c, z_u, float(scales[k]), sampling.temperature, streams)
             tokens = torch.where(rec.committed[k][..., None], rec.states[k, -1], tokens)
             known = known | rec.committed[k]
         return Rollout(
@@ -379,11 +377,12 @@ def _initial_noise(sampler: Sampler, rows, stream: _Stream, shared: int | None, 
     return noise[rows[0] // shared - stream.first, rows[1]]
 
 
-def _denoise_step(policy, sampler: Sampler, rec: _Record, k: int, parts, keeps, xs: list[Tensor], z_c: Tensor,
+def _denoise_step(policy, sampler: Sampler, rec: _Record, k: int, parts, full: bool, xs: list[Tensor], z_c: Tensor,
                   z_u: Tensor | None, scale: float, temperature: float, streams: list[_Stream]) -> None:
-    """The head's full trajectory of every unknown token at AR step k, or of the committed ones alone where
-    `keeps` (per stream, bool over its rows) says so, and MTE's extra ones, into `rec`; each stream's rows
-    (`parts`) denoise with its own generators, all in the same head calls."""
+    """The head's full trajectory of every unknown token at AR step k (`full`), else of its committed ones alone,
+    and MTE's extra ones, into `rec`; each stream's rows (`parts`) denoise with its own generators, all in the same
+    head calls."""
+    keeps = [None if full else rec.committed[k][r] for r in parts]  # per stream: which of its rows this step denoises
     parts = [r if keep is None else (r[0][keep], r[1][keep]) for r, keep in zip(parts, keeps)]
     xs = [_kept(x, keep) for x, keep in zip(xs, keeps)]
     groups = [(x, z_c[r], None if z_u is None else z_u[r], st.generator, keep) for r, x, st, keep in zip(parts, xs, streams, keeps)]

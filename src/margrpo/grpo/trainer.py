@@ -193,8 +193,7 @@ class GRPOTrainer:
         return choose_steps(self.ar_steps, stochastic_steps(self.sampling), self.cfg.mask_steps, self.cfg.diffusion_steps, g)
 
     def recorded_steps(self, ar: torch.Tensor) -> torch.Tensor:
-        """The AR steps whose every unknown token the rollout must record: the chosen ones (replay, MTE) and, for
-        Sim, each one's predecessor (kappa compares x0 at m - 1 and m); the rest commit their tokens alone."""
+        """The AR steps the rollout records in full: the chosen ones and, for Sim, each one's predecessor (kappa)."""
         return torch.cat([ar, ar - 1]).clamp(min=0).unique() if self.cfg.sim else ar
 
     def masks(self, rollout: Rollout) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -213,10 +212,8 @@ class GRPOTrainer:
             x0 = rollout.step_clean()  # [K, N, L, D]
             final = rollout.latents.float()
             full = torch.ones(len(x0), dtype=torch.bool) if rollout.full is None else rollout.full.cpu()
-            keep = [torch.ones_like(rollout.committed[0])]  # the first step has no predecessor
-            for k in range(1, x0.shape[0]):  # steps that are not recorded in full are never trained: kept, unread
-                keep.append(consistency_mask(x0[k - 1], x0[k], final, rollout.committed[k], self.cfg.tau)
-                            if full[k - 1] and full[k] else torch.ones_like(rollout.committed[k]))
+            keep = [torch.ones_like(rollout.committed[k]) if k == 0 or not full[k - 1:k + 1].all()  # untrained steps
+                    else consistency_mask(x0[k - 1], x0[k], final, rollout.committed[k], self.cfg.tau) for k in range(len(x0))]
             sim = torch.stack(keep)
         return mte, sim
 
@@ -258,8 +255,7 @@ class GRPOTrainer:
         still those of the rollout: then this pass's own log-probs (detached) are log_prob_old for
         `recomputed`, the record's for `recorded`. `counts`: the whole batch's weighted token counts per
         chosen AR step (policy, KL) [M] each; the micro-batch losses then sum to the batch loss whatever
-        the split. None: this rollout is the whole batch.
-        """
+        the split. None: this rollout is the whole batch."""
         cfg = self.cfg
         tokens, weight = self.loss_weights(rollout, ar, diff, sim_keep)  # [M, U, n, L]
         if counts is None:
@@ -373,8 +369,7 @@ class GRPOTrainer:
         under `reinforce`, as the official code), with the log_prob_old each one uses.
 
         log_prob_old comes from the parameters before the first optimizer step. The first update runs on
-        exactly those and reads them off its own pass (None); later updates need a no-grad pass now.
-        """
+        exactly those and reads them off its own pass (None); later updates need a no-grad pass now."""
         steps = [(batch.ar, batch.diff)] * self.cfg.updates_per_rollout
         plan, cache = [Update(*steps[0], [None] * len(batch.rows))], {}
         for ar_u, diff_u in steps[1:]:
