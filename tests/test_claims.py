@@ -93,6 +93,32 @@ def test_claims_from_fixed_runs(tmp_path):
     assert "**reproduced**" in md and "Power" in md and "nan" not in md.lower()
 
 
+def test_a_second_seed_set_decides_each_claim_again_and_only_agreement_counts(tmp_path):
+    """Issue #37: with `replicate_seeds`, each ladder claim is decided on both seed sets apart; `both` keeps a verdict
+    only where the sets agree. Here +Sim beats GRPO* in seeds 0-3 and loses to it in seeds 4-7."""
+    rng = np.random.default_rng(1)
+    base = rng.uniform(0.5, 1.0, 12)
+    runs = []
+    for s in range(8):
+        lift = {"grpo": 0.0, "fix": 0.02, "sim": 0.04 if s < 4 else -0.04}
+        for v, d in lift.items():
+            run = f"train/toy-nova/mixed/{v}/seed{s}"
+            noise = rng.normal(0, 0.002, 12)
+            _fake_run(tmp_path, run, base, base + d + noise, base + d + noise)
+            runs.append(run)
+    spec = {"base": ["base/toy-nova"], "runs": runs, "variants": ["grpo", "fix", "sim"]}
+    alone = claims(tmp_path, {**spec, "runs": [r for r in runs if int(r[-1]) < 4]})
+    c = claims(tmp_path, {**spec, "replicate_seeds": [4, 5, 6, 7]})
+    assert "both" not in alone.claims and c.claims[list(alone.claims)].equals(alone.claims)  # the first set's columns
+    a = c.claims[c.claims.claim == "a"].set_index(["metric", "comparison"])
+    sim, fix = a.loc[("val@best", "+Sim - +Fix*")], a.loc[("val@best", "+Fix* - GRPO*")]
+    assert (sim.verdict, sim.replicate_verdict, sim.both) == ("reproduced", "refuted", "differs")
+    assert (fix.verdict, fix.replicate_verdict, fix.both) == ("reproduced", "reproduced", "reproduced")
+    assert fix.replicate_n_seeds == 4 and fix.replicate_mde80 > 0
+    md = to_markdown(c)
+    assert "second set" in md and "**differs**" in md and "nan" not in md.lower()
+
+
 @pytest.mark.parametrize("n", [3, 5, 8])
 def test_power_numbers_on_synthetic_runs_with_a_known_effect(n):
     """Experiments of n seeds whose true effect is the reported MDE80 are detected ~80% of the time, and

@@ -51,6 +51,8 @@ REFUSED = {
     "variant name": (edited(lambda c: c["variants"].update({"a;b": {}})), "variants.a;b", "does not match"),
     "experiment name": (edited(lambda c: c.update(name=f"x{PAYLOAD}")), "name", "does not match"),
     "seed": (edited(lambda c: c["experiments"]["ladder"].update(seeds=[-1])), "experiments.ladder.seeds.0", "minimum of 0"),
+    "second seed set": (edited(lambda c: c["experiments"]["ladder"].update(replicate_seeds=[1, 2])),
+                        "experiments.ladder.replicate_seeds", "[1] also in experiments.ladder.seeds"),
     "float integer": (edited(lambda c: c["grpo"].update(steps=2.0)), "grpo.steps", "2.0 is not of type 'integer'"),
     "float integer in a variant": (edited(lambda c: c["variants"]["mte"].update(trajectories=2.0)), "variants.mte.trajectories", "not of type 'integer'"),
     "duplicate key": (SMOKE.replace("grpo: {steps: 2,", "grpo: {steps: 2, steps: 3,"), "grpo.steps", "is given twice"),
@@ -163,7 +165,7 @@ def test_a_second_config_under_the_same_name_is_refused_at_dry_run(tmp_path):
     assert "grpo.lr, policies.toy-nova.sampling.cfg_scale" in shown, shown[-2000:]
     assert all(p.stat().st_mtime_ns == t for p, t in before.items())
 
-    same_runs = edited(lambda c: (c["report"].update(confidence=0.9), c["experiments"]["ladder"].update(seeds=[0, 1, 2])))
+    same_runs = edited(lambda c: (c["report"].update(confidence=0.9), c["experiments"]["ladder"].update(seeds=[0, 1, 3])))
     assert snakemake(tmp_path, same_runs, "-n").returncode == 0  # more seeds, other plots: the same runs
     renamed = other.replace("name: smoke", "name: smoke-lr")
     assert snakemake(tmp_path, renamed, "-n").returncode == 0

@@ -99,6 +99,10 @@ def test_smoke_dag_writes_the_claims_table(smoke_run):
     paired = pd.read_csv(report / "claims_paired.csv")
     assert (paired["n_seeds"] == 2).all() and np.isfinite(paired[["diff", "boot_lo", "boot_hi"]].to_numpy()).all()
     assert "**Power.**" in (report / "claims.md").read_text()
+    ladder = claims[claims["statement"].str.startswith("ladder on")]  # decided again on the second seed set (seed 2)
+    assert (ladder["replicate_n_seeds"] == 1).all() and set(ladder["replicate_verdict"]) <= {"reproduced", "refuted", "not settled"}
+    assert all(b == (v if v == r else "differs") for v, r, b in zip(ladder["verdict"], ladder["replicate_verdict"], ladder["both"]))
+    assert "second set" in (report / "claims.md").read_text()
     artifacts = pd.read_csv(report / "artifacts.csv")  # Fig. 6's background energy, every ladder method against the base
     assert {"GRPO", "Head only", "+Sim"} <= set(artifacts["method"])
     compared = artifacts[artifacts["n_images"] > 0]  # the smoke's head-trained samples may be noise without background

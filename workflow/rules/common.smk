@@ -146,7 +146,8 @@ def get_ablation_spec(wildcards):
 
 def ladder_runs():
     L = EXP["ladder"]
-    return [f"train/{p}/{r}/{v}/seed{s}" for p in L["policies"] for r in L["rewards"] for v in L["variants"] for s in L["seeds"]]
+    seeds = L["seeds"] + L["replicate_seeds"]  # the second seed set trains like the first; the claims keep them apart
+    return [f"train/{p}/{r}/{v}/seed{s}" for p in L["policies"] for r in L["rewards"] for v in L["variants"] for s in seeds]
 
 
 def table1_runs():

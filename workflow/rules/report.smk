@@ -89,7 +89,8 @@ rule claims:
         f"{REPORT}/claims_paired.csv",
         f"{REPORT}/claims.md",
     params:
-        runs=json.dumps({"base": base_runs(), "runs": ladder_runs(), "variants": EXP["ladder"]["variants"], "ablations": ablation_runs()}),
+        runs=json.dumps({"base": base_runs(), "runs": ladder_runs(), "variants": EXP["ladder"]["variants"], "ablations": ablation_runs(),
+                         "replicate_seeds": EXP["ladder"]["replicate_seeds"]}),
         prefix=lambda wc, output: report_prefix(output),
         **REPORT_PARAMS,
     conda:

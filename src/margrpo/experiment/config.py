@@ -167,6 +167,9 @@ def _check_references(config: dict, source: str) -> None:
         need("policies", exp[table]["policies"], f"experiments.{table}.policies")
         need("rewards", exp[table]["rewards"], f"experiments.{table}.rewards")
     need("variants", exp["ladder"]["variants"], "experiments.ladder.variants")
+    if both := sorted(set(exp["ladder"]["seeds"]) & set(exp["ladder"]["replicate_seeds"])):
+        raise ConfigError(f"{source}: key 'experiments.ladder.replicate_seeds': {both} also in experiments.ladder.seeds; "
+                          "the second seed set must be other seeds")
     need("variants", [exp["table1"]["baseline"], exp["table1"]["ours"]], "experiments.table1")
     if exp["ablations"]["enabled"]:
         need("policies", [exp["ablations"]["policy"]], "experiments.ablations.policy")

@@ -375,9 +375,37 @@ class _Block:
 
 def claims(root: str | Path, spec: dict, confidence: float = 0.95) -> Claims:
     """``spec = {"base": [base/<policy>...], "runs": [train/... ladder runs], "variants": [...],
-    "ablations": [ablation/... runs], "fixed": "mte", ...}``: every claim of the paper the runs can test."""
+    "ablations": [ablation/... runs], "replicate_seeds": [...], ...}``: every claim of the paper the runs can test.
+    With `replicate_seeds`, the ladder's claims are decided on the other seeds and again on these (the `replicate_*`
+    columns), and `both` says what the two decisions agree on: a claim counts as reproduced only in both."""
     root = Path(root)
     runs = [parse_run(r) for r in spec["runs"]]
+    second = set(spec.get("replicate_seeds") or [])
+    first = _decide_claims(root, [r for r in runs if r.seed not in second], spec, confidence, with_ablations=True)
+    if not second:
+        return first
+    again = _decide_claims(root, [r for r in runs if r.seed in second], spec, confidence, with_ablations=False)
+    return _with_replicate(first, again, sorted(second))
+
+
+REPLICATE_COLUMNS = ("n_seeds", "diff", "lo", "hi", "verdict", "mde80")
+
+
+def _with_replicate(first: Claims, second: Claims, seeds: list[int]) -> Claims:
+    """The first seed set's claims with the second set's decision of each beside it, and `both`: the verdict where
+    the two agree, else "differs" (ablation claims have no second set)."""
+    key = ["block", "claim", "metric", "comparison"]
+    again = second.claims[key + list(REPLICATE_COLUMNS)].rename(columns={c: f"replicate_{c}" for c in REPLICATE_COLUMNS})
+    rows = first.claims.merge(again, on=key, how="left")
+    rows["both"] = [("–" if not isinstance(b, str) else a if a == b else "differs")
+                    for a, b in zip(rows["verdict"], rows["replicate_verdict"])]
+    notes = first.notes + [f"Second seed set: seeds {', '.join(map(str, seeds))}, decided alone (columns `replicate_*`); "
+                           "`both` is the verdict where the two sets agree, else `differs`: only `reproduced` there counts."]
+    return Claims(first.paired, rows, first.power, notes)
+
+
+def _decide_claims(root: Path, runs: list, spec: dict, confidence: float, with_ablations: bool) -> Claims:
+    """The claims that these ladder runs (one seed set) and, `with_ablations`, the ablation runs decide."""
     if not runs:
         raise ValueError("claims: no ladder runs given")
     paired, rows, power, notes = [], [], [], []
@@ -393,7 +421,7 @@ def claims(root: str | Path, spec: dict, confidence: float = 0.95) -> Claims:
         block.head_only()
         paired += block.paired
         rows += block.rows
-    rows += _ablation_claims(root, spec.get("ablations") or [], confidence, notes)
+    rows += _ablation_claims(root, spec.get("ablations") or [], confidence, notes) if with_ablations else []
     notes.append(f"Verdict: the t-interval over seeds where a comparison has >= {MIN_SEEDS_FOR_T} seeds, else the paired "
                  "bootstrap over prompts x seeds (column `ci`); reproduced = the interval lies on the claimed side of 0.")
     return Claims(pd.DataFrame(paired), pd.DataFrame(rows), pd.DataFrame(power), notes)
@@ -466,8 +494,9 @@ def to_markdown(c: Claims) -> str:
            "(mean over seeds), the 95% interval that decides it and the verdict. " + " ".join(c.notes), "",
            "Power: `half` is the 95% interval's half-width (t over seeds), `MDE80` the smallest effect this many seeds "
            "detect with 80% power, `seeds to settle` the seeds at which MDE80 falls to the measured effect.", "",
-           "| block | claim | statement | comparison | metric | seeds | effect | 95% CI | CI | verdict | half | MDE80 | seeds to settle |",
-           "|:---|:---|:---|:---|:---|---:|---:|:---|:---|:---|---:|---:|---:|"]
+           "| block | claim | statement | comparison | metric | seeds | effect | 95% CI | CI | verdict | half | MDE80 | seeds to settle |"
+           + (" second set: seeds | effect | 95% CI | verdict | MDE80 | **both** |" if "both" in c.claims else ""),
+           "|:---|:---|:---|:---|:---|---:|---:|:---|:---|:---|---:|---:|---:|" + ("---:|---:|:---|:---|---:|:---|" if "both" in c.claims else "")]
     for r in c.claims.to_dict("records"):
         ratio = r["claim"] == "b"
         eff = f"{r['diff']:.3f}x" if ratio and math.isfinite(r["diff"]) else _fmt(r["diff"])
@@ -477,7 +506,8 @@ def to_markdown(c: Claims) -> str:
         mde, need = r.get("mde80", math.nan), r.get("seeds_needed", math.nan)
         settle = "–" if ratio or not isinstance(need, (int, float)) or not math.isfinite(need) or r["verdict"] != "not settled" else f"{need:g}"
         out.append(f"| {r['block']} | {r['claim']} | {r['statement']} | {r['comparison']} | {r['metric']} | "
-                   f"{r['n_seeds']} | {eff} | {ci} | {r['ci']} | **{r['verdict']}** | {_abs(half)} | {_abs(np.nan if ratio else mde)} | {settle} |")
+                   f"{r['n_seeds']} | {eff} | {ci} | {r['ci']} | **{r['verdict']}** | {_abs(half)} | {_abs(np.nan if ratio else mde)} | {settle} |"
+                   + (_replicate_cells(r, ratio) if "both" in r else ""))
     if len(c.power):
         out += ["", f"**Power.** 95% CI half-width of variant - GRPO* on the validation reward at the best step "
                 f"(target <= {POWER_TARGET}) and the smallest effect detected with 80% power:", "",
@@ -495,6 +525,17 @@ def to_markdown(c: Claims) -> str:
             out.append(f"| {r['block']} | {r['metric']} | {r['method']} - {r['reference']} | {r['n_seeds']} | "
                        f"{_fmt(r['diff'])} | {t} | [{_fmt(r['boot_lo'])}, {_fmt(r['boot_hi'])}] |")
     return "\n".join(out) + "\n"
+
+
+def _replicate_cells(r: dict, ratio: bool) -> str:
+    """A claim's second-seed-set cells: seeds, effect, interval, verdict, MDE80, and the verdict of both sets."""
+    if not isinstance(r["replicate_verdict"], str):
+        return " – | – | – | – | – | – |"
+    eff = f"{r['replicate_diff']:.3f}x" if ratio else _fmt(r["replicate_diff"])
+    lo, hi = r["replicate_lo"], r["replicate_hi"]
+    ci = "–" if not math.isfinite(lo) else f"[{lo:.3f}, {hi:.3f}]" if ratio else f"[{_fmt(lo)}, {_fmt(hi)}]"
+    return (f" {int(r['replicate_n_seeds'])} | {eff} | {ci} | {r['replicate_verdict']} | "
+            f"{_abs(np.nan if ratio else r['replicate_mde80'])} | **{r['both']}** |")
 
 
 def write_claims(c: Claims, prefix: str | os.PathLike) -> list[Path]:
