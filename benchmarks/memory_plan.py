@@ -80,6 +80,8 @@ from torch.utils._pytree import tree_leaves, tree_map_only
 sys.path.insert(0, str(Path(__file__).parent))
 from real_scale import PROMPTS, brightness, stand_in_tokenizer  # noqa: E402
 
+from margrpo.infra.kernels import cpu_model  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 GiB = 2**30
 LIMITS = {"80 GiB": 80 * GiB, "139 GiB": 139 * GiB}  # H100 80 GB, and the H200 the paper batch ran out of memory on
@@ -964,14 +966,6 @@ def gpu_check(args, say=print) -> list[dict]:
 
 
 # --- main ------------------------------------------------------------------------------------------------------------
-def cpu_model() -> str:
-    try:
-        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return "unknown"
-
-
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", nargs="*", default=[str(ROOT / "config" / f"paper-{n}.yaml") for n in BUILD],

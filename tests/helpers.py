@@ -33,8 +33,8 @@ def replayed_ratios(policy, r):
     token predicted at an MTE step, or None without MTE)."""
     from margrpo.grpo.rollout import recorded, replay, stochastic_steps
 
-    K, T = r.sampling.ar_steps, stochastic_steps(r.sampling)
-    ar = torch.arange(K) if r.full is None else r.full.nonzero().flatten().cpu()
+    T = stochastic_steps(r.sampling)
+    ar = r.full_steps().nonzero().flatten()
     diff = torch.arange(T)[None].repeat(len(ar), 1)
     rp = replay(policy, r, ar, diff, with_mte=r.trajectories > 1)
     old, old_mte = recorded(r, ar, diff)

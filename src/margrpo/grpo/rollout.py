@@ -125,10 +125,15 @@ class Rollout:
     def trajectories(self) -> int:
         return 1 if self.mte_states is None else 1 + self.mte_states.shape[1]
 
+    def full_steps(self) -> Tensor:
+        """[K] bool (CPU): the AR steps whose record holds every unknown token (`full`, or all of them)."""
+        return torch.ones(self.known.shape[0], dtype=torch.bool) if self.full is None else self.full.cpu()
+
     def require_full(self, ar_steps: Tensor, what: str) -> None:
         """Fail unless every AR step in `ar_steps` recorded every unknown token (see `full`)."""
-        if self.full is not None and not bool(self.full.to(ar_steps.device)[ar_steps].all()):
-            missing = sorted(set(ar_steps.tolist()) - set(self.full.nonzero().flatten().tolist()))
+        full = self.full_steps()
+        if not bool(full[ar_steps.cpu()].all()):
+            missing = sorted(set(ar_steps.tolist()) - set(full.nonzero().flatten().tolist()))
             raise ValueError(f"{what} needs every unknown token's trajectory at AR steps {missing}, but the rollout "
                              f"recorded only the committed tokens there: generate with those steps in full_steps")
 

@@ -211,7 +211,7 @@ class GRPOTrainer:
         if self.cfg.sim:
             x0 = rollout.step_clean()  # [K, N, L, D]
             final = rollout.latents.float()
-            full = torch.ones(len(x0), dtype=torch.bool) if rollout.full is None else rollout.full.cpu()
+            full = rollout.full_steps()
             keep = [torch.ones_like(rollout.committed[k]) if k == 0 or not full[k - 1:k + 1].all()  # untrained steps
                     else consistency_mask(x0[k - 1], x0[k], final, rollout.committed[k], self.cfg.tau) for k in range(len(x0))]
             sim = torch.stack(keep)
