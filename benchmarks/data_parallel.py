@@ -38,9 +38,16 @@ def worker(args) -> None:
     policy_name = config["experiments"]["ladder"]["policies"][0]
     sampling = SamplingConfig(**config["policies"][policy_name]["sampling"])
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    grpo = {**config["grpo"], "freeze_head": True, "precision": config["mixed_precision"], "steps": args.steps + 1,
-            "val_every": 10_000, "save_every": 10_000, "trackers": [],
-            "micro_batches": max(1, config["grpo"]["micro_batches"] // world)}  # the same global split
+    grpo = {
+        **config["grpo"],
+        "freeze_head": True,
+        "precision": config["mixed_precision"],
+        "steps": args.steps + 1,
+        "val_every": 10_000,
+        "save_every": 10_000,
+        "trackers": [],
+        "micro_batches": max(1, config["grpo"]["micro_batches"] // world),
+    }  # the same global split
     ps = PromptSet(PROMPTS * 4, [{}] * 4 * len(PROMPTS))  # enough prompts for any batch_prompts <= 16
     trainer = GRPOTrainer(make_policy(args.policy), reward, ps, ps, sampling, GRPOConfig(**grpo), tempfile.mkdtemp())
     times = []
@@ -49,13 +56,34 @@ def worker(args) -> None:
         trainer.train_step()
         times.append(time.perf_counter() - t0)
     if trainer.accelerator.is_main_process:
-        print("RESULT " + json.dumps({"world": world, "median_s": statistics.median(times[1:]), "times": times[1:],
-                                      "images": grpo["batch_prompts"] * grpo["group_size"], "micro_batches": grpo["micro_batches"]}))
+        print(
+            "RESULT "
+            + json.dumps(
+                {
+                    "world": world,
+                    "median_s": statistics.median(times[1:]),
+                    "times": times[1:],
+                    "images": grpo["batch_prompts"] * grpo["group_size"],
+                    "micro_batches": grpo["micro_batches"],
+                }
+            )
+        )
 
 
 def launch(nproc: int, args) -> dict:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", __file__, "--worker",
-           "--config", args.config, "--steps", str(args.steps)] + (["--policy", args.policy] if args.policy else [])
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        __file__,
+        "--worker",
+        "--config",
+        args.config,
+        "--steps",
+        str(args.steps),
+    ] + (["--policy", args.policy] if args.policy else [])
     out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if out.returncode:
         raise SystemExit(out.stderr[-3000:])
@@ -65,7 +93,9 @@ def launch(nproc: int, args) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="config/config.yaml")
-    p.add_argument("--policy", default=None, help="a trained policy folder (default: random init of the config's toy size)")
+    p.add_argument(
+        "--policy", default=None, help="a trained policy folder (default: random init of the config's toy size)"
+    )
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -74,8 +104,12 @@ def main() -> None:
     one, two = launch(1, args), launch(2, args)
     print(f"{one['images']} images per step, fix variant, one thread per process, {os.cpu_count()} cores")
     for r in (one, two):
-        print(f"  {r['world']} process(es): median step {r['median_s']:.3f} s (steps: {', '.join(f'{t:.2f}' for t in r['times'])})")
-    print(f"speed-up {one['median_s'] / two['median_s']:.2f}x, scaling efficiency t1 / (2 t2) = {one['median_s'] / (2 * two['median_s']):.2f}")
+        print(
+            f"  {r['world']} process(es): median step {r['median_s']:.3f} s (steps: {', '.join(f'{t:.2f}' for t in r['times'])})"
+        )
+    print(
+        f"speed-up {one['median_s'] / two['median_s']:.2f}x, scaling efficiency t1 / (2 t2) = {one['median_s'] / (2 * two['median_s']):.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -44,7 +44,9 @@ def parse_set(items: list[str]) -> list[tuple[str, str, object]]:
         key, _, value = item.partition("=")
         section, _, name = key.partition(".")
         if section not in ("grpo", "variant", "sampling") or not name or not _:
-            raise SystemExit(f"--set {item!r}: expected grpo.<key>=<value>, variant.<key>=<value> or sampling.<key>=<value>")
+            raise SystemExit(
+                f"--set {item!r}: expected grpo.<key>=<value>, variant.<key>=<value> or sampling.<key>=<value>"
+            )
         out.append((section, name, json.loads(value) if value[:1] in "0123456789-[{tfn" else value))
     return out
 
@@ -57,12 +59,23 @@ def build(spec_path: Path, changes, root: Path) -> GRPOTrainer:
     cfg.seed = spec.get("seed", 0)
     inputs = {k: root / v for k, v in spec["inputs"].items() if v}
     weights = spec["reward"]["weights"]
-    model_dir = {name: str(inputs[f"{name}_dir"]) if f"{name}_dir" in inputs else None for name in ("toyclip", "toypref")}
-    reward = build_reward_mix(weights, reward_options(weights, spec.get("reward_models", {}), model_dir["toyclip"], model_dir["toypref"]))
+    model_dir = {
+        name: str(inputs[f"{name}_dir"]) if f"{name}_dir" in inputs else None for name in ("toyclip", "toypref")
+    }
+    reward = build_reward_mix(
+        weights, reward_options(weights, spec.get("reward_models", {}), model_dir["toyclip"], model_dir["toypref"])
+    )
     suites = inputs["suites_dir"]
     policy = load_policy(inputs["policy_dir"], torch.device("cpu"))
-    return GRPOTrainer(policy, reward, prompt_set(suites / "train.jsonl"), prompt_set(suites / "val.jsonl"),
-                       sampling_config(spec["sampling"]), cfg, tempfile.mkdtemp(prefix="gradient-signal-"))
+    return GRPOTrainer(
+        policy,
+        reward,
+        prompt_set(suites / "train.jsonl"),
+        prompt_set(suites / "val.jsonl"),
+        sampling_config(spec["sampling"]),
+        cfg,
+        tempfile.mkdtemp(prefix="gradient-signal-"),
+    )
 
 
 def batch_gradient(tr: GRPOTrainer, step: int) -> tuple[torch.Tensor, float]:
@@ -105,16 +118,33 @@ def tiny_spec(root: Path) -> Path:
     for split, records in suites.items():
         write_suite(records, root / "suites" / f"{split}.jsonl")
     torch.manual_seed(0)
-    cfg = ToyMARConfig(head_type="flow", vocab=prompt_vocabulary(world), width=32, depth=1, heads=4, head_width=32,
-                       head_depth=1, text_width=16, text_depth=1, text_heads=2, image_size=world.image_size)
+    cfg = ToyMARConfig(
+        head_type="flow",
+        vocab=prompt_vocabulary(world),
+        width=32,
+        depth=1,
+        heads=4,
+        head_width=32,
+        head_depth=1,
+        text_width=16,
+        text_depth=1,
+        text_heads=2,
+        image_size=world.image_size,
+    )
     policy = ToyMAR(cfg)
     with torch.no_grad():  # the head starts at zero (adaLN-zero): give it an output that varies with z
         for q in policy.diffloss.parameters():
             q.add_(0.05 * torch.randn_like(q))
     policy.save_pretrained(root / "policy")
     vocab = sorted(set(prompt_vocabulary(world)))
-    ToyPref(ToyPrefConfig(clip=ToyClipConfig(image_size=world.image_size, width=16, embed_dim=16, text_width=16, text_depth=1,
-                                             vocab=vocab), aesthetic_width=8)).save_pretrained(root / "toypref")
+    ToyPref(
+        ToyPrefConfig(
+            clip=ToyClipConfig(
+                image_size=world.image_size, width=16, embed_dim=16, text_width=16, text_depth=1, vocab=vocab
+            ),
+            aesthetic_width=8,
+        )
+    ).save_pretrained(root / "toypref")
     config = load_config(Path(__file__).resolve().parents[1] / "config" / "smoke.yaml")
     spec = train_spec(config, "toy-nova", "mixed", "fix")
     spec["reward"]["weights"] = {"toypref": 1.0}
@@ -127,12 +157,22 @@ def tiny_spec(root: Path) -> Path:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("spec", type=Path, nargs="?", help="a run's spec.json (its inputs are read relative to --root)")
-    p.add_argument("--test", action="store_true", help="a tiny random policy and reward, 3 batches, 4 prompts: the code path works")
+    p.add_argument(
+        "--test",
+        action="store_true",
+        help="a tiny random policy and reward, 3 batches, 4 prompts: the code path works",
+    )
     p.add_argument("--root", type=Path, default=Path("."))
     p.add_argument("--batches", type=int, default=16)
-    p.add_argument("--eta", type=float, nargs="*", default=[0.05, 0.15], help="L2 step lengths to evaluate (none: skip)")
-    p.add_argument("--prompts", type=int, default=48, help="training prompts of the expected-reward estimate (x 4 images)")
-    p.add_argument("--set", action="append", default=[], help="section.key=value over the spec (grpo, variant, sampling)")
+    p.add_argument(
+        "--eta", type=float, nargs="*", default=[0.05, 0.15], help="L2 step lengths to evaluate (none: skip)"
+    )
+    p.add_argument(
+        "--prompts", type=int, default=48, help="training prompts of the expected-reward estimate (x 4 images)"
+    )
+    p.add_argument(
+        "--set", action="append", default=[], help="section.key=value over the spec (grpo, variant, sampling)"
+    )
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -147,10 +187,14 @@ def main() -> None:
     G = torch.stack(grads)
     B = len(G)
     cos = torch.nn.functional.cosine_similarity(G[:, None], G[None], dim=-1)[~torch.eye(B, dtype=torch.bool)]
-    print(f"{B} batches of {tr.cfg.batch_prompts} x {tr.cfg.group_size} images, {time.process_time() - t0:.0f} CPU-s; "
-          f"batch reward {sum(rewards) / B:.4f}; settings {args.set or 'as the spec'}")
-    print(f"pairwise cos of batch gradients: {cos.mean():+.4f} +- {cos.std() / len(cos) ** 0.5:.4f} (mean +- s.e. over "
-          f"{len(cos)} ordered pairs); |g_b| {G.norm(dim=1).mean():.4f}, |mean g| {G.mean(0).norm():.4f}")
+    print(
+        f"{B} batches of {tr.cfg.batch_prompts} x {tr.cfg.group_size} images, {time.process_time() - t0:.0f} CPU-s; "
+        f"batch reward {sum(rewards) / B:.4f}; settings {args.set or 'as the spec'}"
+    )
+    print(
+        f"pairwise cos of batch gradients: {cos.mean():+.4f} +- {cos.std() / len(cos) ** 0.5:.4f} (mean +- s.e. over "
+        f"{len(cos)} ordered pairs); |g_b| {G.norm(dim=1).mean():.4f}, |mean g| {G.mean(0).norm():.4f}"
+    )
     if not args.eta:
         return
     d = G.mean(0)
@@ -159,8 +203,12 @@ def main() -> None:
     start = [p.detach().clone() for p in tr.params]
     r0 = expected_reward(tr, args.prompts, 4)
     print(f"expected reward at the base: {r0.mean():.4f} ({len(r0)} images)")
-    directions = {"descent (-mean g)": -d, "ascent (+mean g)": d, "Adam's first step (sign)": -torch.sign(d),
-                  "random": torch.randn(d.shape, generator=torch.Generator().manual_seed(7))}
+    directions = {
+        "descent (-mean g)": -d,
+        "ascent (+mean g)": d,
+        "Adam's first step (sign)": -torch.sign(d),
+        "random": torch.randn(d.shape, generator=torch.Generator().manual_seed(7)),
+    }
     for name, v in directions.items():
         v = v / v.norm()
         for eta in args.eta:
@@ -170,7 +218,9 @@ def main() -> None:
                     p.copy_(p0 + eta * v[offset : offset + p.numel()].view_as(p))
                     offset += p.numel()
             diff = expected_reward(tr, args.prompts, 4) - r0
-            print(f"  {name:26s} eta {eta:.3f}: reward change {diff.mean():+.4f} +- {diff.std() / len(diff) ** 0.5:.4f}")
+            print(
+                f"  {name:26s} eta {eta:.3f}: reward change {diff.mean():+.4f} +- {diff.std() / len(diff) ** 0.5:.4f}"
+            )
     with torch.no_grad():
         for p, p0 in zip(tr.params, start):
             p.copy_(p0)

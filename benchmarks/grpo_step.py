@@ -39,8 +39,12 @@ from margrpo.prompts.suites import PromptSet
 from margrpo.world import prompt_vocabulary
 
 PROMPTS = [
-    "a red circle", "a blue square and a green triangle", "three yellow circles", "a cyan square above a magenta circle",
-    "two green triangles", "a hollow blue circle to the left of a striped red square",
+    "a red circle",
+    "a blue square and a green triangle",
+    "three yellow circles",
+    "a cyan square above a magenta circle",
+    "two green triangles",
+    "a hollow blue circle to the left of a striped red square",
 ]  # >= the default ladder's 6 prompts per step
 
 
@@ -96,27 +100,51 @@ def main() -> None:
     policy_name = config["experiments"]["ladder"]["policies"][0]
     sampling = SamplingConfig(**{**config["policies"][policy_name]["sampling"], **json.loads(args.sampling)})
     grpo = dict(config["grpo"], precision=config["mixed_precision"], **json.loads(args.grpo))
-    print(f"config {args.config}: policy {policy_name}, K={sampling.ar_steps}, T={sampling.diffusion_steps}, "
-          f"|M|={grpo['mask_steps']}, |T|={grpo['diffusion_steps']}, {grpo['batch_prompts']}x{grpo['group_size']} images, {args.threads} thread(s)")
+    print(
+        f"config {args.config}: policy {policy_name}, K={sampling.ar_steps}, T={sampling.diffusion_steps}, "
+        f"|M|={grpo['mask_steps']}, |T|={grpo['diffusion_steps']}, {grpo['batch_prompts']}x{grpo['group_size']} images, {args.threads} thread(s)"
+    )
 
-    fix, mte = interleaved_step_times([make_trainer(args.policy, sampling, grpo, {"freeze_head": True}, args.steps),
-                                       make_trainer(args.policy, sampling, grpo, {"freeze_head": True, "trajectories": 4, "top_frac": 0.3}, args.steps)],
-                                      args.steps)
+    fix, mte = interleaved_step_times(
+        [
+            make_trainer(args.policy, sampling, grpo, {"freeze_head": True}, args.steps),
+            make_trainer(
+                args.policy, sampling, grpo, {"freeze_head": True, "trajectories": 4, "top_frac": 0.3}, args.steps
+            ),
+        ],
+        args.steps,
+    )
     f, m = statistics.median(fix), statistics.median(mte)
     ratios = [b / a for a, b in zip(fix, mte)]
-    print(f"step CPU time fix: {f:.3f} s, mte (S=4, k=0.3): {m:.3f} s (medians of {args.steps}, steps taken in turn) -> ratio {m / f:.3f} "
-          f"(per-step ratios {min(ratios):.2f}-{max(ratios):.2f}; target <= 1.15 at the paper's schedule)")
+    print(
+        f"step CPU time fix: {f:.3f} s, mte (S=4, k=0.3): {m:.3f} s (medians of {args.steps}, steps taken in turn) -> ratio {m / f:.3f} "
+        f"(per-step ratios {min(ratios):.2f}-{max(ratios):.2f}; target <= 1.15 at the paper's schedule)"
+    )
 
     policy = make_policy(args.policy)
     head_share = sum(p.numel() for p in policy.head_parameters()) / sum(p.numel() for p in policy.parameters())
 
-    chosen = choose_steps(len(ar_schedule(policy, sampling)), stochastic_steps(sampling), grpo["mask_steps"], grpo["diffusion_steps"],
-                          torch.Generator().manual_seed(1))[0]
+    chosen = choose_steps(
+        len(ar_schedule(policy, sampling)),
+        stochastic_steps(sampling),
+        grpo["mask_steps"],
+        grpo["diffusion_steps"],
+        torch.Generator().manual_seed(1),
+    )[0]
 
     def rollout(S):
         with autocast(torch.device("cpu"), grpo["precision"]):
-            generate(policy, PROMPTS[: grpo["batch_prompts"]], sampling, group_size=grpo["group_size"], generator=torch.Generator().manual_seed(0),
-                     trajectories=S, mte_steps=chosen, mte_generator=torch.Generator().manual_seed(1), full_steps=chosen)
+            generate(
+                policy,
+                PROMPTS[: grpo["batch_prompts"]],
+                sampling,
+                group_size=grpo["group_size"],
+                generator=torch.Generator().manual_seed(0),
+                trajectories=S,
+                mte_steps=chosen,
+                mte_generator=torch.Generator().manual_seed(1),
+                full_steps=chosen,
+            )
 
     t1 = min(_timed(lambda: rollout(1)) for _ in range(3))
     t4 = min(_timed(lambda: rollout(4)) for _ in range(3))
@@ -125,13 +153,26 @@ def main() -> None:
     K, share = len(unknown), grpo["mask_steps"] / len(unknown)  # expected over the uniformly chosen |M| steps
     main_rows = L + share * (sum(unknown) - L)  # committed tokens everywhere, every unknown one at the chosen steps
     extra_rows = 3 * share * sum(unknown)
-    print(f"rollout CPU time alone (MTE at |M| = {grpo['mask_steps']} of {K} steps): S=1 {t1:.3f} s, S=4 {t4:.3f} s -> {t4 / t1:.2f}x "
-          f"(head = {100 * head_share:.0f}% of the parameters; head rows per image: {main_rows:.0f} committed trajectory "
-          f"+ {extra_rows:.0f} extra on average = +{100 * extra_rows / main_rows:.0f}%)")
+    print(
+        f"rollout CPU time alone (MTE at |M| = {grpo['mask_steps']} of {K} steps): S=1 {t1:.3f} s, S=4 {t4:.3f} s -> {t4 / t1:.2f}x "
+        f"(head = {100 * head_share:.0f}% of the parameters; head rows per image: {main_rows:.0f} committed trajectory "
+        f"+ {extra_rows:.0f} extra on average = +{100 * extra_rows / main_rows:.0f}%)"
+    )
     with autocast(torch.device("cpu"), grpo["precision"]):
-        r = generate(policy, PROMPTS[: grpo["batch_prompts"]], sampling, group_size=grpo["group_size"], generator=torch.Generator().manual_seed(0))
-    ar, diff = choose_steps(r.committed.shape[0], stochastic_steps(sampling), grpo["mask_steps"], grpo["diffusion_steps"],
-                            torch.Generator().manual_seed(1))
+        r = generate(
+            policy,
+            PROMPTS[: grpo["batch_prompts"]],
+            sampling,
+            group_size=grpo["group_size"],
+            generator=torch.Generator().manual_seed(0),
+        )
+    ar, diff = choose_steps(
+        r.committed.shape[0],
+        stochastic_steps(sampling),
+        grpo["mask_steps"],
+        grpo["diffusion_steps"],
+        torch.Generator().manual_seed(1),
+    )
 
     def batched():
         with autocast(torch.device("cpu"), grpo["precision"]):
@@ -148,8 +189,10 @@ def main() -> None:
         return min(_timed(fn) for _ in range(n))
 
     tb, tl = best(batched), best(looped)
-    print(f"log-prob recomputation + backward (CPU time) of {len(ar)}x{diff.shape[1]} chosen steps: batched {tb:.3f} s, "
-          f"one pass per step {tl:.3f} s -> speed-up {tl / tb:.2f}x (target >= 2x)")
+    print(
+        f"log-prob recomputation + backward (CPU time) of {len(ar)}x{diff.shape[1]} chosen steps: batched {tb:.3f} s, "
+        f"one pass per step {tl:.3f} s -> speed-up {tl / tb:.2f}x (target >= 2x)"
+    )
     print(f"peak memory (max RSS of this process): {peak_memory_mb():.0f} MB")
 
 

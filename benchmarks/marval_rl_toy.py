@@ -46,8 +46,15 @@ def main() -> None:
     world = WorldConfig.from_dict(read_json(Path(args.data) / "world.json"))
     sampling = dataclasses.replace(SamplingConfig(), ar_steps=args.ar_steps, diffusion_steps=2, cfg_scale=1.0)
     cfg = MARVALRLConfig(steps=args.steps, lr=args.lr, shapes_grad=args.shapes_grad, val_every=5, val_prompts=24)
-    rl = MARVALRL(policy, ToyClip.from_pretrained(args.toyclip), ShapesReward(world=world), prompt_set(Path(args.data) / "train.jsonl"),
-                  prompt_set(Path(args.data) / "val.jsonl"), sampling, cfg)
+    rl = MARVALRL(
+        policy,
+        ToyClip.from_pretrained(args.toyclip),
+        ShapesReward(world=world),
+        prompt_set(Path(args.data) / "train.jsonl"),
+        prompt_set(Path(args.data) / "val.jsonl"),
+        sampling,
+        cfg,
+    )
     base = rl.validate()
     print(f"val_reward at step 0: {base:.4f}", flush=True)
     rows = rl.train()

@@ -41,15 +41,22 @@ def images_per_s(fn, prompts, repeats: int = 3) -> float:
 def speed(teacher, student, t_sampling, s_sampling, prompts) -> dict:
     g = lambda: torch.Generator().manual_seed(0)  # noqa: E731
     with torch.no_grad():
-        return {"teacher_rollout": images_per_s(lambda p: generate(teacher, p, t_sampling, generator=g()), prompts),
-                "one_step_rollout": images_per_s(lambda p: generate(student, p, s_sampling, generator=g()), prompts),
-                "one_step_generate": images_per_s(lambda p: generate_one_step(student, p, s_sampling, generator=g()), prompts)}
+        return {
+            "teacher_rollout": images_per_s(lambda p: generate(teacher, p, t_sampling, generator=g()), prompts),
+            "one_step_rollout": images_per_s(lambda p: generate(student, p, s_sampling, generator=g()), prompts),
+            "one_step_generate": images_per_s(
+                lambda p: generate_one_step(student, p, s_sampling, generator=g()), prompts
+            ),
+        }
 
 
 def quality(policy, records, sampling, world) -> dict:
     report, _ = quality_report(policy, records, sampling, images_per_prompt=2, world_cfg=world, precision="no")
-    return {"strict": report["overall"]["strict"], "lenient": report["overall"]["lenient"],
-            "single_object_accuracy": report["single_object_color_and_shape"]["accuracy"]}
+    return {
+        "strict": report["overall"]["strict"],
+        "lenient": report["overall"]["lenient"],
+        "single_object_accuracy": report["single_object_color_and_shape"]["accuracy"],
+    }
 
 
 def main() -> None:
@@ -65,7 +72,9 @@ def main() -> None:
     ap.add_argument("--warm-start", type=int, default=MARVALConfig.warm_start)
     ap.add_argument("--regression-rows", type=int, default=MARVALConfig.regression_rows)
     ap.add_argument("--batch-prompts", type=int, default=MARVALConfig.batch_prompts)
-    ap.add_argument("--skip-teacher", action="store_true", help="no speed and teacher quality (measured by an earlier run)")
+    ap.add_argument(
+        "--skip-teacher", action="store_true", help="no speed and teacher quality (measured by an earlier run)"
+    )
     ap.add_argument("--teacher-ode", action="store_true", help="also score the teacher's ODE sampler (noise_level 0)")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
@@ -77,29 +86,50 @@ def main() -> None:
     world = WorldConfig.from_dict(read_json(Path(args.data) / "world.json"))
     train = load_suite(Path(args.data) / "train.jsonl")
     records = load_suite(Path(args.data) / "eval.jsonl")
-    report = {"teacher": args.teacher, "teacher_sampling": dataclasses.asdict(t_sampling),
-              "student_sampling": dataclasses.asdict(s_sampling), "threads": args.threads}
+    report = {
+        "teacher": args.teacher,
+        "teacher_sampling": dataclasses.asdict(t_sampling),
+        "student_sampling": dataclasses.asdict(s_sampling),
+        "threads": args.threads,
+    }
 
     if not args.skip_teacher:
         student0 = one_step_policy(teacher).eval()
-        report["speed_images_per_s"] = speed(teacher, student0, t_sampling, s_sampling, [r.prompt for r in records[:32]])
+        report["speed_images_per_s"] = speed(
+            teacher, student0, t_sampling, s_sampling, [r.prompt for r in records[:32]]
+        )
         print("speed", report["speed_images_per_s"], flush=True)
         report["quality_teacher"] = quality(teacher, records, t_sampling, world)
         report["quality_student_step0"] = quality(student0, records, s_sampling, world)
         print("teacher", report["quality_teacher"], "student@0", report["quality_student_step0"], flush=True)
 
     if args.teacher_ode:  # the regression targets' sampler
-        report["quality_teacher_ode"] = quality(teacher, records, dataclasses.replace(t_sampling, noise_level=0.0), world)
+        report["quality_teacher_ode"] = quality(
+            teacher, records, dataclasses.replace(t_sampling, noise_level=0.0), world
+        )
         print("teacher ODE", report["quality_teacher_ode"], flush=True)
-    config = MARVALConfig(steps=args.steps, objective=args.objective, save_every=100, lr=args.lr, fake_lr=args.fake_lr,
-                          regression_weight=args.regression_weight, warm_start=args.warm_start,
-                          batch_prompts=args.batch_prompts, regression_rows=args.regression_rows)
+    config = MARVALConfig(
+        steps=args.steps,
+        objective=args.objective,
+        save_every=100,
+        lr=args.lr,
+        fake_lr=args.fake_lr,
+        regression_weight=args.regression_weight,
+        warm_start=args.warm_start,
+        batch_prompts=args.batch_prompts,
+        regression_rows=args.regression_rows,
+    )
     report["marval"] = dataclasses.asdict(config)
     distiller = MARVALDistiller(teacher, t_sampling, config)
     g = torch.Generator().manual_seed(123)
     with torch.no_grad():
-        probe = draw_rows(generate_one_step(distiller.student, [r.prompt for r in records[:16]], t_sampling, generator=g,
-                                            with_uncond=True), 128, g)
+        probe = draw_rows(
+            generate_one_step(
+                distiller.student, [r.prompt for r in records[:16]], t_sampling, generator=g, with_uncond=True
+            ),
+            128,
+            g,
+        )
     report["distance_step0"] = teacher_distance(distiller.teacher_head, distiller.student, probe)
     t0 = time.time()
     rows = distiller.train(PromptSet([r.prompt for r in train], [{}] * len(train)), args.out)

@@ -13,10 +13,14 @@ import argparse
 import multiprocessing as mp
 import resource
 
-SETTINGS = {"off": {}, "gradient_checkpointing": {"gradient_checkpointing": True},
-            "lora(rank 8)": {"lora": {"rank": 8}}, "both": {"gradient_checkpointing": True, "lora": {"rank": 8}},
-            "replay_chunk 1 (of |M| 4)": {"replay_chunk": 1},
-            "checkpointing + chunk 1": {"gradient_checkpointing": True, "replay_chunk": 1}}
+SETTINGS = {
+    "off": {},
+    "gradient_checkpointing": {"gradient_checkpointing": True},
+    "lora(rank 8)": {"lora": {"rank": 8}},
+    "both": {"gradient_checkpointing": True, "lora": {"rank": 8}},
+    "replay_chunk 1 (of |M| 4)": {"replay_chunk": 1},
+    "checkpointing + chunk 1": {"gradient_checkpointing": True, "replay_chunk": 1},
+}
 
 
 def small_nova(width: int, depth: int, size: int):
@@ -33,14 +37,40 @@ def small_nova(width: int, depth: int, size: int):
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]")
     grid = size // 16  # stride-8 VAE, 2 x 2 latent patches per token
-    config = NovaConfig(image_size=(size, size), text_token_dim=16, text_token_len=8, video_base_size=(1, grid // 2, grid // 2),
-                        image_base_size=(grid, grid), width=width, num_heads=4, video_depth=1, image_depth=depth,
-                        head_depth=2, head_width=width, flow_shift=1.5)
-    phi = PhiModel(PhiConfig(vocab_size=len(words), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                             num_attention_heads=2, max_position_embeddings=16, partial_rotary_factor=0.5))
-    vae = AutoencoderKL(down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-                        block_out_channels=(8, 8, 8, 8), layers_per_block=1, latent_channels=4, norm_num_groups=4,
-                        sample_size=size)
+    config = NovaConfig(
+        image_size=(size, size),
+        text_token_dim=16,
+        text_token_len=8,
+        video_base_size=(1, grid // 2, grid // 2),
+        image_base_size=(grid, grid),
+        width=width,
+        num_heads=4,
+        video_depth=1,
+        image_depth=depth,
+        head_depth=2,
+        head_width=width,
+        flow_shift=1.5,
+    )
+    phi = PhiModel(
+        PhiConfig(
+            vocab_size=len(words),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            max_position_embeddings=16,
+            partial_rotary_factor=0.5,
+        )
+    )
+    vae = AutoencoderKL(
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(8, 8, 8, 8),
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=4,
+        sample_size=size,
+    )
     return NovaPolicy(config, phi, vae, tokenizer)
 
 
@@ -56,11 +86,26 @@ def one_step(args, levers: dict, queue) -> None:
     torch.set_num_threads(1)
     prompts = PromptSet(["a red circle", "a blue square"], [{}, {}])
     reward = lambda images, p, m: (images[:, 0].mean((1, 2)), {})  # noqa: E731
-    cfg = GRPOConfig(steps=1, batch_prompts=2, group_size=4, mask_steps=4, diffusion_steps=4, micro_batches=1,
-                     precision="no", **levers)
+    cfg = GRPOConfig(
+        steps=1,
+        batch_prompts=2,
+        group_size=4,
+        mask_steps=4,
+        diffusion_steps=4,
+        micro_batches=1,
+        precision="no",
+        **levers,
+    )
     with tempfile.TemporaryDirectory() as out:
-        trainer = GRPOTrainer(small_nova(args.width, args.depth, args.size), reward, prompts, prompts,
-                              SamplingConfig(ar_steps=8, diffusion_steps=6), cfg, out)
+        trainer = GRPOTrainer(
+            small_nova(args.width, args.depth, args.size),
+            reward,
+            prompts,
+            prompts,
+            SamplingConfig(ar_steps=8, diffusion_steps=6),
+            cfg,
+            out,
+        )
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         trainer.train_step()
         after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -75,7 +120,9 @@ def main() -> None:
     p.add_argument("--size", type=int, default=128)
     args = p.parse_args()
     ctx = mp.get_context("spawn")
-    print(f"small NOVA: width {args.width}, image-encoder depth {args.depth}, {args.size} px; one GRPO step (8 images)")
+    print(
+        f"small NOVA: width {args.width}, image-encoder depth {args.depth}, {args.size} px; one GRPO step (8 images)"
+    )
     print(f"{'setting':<24} {'trained params':>14} {'RSS before MB':>14} {'max RSS MB':>11} {'step peak MB':>13}")
     for name, levers in SETTINGS.items():
         queue = ctx.Queue()

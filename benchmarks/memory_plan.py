@@ -147,8 +147,10 @@ class Ledger(TorchDispatchMode):
 
     def set_phase(self, phase: str, default: str = "act") -> None:
         if VERBOSE and self.phase in ("rollout", "replay", "optimizer"):
-            print(f"      {self.phase}: peak {self.peaks[self.phase][0] / GiB:.2f} GiB ({time.perf_counter() - self.t0:.0f} s)",
-                  flush=True)
+            print(
+                f"      {self.phase}: peak {self.peaks[self.phase][0] / GiB:.2f} GiB ({time.perf_counter() - self.t0:.0f} s)",
+                flush=True,
+            )
         self.phase, self.default = phase, default
         self.note()
 
@@ -168,14 +170,22 @@ class Ledger(TorchDispatchMode):
 
 
 # --- the tape: data-dependent results, recorded on a narrow real run and replayed on the fake one --------------------
-INDEX_OPS = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default,
-             torch.ops.aten._index_put_impl_.default}
+INDEX_OPS = {
+    torch.ops.aten.index.Tensor,
+    torch.ops.aten.index_put.default,
+    torch.ops.aten.index_put_.default,
+    torch.ops.aten._index_put_impl_.default,
+}
 DYNAMIC = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
 _DYNAMIC: dict = {}  # op -> whether it is tagged DYNAMIC
 
 
 def _bool_indices(func, args) -> list[int]:
-    return [i for i, x in enumerate(args[1]) if isinstance(x, torch.Tensor) and x.dtype == torch.bool] if func in INDEX_OPS else []
+    return (
+        [i for i, x in enumerate(args[1]) if isinstance(x, torch.Tensor) and x.dtype == torch.bool]
+        if func in INDEX_OPS
+        else []
+    )
 
 
 class Tape(TorchDispatchMode):
@@ -217,7 +227,9 @@ class Tape(TorchDispatchMode):
             if func is torch.ops.aten._local_scalar_dense.default:
                 self.values.append((name, (self.kind(args[0]), out)))
             else:
-                self.values.append((name, [(tuple(t.shape), t.dtype) for t in tree_leaves(out) if isinstance(t, torch.Tensor)]))
+                self.values.append(
+                    (name, [(tuple(t.shape), t.dtype) for t in tree_leaves(out) if isinstance(t, torch.Tensor)])
+                )
             return out
         value = self.pop(name)
         if func is torch.ops.aten._local_scalar_dense.default:
@@ -271,13 +283,68 @@ def _fns(*names: str) -> set:
 
 
 # aten/src/ATen/autocast_mode.cpp, the CUDA lists (the promote list is left to type promotion)
-LOW = _fns("linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "prelu",
-           "scaled_dot_product_attention", "matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "baddbmm", "addmm",
-           "addbmm", "mv", "addmv", "addr", "einsum", "chain_matmul", "multi_dot", "vecdot")
-FP32 = _fns("layer_norm", "group_norm", "softplus", "cosine_similarity", "interpolate", "exp", "expm1", "log", "log2",
-            "log10", "log1p", "reciprocal", "rsqrt", "acos", "asin", "cosh", "sinh", "tan", "erfinv", "pow", "__pow__",
-            "__rpow__", "logsumexp", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div", "nll_loss",
-            "binary_cross_entropy_with_logits", "cdist", "dist", "renorm", "pdist")
+LOW = _fns(
+    "linear",
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "conv_transpose1d",
+    "conv_transpose2d",
+    "conv_transpose3d",
+    "prelu",
+    "scaled_dot_product_attention",
+    "matmul",
+    "__matmul__",
+    "__rmatmul__",
+    "mm",
+    "bmm",
+    "baddbmm",
+    "addmm",
+    "addbmm",
+    "mv",
+    "addmv",
+    "addr",
+    "einsum",
+    "chain_matmul",
+    "multi_dot",
+    "vecdot",
+)
+FP32 = _fns(
+    "layer_norm",
+    "group_norm",
+    "softplus",
+    "cosine_similarity",
+    "interpolate",
+    "exp",
+    "expm1",
+    "log",
+    "log2",
+    "log10",
+    "log1p",
+    "reciprocal",
+    "rsqrt",
+    "acos",
+    "asin",
+    "cosh",
+    "sinh",
+    "tan",
+    "erfinv",
+    "pow",
+    "__pow__",
+    "__rpow__",
+    "logsumexp",
+    "mse_loss",
+    "l1_loss",
+    "smooth_l1_loss",
+    "huber_loss",
+    "kl_div",
+    "nll_loss",
+    "binary_cross_entropy_with_logits",
+    "cdist",
+    "dist",
+    "renorm",
+    "pdist",
+)
 FP32_OUT = _fns("softmax", "log_softmax", "sum", "cumsum", "prod", "cumprod", "vector_norm", "matrix_norm")
 AUTOCAST = LOW | FP32 | FP32_OUT
 
@@ -307,7 +374,12 @@ class CudaAutocast(TorchFunctionMode):
         if func in LOW or func in FP32:
             dtype = low if func in LOW else torch.float32
             args, kwargs = tree_map_only(torch.Tensor, lambda x: self.cast(x, dtype, func in LOW), (args, kwargs))
-        elif "dtype" not in kwargs and isinstance(args[0], torch.Tensor) and args[0].is_floating_point() and args[0].dtype != torch.float64:
+        elif (
+            "dtype" not in kwargs
+            and isinstance(args[0], torch.Tensor)
+            and args[0].is_floating_point()
+            and args[0].dtype != torch.float64
+        ):
             kwargs = {**kwargs, "dtype": torch.float32}
         with torch.autocast("cpu", enabled=False):
             return func(*args, **kwargs)
@@ -320,8 +392,15 @@ class CudaAutocast(TorchFunctionMode):
 def _phi(hidden: int, layers: int, heads: int, vocab: int, positions: int, rotary: float):
     from transformers import PhiConfig, PhiModel
 
-    config = PhiConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
-                       num_attention_heads=heads, partial_rotary_factor=rotary, max_position_embeddings=positions)
+    config = PhiConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        partial_rotary_factor=rotary,
+        max_position_embeddings=positions,
+    )
     config._attn_implementation = "sdpa"
     return PhiModel(config)
 
@@ -329,9 +408,15 @@ def _phi(hidden: int, layers: int, heads: int, vocab: int, positions: int, rotar
 def _sd_vae(channels: tuple[int, ...], layers: int, groups: int, size: int):
     from diffusers import AutoencoderKL
 
-    return AutoencoderKL(down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-                         latent_channels=4, block_out_channels=channels, layers_per_block=layers, norm_num_groups=groups,
-                         sample_size=size)
+    return AutoencoderKL(
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        latent_channels=4,
+        block_out_channels=channels,
+        layers_per_block=layers,
+        norm_num_groups=groups,
+        sample_size=size,
+    )
 
 
 def build_nova(size: str, narrow: bool):
@@ -347,9 +432,20 @@ def build_nova(size: str, narrow: bool):
     else:
         px, width, depth = (128, 128, 4) if size == "small" else (64, 32, 2)
         grid = px // 16
-        config = NovaConfig(image_size=(px, px), text_token_dim=16, text_token_len=8, video_base_size=(1, grid // 2, grid // 2),
-                            image_base_size=(grid, grid), width=16 if narrow else width, num_heads=4, video_depth=1,
-                            image_depth=depth, head_depth=2, head_width=16 if narrow else width, flow_shift=1.5)
+        config = NovaConfig(
+            image_size=(px, px),
+            text_token_dim=16,
+            text_token_len=8,
+            video_base_size=(1, grid // 2, grid // 2),
+            image_base_size=(grid, grid),
+            width=16 if narrow else width,
+            num_heads=4,
+            video_depth=1,
+            image_depth=depth,
+            head_depth=2,
+            head_width=16 if narrow else width,
+            flow_shift=1.5,
+        )
         phi = _phi(16, 1, 2, 64, 16, 0.5)
         vae = _sd_vae((8,) * 4, 1, 4, px)
     return NovaPolicy(config, phi, vae, stand_in_tokenizer())
@@ -363,14 +459,32 @@ def build_harmon(size: str, narrow: bool):
         return HarmonPolicy(HarmonConfig(), stand_in_tokenizer())
     full = size == "full"
     w = 32 if full else (16 if narrow else 32)
-    llm = dict(HarmonConfig().llm, hidden_size=w, intermediate_size=2 * w, num_attention_heads=4, num_key_value_heads=2)
+    llm = dict(
+        HarmonConfig().llm, hidden_size=w, intermediate_size=2 * w, num_attention_heads=4, num_key_value_heads=2
+    )
     if not full:
         llm.update(vocab_size=64, num_hidden_layers=2, max_position_embeddings=256)
-    mar = dict(encoder_width=w, encoder_heads=4, decoder_width=w, decoder_heads=4, head_width=w,
-               vae_channels=(8, 8, 16, 16, 32) if full else (8, 8, 16), vae_norm_groups=4)
+    mar = dict(
+        encoder_width=w,
+        encoder_heads=4,
+        decoder_width=w,
+        decoder_heads=4,
+        head_width=w,
+        vae_channels=(8, 8, 16, 16, 32) if full else (8, 8, 16),
+        vae_norm_groups=4,
+    )
     if not full:
-        mar.update(encoder_depth=1, decoder_depth=1, buffer_size=4, num_classes=10, pos_embed_size=16, image_size=32,
-                   head_depth=2, vae_layers_per_block=1, vae_latent_channels=4)
+        mar.update(
+            encoder_depth=1,
+            decoder_depth=1,
+            buffer_size=4,
+            num_classes=10,
+            pos_embed_size=16,
+            image_size=32,
+            head_depth=2,
+            vae_layers_per_block=1,
+            vae_latent_channels=4,
+        )
     return HarmonPolicy(HarmonConfig(llm=llm, **mar), stand_in_tokenizer())
 
 
@@ -379,8 +493,11 @@ BUILD = {"nova": build_nova, "harmon": build_harmon}
 
 # --- one step of one process, fake or real ---------------------------------------------------------------------------
 # the schedule of the small / tiny policies (the full ones run the configs' own)
-SCHEDULES = {"full": ({}, {}), "small": ({"ar_steps": 8, "diffusion_steps": 6}, {"mask_steps": 4, "diffusion_steps": 4}),
-             "tiny": ({"ar_steps": 4, "diffusion_steps": 5}, {"mask_steps": 2, "diffusion_steps": 3})}
+SCHEDULES = {
+    "full": ({}, {}),
+    "small": ({"ar_steps": 8, "diffusion_steps": 6}, {"mask_steps": 4, "diffusion_steps": 4}),
+    "tiny": ({"ar_steps": 4, "diffusion_steps": 5}, {"mask_steps": 2, "diffusion_steps": 3}),
+}
 
 
 @dataclass(frozen=True)
@@ -419,19 +536,32 @@ def make_trainer(run: Run, policy, out: str, precision: str | None = None):
     spec = train_spec(run.config(), run.policy, run.reward, run.variant)
     sampling, grpo = SCHEDULES[run.size]
     spec["grpo"] = {k: v for k, v in spec["grpo"].items() if k != "sharding"}  # one process: nothing to shard
-    spec["grpo"].update(grpo, batch_prompts=run.prompts, micro_batches=run.micro_batches, replay_chunk=run.replay_chunk,
-                        trackers=[])
+    spec["grpo"].update(
+        grpo, batch_prompts=run.prompts, micro_batches=run.micro_batches, replay_chunk=run.replay_chunk, trackers=[]
+    )
     prompts = PromptSet(PROMPTS, [{}] * len(PROMPTS))
     cfg = GRPOConfig.from_spec(spec, precision=precision or spec["mixed_precision"])
-    return GRPOTrainer(policy, brightness, prompts, prompts, SamplingConfig(**{**spec["sampling"], **sampling}), cfg,
-                       out, Accelerator(cpu=True))
+    return GRPOTrainer(
+        policy,
+        brightness,
+        prompts,
+        prompts,
+        SamplingConfig(**{**spec["sampling"], **sampling}),
+        cfg,
+        out,
+        Accelerator(cpu=True),
+    )
 
 
 def warm(trainer) -> None:
     """A later step's state: last step's gradients and AdamW's moments exist; AdamW runs foreach (CUDA's default)."""
     for p in trainer.params:
         p.grad = torch.zeros_like(p)
-        trainer.optimizer.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+        trainer.optimizer.state[p] = {
+            "step": torch.tensor(0.0),
+            "exp_avg": torch.zeros_like(p),
+            "exp_avg_sq": torch.zeros_like(p),
+        }
     for group in trainer.optimizer.param_groups:
         group["foreach"] = True
 
@@ -504,6 +634,7 @@ def instrumented(ledger: Ledger, trainer, amp: CudaAutocast, steps: int | None, 
         def both():
             with recompute, amp:
                 yield
+
         return before, both()
 
     saved = (module.autocast, module._subset, rollout_module.ar_schedule, rollout_module._Record.empty)
@@ -522,6 +653,7 @@ def instrumented(ledger: Ledger, trainer, amp: CudaAutocast, steps: int | None, 
                 yield
             if not torch.is_autocast_enabled("cpu"):
                 amp.clear()
+
         return region()
 
     def schedule(policy, sampling):
@@ -633,15 +765,29 @@ def measure(run: Run, fake: bool, narrow: bool = False, tape: list | None = None
         register(ledger, trainer)
         sizes = group_sizes(trainer)
         start, rss = ledger.total(), _rss(reset=True)
-        with instrumented(ledger, trainer, amp, steps, run.chosen) as ar_steps, ledger, amp if not cheap else contextlib.nullcontext():
+        with (
+            instrumented(ledger, trainer, amp, steps, run.chosen) as ar_steps,
+            ledger,
+            amp if not cheap else contextlib.nullcontext(),
+        ):
             trainer.train_step()
         rss = (rss, _rss())
     if tape.queue:
         raise RuntimeError(f"tape: {len(tape.queue)} recorded results left over (the fake step took another path)")
     del trainer, policy
     gc.collect()
-    return Step(run, fake, ledger.peaks, sizes, time.perf_counter() - t0, time.process_time() - c0, ar_steps, start, rss,
-                tape.values)
+    return Step(
+        run,
+        fake,
+        ledger.peaks,
+        sizes,
+        time.perf_counter() - t0,
+        time.process_time() - c0,
+        ar_steps,
+        start,
+        rss,
+        tape.values,
+    )
 
 
 def _itself(module, *args, **kwargs):
@@ -687,13 +833,26 @@ def group_sizes(trainer) -> dict[str, int]:
     trained = lambda ps: [p for p in ps if p.requires_grad]  # noqa: E731
     params = list(policy.parameters())
     root = [p for p in params if id(p) in model and id(p) not in taken]
-    ref = [] if trainer.ref is None or trainer.ref is policy else [p for p in trainer.ref.parameters() if not any(p is q for q in params)]
-    return {"fsdp": nbytes([p for p in params if id(p) in model]), "fsdp_trained": nbytes(trained(params)),
-            "root": nbytes(root), "root_trained": nbytes(trained(root)), "unit": max(map(nbytes, own), default=0),
-            "unit_trained": max((nbytes(trained(ps)) for ps in own), default=0), "groups": len(own) + 1,
-            "reference": nbytes(ref), "trained": nbytes(trained(params)), "mask_steps": trainer.cfg.mask_steps,
-            "frozen": nbytes([p for p in params if not p.requires_grad]), "buffers": nbytes(list(policy.buffers())),
-            "stat": sum(p.numel() * 4 for p in trainer._stat_params())}
+    ref = (
+        []
+        if trainer.ref is None or trainer.ref is policy
+        else [p for p in trainer.ref.parameters() if not any(p is q for q in params)]
+    )
+    return {
+        "fsdp": nbytes([p for p in params if id(p) in model]),
+        "fsdp_trained": nbytes(trained(params)),
+        "root": nbytes(root),
+        "root_trained": nbytes(trained(root)),
+        "unit": max(map(nbytes, own), default=0),
+        "unit_trained": max((nbytes(trained(ps)) for ps in own), default=0),
+        "groups": len(own) + 1,
+        "reference": nbytes(ref),
+        "trained": nbytes(trained(params)),
+        "mask_steps": trainer.cfg.mask_steps,
+        "frozen": nbytes([p for p in params if not p.requires_grad]),
+        "buffers": nbytes(list(policy.buffers())),
+        "stat": sum(p.numel() * 4 for p in trainer._stat_params()),
+    }
 
 
 # --- per GPU: the one-process measurement composed with N processes and a sharding ---------------------------------
@@ -716,9 +875,15 @@ def per_gpu(step: Step, n: int, sharding: str, rewards: int) -> dict:
         got = Counter(step.peaks[phase][1])
         # FSDP accumulates the unsynchronised chunks' gradients unsharded, in fp32, until the last chunk reduces
         grads = 1.0 if phase == "replay" and chunked else share
-        parts = {"trained": got["trained"] * share, "frozen": got["frozen"] * share + got["encoders"] + got["buffers"],
-                 "grads": got["grad"] * grads, "optimizer": got["optim"] * share, "reference": got["reference"] * share,
-                 "record": got["record"], "activations": got["act"] + (0 if fsdp else got["cast"])}
+        parts = {
+            "trained": got["trained"] * share,
+            "frozen": got["frozen"] * share + got["encoders"] + got["buffers"],
+            "grads": got["grad"] * grads,
+            "optimizer": got["optim"] * share,
+            "reference": got["reference"] * share,
+            "record": got["record"],
+            "activations": got["act"] + (0 if fsdp else got["cast"]),
+        }
         gathered = 0
         if n > 1 and sharding == "replicate":
             gathered = s["fsdp_trained"]  # DDP's gradient buckets
@@ -736,8 +901,12 @@ def per_gpu(step: Step, n: int, sharding: str, rewards: int) -> dict:
         parts["allowance"] = int(ALLOWANCE_FIXED + ALLOWANCE_SHARE * tensors)
         phases[phase] = parts | {"total": tensors + parts["allowance"]}
     worst = max(phases, key=lambda p: phases[p]["total"])
-    out = dict(phases[worst], phase=worst, act_rollout=phases["rollout"]["activations"] + phases["rollout"]["record"],
-               act_replay=phases["replay"]["activations"] + phases["replay"]["record"])
+    out = dict(
+        phases[worst],
+        phase=worst,
+        act_rollout=phases["rollout"]["activations"] + phases["rollout"]["record"],
+        act_replay=phases["replay"]["activations"] + phases["replay"]["record"],
+    )
     return out
 
 
@@ -748,21 +917,60 @@ def _reward_model(name: str):
     lists for ViT-H-14); git_vqa: microsoft/git-large-vqav2 (transformers' GIT conversion: CLIP ViT-L/14 at 420 px
     plus GitConfig's 6-layer decoder); grounding_dino: IDEA-Research/grounding-dino-base (Swin-B at 384, window 12,
     BERT-base text encoder, 6 + 6 layers, 900 queries)."""
-    from transformers import (CLIPConfig, CLIPModel, GitConfig, GitForCausalLM, GroundingDinoConfig,
-                              GroundingDinoForObjectDetection, SwinConfig)
+    from transformers import (
+        CLIPConfig,
+        CLIPModel,
+        GitConfig,
+        GitForCausalLM,
+        GroundingDinoConfig,
+        GroundingDinoForObjectDetection,
+        SwinConfig,
+    )
 
     if name == "hpsv2":
-        return CLIPModel(CLIPConfig(
-            text_config=dict(hidden_size=1024, intermediate_size=4096, num_attention_heads=16, num_hidden_layers=24,
-                             vocab_size=49408, max_position_embeddings=77),
-            vision_config=dict(hidden_size=1280, intermediate_size=5120, num_attention_heads=16, num_hidden_layers=32,
-                               patch_size=14, image_size=224), projection_dim=1024))
+        return CLIPModel(
+            CLIPConfig(
+                text_config=dict(
+                    hidden_size=1024,
+                    intermediate_size=4096,
+                    num_attention_heads=16,
+                    num_hidden_layers=24,
+                    vocab_size=49408,
+                    max_position_embeddings=77,
+                ),
+                vision_config=dict(
+                    hidden_size=1280,
+                    intermediate_size=5120,
+                    num_attention_heads=16,
+                    num_hidden_layers=32,
+                    patch_size=14,
+                    image_size=224,
+                ),
+                projection_dim=1024,
+            )
+        )
     if name == "git_vqa":
-        return GitForCausalLM(GitConfig(vision_config=dict(image_size=420, patch_size=14, hidden_size=1024,
-                                                           intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16)))
+        return GitForCausalLM(
+            GitConfig(
+                vision_config=dict(
+                    image_size=420,
+                    patch_size=14,
+                    hidden_size=1024,
+                    intermediate_size=4096,
+                    num_hidden_layers=24,
+                    num_attention_heads=16,
+                )
+            )
+        )
     if name == "grounding_dino":
-        swin = SwinConfig(embed_dim=128, depths=[2, 2, 18, 2], num_heads=[4, 8, 16, 32], window_size=12, image_size=384,
-                          out_indices=[2, 3, 4])
+        swin = SwinConfig(
+            embed_dim=128,
+            depths=[2, 2, 18, 2],
+            num_heads=[4, 8, 16, 32],
+            window_size=12,
+            image_size=384,
+            out_indices=[2, 3, 4],
+        )
         return GroundingDinoForObjectDetection(GroundingDinoConfig(backbone_config=swin))
     raise ValueError(f"reward model {name!r}: no architecture known to the plan (hpsv2, git_vqa, grounding_dino)")
 
@@ -776,16 +984,21 @@ def reward_weights(config: dict, reward: str) -> dict[str, dict]:
             model = _reward_model(name)
         params = sum(p.numel() for p in model.parameters())
         buffers = sum(b.numel() * b.element_size() for b in model.buffers())
-        out[name] = {"params": params, "dtype": str(dtype).removeprefix("torch."),
-                     "bytes": params * torch.empty((), dtype=dtype).element_size() + buffers}
+        out[name] = {
+            "params": params,
+            "dtype": str(dtype).removeprefix("torch."),
+            "bytes": params * torch.empty((), dtype=dtype).element_size() + buffers,
+        }
     return out
 
 
 # --- the plan: every variant at the official per-GPU batch, and the setting that ran out of memory -----------------
 VARIANTS = ("grpo", "fix", "mte", "sim", "head")
 # prompts per GPU, micro-batches, chosen AR steps per backward
-SETTINGS = {"new": dict(micro_batches=1, replay_chunk=1),
-            "old": dict(prompts=3, micro_batches=2, replay_chunk=None)}  # the H200 run of docs/real-scale.md
+SETTINGS = {
+    "new": dict(micro_batches=1, replay_chunk=1),
+    "old": dict(prompts=3, micro_batches=2, replay_chunk=None),
+}  # the H200 run of docs/real-scale.md
 
 
 VERBOSE = False  # each phase's end, as it happens (the full-size steps take minutes)
@@ -801,8 +1014,11 @@ def plan_step(run: Run, steps: int | None, say=print) -> Step:
     step = isolated(measure, run, True, False, rec.tape, steps)
     step.seconds, step.cpu_seconds = step.seconds + rec.seconds, step.cpu_seconds + rec.cpu_seconds
     K, R = step.ar_steps
-    say(f"  {run.policy} {run.variant} [{run.label()}]: {len(rec.tape)} recorded values, rollout of {R} of {K} AR steps; "
-        + ", ".join(f"{p} {step.peaks[p][0] / GiB:.1f} GiB" for p in PHASES) + f" of tensors ({step.seconds:.0f} s)")
+    say(
+        f"  {run.policy} {run.variant} [{run.label()}]: {len(rec.tape)} recorded values, rollout of {R} of {K} AR steps; "
+        + ", ".join(f"{p} {step.peaks[p][0] / GiB:.1f} GiB" for p in PHASES)
+        + f" of tensors ({step.seconds:.0f} s)"
+    )
     return step
 
 
@@ -825,9 +1041,16 @@ def preload() -> None:
     """What every step imports, imported once before the children are forked."""
     import importlib
 
-    for name in ("accelerate", "margrpo.experiment.config", "margrpo.grpo.trainer", "margrpo.policy.nova",
-                 "margrpo.policy.harmon", "diffusers.models.autoencoders.autoencoder_kl",
-                 "transformers.models.phi.modeling_phi", "transformers.models.qwen2.modeling_qwen2"):
+    for name in (
+        "accelerate",
+        "margrpo.experiment.config",
+        "margrpo.grpo.trainer",
+        "margrpo.policy.nova",
+        "margrpo.policy.harmon",
+        "diffusers.models.autoencoders.autoencoder_kl",
+        "transformers.models.phi.modeling_phi",
+        "transformers.models.qwen2.modeling_qwen2",
+    ):
         importlib.import_module(name)
 
 
@@ -854,8 +1077,11 @@ def isolated(fn, *args, retries: int = 2, fresh: bool = False):
             except queues.Empty:
                 if not child.is_alive():
                     break
-        print(f"  (the process for {fn.__name__} exited with code {child.exitcode} and no answer; "
-              f"{'running it again' if attempt < retries else 'giving up'})", flush=True)
+        print(
+            f"  (the process for {fn.__name__} exited with code {child.exitcode} and no answer; "
+            f"{'running it again' if attempt < retries else 'giving up'})",
+            flush=True,
+        )
     raise RuntimeError(f"{fn.__name__}: every process died")
 
 
@@ -864,19 +1090,35 @@ def sharding_of(config: dict, name: str) -> str:
     return config["policies"][name].get("sharding", "replicate")
 
 
-COLUMNS = [("trained", "trained"), ("frozen", "frozen+buf"), ("grads", "grads"), ("optimizer", "AdamW"),
-           ("reference", "KL ref"), ("rewards", "rewards"), ("act_rollout", "rollout act"), ("act_replay", "replay act"),
-           ("gathered", "FSDP/DDP"), ("allowance", "allowance"), ("total", "peak / GPU")]
+COLUMNS = [
+    ("trained", "trained"),
+    ("frozen", "frozen+buf"),
+    ("grads", "grads"),
+    ("optimizer", "AdamW"),
+    ("reference", "KL ref"),
+    ("rewards", "rewards"),
+    ("act_rollout", "rollout act"),
+    ("act_replay", "replay act"),
+    ("gathered", "FSDP/DDP"),
+    ("allowance", "allowance"),
+    ("total", "peak / GPU"),
+]
 
 
 def table(rows: list[dict], unit: int = GiB) -> str:
     """Markdown: one row per (variant, setting, GPUs), parts in GiB (MiB: `unit`), the verdicts against 80 and 139 GiB."""
     name = "GiB" if unit == GiB else "MiB"
-    head = ["variant", "batch / GPU", "GPUs", "sharding"] + [f"{h} {name}" for _, h in COLUMNS] + ["phase", "80 GiB", "139 GiB"]
+    head = (
+        ["variant", "batch / GPU", "GPUs", "sharding"]
+        + [f"{h} {name}" for _, h in COLUMNS]
+        + ["phase", "80 GiB", "139 GiB"]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["variant"], r["batch"], str(r["gpus"]), r["sharding"]] + [f"{r[k] / unit:.1f}" for k, _ in COLUMNS]
-        cells += [r["phase"]] + [("fits, " if r["total"] <= v else "OOM, ") + f"{(v - r['total']) / GiB:+.1f}" for v in LIMITS.values()]
+        cells += [r["phase"]] + [
+            ("fits, " if r["total"] <= v else "OOM, ") + f"{(v - r['total']) / GiB:+.1f}" for v in LIMITS.values()
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -892,32 +1134,68 @@ def plan(args, say=print) -> dict:
         reward_bytes = sum(r["bytes"] for r in rewards.values())
         sharding = args.sharding or sharding_of(config, name)
         names = ", ".join(f"{k} {v['params'] / 1e6:.0f} M {v['dtype']}" for k, v in rewards.items()) or "none"
-        say(f"{name}: reward models ({args.reward}) {names} = {reward_bytes / GiB:.2f} GiB; sharding {sharding} with several GPUs")
+        say(
+            f"{name}: reward models ({args.reward}) {names} = {reward_bytes / GiB:.2f} GiB; sharding {sharding} with several GPUs"
+        )
         rows, steps = [], args.steps.setdefault(name, {})
-        settings = {"new": {**SETTINGS["new"], "prompts": args.prompts_per_gpu}, **({"old": SETTINGS["old"]} if args.old else {})}
-        runs = {(v, s): replace(base, variant=v, **batch) for v in args.variants for s, batch in settings.items()
-                if s == "new" or v in args.old_variants}
+        settings = {
+            "new": {**SETTINGS["new"], "prompts": args.prompts_per_gpu},
+            **({"old": SETTINGS["old"]} if args.old else {}),
+        }
+        runs = {
+            (v, s): replace(base, variant=v, **batch)
+            for v in args.variants
+            for s, batch in settings.items()
+            if s == "new" or v in args.old_variants
+        }
         if args.from_json:  # the fake steps of an earlier run, composed again
             saved = json.loads(Path(args.from_json).read_text())["policies"][name]["steps"]
             for key, run in runs.items():
                 got = saved[f"{key[0]}/{key[1]}"]
                 got["sizes"].setdefault("mask_steps", config["grpo"]["mask_steps"])  # runs before it was recorded
-                steps[key] = Step(run, True, {p: tuple(v) for p, v in got["peaks"].items()}, got["sizes"], got["seconds"],
-                                  got["cpu_seconds"], tuple(got["ar_steps"]))
+                steps[key] = Step(
+                    run,
+                    True,
+                    {p: tuple(v) for p, v in got["peaks"].items()},
+                    got["sizes"],
+                    got["seconds"],
+                    got["cpu_seconds"],
+                    tuple(got["ar_steps"]),
+                )
         else:
             steps.update((key, plan_step(run, args.rollout_steps, say)) for key, run in runs.items())
         for (variant, setting), run in runs.items():
             step, group = steps[(variant, setting)], config["grpo"]["group_size"]
             label = f"{run.prompts} x {group}, mb {run.micro_batches}, chunk {run.replay_chunk or 'all'}"
-            for n in (args.gpus if setting == "new" else [1]):
-                rows.append({"variant": variant, "setting": setting, "batch": label, "gpus": n,
-                             "sharding": sharding if n > 1 else "-", **per_gpu(step, n, sharding, reward_bytes),
-                             "modes": {m: per_gpu(step, n, m, reward_bytes)["total"] for m in SHARDINGS}})
+            for n in args.gpus if setting == "new" else [1]:
+                rows.append(
+                    {
+                        "variant": variant,
+                        "setting": setting,
+                        "batch": label,
+                        "gpus": n,
+                        "sharding": sharding if n > 1 else "-",
+                        **per_gpu(step, n, sharding, reward_bytes),
+                        "modes": {m: per_gpu(step, n, m, reward_bytes)["total"] for m in SHARDINGS},
+                    }
+                )
         unit = GiB if args.size == "full" else 2**20
-        out["policies"][name] = {"rewards": rewards, "sharding": sharding, "rows": rows, "table": table(rows, unit),
-                                 "steps": {f"{v}/{s}": {"peaks": st.peaks, "sizes": st.sizes, "ar_steps": st.ar_steps,
-                                                        "seconds": st.seconds, "cpu_seconds": st.cpu_seconds}
-                                           for (v, s), st in steps.items()}}
+        out["policies"][name] = {
+            "rewards": rewards,
+            "sharding": sharding,
+            "rows": rows,
+            "table": table(rows, unit),
+            "steps": {
+                f"{v}/{s}": {
+                    "peaks": st.peaks,
+                    "sizes": st.sizes,
+                    "ar_steps": st.ar_steps,
+                    "seconds": st.seconds,
+                    "cpu_seconds": st.cpu_seconds,
+                }
+                for (v, s), st in steps.items()
+            },
+        }
         say(f"\n### {name}\n\n{table(rows, unit)}\n")
     return out
 
@@ -929,17 +1207,27 @@ def validate(run: Run, steps: int | None, fake: Step | None = None, fresh: bool 
     resident set's growth (`fresh`: in a new interpreter, whose resident set holds nothing of this one's)."""
     real = isolated(measure, run, False, False, None, steps, fresh=fresh)
     fake = fake or plan_step(run, steps, say=lambda *_: None)
-    out = {"run": run.label(), "policy": run.policy, "size": run.size, "real_peak": real.peak, "fake_peak": fake.peak,
-           "real_step": real.peak - real.start, "fake_step": fake.peak - fake.start, "rss_step": real.rss[1] - real.rss[0],
-           "phases": {p: (real.peaks[p][0], fake.peaks[p][0]) for p in PHASES}}
+    out = {
+        "run": run.label(),
+        "policy": run.policy,
+        "size": run.size,
+        "real_peak": real.peak,
+        "fake_peak": fake.peak,
+        "real_step": real.peak - real.start,
+        "fake_step": fake.peak - fake.start,
+        "rss_step": real.rss[1] - real.rss[0],
+        "phases": {p: (real.peaks[p][0], fake.peaks[p][0]) for p in PHASES},
+    }
     out["ratio_peak"] = out["fake_peak"] / out["real_peak"]
     out["ratio_step"] = out["fake_step"] / out["real_step"]
     out["ratio_rss"] = out["fake_step"] / out["rss_step"]
     mib = lambda b: f"{b / 2**20:.1f} MiB"  # noqa: E731
-    say(f"validation, {run.policy} ({run.size}) [{run.label()}], fake vs real on this CPU:\n"
+    say(
+        f"validation, {run.policy} ({run.size}) [{run.label()}], fake vs real on this CPU:\n"
         f"  tensor peak: fake {mib(out['fake_peak'])}, real {mib(out['real_peak'])}: ratio {out['ratio_peak']:.4f}\n"
         f"  the step's growth over what it starts from: fake {mib(out['fake_step'])}, real tensors {mib(out['real_step'])}"
-        f" (ratio {out['ratio_step']:.4f}), real resident set {mib(out['rss_step'])} (ratio {out['ratio_rss']:.3f})")
+        f" (ratio {out['ratio_step']:.4f}), real resident set {mib(out['rss_step'])} (ratio {out['ratio_rss']:.3f})"
+    )
     return out
 
 
@@ -953,37 +1241,69 @@ def gpu_check(args, say=print) -> list[dict]:
     """The plan's tensor peak (no reward model, no allowance: what max_memory_allocated counts) of the step the GPU
     session measured, with the trainer's own draw of chosen AR steps (its first step's) and with the worst case."""
     wanted = {tuple(item.split(":")) for item in args.gpu_check_runs.split(",")}
-    rows, runs = [], [Run(policy, variant, prompts=3, micro_batches=1, replay_chunk=1, chosen=chosen)
-                      for policy, variant in GPU_SESSION for chosen in ("drawn", "first") if (variant, chosen) in wanted]
+    rows, runs = (
+        [],
+        [
+            Run(policy, variant, prompts=3, micro_batches=1, replay_chunk=1, chosen=chosen)
+            for policy, variant in GPU_SESSION
+            for chosen in ("drawn", "first")
+            if (variant, chosen) in wanted
+        ],
+    )
     for run in runs:
         step = plan_step(run, args.rollout_steps, say=lambda *_: None)
         policy, variant, chosen, measured = run.policy, run.variant, run.chosen, GPU_SESSION[(run.policy, run.variant)]
-        rows.append({"policy": policy, "variant": variant, "chosen": chosen, "predicted": step.peak, "measured": measured,
-                     "ratio": step.peak / measured, "phase": max(step.peaks, key=lambda p: step.peaks[p][0])})
-        say(f"  GPU check {policy} {variant} (3 x 4 images on one GPU, chunk 1, chosen AR steps {chosen}): "
-            f"predicted tensor peak {step.peak / GiB:.1f} GiB, measured {measured / GiB:.1f} GiB: ratio {rows[-1]['ratio']:.3f}")
+        rows.append(
+            {
+                "policy": policy,
+                "variant": variant,
+                "chosen": chosen,
+                "predicted": step.peak,
+                "measured": measured,
+                "ratio": step.peak / measured,
+                "phase": max(step.peaks, key=lambda p: step.peaks[p][0]),
+            }
+        )
+        say(
+            f"  GPU check {policy} {variant} (3 x 4 images on one GPU, chunk 1, chosen AR steps {chosen}): "
+            f"predicted tensor peak {step.peak / GiB:.1f} GiB, measured {measured / GiB:.1f} GiB: ratio {rows[-1]['ratio']:.3f}"
+        )
     return rows
 
 
 # --- main ------------------------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", nargs="*", default=[str(ROOT / "config" / f"paper-{n}.yaml") for n in BUILD],
-                   help="paper configs, each training one policy (nova or harmon); none: only --validate / --gpu-check")
+    p.add_argument(
+        "--config",
+        nargs="*",
+        default=[str(ROOT / "config" / f"paper-{n}.yaml") for n in BUILD],
+        help="paper configs, each training one policy (nova or harmon); none: only --validate / --gpu-check",
+    )
     p.add_argument("--variants", default=None, help=f"default: {','.join(VARIANTS)} (--test: grpo)")
     p.add_argument("--gpus", type=int, nargs="+", default=[1, 3, 8])
     p.add_argument("--reward", default="mixed", help="the rewards.<name> whose scorers sit on each GPU")
     p.add_argument("--prompts-per-gpu", type=int, default=1, help="prompt groups per GPU (official runs: 1)")
-    p.add_argument("--sharding", choices=SHARDINGS, default=None, help="default: the config's policies.<name>.sharding")
-    p.add_argument("--old-variants", default=None, help="variants also planned at the old setting (default: all; --test: "
-                   "grpo; empty: none)")
+    p.add_argument(
+        "--sharding", choices=SHARDINGS, default=None, help="default: the config's policies.<name>.sharding"
+    )
+    p.add_argument(
+        "--old-variants",
+        default=None,
+        help="variants also planned at the old setting (default: all; --test: grpo; empty: none)",
+    )
     p.add_argument("--rollout-steps", type=int, default=None, help="AR steps the rollout runs (default |M|; 0: all)")
     p.add_argument("--validate", action="store_true", help="also the fake-vs-real check on a small NOVA")
     p.add_argument("--gpu-check", action="store_true", help="also the step the GPU session measured (NOVA, 12 images)")
-    p.add_argument("--gpu-check-runs", default="fix:drawn,fix:first,grpo:drawn,grpo:first",
-                   help="which of the GPU session's steps --gpu-check plans: VARIANT:CHOSEN, comma-separated")
+    p.add_argument(
+        "--gpu-check-runs",
+        default="fix:drawn,fix:first,grpo:drawn,grpo:first",
+        help="which of the GPU session's steps --gpu-check plans: VARIANT:CHOSEN, comma-separated",
+    )
     p.add_argument("--json", default=None, help="write every number here")
-    p.add_argument("--from-json", default=None, help="compose the fake steps of an earlier --json again (no step is run)")
+    p.add_argument(
+        "--from-json", default=None, help="compose the fake steps of an earlier --json again (no step is run)"
+    )
     p.add_argument("--test", action="store_true", help="tiny policies: everything in about a minute (tests)")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
@@ -1001,12 +1321,24 @@ def main(argv: list[str] | None = None) -> dict:
         args.rollout_steps = 1  # raised to |M| by `instrumented`
     torch.set_num_threads(args.threads)
     t0, c0 = time.perf_counter(), time.process_time()
-    print(f"memory plan on {cpu_model()} ({args.threads} thread(s)), torch {torch.__version__}; "
-          f"{'tiny policies (--test)' if args.test else 'full-size policies'}, fake tensors; allowance "
-          f"{ALLOWANCE_FIXED / GiB:.0f} GiB + {ALLOWANCE_SHARE:.0%} of the tensor peak", flush=True)
-    out = {"cpu": cpu_model(), "torch": torch.__version__, "threads": args.threads, "size": args.size,
-           "allowance": {"fixed": ALLOWANCE_FIXED, "share": ALLOWANCE_SHARE}, "limits": LIMITS,
-           "gpus": args.gpus, "reward": args.reward, "prompts_per_gpu": args.prompts_per_gpu, "settings": SETTINGS}
+    print(
+        f"memory plan on {cpu_model()} ({args.threads} thread(s)), torch {torch.__version__}; "
+        f"{'tiny policies (--test)' if args.test else 'full-size policies'}, fake tensors; allowance "
+        f"{ALLOWANCE_FIXED / GiB:.0f} GiB + {ALLOWANCE_SHARE:.0%} of the tensor peak",
+        flush=True,
+    )
+    out = {
+        "cpu": cpu_model(),
+        "torch": torch.__version__,
+        "threads": args.threads,
+        "size": args.size,
+        "allowance": {"fixed": ALLOWANCE_FIXED, "share": ALLOWANCE_SHARE},
+        "limits": LIMITS,
+        "gpus": args.gpus,
+        "reward": args.reward,
+        "prompts_per_gpu": args.prompts_per_gpu,
+        "settings": SETTINGS,
+    }
     global VERBOSE
     VERBOSE, args.steps = not args.test, {}
     preload()
@@ -1020,7 +1352,10 @@ def main(argv: list[str] | None = None) -> dict:
     if args.gpu_check and not args.test:
         out["gpu_check"] = gpu_check(args)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    out["wall_s"], out["cpu_s"] = time.perf_counter() - t0, time.process_time() - c0 + children.ru_utime + children.ru_stime
+    out["wall_s"], out["cpu_s"] = (
+        time.perf_counter() - t0,
+        time.process_time() - c0 + children.ru_utime + children.ru_stime,
+    )
     print(f"wall {out['wall_s']:.0f} s, CPU {out['cpu_s']:.0f} s (with its child processes)")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1, default=str) + "\n")

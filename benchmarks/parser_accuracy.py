@@ -77,7 +77,9 @@ def compare(scene, parsed, tol: float) -> dict:
     truth = scene.objects
     hits = {a: 0 for a in (*ATTRS, "position")}
     if parsed:
-        dist = np.array([[np.hypot(*np.subtract(t.centroid, p["centroid"])) for p in parsed] for t in truth])  # (true, parsed)
+        dist = np.array(
+            [[np.hypot(*np.subtract(t.centroid, p["centroid"])) for p in parsed] for t in truth]
+        )  # (true, parsed)
         for i, j in zip(*linear_sum_assignment(dist)):
             if dist[i, j] > 3 * tol + 2:  # too far to be the same object
                 continue
@@ -96,8 +98,14 @@ def main() -> None:
     ap.add_argument("--noise", type=float, default=0.05, help="Gaussian noise sigma, fraction of the range")
     ap.add_argument("--tol", type=float, default=1.0, help="position tolerance in px")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--backdrop", type=float, nargs=2, default=None, metavar=("MIN", "MAX"),
-                    help="override the preset's backdrop range (every scene on one grey: --backdrop 0.25 0.25)")
+    ap.add_argument(
+        "--backdrop",
+        type=float,
+        nargs=2,
+        default=None,
+        metavar=("MIN", "MAX"),
+        help="override the preset's backdrop range (every scene on one grey: --backdrop 0.25 0.25)",
+    )
     args = ap.parse_args()
     try:
         import torch
@@ -113,8 +121,19 @@ def main() -> None:
         cfg = dataclasses.replace(cfg, backdrop_range=tuple(args.backdrop))
     rng = np.random.default_rng(args.seed)
     conditions = ("clean", "degraded", "patchy")
-    stats = {c: {"objects": 0, "images": 0, "count": 0, "fragments": 0, "strict": 0, "lenient": 0, "parse_s": 0.0,
-                 **{a: 0 for a in (*ATTRS, "position")}} for c in conditions}
+    stats = {
+        c: {
+            "objects": 0,
+            "images": 0,
+            "count": 0,
+            "fragments": 0,
+            "strict": 0,
+            "lenient": 0,
+            "parse_s": 0.0,
+            **{a: 0 for a in (*ATTRS, "position")},
+        }
+        for c in conditions
+    }
     per_kind: dict[tuple, list[int]] = {}  # (condition, shape, texture) -> [objects, shape hits, texture hits]
     for _ in range(args.n):
         scene, _, category, spec = sample_captioned(rng, cfg, allow_heldout=True)
@@ -143,14 +162,21 @@ def main() -> None:
                     k[1] += p["shape"] == t.shape
                     k[2] += p["texture"] == t.texture
 
-    print(f"world: {args.preset} {cfg.image_size}px textures={','.join(cfg.textures)}; n={args.n} scenes; "
-          f"degraded = blur sigma {args.blur} px + noise sigma {args.noise}")
+    print(
+        f"world: {args.preset} {cfg.image_size}px textures={','.join(cfg.textures)}; n={args.n} scenes; "
+        f"degraded = blur sigma {args.blur} px + noise sigma {args.noise}"
+    )
     columns = ("count", "color", "shape", "texture", "position", "no-frag", "strict=1", "lenient=1", "img/s")
     print(f"{'':10s}" + "".join(f"{h:>10s}" for h in columns))
     for cond in conditions:
         s = stats[cond]
-        row = [s["count"] / s["images"], *(s[a] / s["objects"] for a in (*ATTRS, "position")),
-               1 - s["fragments"] / s["images"], s["strict"] / s["images"], s["lenient"] / s["images"]]
+        row = [
+            s["count"] / s["images"],
+            *(s[a] / s["objects"] for a in (*ATTRS, "position")),
+            1 - s["fragments"] / s["images"],
+            s["strict"] / s["images"],
+            s["lenient"] / s["images"],
+        ]
         print(f"{cond:10s}" + "".join(f"{100 * v:9.2f}%" for v in row) + f"{s['images'] / s['parse_s']:10.0f}")
     print("shape / texture accuracy per kind of object (images with the right object count):")
     for (cond, shape, texture), (n, sh, tx) in sorted(per_kind.items()):

@@ -103,8 +103,16 @@ def toy_costs(name: str, policy: ToyMAR, sampling: SamplingConfig) -> Costs:
         A = counted(lambda: policy.ar_forward(tokens, known, cond))  # the toy's AR sees every position: one cost
         z = policy.ar_forward(tokens, known, cond)[0]
         H = counted(lambda: policy.head(torch.randn(L, D), torch.full((L,), 500.0), z)) / L
-    return Costs(name, _n(policy.ar_parameters()), _n(policy.head_parameters()), [A] * len(unknown), H, unknown,
-                 sampling.diffusion_steps, 2 if sampling.cfg_scale != 1 else 1)
+    return Costs(
+        name,
+        _n(policy.ar_parameters()),
+        _n(policy.head_parameters()),
+        [A] * len(unknown),
+        H,
+        unknown,
+        sampling.diffusion_steps,
+        2 if sampling.cfg_scale != 1 else 1,
+    )
 
 
 def nova_costs(sampling: SamplingConfig) -> Costs:
@@ -125,8 +133,16 @@ def nova_costs(sampling: SamplingConfig) -> Costs:
         full = split * block(L)
         ar = [embed + (len(blocks) - split) * block(L - u) + full for u in unknown]
         H = counted(lambda: nova.head(torch.zeros(64, D), torch.full((64,), 500.0), torch.zeros(64, W))) / 64
-        return Costs("NOVA-0.6B", _n(nova.ar_parameters()), _n(nova.head_parameters()), ar, H, unknown,
-                     sampling.diffusion_steps, 2)
+        return Costs(
+            "NOVA-0.6B",
+            _n(nova.ar_parameters()),
+            _n(nova.head_parameters()),
+            ar,
+            H,
+            unknown,
+            sampling.diffusion_steps,
+            2,
+        )
 
 
 def harmon_costs(sampling: SamplingConfig) -> Costs:
@@ -150,11 +166,23 @@ def harmon_costs(sampling: SamplingConfig) -> Costs:
         enc = lambda S: counted(lambda: m.encoder_blocks[0](torch.zeros(1, S, We)))  # noqa: E731
         dec = counted(lambda: m.decoder_blocks[0](torch.zeros(1, nb + L, Wd)))
         unknown = [L] + unknown_after_steps(L, sampling.ar_steps, harmon.mask_rounding)[:-1]
-        ar = [len(m.encoder_blocks) * enc(nb + L - u) + len(llm.layers) * llm_layer(Lt + L - u + nb) + len(m.decoder_blocks) * dec
-              for u in unknown]
+        ar = [
+            len(m.encoder_blocks) * enc(nb + L - u)
+            + len(llm.layers) * llm_layer(Lt + L - u + nb)
+            + len(m.decoder_blocks) * dec
+            for u in unknown
+        ]
         H = counted(lambda: harmon.head(torch.zeros(64, D), torch.full((64,), 500.0), torch.zeros(64, Wd))) / 64
-        return Costs("Harmon-1.5B", _n(harmon.ar_parameters()), _n(harmon.head_parameters()), ar, H, unknown,
-                     sampling.diffusion_steps, 2)
+        return Costs(
+            "Harmon-1.5B",
+            _n(harmon.ar_parameters()),
+            _n(harmon.head_parameters()),
+            ar,
+            H,
+            unknown,
+            sampling.diffusion_steps,
+            2,
+        )
 
 
 def _n(params) -> int:
@@ -167,14 +195,25 @@ def report(c: Costs, grpo: dict, S: int, top_frac: float) -> dict:
     fix_ar, fix_head = c.step(M, U)
     mte_ar, mte_head = c.step(M, U, S, top_frac)
     h_step = fix_head / (fix_ar + fix_head)
-    row = {"policy": c.name, "head_params": c.head_params, "param_share": c.param_share, "rollout_head_share": head_r / (ar_r + head_r),
-           "step_head_share": h_step, "K": len(c.ar), "M": M, "ratio_model": (mte_ar + mte_head) / (fix_ar + fix_head),
-           "rollout_gflop": (ar_r + head_r) / 1e9, "step_gflop": (fix_ar + fix_head) / 1e9}
-    print(f"{c.name:>12}: head {c.head_params / 1e6:7.2f}M of {(c.ar_params + c.head_params) / 1e6:8.2f}M AR + head parameters "
-          f"({row['param_share']:.1%}); K={row['K']}, T={c.T}, |M|={M}, |T|={U}; head share of a rollout's FLOPs {row['rollout_head_share']:.1%}, "
-          f"of a +Fix step's {h_step:.1%}; MTE/Fix FLOPs (S={S}, k={top_frac}) {row['ratio_model']:.3f}; "
-          f"per image: rollout {row['rollout_gflop']:.2f}, "
-          f"+Fix step {row['step_gflop']:.2f} GFLOP")
+    row = {
+        "policy": c.name,
+        "head_params": c.head_params,
+        "param_share": c.param_share,
+        "rollout_head_share": head_r / (ar_r + head_r),
+        "step_head_share": h_step,
+        "K": len(c.ar),
+        "M": M,
+        "ratio_model": (mte_ar + mte_head) / (fix_ar + fix_head),
+        "rollout_gflop": (ar_r + head_r) / 1e9,
+        "step_gflop": (fix_ar + fix_head) / 1e9,
+    }
+    print(
+        f"{c.name:>12}: head {c.head_params / 1e6:7.2f}M of {(c.ar_params + c.head_params) / 1e6:8.2f}M AR + head parameters "
+        f"({row['param_share']:.1%}); K={row['K']}, T={c.T}, |M|={M}, |T|={U}; head share of a rollout's FLOPs {row['rollout_head_share']:.1%}, "
+        f"of a +Fix step's {h_step:.1%}; MTE/Fix FLOPs (S={S}, k={top_frac}) {row['ratio_model']:.3f}; "
+        f"per image: rollout {row['rollout_gflop']:.2f}, "
+        f"+Fix step {row['step_gflop']:.2f} GFLOP"
+    )
     return row
 
 
@@ -204,8 +243,12 @@ def toy_steps(policy_cfg: ToyMARConfig, sampling: SamplingConfig, grpo: dict, st
                 t.train_step()
                 cpu[name].append(time.process_time() - t0)
     n = grpo["batch_prompts"] * grpo["group_size"]
-    return {"fix_gflop": flops["fix"][0] / n / 1e9, "mte_gflop": flops["mte"][0] / n / 1e9,
-            "fix_cpu": statistics.median(cpu["fix"]), "mte_cpu": statistics.median(cpu["mte"])}
+    return {
+        "fix_gflop": flops["fix"][0] / n / 1e9,
+        "mte_gflop": flops["mte"][0] / n / 1e9,
+        "fix_cpu": statistics.median(cpu["fix"]),
+        "mte_cpu": statistics.median(cpu["mte"]),
+    }
 
 
 def main() -> None:
@@ -222,8 +265,10 @@ def main() -> None:
     grpo = dict(config["grpo"], precision=config["mixed_precision"])
     mte = config["variants"]["mte"]
     S, top_frac = mte.get("trajectories", 4), mte.get("top_frac", 0.3)
-    print(f"config {args.config}: GRPO |M| = {grpo['mask_steps']}, |T| = {grpo['diffusion_steps']}, {grpo['batch_prompts']} x {grpo['group_size']} images; "
-          f"MTE S = {S}, k = {top_frac}; FLOPs per image, CFG branches included")
+    print(
+        f"config {args.config}: GRPO |M| = {grpo['mask_steps']}, |T| = {grpo['diffusion_steps']}, {grpo['batch_prompts']} x {grpo['group_size']} images; "
+        f"MTE S = {S}, k = {top_frac}; FLOPs per image, CFG branches included"
+    )
     toys = {}
     for name, spec in config["policies"].items():
         if spec.get("kind") != "toy":
@@ -241,10 +286,14 @@ def main() -> None:
     ladder = config["experiments"]["ladder"]["policies"][0]
     cfg, sampling, row = toys[ladder]
     m = toy_steps(cfg, sampling, grpo, args.steps, {"trajectories": S, "top_frac": top_frac})
-    print(f"{ladder} GRPO step, counted on the real code path (one step; model in brackets): +Fix {m['fix_gflop']:.2f} "
-          f"[{row['step_gflop']:.2f}] GFLOP per image, MTE/Fix FLOPs {m['mte_gflop'] / m['fix_gflop']:.3f} [{row['ratio_model']:.3f}]")
-    print(f"{ladder} GRPO step CPU time (median of {args.steps}, {args.threads} thread): +Fix {m['fix_cpu']:.3f} s, +MTE {m['mte_cpu']:.3f} s "
-          f"-> MTE/Fix {m['mte_cpu'] / m['fix_cpu']:.3f}")
+    print(
+        f"{ladder} GRPO step, counted on the real code path (one step; model in brackets): +Fix {m['fix_gflop']:.2f} "
+        f"[{row['step_gflop']:.2f}] GFLOP per image, MTE/Fix FLOPs {m['mte_gflop'] / m['fix_gflop']:.3f} [{row['ratio_model']:.3f}]"
+    )
+    print(
+        f"{ladder} GRPO step CPU time (median of {args.steps}, {args.threads} thread): +Fix {m['fix_cpu']:.3f} s, +MTE {m['mte_cpu']:.3f} s "
+        f"-> MTE/Fix {m['mte_cpu'] / m['fix_cpu']:.3f}"
+    )
 
 
 if __name__ == "__main__":

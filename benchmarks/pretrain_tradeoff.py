@@ -49,24 +49,41 @@ def main() -> None:
     rows = []
     for steps in args.steps:
         torch.manual_seed(0)
-        policy = ToyMAR(ToyMARConfig(head_type=args.head, image_size=world.image_size, vocab=prompt_vocabulary(), **json.loads(args.model))).to(args.device)
+        policy = ToyMAR(
+            ToyMARConfig(
+                head_type=args.head, image_size=world.image_size, vocab=prompt_vocabulary(), **json.loads(args.model)
+            )
+        ).to(args.device)
         cfg = PretrainConfig(**{"steps": steps, "save_every": 10**9, **json.loads(args.pretrain)})
         with tempfile.TemporaryDirectory() as state:  # resume checkpoints: not wanted here
             t0 = time.perf_counter()
             train(policy, world_batches(world), cfg, state)
             train_s = time.perf_counter() - t0
-        report, _ = quality_report(policy, records, sampling, args.images_per_prompt, world_cfg=world, precision=cfg.precision)
-        row = {"steps": steps, "train_s": round(train_s, 1), "device": args.device, "params_M": round(count_parameters(policy) / 1e6, 2),
-               "single_object": report["single_object_color_and_shape"]["accuracy"],
-               "single_object_seen_pairs": report["single_object_color_and_shape"]["seen_pairs"]["accuracy"],
-               "single_object_heldout_pairs": report["single_object_color_and_shape"]["heldout_pairs"]["accuracy"],
-               "strict": report["overall"]["strict"], "shuffled_strict": report["overall"]["shuffled_strict"],
-               "per_category": {c: round(v["strict"], 3) for c, v in report["per_category"].items()},
-               "pretrain": dataclasses.asdict(cfg), "model": json.loads(args.model), "sampling": json.loads(args.sampling)}
+        report, _ = quality_report(
+            policy, records, sampling, args.images_per_prompt, world_cfg=world, precision=cfg.precision
+        )
+        row = {
+            "steps": steps,
+            "train_s": round(train_s, 1),
+            "device": args.device,
+            "params_M": round(count_parameters(policy) / 1e6, 2),
+            "single_object": report["single_object_color_and_shape"]["accuracy"],
+            "single_object_seen_pairs": report["single_object_color_and_shape"]["seen_pairs"]["accuracy"],
+            "single_object_heldout_pairs": report["single_object_color_and_shape"]["heldout_pairs"]["accuracy"],
+            "strict": report["overall"]["strict"],
+            "shuffled_strict": report["overall"]["shuffled_strict"],
+            "per_category": {c: round(v["strict"], 3) for c, v in report["per_category"].items()},
+            "pretrain": dataclasses.asdict(cfg),
+            "model": json.loads(args.model),
+            "sampling": json.loads(args.sampling),
+        }
         rows.append(row)
         cats = " ".join(f"{c}={v:.2f}" for c, v in row["per_category"].items())
-        print(f"steps={steps:5d} train={train_s:7.1f}s single={row['single_object']:.3f} (seen pairs {row['single_object_seen_pairs']:.3f}, held-out {row['single_object_heldout_pairs']:.3f}) strict={row['strict']:.3f} "
-              f"(shuffled {row['shuffled_strict']:.3f}) {cats}", flush=True)
+        print(
+            f"steps={steps:5d} train={train_s:7.1f}s single={row['single_object']:.3f} (seen pairs {row['single_object_seen_pairs']:.3f}, held-out {row['single_object_heldout_pairs']:.3f}) strict={row['strict']:.3f} "
+            f"(shuffled {row['shuffled_strict']:.3f}) {cats}",
+            flush=True,
+        )
     if args.save:
         policy.save_pretrained(args.save)
     if args.out:

@@ -44,10 +44,19 @@ from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.prompts.suites import PromptSet
 
 ROOT = Path(__file__).resolve().parents[1]
-PROMPTS = ["a red circle on the left of a blue square", "three green apples on a wooden table",
-           "a cat sitting below a yellow umbrella", "two dogs and a black car in the snow"]
-VARIANTS = {"grpo": ("grpo", {}), "fix": ("fix", {}), "mte": ("mte", {}), "sim": ("sim", {}),
-            "committed": ("fix", {"loss_tokens": "committed"})}
+PROMPTS = [
+    "a red circle on the left of a blue square",
+    "three green apples on a wooden table",
+    "a cat sitting below a yellow umbrella",
+    "two dogs and a black car in the snow",
+]
+VARIANTS = {
+    "grpo": ("grpo", {}),
+    "fix": ("fix", {}),
+    "mte": ("mte", {}),
+    "sim": ("sim", {}),
+    "committed": ("fix", {"loss_tokens": "committed"}),
+}
 # --tiny: the tests' sizes, so both policies run on a CPU in seconds; the schedule shrinks to fit
 TINY_SAMPLING = {"ar_steps": 4, "diffusion_steps": 5}
 TINY_GRPO = {"mask_steps": 2, "diffusion_steps": 3}
@@ -63,7 +72,9 @@ def stand_in_tokenizer():
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(dict.fromkeys(words))}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.add_special_tokens(special)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="<|endoftext|>", eos_token="<|im_end|>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", pad_token="<|endoftext|>", eos_token="<|im_end|>"
+    )
 
 
 def build_nova(tiny: bool):
@@ -73,20 +84,48 @@ def build_nova(tiny: bool):
     from margrpo.policy.nova import NovaConfig, NovaPolicy
 
     if tiny:
-        config = NovaConfig(image_size=(64, 64), text_token_dim=16, text_token_len=8, video_base_size=(1, 2, 2),
-                            image_base_size=(4, 4), width=32, num_heads=4, video_depth=1, image_depth=2,
-                            head_depth=2, head_width=32)
-        phi = PhiConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                        max_position_embeddings=16, partial_rotary_factor=0.5)
+        config = NovaConfig(
+            image_size=(64, 64),
+            text_token_dim=16,
+            text_token_len=8,
+            video_base_size=(1, 2, 2),
+            image_base_size=(4, 4),
+            width=32,
+            num_heads=4,
+            video_depth=1,
+            image_depth=2,
+            head_depth=2,
+            head_width=32,
+        )
+        phi = PhiConfig(
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            max_position_embeddings=16,
+            partial_rotary_factor=0.5,
+        )
         vae = dict(block_out_channels=(8, 8, 8, 8), layers_per_block=1, norm_num_groups=4, sample_size=64)
     else:  # Phi-2 (microsoft/phi-2) and the SD VAE NOVA ships
         config = NovaConfig()
-        phi = PhiConfig(vocab_size=51200, hidden_size=2560, intermediate_size=10240, num_hidden_layers=32,
-                        num_attention_heads=32, partial_rotary_factor=0.4, max_position_embeddings=2048)
+        phi = PhiConfig(
+            vocab_size=51200,
+            hidden_size=2560,
+            intermediate_size=10240,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            partial_rotary_factor=0.4,
+            max_position_embeddings=2048,
+        )
         vae = dict(block_out_channels=(128, 256, 512, 512), layers_per_block=2, norm_num_groups=32, sample_size=512)
     phi._attn_implementation = "sdpa"
-    vae = AutoencoderKL(down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-                        latent_channels=4, **vae)
+    vae = AutoencoderKL(
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        latent_channels=4,
+        **vae,
+    )
     return NovaPolicy(config, PhiModel(phi), vae, stand_in_tokenizer())
 
 
@@ -95,12 +134,36 @@ def build_harmon(tiny: bool):
 
     config = HarmonConfig()
     if tiny:
-        llm = dict(model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True)
-        config = HarmonConfig(llm=llm, encoder_width=32, encoder_depth=1, encoder_heads=4, decoder_width=32,
-                              decoder_depth=1, decoder_heads=4, buffer_size=4, num_classes=10, pos_embed_size=16,
-                              image_size=32, head_width=32, head_depth=2, vae_channels=(8, 8, 16),
-                              vae_layers_per_block=1, vae_latent_channels=4, vae_norm_groups=4)
+        llm = dict(
+            model_type="qwen2",
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            tie_word_embeddings=True,
+        )
+        config = HarmonConfig(
+            llm=llm,
+            encoder_width=32,
+            encoder_depth=1,
+            encoder_heads=4,
+            decoder_width=32,
+            decoder_depth=1,
+            decoder_heads=4,
+            buffer_size=4,
+            num_classes=10,
+            pos_embed_size=16,
+            image_size=32,
+            head_width=32,
+            head_depth=2,
+            vae_channels=(8, 8, 16),
+            vae_layers_per_block=1,
+            vae_latent_channels=4,
+            vae_norm_groups=4,
+        )
     return HarmonPolicy(config, stand_in_tokenizer())
 
 
@@ -137,7 +200,7 @@ def switch_checkpointing(policy, on: bool) -> str:
     """Set a `gradient_checkpointing` switch of the policy or its config where one exists."""
     for owner in (policy, getattr(policy, "config", None)):
         if owner is not None and hasattr(owner, "gradient_checkpointing"):
-            setattr(owner, "gradient_checkpointing", on)
+            owner.gradient_checkpointing = on
             return "on" if on else "off"
     return "unsupported" if on else "off"
 
@@ -160,12 +223,17 @@ def make_trainer(name: str, variant: str, args, device: torch.device, out: str) 
             spec["grpo"][key] = getattr(args, key)
     ckpt = "off"
     if "gradient_checkpointing" in {f.name for f in dataclasses.fields(GRPOConfig)}:
-        spec["grpo"]["gradient_checkpointing"], ckpt = args.gradient_checkpointing, "on" if args.gradient_checkpointing else "off"
+        spec["grpo"]["gradient_checkpointing"], ckpt = (
+            args.gradient_checkpointing,
+            "on" if args.gradient_checkpointing else "off",
+        )
     policy, policy_ckpt = initial_policy(name, args.tiny, device, args.gradient_checkpointing)
     ckpt = ckpt if ckpt == "on" else policy_ckpt
     prompts = PromptSet(PROMPTS, [{}] * len(PROMPTS))
     cfg = GRPOConfig.from_spec(spec, precision=args.precision)
-    return GRPOTrainer(policy, brightness, prompts, prompts, sampling, cfg, out, Accelerator(cpu=device.type == "cpu")), ckpt
+    return GRPOTrainer(
+        policy, brightness, prompts, prompts, sampling, cfg, out, Accelerator(cpu=device.type == "cpu")
+    ), ckpt
 
 
 def timed(fn, device: torch.device) -> float:
@@ -217,10 +285,25 @@ def run(name: str, variant: str, args, device: torch.device, peak_tflops: float)
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return {"policy": name, "variant": variant, "s_per_step": seconds, "images_per_s": images / seconds,
-            "peak_mem_mb": memory, "peak_reserved_mb": reserved, "build_s": build_s, "warmup_s": warmup_s, "rollout_s": rollout_s, "rollout_tflop": tflop, "rollout_tflops": tflop / rollout_s,
-            "matmul_tflops": peak_tflops, "fraction": tflop / rollout_s / peak_tflops, "gradient_checkpointing": ckpt,
-            "images_per_step": images, "first_ratio_min": first["ratio_min"], "first_ratio_max": first["ratio_max"]}
+    return {
+        "policy": name,
+        "variant": variant,
+        "s_per_step": seconds,
+        "images_per_s": images / seconds,
+        "peak_mem_mb": memory,
+        "peak_reserved_mb": reserved,
+        "build_s": build_s,
+        "warmup_s": warmup_s,
+        "rollout_s": rollout_s,
+        "rollout_tflop": tflop,
+        "rollout_tflops": tflop / rollout_s,
+        "matmul_tflops": peak_tflops,
+        "fraction": tflop / rollout_s / peak_tflops,
+        "gradient_checkpointing": ckpt,
+        "images_per_step": images,
+        "first_ratio_min": first["ratio_min"],
+        "first_ratio_max": first["ratio_max"],
+    }
 
 
 def run_or_oom(name: str, variant: str, args, device: torch.device, peak_tflops: float) -> dict:
@@ -233,16 +316,38 @@ def run_or_oom(name: str, variant: str, args, device: torch.device, peak_tflops:
     reached = torch.cuda.max_memory_allocated(device) / 2**20  # what was held when the next allocation failed
     torch.cuda.empty_cache()
     print(f"{name} {variant}: out of GPU memory (held {reached:.0f} MB at the failing allocation)", flush=True)
-    return {"policy": name, "variant": variant, "error": "out of memory", "oom_held_mb": reached, **{h: None for h, _ in COLUMNS[2:]}}
+    return {
+        "policy": name,
+        "variant": variant,
+        "error": "out of memory",
+        "oom_held_mb": reached,
+        **{h: None for h, _ in COLUMNS[2:]},
+    }
 
 
-COLUMNS = [("policy", "{}"), ("variant", "{}"), ("s_per_step", "{:.3f}"), ("images_per_s", "{:.2f}"), ("peak_mem_mb", "{:.0f}"), ("peak_reserved_mb", "{:.0f}"),
-           ("rollout_s", "{:.3f}"), ("rollout_tflops", "{:.4g}"), ("fraction", "{:.3f}"), ("gradient_checkpointing", "{}"),
-           ("images_per_step", "{}"), ("build_s", "{:.1f}"), ("warmup_s", "{:.1f}"), ("first_ratio_min", "{:.6f}"), ("first_ratio_max", "{:.6f}")]
+COLUMNS = [
+    ("policy", "{}"),
+    ("variant", "{}"),
+    ("s_per_step", "{:.3f}"),
+    ("images_per_s", "{:.2f}"),
+    ("peak_mem_mb", "{:.0f}"),
+    ("peak_reserved_mb", "{:.0f}"),
+    ("rollout_s", "{:.3f}"),
+    ("rollout_tflops", "{:.4g}"),
+    ("fraction", "{:.3f}"),
+    ("gradient_checkpointing", "{}"),
+    ("images_per_step", "{}"),
+    ("build_s", "{:.1f}"),
+    ("warmup_s", "{:.1f}"),
+    ("first_ratio_min", "{:.6f}"),
+    ("first_ratio_max", "{:.6f}"),
+]
 
 
 def print_table(rows: list[dict]) -> None:
-    cells = [[h for h, _ in COLUMNS]] + [[f.format(r[h]) if r[h] is not None else "oom" for h, f in COLUMNS] for r in rows]
+    cells = [[h for h, _ in COLUMNS]] + [
+        [f.format(r[h]) if r[h] is not None else "oom" for h, f in COLUMNS] for r in rows
+    ]
     widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
     for c in cells:
         print("  ".join(v.rjust(w) for v, w in zip(c, widths)), flush=True)
@@ -256,10 +361,16 @@ def main() -> None:
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--precision", default="bf16", choices=["bf16", "no"])
     p.add_argument("--gradient-checkpointing", action="store_true", help="where the trainer or policy has the switch")
-    p.add_argument("--replay-chunk", type=int, default=None, help="grpo.replay_chunk: chosen AR steps per backward (default: all)")
+    p.add_argument(
+        "--replay-chunk", type=int, default=None, help="grpo.replay_chunk: chosen AR steps per backward (default: all)"
+    )
     p.add_argument("--micro-batches", type=int, default=None, help="grpo.micro_batches (default: the paper config's)")
-    p.add_argument("--per-gpu", action="store_true", help="one process's share of the paper config's batch (its "
-                   "batch_prompts / train_processes): what each GPU of the official 3-GPU run rolls out and replays")
+    p.add_argument(
+        "--per-gpu",
+        action="store_true",
+        help="one process's share of the paper config's batch (its "
+        "batch_prompts / train_processes): what each GPU of the official 3-GPU run rolls out and replays",
+    )
     p.add_argument("--tiny", action="store_true", help="tiny random policies (tests, CPU)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's; 1 with --tiny)")
     p.add_argument("--out", default=None, help="write every number as JSON here")
@@ -273,17 +384,36 @@ def main() -> None:
         torch.set_num_threads(args.threads or 1)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     peak = matmul_tflops(device)
-    print(f"device {name}; matmul {peak:.4g} TFLOP/s ({'bf16' if device.type == 'cuda' else 'fp32'}); "
-          f"precision {args.precision}; {args.steps} timed step(s) after one warm-up{'; tiny policies' if args.tiny else ''}", flush=True)
+    print(
+        f"device {name}; matmul {peak:.4g} TFLOP/s ({'bf16' if device.type == 'cuda' else 'fp32'}); "
+        f"precision {args.precision}; {args.steps} timed step(s) after one warm-up{'; tiny policies' if args.tiny else ''}",
+        flush=True,
+    )
     rows = []
     for n in policies:
         for v in variants:  # each row is printed and saved as it finishes: a run cut off by a time limit keeps them
             rows.append(run_or_oom(n, v, args, device, peak))
-            print(" ".join(f"{h}={f.format(rows[-1][h]) if rows[-1][h] is not None else 'oom'}" for h, f in COLUMNS), flush=True)
+            print(
+                " ".join(f"{h}={f.format(rows[-1][h]) if rows[-1][h] is not None else 'oom'}" for h, f in COLUMNS),
+                flush=True,
+            )
             if args.out:
-                Path(args.out).write_text(json.dumps({"device": name, "matmul_tflops": peak, "precision": args.precision,
-                                                      "steps": args.steps, "tiny": args.tiny,
-                                                      "micro_batches": args.micro_batches, "replay_chunk": args.replay_chunk, "rows": rows}, indent=1) + "\n")
+                Path(args.out).write_text(
+                    json.dumps(
+                        {
+                            "device": name,
+                            "matmul_tflops": peak,
+                            "precision": args.precision,
+                            "steps": args.steps,
+                            "tiny": args.tiny,
+                            "micro_batches": args.micro_batches,
+                            "replay_chunk": args.replay_chunk,
+                            "rows": rows,
+                        },
+                        indent=1,
+                    )
+                    + "\n"
+                )
     print_table(rows)
 
 

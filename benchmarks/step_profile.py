@@ -35,8 +35,12 @@ from margrpo.grpo.trainer import GRPOTrainer  # noqa: E402
 
 COLORS, SHAPES = ["red", "blue", "green", "yellow"], ["circle", "square", "triangle"]
 PROMPTS = [f"a {c} {s}" for c in COLORS for s in SHAPES]  # 12: enough groups for 48 images a step
-VARIANTS = {"grpo": {}, "fix": {"freeze_head": True}, "mte": {"freeze_head": True, "trajectories": 4, "top_frac": 0.3},
-            "sim": {"freeze_head": True, "trajectories": 4, "top_frac": 0.3, "sim": True}}
+VARIANTS = {
+    "grpo": {},
+    "fix": {"freeze_head": True},
+    "mte": {"freeze_head": True, "trajectories": 4, "top_frac": 0.3},
+    "sim": {"freeze_head": True, "trajectories": 4, "top_frac": 0.3, "sim": True},
+}
 
 
 class Parts:
@@ -65,6 +69,7 @@ class Parts:
                 if self.stack:
                     self.stack[-1][3] += spent
                 self.phase = outer
+
         setattr(owner, name, timed)
 
 
@@ -75,8 +80,12 @@ def instrument(trainer: GRPOTrainer, parts: Parts) -> None:
     parts.wrap(trainer, "backward", "backward, log-densities, loss", "replay")
     parts.wrap(trainer.optimizer, "step", "AdamW", "optimizer")
     parts.wrap(torch.nn.utils, "clip_grad_norm_", "clipping", "optimizer")
-    for name, part in (("ar_forward", "AR transformer"), ("head", "head"), ("encode_prompts", "text encoder"),
-                       ("decode", "decoder")):
+    for name, part in (
+        ("ar_forward", "AR transformer"),
+        ("head", "head"),
+        ("encode_prompts", "text encoder"),
+        ("decode", "decoder"),
+    ):
         parts.wrap(policy, name, part)
     if ref is not None and ref is not policy:
         for name in ("ar_forward", "head", "encode_prompts"):
@@ -108,9 +117,11 @@ def main() -> None:
     per_step = {k: v / args.steps for k, v in parts.seconds.items()}
     per_step[("other", "the step's remaining Python")] = cpu - sum(per_step.values())
     images = cfg.batch_prompts * cfg.group_size
-    print(f"{platform.processor() or platform.machine()}, torch {torch.__version__}, 1 thread; {args.config}: {name}, "
-          f"variant {args.variant}, {cfg.batch_prompts} x {cfg.group_size} = {images} images, K = {sampling.ar_steps}, "
-          f"|M| = {cfg.mask_steps}, |T| = {cfg.diffusion_steps}, micro_batches {cfg.micro_batches}, {cfg.precision}")
+    print(
+        f"{platform.processor() or platform.machine()}, torch {torch.__version__}, 1 thread; {args.config}: {name}, "
+        f"variant {args.variant}, {cfg.batch_prompts} x {cfg.group_size} = {images} images, K = {sampling.ar_steps}, "
+        f"|M| = {cfg.mask_steps}, |T| = {cfg.diffusion_steps}, micro_batches {cfg.micro_batches}, {cfg.precision}"
+    )
     print(f"a step: {cpu:.3f} CPU-s ({wall:.3f} s wall), mean of {args.steps} after a warm-up\n")
     print("| phase | part | CPU-s a step | share |\n|---|---|---|---|")
     for phase in ("rollout", "reward", "replay", "optimizer", "other"):
@@ -118,8 +129,17 @@ def main() -> None:
         for part, v in rows:
             print(f"| {phase} | {part} | {v:.3f} | {v / cpu:.1%} |")
     if args.json:
-        Path(args.json).write_text(json.dumps({"cpu_s": cpu, "wall_s": wall, "images": images,
-                                               "parts": {f"{k[0]}/{k[1]}": v for k, v in per_step.items()}}, indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "cpu_s": cpu,
+                    "wall_s": wall,
+                    "images": images,
+                    "parts": {f"{k[0]}/{k[1]}": v for k, v in per_step.items()},
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

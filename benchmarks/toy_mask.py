@@ -53,14 +53,18 @@ def load_or_pretrain(args):
         return ToyMaskPolicy.from_pretrained(args.policy)
     torch.manual_seed(0)
     policy = ToyMaskPolicy(ToyMaskConfig(vocab=prompt_vocabulary()))
-    print(f"toy-mask: {count_parameters(policy) / 1e6:.2f}M parameters, {policy.seq_len} tokens, codebook {policy.vocab_size}")
+    print(
+        f"toy-mask: {count_parameters(policy) / 1e6:.2f}M parameters, {policy.seq_len} tokens, codebook {policy.vocab_size}"
+    )
     t0 = time.time()
     rows = pretrain_mask_policy(policy, MaskPretrainConfig(steps=args.steps, batch_size=args.batch_size))
     minutes = (time.time() - t0) / 60
     for r in rows[:: max(1, len(rows) // 6)] + rows[-1:]:
         print(f"  step {r['step']:5d}  loss {r['loss']:.4f}")
     last = sum(r["loss"] for r in rows[-20:]) / len(rows[-20:])
-    print(f"pre-training: {args.steps} steps x {args.batch_size} in {minutes:.1f} min; loss (mean of the last 20 steps) {last:.4f}")
+    print(
+        f"pre-training: {args.steps} steps x {args.batch_size} in {minutes:.1f} min; loss (mean of the last 20 steps) {last:.4f}"
+    )
     if args.out:
         policy.save_pretrained(args.out)
     return policy
@@ -86,10 +90,14 @@ def time_rl(policy, records, args) -> None:
     train = PromptSet([r.prompt for r in records], [{"spec": r.spec, "category": r.category} for r in records])
     for method, mask_steps in (("grpo", None), ("grpo", 1), ("mask_grpo", None)):
         cfg = MaskGRPOConfig(method=method, steps=args.rl_steps, batch_prompts=3, group_size=4, mask_steps=mask_steps)
-        rl_rows = train_mask_grpo(copy.deepcopy(policy), reward, train, cfg, sampling=MaskSamplingConfig(cfg_scale=args.cfg_scale))
+        rl_rows = train_mask_grpo(
+            copy.deepcopy(policy), reward, train, cfg, sampling=MaskSamplingConfig(cfg_scale=args.cfg_scale)
+        )
         times = [r["step_time_s"] for r in rl_rows]
-        print(f"{method} (mask_steps={mask_steps}): seconds per RL step (3 prompts x 4 images, mu={cfg.iterations}): "
-              f"{', '.join(f'{t:.2f}' for t in times)}; rewards {[round(r['reward_mean'], 3) for r in rl_rows]}")
+        print(
+            f"{method} (mask_steps={mask_steps}): seconds per RL step (3 prompts x 4 images, mu={cfg.iterations}): "
+            f"{', '.join(f'{t:.2f}' for t in times)}; rewards {[round(r['reward_mean'], 3) for r in rl_rows]}"
+        )
 
 
 if __name__ == "__main__":

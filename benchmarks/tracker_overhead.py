@@ -32,8 +32,10 @@ def main() -> None:
     torch.set_num_threads(1)
     tmp = Path(tempfile.mkdtemp())
     kw = dict(steps=args.steps, val_every=args.val_every, save_every=10**6)
-    runs = {name: make_trainer(tmp / name, policy=tiny_policy("flow", seed=1), trackers=trackers, **kw)
-            for name, trackers in (("plain", ()), ("tensorboard", ("tensorboard",)))}
+    runs = {
+        name: make_trainer(tmp / name, policy=tiny_policy("flow", seed=1), trackers=trackers, **kw)
+        for name, trackers in (("plain", ()), ("tensorboard", ("tensorboard",)))
+    }
     t0 = time.process_time()
     start_trackers(runs["tensorboard"].accelerator, tmp / "tensorboard/tb", "grpo", None, wandb={})
     startup = time.process_time() - t0
@@ -45,7 +47,9 @@ def main() -> None:
             if t.step % args.val_every == 0:
                 t.validate()
             t1 = time.process_time()
-            t.accelerator.log({k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}, step=t.step)
+            t.accelerator.log(
+                {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}, step=t.step
+            )
             if t.step % args.val_every == 0 and t.accelerator.trackers:  # the grid validate() logs, once more
                 log_image_grid(t.accelerator, "bench/grid", torch.rand(2, 3, 64, 64), t.step)
             own += time.process_time() - t1 if t.accelerator.trackers else 0.0
@@ -53,9 +57,13 @@ def main() -> None:
     end_trackers(runs["tensorboard"].accelerator)
     plain, tb = (cost[n] / args.steps for n in ("plain", "tensorboard"))
     print(f"tracker start-up (once per run): {1e3 * startup:.1f} ms CPU")
-    print(f"per step: {1e3 * plain:.1f} ms without, {1e3 * tb:.1f} ms with TensorBoard: "
-          f"{1e3 * (tb - plain):+.2f} ms ({100 * (tb / plain - 1):+.1f}%), validation every {args.val_every} steps")
-    print(f"the tracker's own calls: {1e3 * own / args.steps:.2f} ms per step ({100 * own / args.steps / plain:.2f}% of a step)")
+    print(
+        f"per step: {1e3 * plain:.1f} ms without, {1e3 * tb:.1f} ms with TensorBoard: "
+        f"{1e3 * (tb - plain):+.2f} ms ({100 * (tb / plain - 1):+.1f}%), validation every {args.val_every} steps"
+    )
+    print(
+        f"the tracker's own calls: {1e3 * own / args.steps:.2f} ms per step ({100 * own / args.steps / plain:.2f}% of a step)"
+    )
 
 
 if __name__ == "__main__":

@@ -23,9 +23,14 @@ from test_trainer import make_trainer  # noqa: E402
 
 from margrpo.grpo.trainer import write_outputs  # noqa: E402
 
-VARIANTS = {"grpo": {}, "fix": {"freeze_head": True}, "mte-sim": {"freeze_head": True, "trajectories": 3, "sim": True},
-            "lora": {"freeze_head": True, "lora": {"rank": 4, "alpha": 8}}, "chunked": {"freeze_head": True, "replay_chunk": 1},
-            "checkpointed": {"gradient_checkpointing": True, "replay_chunk": 1}}  # blocks recomputed inside FSDP's groups
+VARIANTS = {
+    "grpo": {},
+    "fix": {"freeze_head": True},
+    "mte-sim": {"freeze_head": True, "trajectories": 3, "sim": True},
+    "lora": {"freeze_head": True, "lora": {"rank": 4, "alpha": 8}},
+    "chunked": {"freeze_head": True, "replay_chunk": 1},
+    "checkpointed": {"gradient_checkpointing": True, "replay_chunk": 1},
+}  # blocks recomputed inside FSDP's groups
 SHARDING = os.environ.get("SHARDING", "replicate")  # grpo.parallel: DDP, or FSDP2's two shardings
 POLICY = os.environ.get("POLICY", "toy")  # the tiny toy, NOVA or Harmon of the tests
 
@@ -50,14 +55,26 @@ def first_update(out: Path) -> None:
         # micro_batches is per process: 2 of 2 images each in one process, 1 of 2 in each of two: the same split
         micro = 2 // int(os.environ["WORLD_SIZE"])
         frozen = ("llm.", "proj_in.", "proj_out.") if POLICY == "harmon" else ()  # the paper config's rl_frozen
-        trainer = make_trainer(out / name, policy=build_policy(), trackers=[], micro_batches=micro, sharding=SHARDING,
-                               frozen=frozen, **variant)
+        trainer = make_trainer(
+            out / name,
+            policy=build_policy(),
+            trackers=[],
+            micro_batches=micro,
+            sharding=SHARDING,
+            frozen=frozen,
+            **variant,
+        )
         row = trainer.train_step()
         whole = trainer.engine.full_tensors  # FSDP's shards gathered (every process takes part)
         params = whole(dict(trainer.policy.named_parameters()))
-        grads = whole({n: p.grad for n, p in trainer.policy.named_parameters() if p.grad is not None})  # summed over processes
-        results[name] = {"params": list(params.values()), "grads": list(grads.values()),
-                         "row": {k: v for k, v in row.items() if isinstance(v, float)}}
+        grads = whole(
+            {n: p.grad for n, p in trainer.policy.named_parameters() if p.grad is not None}
+        )  # summed over processes
+        results[name] = {
+            "params": list(params.values()),
+            "grads": list(grads.values()),
+            "row": {k: v for k, v in row.items() if isinstance(v, float)},
+        }
     if trainer.accelerator.is_main_process:
         torch.save(results, out / "first_update.pt")
 
@@ -65,7 +82,13 @@ def first_update(out: Path) -> None:
 def record_writes(rank: int) -> list[str]:
     """Every file or folder this process creates, renames, saves or removes (after this call)."""
     writes: list[str] = []
-    real_open, real_replace, real_rename, real_save, real_rmtree = builtins.open, os.replace, Path.rename, torch.save, shutil.rmtree
+    real_open, real_replace, real_rename, real_save, real_rmtree = (
+        builtins.open,
+        os.replace,
+        Path.rename,
+        torch.save,
+        shutil.rmtree,
+    )
     real_mkdir = Path.mkdir
 
     def open_(file, mode="r", *a, **k):
@@ -90,8 +113,15 @@ def record_writes(rank: int) -> list[str]:
 def train(out: Path) -> None:
     kill_at = int(os.environ.get("KILL_AT_STEP", "0"))
     ema = float(os.environ["EMA"]) if os.environ.get("EMA") else None  # grpo.ema_decay
-    trainer = make_trainer(out / "run", policy=tiny_policy("flow", seed=1), steps=4, save_every=2, val_every=2, sharding=SHARDING,
-                           ema_decay=ema)
+    trainer = make_trainer(
+        out / "run",
+        policy=tiny_policy("flow", seed=1),
+        steps=4,
+        save_every=2,
+        val_every=2,
+        sharding=SHARDING,
+        ema_decay=ema,
+    )
     rank = trainer.accelerator.process_index
     if kill_at and rank == 1:
         step = trainer.train_step
@@ -107,7 +137,10 @@ def train(out: Path) -> None:
     if trainer.accelerator.is_main_process:
         write_outputs(trainer, {"variant": {"name": "grpo"}})
     recorded = list(writes)
-    torch.save(list(trainer.engine.full_tensors(dict(trainer.policy.named_parameters())).values()), out / f"params-rank{rank}.pt")
+    torch.save(
+        list(trainer.engine.full_tensors(dict(trainer.policy.named_parameters())).values()),
+        out / f"params-rank{rank}.pt",
+    )
     (out / f"writes-rank{rank}.json").write_text(json.dumps(recorded))
 
 

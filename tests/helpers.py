@@ -10,8 +10,19 @@ PROMPTS = ["a red circle", "a blue square", "two green triangles", "a red square
 
 def tiny_policy(head: str = "flow", seed: int = 0, dropout: float = 0.0, **overrides) -> ToyMAR:
     torch.manual_seed(seed)
-    cfg = dict(head_type=head, vocab=VOCAB, width=32, depth=2, heads=4, head_width=32, head_depth=2,
-               text_width=16, text_depth=1, text_heads=2, dropout=dropout)
+    cfg = dict(
+        head_type=head,
+        vocab=VOCAB,
+        width=32,
+        depth=2,
+        heads=4,
+        head_width=32,
+        head_depth=2,
+        text_width=16,
+        text_depth=1,
+        text_heads=2,
+        dropout=dropout,
+    )
     cfg.update(overrides)
     policy = ToyMAR(ToyMARConfig(**cfg))
     with torch.no_grad():  # the head starts as zero (adaLN-zero): give it a non-trivial output
@@ -54,7 +65,10 @@ def assert_ratio_is_one(policy, r, atol=1e-5):
     rp, ratio, mte_ratio = replayed_ratios(policy, r)
     assert torch.allclose(ratio, torch.ones_like(ratio), atol=atol, rtol=0), (ratio.min(), ratio.max())
     if mte_ratio is not None:
-        assert torch.allclose(mte_ratio, torch.ones_like(mte_ratio), atol=atol, rtol=0), (mte_ratio.min(), mte_ratio.max())
+        assert torch.allclose(mte_ratio, torch.ones_like(mte_ratio), atol=atol, rtol=0), (
+            mte_ratio.min(),
+            mte_ratio.max(),
+        )
     return rp
 
 

@@ -22,5 +22,12 @@ def deviation(name: str) -> tuple[float, float]:
 
 if __name__ == "__main__":
     torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 1)
-    print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
-                      **{name: deviation(name) for name in TOYS}}))
+    print(
+        json.dumps(
+            {
+                "capability": torch.backends.cpu.get_cpu_capability(),
+                "threads": torch.get_num_threads(),
+                **{name: deviation(name) for name in TOYS},
+            }
+        )
+    )

@@ -26,7 +26,9 @@ def with_grid(image: np.ndarray, amplitude: int = 30) -> np.ndarray:
 
 def test_a_clean_background_scores_near_zero_and_a_grid_far_above_it():
     clean = scene_image(0)
-    assert background_energy(clean, CFG.palette) < 1e-4  # dim anti-aliasing fringes just below the foreground threshold
+    assert (
+        background_energy(clean, CFG.palette) < 1e-4
+    )  # dim anti-aliasing fringes just below the foreground threshold
     assert background_energy(with_grid(clean), CFG.palette) > 30 * background_energy(clean, CFG.palette)
     assert background_energy(np.zeros((16, 16, 3), np.uint8), CFG.palette) == 0.0
     assert math.isnan(background_energy(np.full((16, 16, 3), 255, np.uint8), ("red",)))  # no background at all
@@ -56,7 +58,9 @@ def test_the_report_finds_the_method_with_the_grid(tmp_path):
 def test_an_image_without_background_is_counted_not_compared(tmp_path):
     images = [scene_image(i) for i in range(4)]
     write_samples(tmp_path, "base/p", images)
-    noise = np.random.default_rng(0).integers(60, 255, (64, 64, 3), dtype=np.uint8)  # every pixel bright: no background
+    noise = np.random.default_rng(0).integers(
+        60, 255, (64, 64, 3), dtype=np.uint8
+    )  # every pixel bright: no background
     write_samples(tmp_path, "train/p/r/grpo/seed0", [noise] + images[1:])
     row = artifacts(tmp_path, {"base": ["base/p"], "runs": ["train/p/r/grpo/seed0"]}).data.iloc[0]
     assert row["no_background"] == 1 and row["n_images"] == 3 and row["diff"] == pytest.approx(0.0, abs=1e-12)

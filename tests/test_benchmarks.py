@@ -10,8 +10,24 @@ import sys
 def test_real_scale_tiny_reports_every_policy_and_variant(repo, tmp_path):
     out = tmp_path / "tmp.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo / "src"), os.environ.get("PYTHONPATH", "")])}
-    run = subprocess.run([sys.executable, str(repo / "benchmarks/real_scale.py"), "--tiny", "--device", "cpu", "--steps", "1",
-                          "--out", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(repo / "benchmarks/real_scale.py"),
+            "--tiny",
+            "--device",
+            "cpu",
+            "--steps",
+            "1",
+            "--out",
+            str(out),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(out.read_text())
     rows = {(r["policy"], r["variant"]): r for r in report["rows"]}
@@ -23,9 +39,29 @@ def test_real_scale_tiny_reports_every_policy_and_variant(repo, tmp_path):
         assert r["peak_mem_mb"] > 0 and r["gradient_checkpointing"] == "off"
         assert any(line.split()[:2] == list(key) for line in run.stdout.splitlines())  # the table has the row too
     # the trainer with every block checkpointed: Harmon's MAR-H (dropout 0.1) used to be recomputed in train mode
-    run = subprocess.run([sys.executable, str(repo / "benchmarks/real_scale.py"), "--tiny", "--device", "cpu", "--steps", "1",
-                          "--policies", "harmon,nova", "--variants", "fix", "--gradient-checkpointing", "--out", str(out)],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(repo / "benchmarks/real_scale.py"),
+            "--tiny",
+            "--device",
+            "cpu",
+            "--steps",
+            "1",
+            "--policies",
+            "harmon,nova",
+            "--variants",
+            "fix",
+            "--gradient-checkpointing",
+            "--out",
+            str(out),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert [r["gradient_checkpointing"] for r in json.loads(out.read_text())["rows"]] == ["on", "on"]
 
@@ -54,8 +90,14 @@ def test_real_scale_resets_the_policy_it_reuses_to_a_fresh_build(repo):
 def test_gradient_signal_runs_on_a_tiny_policy(repo, tmp_path):
     """benchmarks/gradient_signal.py --test: batch gradients, their cosines and the reward along each direction."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo / "src"), os.environ.get("PYTHONPATH", "")])}
-    run = subprocess.run([sys.executable, str(repo / "benchmarks/gradient_signal.py"), "--test"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, str(repo / "benchmarks/gradient_signal.py"), "--test"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     out = run.stdout
     assert "pairwise cos of batch gradients" in out and "expected reward at the base" in out
@@ -71,14 +113,35 @@ def test_step_profile_splits_a_default_toy_step_into_exclusive_parts(repo, tmp_p
     (nested parts are not counted twice: the remainder left for the step's other Python is not negative)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo / "src"), os.environ.get("PYTHONPATH", "")])}
     out = tmp_path / "profile.json"
-    run = subprocess.run([sys.executable, str(repo / "benchmarks/step_profile.py"), "--steps", "1", "--json", str(out),
-                          "--grpo", '{"batch_prompts": 2}', "--config", str(repo / "config/config.yaml")],
-                         cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(repo / "benchmarks/step_profile.py"),
+            "--steps",
+            "1",
+            "--json",
+            str(out),
+            "--grpo",
+            '{"batch_prompts": 2}',
+            "--config",
+            str(repo / "config/config.yaml"),
+        ],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(out.read_text())
     parts = report["parts"]
-    for key in ("rollout/AR transformer", "rollout/head", "replay/AR transformer", "replay/backward, log-densities, loss",
-                "optimizer/AdamW"):
+    for key in (
+        "rollout/AR transformer",
+        "rollout/head",
+        "replay/AR transformer",
+        "replay/backward, log-densities, loss",
+        "optimizer/AdamW",
+    ):
         assert parts[key] > 0, key
     assert parts["other/the step's remaining Python"] > -0.01 * report["cpu_s"]
     assert math.isclose(sum(parts.values()), report["cpu_s"], rel_tol=1e-9) and report["images"] == 8

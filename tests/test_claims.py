@@ -39,7 +39,11 @@ def test_paired_bootstrap_covers_the_mean_and_narrows_with_prompts():
 
 
 def test_verdicts():
-    assert verdict(0.01, 0.05) == "reproduced" and verdict(-0.05, -0.01) == "refuted" and verdict(-0.01, 0.02) == "not settled"
+    assert (
+        verdict(0.01, 0.05) == "reproduced"
+        and verdict(-0.05, -0.01) == "refuted"
+        and verdict(-0.01, 0.02) == "not settled"
+    )
     assert verdict(-0.05, -0.01, direction=-1) == "reproduced" and verdict(math.nan, 1) == "not settled"
     assert margin_verdict(-0.01, 0.015, 0.02, gain=True) == "reproduced"
     assert margin_verdict(0.03, 0.05, 0.02, gain=True) == "refuted"
@@ -48,13 +52,23 @@ def test_verdicts():
 
 def _fake_run(root, run, base, best, final, steps=(8, 16), grad=1.0):
     """A ladder run's summary.json (per-prompt validation scores), metrics.csv and selection."""
-    ckpts = [{"step": s, "val_reward": float(np.mean(v)), "val_scores": list(v), "path": None}
-             for s, v in zip(steps, (best, final))]
-    atomic_write_json(root / run / "summary.json", {"checkpoints": ckpts, "base_val_reward": float(np.mean(base)),
-                                                    "base_val_scores": list(base)})
+    ckpts = [
+        {"step": s, "val_reward": float(np.mean(v)), "val_scores": list(v), "path": None}
+        for s, v in zip(steps, (best, final))
+    ]
+    atomic_write_json(
+        root / run / "summary.json",
+        {"checkpoints": ckpts, "base_val_reward": float(np.mean(base)), "base_val_scores": list(base)},
+    )
     val, rows = {c["step"]: c["val_reward"] for c in ckpts}, range(1, steps[-1] + 1)  # as the trainer logs them
-    pd.DataFrame({"step": list(rows), "grad_norm_ar": grad, "grad_var_ar": grad,
-                  "val_reward": [val.get(s, math.nan) for s in rows]}).to_csv(root / run / "metrics.csv", index=False)
+    pd.DataFrame(
+        {
+            "step": list(rows),
+            "grad_norm_ar": grad,
+            "grad_var_ar": grad,
+            "val_reward": [val.get(s, math.nan) for s in rows],
+        }
+    ).to_csv(root / run / "metrics.csv", index=False)
     atomic_write_json(root / "select" / run / "selection.json", {"rule": "best", "step": steps[0]})
 
 
@@ -77,7 +91,7 @@ def test_claims_from_fixed_runs(tmp_path):
     assert (c.claims[(c.claims.verdict == "reproduced") & (c.claims.claim != "b")]["mde80"] >= 0).all()
     ladder = c.claims[(c.claims.claim == "a") & (c.claims.metric == "val@best")]
     assert list(ladder.verdict) == ["reproduced"] * 3 and len(ladder) == 3
-    assert (ladder["diff"].to_numpy() == pytest.approx([0.06, 0.02, 0.02], abs=0.005))
+    assert ladder["diff"].to_numpy() == pytest.approx([0.06, 0.02, 0.02], abs=0.005)
     b = c.claims[c.claims.claim == "b"]
     assert list(b["diff"]) == pytest.approx([0.5, 0.5]) and set(b.verdict) == {"reproduced"}
     collapse = c.claims[c.claims.claim == "c"]
@@ -85,10 +99,14 @@ def test_claims_from_fixed_runs(tmp_path):
     assert set(c.claims[c.claims.claim == "e"].verdict) == {"reproduced"}
     assert len(c.power) == 5 and c.power["met"].all() and (c.power["t_half"] < 0.01).all()
     # the t columns of every paired difference agree with scipy's paired interval on the per-seed means
-    row = c.paired[(c.paired.metric == "val@best") & (c.paired.method == "+Sim") & (c.paired.reference == "GRPO*")].iloc[0]
+    row = c.paired[
+        (c.paired.metric == "val@best") & (c.paired.method == "+Sim") & (c.paired.reference == "GRPO*")
+    ].iloc[0]
     per_seed = [float(x) for x in row["per_seed"].split(";")]
     ref = stats.ttest_1samp(per_seed, 0).confidence_interval(0.95)
-    assert (row["t_lo"], row["t_hi"]) == pytest.approx((ref.low, ref.high), abs=1e-4)  # per_seed is rounded to 4 digits
+    assert (row["t_lo"], row["t_hi"]) == pytest.approx(
+        (ref.low, ref.high), abs=1e-4
+    )  # per_seed is rounded to 4 digits
     md = to_markdown(c)
     assert "**reproduced**" in md and "Power" in md and "nan" not in md.lower()
 
@@ -134,14 +152,18 @@ def test_power_numbers_on_synthetic_runs_with_a_known_effect(n):
         return float((lo > 0).mean())
 
     assert detected(p["mde80"], n) == pytest.approx(0.80, abs=0.04)
-    assert 0.70 < detected(0.01, p["seeds_needed"]) < 0.85 and p["seeds_needed"] == math.ceil((2.8016 * sd / 0.01) ** 2)
+    assert 0.70 < detected(0.01, p["seeds_needed"]) < 0.85 and p["seeds_needed"] == math.ceil(
+        (2.8016 * sd / 0.01) ** 2
+    )
     assert math.isnan(power(0.01, math.nan, 1)["mde80"])
 
 
 def test_claims_refuse_runs_without_per_prompt_scores(tmp_path):
     run = "train/toy-nova/mixed/grpo/seed0"
-    atomic_write_json(tmp_path / run / "summary.json", {"checkpoints": [{"step": 8, "val_reward": 0.5}],
-                                                        "base_val_reward": 0.5, "base_val_scores": [0.5]})
+    atomic_write_json(
+        tmp_path / run / "summary.json",
+        {"checkpoints": [{"step": 8, "val_reward": 0.5}], "base_val_reward": 0.5, "base_val_scores": [0.5]},
+    )
     with pytest.raises(ValueError, match="val_scores"):
         claims(tmp_path, {"runs": [run]})
 
@@ -156,21 +178,37 @@ def test_variants_of_one_seed_share_the_first_rollout(tmp_path):
             seen.setdefault(name, (images.clone(), list(prompts)))
             r = images[:, 0].mean((1, 2))
             return r, {"r": r}
+
         return reward
 
     prompts = PromptSet(PROMPTS, [{}] * len(PROMPTS))
     sampling = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=2.0)
-    base = dict(steps=1, batch_prompts=2, group_size=2, mask_steps=2, diffusion_steps=2, val_prompts=2, precision="no", seed=3)
-    variants = {"grpo": {}, "fix": {"freeze_head": True}, "mte": {"freeze_head": True, "trajectories": 3},
-                "sim": {"freeze_head": True, "trajectories": 3, "sim": True}, "committed": {"loss_tokens": "committed"}}
+    base = dict(
+        steps=1, batch_prompts=2, group_size=2, mask_steps=2, diffusion_steps=2, val_prompts=2, precision="no", seed=3
+    )
+    variants = {
+        "grpo": {},
+        "fix": {"freeze_head": True},
+        "mte": {"freeze_head": True, "trajectories": 3},
+        "sim": {"freeze_head": True, "trajectories": 3, "sim": True},
+        "committed": {"loss_tokens": "committed"},
+    }
     for name, v in variants.items():
         torch.manual_seed(0)
-        GRPOTrainer(tiny_policy("flow"), recorder(name), prompts, prompts, sampling, GRPOConfig(**base, **v),
-                     tmp_path / name).train_step()
+        GRPOTrainer(
+            tiny_policy("flow"), recorder(name), prompts, prompts, sampling, GRPOConfig(**base, **v), tmp_path / name
+        ).train_step()
     images, names = seen["fix"]
     for name in variants:
         assert seen[name][1] == names, name
         assert torch.equal(seen[name][0], images), name
-    GRPOTrainer(tiny_policy("flow"), recorder("seed4"), prompts, prompts, sampling, GRPOConfig(**{**base, "seed": 4}),
-                tmp_path / "s4").train_step()
+    GRPOTrainer(
+        tiny_policy("flow"),
+        recorder("seed4"),
+        prompts,
+        prompts,
+        sampling,
+        GRPOConfig(**{**base, "seed": 4}),
+        tmp_path / "s4",
+    ).train_step()
     assert not torch.equal(seen["seed4"][0], images)  # another seed draws other images: the check can fail

@@ -44,13 +44,19 @@ def official_position(locality, box1, box2, iou_threshold=0.1, distance_threshol
     """2D_spatial_eval.py determine_position, pixel boxes (x_min, y_min, x_max, y_max)."""
     dx = (box2[0] + box2[2]) / 2 - (box1[0] + box1[2]) / 2
     dy = (box2[1] + box2[3]) / 2 - (box1[1] + box1[3]) / 2
-    overlap = max(0, min(box1[2], box2[2]) - max(box1[0], box2[0])) * max(0, min(box1[3], box2[3]) - max(box1[1], box2[1]))
+    overlap = max(0, min(box1[2], box2[2]) - max(box1[0], box2[0])) * max(
+        0, min(box1[3], box2[3]) - max(box1[1], box2[1])
+    )
     area1, area2 = (box1[2] - box1[0]) * (box1[3] - box1[1]), (box2[2] - box2[0]) * (box2[3] - box2[1])
     iou = overlap / (area1 + area2 - overlap)
     if locality in ("next to", "on side of", "near"):
         return 1.0 if min(abs(dx), abs(dy)) < distance_threshold else distance_threshold / max(abs(dx), abs(dy))
-    holds = {"on the right of": dx < 0 and abs(dx) > abs(dy), "on the left of": dx > 0 and abs(dx) > abs(dy),
-             "on the bottom of": dy < 0 and abs(dy) > abs(dx), "on the top of": dy > 0 and abs(dy) > abs(dx)}
+    holds = {
+        "on the right of": dx < 0 and abs(dx) > abs(dy),
+        "on the left of": dx > 0 and abs(dx) > abs(dy),
+        "on the bottom of": dy < 0 and abs(dy) > abs(dx),
+        "on the top of": dy > 0 and abs(dy) > abs(dx),
+    }
     if not holds.get(locality, False):  # any other locality ("on top of", none found) has no rule: 0
         return 0.0
     return 1.0 if iou < iou_threshold else iou_threshold / iou
@@ -58,13 +64,26 @@ def official_position(locality, box1, box2, iou_threshold=0.1, distance_threshol
 
 def official_spatial(prompt: str, obj1: str, obj2: str, detections: list[tuple[str, float, tuple]]) -> float:
     """2D_spatial_eval.py: `detections` = UniDet's (label, confidence, pixel box), most confident first."""
-    vocab = ["on side of", "next to", "near", "on the left of", "on the right of", "on the bottom of", "on the top of", "on top of"]
+    vocab = [
+        "on side of",
+        "next to",
+        "near",
+        "on the left of",
+        "on the right of",
+        "on the bottom of",
+        "on the top of",
+        "on top of",
+    ]
     locality = next((w for w in vocab if w in prompt), None)
     first = {}
     for label, conf, box in detections:
         first.setdefault(label, (conf, box))
     if obj1 in first and obj2 in first:
-        score = 0.25 * first[obj1][0] + 0.25 * first[obj2][0] + official_position(locality, first[obj1][1], first[obj2][1]) / 2
+        score = (
+            0.25 * first[obj1][0]
+            + 0.25 * first[obj2][0]
+            + official_position(locality, first[obj1][1], first[obj2][1]) / 2
+        )
     elif obj1 in first or obj2 in first:
         score = 0.25 * first[obj1 if obj1 in first else obj2][0]
     else:
@@ -99,6 +118,7 @@ def official_numeracy(asked: list[tuple[str, int]], detections: list[tuple[str, 
 
 def official_three_in_one(prompt: str, attribute: float, spatial: float, action: float) -> float:
     """3_in_1.py: the prompt's first sentence, lower-cased, looked up in the complex sub-splits."""
+
     def keys(name):
         return [line.strip("\n").split(".")[0].lower() for line in open(COMPBENCH_DIR / name)]
 
@@ -123,7 +143,9 @@ class FixedVQA:
         return self.answers.setdefault((prompt, phrase), np.float32(self.rng.uniform(0.0, 1.0)))
 
     def __call__(self, images, prompts, metadata):
-        return torch.tensor([self.answer(p, m["attr_nouns"][0]) for p, m in zip(prompts, metadata)], dtype=torch.float32)
+        return torch.tensor(
+            [self.answer(p, m["attr_nouns"][0]) for p, m in zip(prompts, metadata)], dtype=torch.float32
+        )
 
 
 class FixedDetector:
@@ -138,7 +160,9 @@ class FixedDetector:
             table = {}
             for label in dict.fromkeys(d[0] for d in detections):
                 rows = [(c, b) for lab, c, b in detections if lab == label]
-                boxes = torch.tensor([[b[0] / width, b[1] / height, b[2] / width, b[3] / height] for _, b in rows], dtype=torch.float64)
+                boxes = torch.tensor(
+                    [[b[0] / width, b[1] / height, b[2] / width, b[3] / height] for _, b in rows], dtype=torch.float64
+                )
                 table[label] = Detections(boxes, torch.tensor([c for c, _ in rows], dtype=torch.float64))
             self.tables.append(table)
 
@@ -158,7 +182,9 @@ def unidet_output(rng, names: list[str], frame: tuple[int, int], per_name=(0, 4)
             box = [x0, y0, rng.uniform(x0 + 5, width), rng.uniform(y0 + 5, height)]
             boxes.append(box)
             if rng.random() < 0.3:  # a part inside the object
-                boxes.append([box[0] + 1, box[1] + 1, box[0] + 0.97 * (box[2] - box[0]), box[1] + 0.97 * (box[3] - box[1])])
+                boxes.append(
+                    [box[0] + 1, box[1] + 1, box[0] + 0.97 * (box[2] - box[0]), box[1] + 0.97 * (box[3] - box[1])]
+                )
             scores += [rng.uniform(0.5, 1.0) for _ in range(len(boxes) - len(scores))]
         if boxes:
             b, s = torch.tensor(boxes, dtype=torch.float64), torch.tensor(scores, dtype=torch.float64)
@@ -183,8 +209,13 @@ def test_attribute_binding_matches_blip_vqa(category):
 def test_blip_questions_are_the_noun_phrases():
     """The questions: one per noun phrase, "{phrase}?", at most 8 (spaCy's chunks on these prompts)."""
     asked = []
-    ev = CompBenchEvaluator(vqa=lambda images, texts, meta: asked.extend(m["attr_nouns"][0] for m in meta) or torch.ones(len(texts)))
-    ev.attribute(torch.zeros(2, 3, 8, 8), ["a green bench and a blue bowl", "a bathroom with green tile and a red shower curtain"])
+    ev = CompBenchEvaluator(
+        vqa=lambda images, texts, meta: asked.extend(m["attr_nouns"][0] for m in meta) or torch.ones(len(texts))
+    )
+    ev.attribute(
+        torch.zeros(2, 3, 8, 8),
+        ["a green bench and a blue bowl", "a bathroom with green tile and a red shower curtain"],
+    )
     assert asked == ["a green bench", "a blue bowl", "a bathroom", "green tile", "a red shower curtain"]
 
 
@@ -202,8 +233,16 @@ def test_spatial_matches_unidet_rule(size):
     assert all(parsed) and len(texts) > 330
     np.testing.assert_allclose(ours.numpy(), official, rtol=0, atol=1e-9)
     assert sum(s > 0 for s in official) > 50  # the rule's branches are exercised, not only zeros
-    assert {compbench_locality(p) for p in texts} >= {"on side of", "next to", "near", "on the left of", "on the right of",
-                                                      "on the bottom of", "on the top of", "on top of"}
+    assert {compbench_locality(p) for p in texts} >= {
+        "on side of",
+        "next to",
+        "near",
+        "on the left of",
+        "on the right of",
+        "on the bottom of",
+        "on the top of",
+        "on top of",
+    }
 
 
 @pytest.mark.parametrize("size", [(512, 512), (512, 768)])
@@ -231,7 +270,9 @@ def test_non_spatial_is_the_clip_cosine(tmp_path):
     images = torch.rand(len(texts), 3, 32, 32, generator=torch.Generator().manual_seed(0))
     ours = CompBenchEvaluator(clip=ClipScoreReward(str(path))).score("non_spatial", images, texts)["score"]
     model, processor = CLIPModel.from_pretrained(path).eval(), CLIPProcessor.from_pretrained(path)
-    pil = [Image.fromarray((im * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()) for im in images]  # as a saved PNG
+    pil = [
+        Image.fromarray((im * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()) for im in images
+    ]  # as a saved PNG
     with torch.no_grad():
         img = model.get_image_features(**processor(images=pil, return_tensors="pt"))
         txt = model.get_text_features(**processor.tokenizer(texts, padding=True, return_tensors="pt"))
@@ -244,7 +285,10 @@ def test_complex_matches_three_in_one():
     texts = prompts("complex")
     rng = np.random.default_rng(4)
     parts = {p: rng.uniform(0, 1, size=3) for p in texts}
-    spatial, action = ([r.prompt for r in read_prompt_file(COMPBENCH_DIR / f"complex_val_{k}.txt", "complex")] for k in ("spatial", "action"))
+    spatial, action = (
+        [r.prompt for r in read_prompt_file(COMPBENCH_DIR / f"complex_val_{k}.txt", "complex")]
+        for k in ("spatial", "action")
+    )
     ev = CompBenchEvaluator(complex_spatial=spatial, complex_action=action)
     ev.attribute = lambda images, ps: torch.tensor([parts[p][0] for p in ps], dtype=torch.float64)
     ev.spatial = lambda images, ps: (torch.tensor([parts[p][1] for p in ps], dtype=torch.float64), [True] * len(ps))

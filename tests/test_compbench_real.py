@@ -55,7 +55,9 @@ def write_samples(directory, prompts, per_prompt=2, size=48, seed=0):
 def test_parse_sample_name():
     assert parse_sample_name("a red bench and a blue bowl_000003.png") == ("a red bench and a blue bowl", 3)
     assert parse_sample_name("The red hat was on top of the brown coat rack._000010.png") == (
-        "The red hat was on top of the brown coat rack.", 10)
+        "The red hat was on top of the brown coat rack.",
+        10,
+    )
     for bad in ("a red bench.png", "a red bench_3.png", "a red bench_000003.jpg", "_000001.png"):
         with pytest.raises(ValueError, match=rf"{bad!r}.*{{prompt}}_{{index:06d}}\.png"):
             parse_sample_name(bad)
@@ -92,7 +94,11 @@ def test_prompt_files_parse():
     assert all(parse_relation(p) is not None for p in spatial)
     assert all(parse_counts(p) for p in numeracy)
     assert parse_counts("four tents, three pigs, one cow and four paddles") == [
-        ("tent", 4), ("pig", 3), ("cow", 1), ("paddle", 4)]
+        ("tent", 4),
+        ("pig", 3),
+        ("cow", 1),
+        ("paddle", 4),
+    ]
 
 
 # ============================================================================ metric formulas (hand-computed)
@@ -134,8 +140,11 @@ def test_complex_three_in_one_rule(tmp_path):
         def __call__(self, images, prompts, metadata):
             return torch.full((len(prompts),), self.v)
 
-    ev = CompBenchEvaluator(clip=Const(0.3), complex_spatial=["The cat was next to the dog."],
-                            complex_action=["The red car zoomed past the tree."])
+    ev = CompBenchEvaluator(
+        clip=Const(0.3),
+        complex_spatial=["The cat was next to the dog."],
+        complex_action=["The red car zoomed past the tree."],
+    )
     ev.attribute = lambda images, prompts: torch.full((len(prompts),), 0.8)
     ev.spatial = lambda images, prompts: (torch.full((len(prompts),), 0.5), [True] * len(prompts))
     prompts = ["The cat was next to the dog.", "the red car zoomed past the tree", "The blue cup held hot tea."]
@@ -157,16 +166,20 @@ def test_missing_models_are_named(tmp_path):
 # ============================================================================ end to end
 
 
-@pytest.mark.parametrize("category, prompts", [
-    ("color", ["a green bench and a blue bowl", "a red book and a blue cake"]),
-    ("spatial", ["a bee on the right of a refrigerator", "a giraffe next to a lamp"]),
-    ("numeracy", ["two dogs", "four tents, two boats and one pig"]),
-    ("non_spatial", ["A dog is chasing after a ball and wagging its tail."]),
-])
+@pytest.mark.parametrize(
+    "category, prompts",
+    [
+        ("color", ["a green bench and a blue bowl", "a red book and a blue cake"]),
+        ("spatial", ["a bee on the right of a refrigerator", "a giraffe next to a lamp"]),
+        ("numeracy", ["two dogs", "four tents, two boats and one pig"]),
+        ("non_spatial", ["A dog is chasing after a ball and wagging its tail."]),
+    ],
+)
 def test_end_to_end_on_pngs(tmp_path, models, category, prompts):
     samples = write_samples(tmp_path / "out" / "samples", prompts, per_prompt=2)
     per_image, summary = evaluate_directory(
-        tmp_path / "out", category, out_json=tmp_path / "scores.json", out_csv=tmp_path / "scores.csv", **models)
+        tmp_path / "out", category, out_json=tmp_path / "scores.json", out_csv=tmp_path / "scores.csv", **models
+    )
     assert len(per_image) == 2 * len(prompts) == summary["n_images"]
     assert summary["n_prompts"] == len(prompts) and summary["category"] == category
     assert summary["mean"] == pytest.approx(per_image["score"].mean())
@@ -183,22 +196,30 @@ def test_end_to_end_on_pngs(tmp_path, models, category, prompts):
 
 
 def test_end_to_end_complex_with_subsplits(tmp_path, models):
-    prompts = [read_prompt_file(f"{DATA}/complex_val_{kind}.txt", "complex")[0].prompt for kind in ("spatial", "action")]
+    prompts = [
+        read_prompt_file(f"{DATA}/complex_val_{kind}.txt", "complex")[0].prompt for kind in ("spatial", "action")
+    ]
     write_samples(tmp_path / "samples", prompts, per_prompt=1)
     evaluator = CompBenchEvaluator.from_paths("complex", prompts_dir=DATA, **models)
     per_image, summary = evaluator.evaluate(tmp_path / "samples", "complex")
     kinds = dict(zip(per_image["prompt"], per_image["complex_kind"]))
     assert kinds == {prompts[0]: "spatial", prompts[1]: "action"}
     row = per_image.set_index("prompt")
-    assert row.loc[prompts[0], "score"] == pytest.approx((row.loc[prompts[0], "attribute"] + row.loc[prompts[0], "spatial"]) / 2)
-    assert row.loc[prompts[1], "score"] == pytest.approx((row.loc[prompts[1], "attribute"] + row.loc[prompts[1], "non_spatial"]) / 2)
+    assert row.loc[prompts[0], "score"] == pytest.approx(
+        (row.loc[prompts[0], "attribute"] + row.loc[prompts[0], "spatial"]) / 2
+    )
+    assert row.loc[prompts[1], "score"] == pytest.approx(
+        (row.loc[prompts[1], "attribute"] + row.loc[prompts[1], "non_spatial"]) / 2
+    )
     assert summary["metric"] == "3_in_1"
 
 
 def test_scores_do_not_depend_on_batch_size(tmp_path, models):
     write_samples(tmp_path / "samples", ["a red book and a blue cake", "two dogs", "a bee near a desk"], per_prompt=2)
     one = CompBenchEvaluator.from_paths("complex", batch_size=1, **models).evaluate(tmp_path / "samples", "complex")[0]
-    many = CompBenchEvaluator.from_paths("complex", batch_size=4, **models).evaluate(tmp_path / "samples", "complex")[0]
+    many = CompBenchEvaluator.from_paths("complex", batch_size=4, **models).evaluate(tmp_path / "samples", "complex")[
+        0
+    ]
     np.testing.assert_allclose(one["score"], many["score"], atol=1e-5)
 
 
@@ -214,14 +235,51 @@ def test_eval_compbench_stage_scores_a_mixed_suite_per_category(tmp_path, models
     numeracy.write_text("two dogs\n")
     write_suite(read_prompt_file(color, "color") + read_prompt_file(numeracy, "numeracy"), suite)
     write_samples(tmp_path / "samples", ["a green bench and a blue bowl", "two dogs"], per_prompt=2)
-    spec = {"vqa": {"path": models["vqa_path"]}, "detector": {"path": models["detector_path"], "box_threshold": 0.0},
-            "clip": {"path": models["clip_path"]}}
-    main(["eval-compbench", "--samples-dir", str(tmp_path / "samples"), "--suite", str(suite), "--evaluator", "t2i-compbench",
-          "--images-per-prompt", "2", "--models-json", json.dumps(spec), "--out-per-image", str(tmp_path / "img.csv"), "--out-per-category", str(tmp_path / "cat.csv")])
+    spec = {
+        "vqa": {"path": models["vqa_path"]},
+        "detector": {"path": models["detector_path"], "box_threshold": 0.0},
+        "clip": {"path": models["clip_path"]},
+    }
+    main(
+        [
+            "eval-compbench",
+            "--samples-dir",
+            str(tmp_path / "samples"),
+            "--suite",
+            str(suite),
+            "--evaluator",
+            "t2i-compbench",
+            "--images-per-prompt",
+            "2",
+            "--models-json",
+            json.dumps(spec),
+            "--out-per-image",
+            str(tmp_path / "img.csv"),
+            "--out-per-category",
+            str(tmp_path / "cat.csv"),
+        ]
+    )
     cats = pd.read_csv(tmp_path / "cat.csv")
     assert list(cats["category"]) == ["color", "numeracy"] and list(cats["n_images"]) == [2, 2]
     assert np.isfinite(cats["strict"]).all() and (cats["strict"] == cats["lenient"]).all()
     assert len(pd.read_csv(tmp_path / "img.csv")) == 4
     with pytest.raises(SystemExit, match="needs evaluation.compbench_models entries"):
-        main(["eval-compbench", "--samples-dir", str(tmp_path / "samples"), "--suite", str(suite), "--evaluator", "t2i-compbench",
-              "--images-per-prompt", "2", "--models-json", "{}", "--out-per-image", str(tmp_path / "i2.csv"), "--out-per-category", str(tmp_path / "c2.csv")])
+        main(
+            [
+                "eval-compbench",
+                "--samples-dir",
+                str(tmp_path / "samples"),
+                "--suite",
+                str(suite),
+                "--evaluator",
+                "t2i-compbench",
+                "--images-per-prompt",
+                "2",
+                "--models-json",
+                "{}",
+                "--out-per-image",
+                str(tmp_path / "i2.csv"),
+                "--out-per-category",
+                str(tmp_path / "c2.csv"),
+            ]
+        )

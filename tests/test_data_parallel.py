@@ -3,7 +3,6 @@ update as one process, one writer, and a killed run that resumes to the uninterr
 listens on the loopback interface only, and one failing process stops the job."""
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -22,7 +21,12 @@ SRC = Path(__file__).parents[1] / "src"
 
 def torchrun(nproc: int, mode: str, out: Path, **env) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "margrpo.infra.launch", str(nproc), sys.executable, str(WORKER), mode, str(out)]
-    environ = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]), **env}
+    environ = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+        **env,
+    }
     return subprocess.run(cmd, capture_output=True, text=True, env=environ, timeout=300)
 
 
@@ -59,6 +63,7 @@ def one_process_updates(tmp_path_factory):
             ok(torchrun(1, "first-update", out, POLICY=policy))
             cache[policy] = torch.load(out / "first_update.pt")
         return cache[policy]
+
     return get
 
 
@@ -67,8 +72,16 @@ def one_process_update(one_process_updates):
     return one_process_updates("toy")
 
 
-@pytest.mark.parametrize("policy,sharding", [("toy", "replicate"), ("toy", "full_shard"), ("toy", "shard_grad_op"),
-                                             ("nova", "full_shard"), ("harmon", "shard_grad_op")])
+@pytest.mark.parametrize(
+    "policy,sharding",
+    [
+        ("toy", "replicate"),
+        ("toy", "full_shard"),
+        ("toy", "shard_grad_op"),
+        ("nova", "full_shard"),
+        ("harmon", "shard_grad_op"),
+    ],
+)
 def test_two_processes_take_the_one_process_first_update(tmp_path, one_process_updates, policy, sharding):
     """Each process rolls out one of the two groups; DDP (replicate) or FSDP2 sums the gradients: the 1-process step
     on the whole batch (1e-5), for GRPO, +Fix, +MTE/+Sim, LoRA, a chunked replay (replay_chunk 1) and gradient
@@ -79,11 +92,16 @@ def test_two_processes_take_the_one_process_first_update(tmp_path, one_process_u
     assert set(one) == set(two) and len(one) >= 4
     for variant in one:
         if policy == "toy":
-            assert relative_error(one[variant]["params"], _initial(variant)) > 1e-6, f"{variant}: the update changed nothing"
+            assert relative_error(one[variant]["params"], _initial(variant)) > 1e-6, (
+                f"{variant}: the update changed nothing"
+            )
         assert relative_error(two[variant]["grads"], one[variant]["grads"]) < 1e-5, variant
         assert relative_error(two[variant]["params"], one[variant]["params"]) < 1e-5, variant
         for key in ("reward_mean", "reward_std", "adv_std", "policy_loss", "kl", "grad_norm_ar", "grad_var_ar"):
-            assert two[variant]["row"][key] == pytest.approx(one[variant]["row"][key], rel=1e-4, abs=1e-7), (variant, key)
+            assert two[variant]["row"][key] == pytest.approx(one[variant]["row"][key], rel=1e-4, abs=1e-7), (
+                variant,
+                key,
+            )
         assert one[variant]["row"]["grad_var_ar"] > 0, variant  # a statistic to compare, not two NaNs
     assert "mte_frac" in two["mte-sim"]["row"]
 
@@ -158,16 +176,27 @@ def test_two_nodes_rendezvous_through_torchrun_and_take_the_one_process_update(t
     rendezvous on the first node), both "nodes" on this machine: FSDP across them takes the 1-process step."""
     from margrpo.infra.launch import multi_node_command
 
-    command = multi_node_command(2, 1, f"127.0.0.1:{free_port()}", "test-two-nodes", [str(WORKER), "first-update", str(tmp_path)])
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "SHARDING": "full_shard",
-           "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
-    nodes = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    command = multi_node_command(
+        2, 1, f"127.0.0.1:{free_port()}", "test-two-nodes", [str(WORKER), "first-update", str(tmp_path)]
+    )
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "SHARDING": "full_shard",
+        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+    }
+    nodes = [
+        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]
     outputs = [p.communicate(timeout=300)[0] for p in nodes]
     assert all(p.returncode == 0 for p in nodes), outputs[0][-3000:] + outputs[1][-3000:]
     one, two = one_process_update, torch.load(tmp_path / "first_update.pt")
     for variant in ("grpo", "fix", "lora"):
         assert relative_error(two[variant]["params"], one[variant]["params"]) < 1e-5, variant
-        assert two[variant]["row"]["grad_var_ar"] == pytest.approx(one[variant]["row"]["grad_var_ar"], rel=1e-4), variant
+        assert two[variant]["row"]["grad_var_ar"] == pytest.approx(one[variant]["row"]["grad_var_ar"], rel=1e-4), (
+            variant
+        )
 
 
 LISTENER = """
@@ -216,6 +245,8 @@ def test_the_launcher_listens_on_loopback_only_and_stops_on_a_failure(tmp_path):
     assert addresses and addresses <= {"0100007F", "00000000000000000000000001000000"}, addresses  # 127.0.0.1 / ::1
     assert [(tmp_path / f"rank{r}").read_text() for r in range(2)] == ["2", "2"]
     start = time.time()
-    failed = subprocess.run(cmd, env={**env, "HOLD": "60", "EXIT_RANK1": "3"}, capture_output=True, text=True, timeout=120)
+    failed = subprocess.run(
+        cmd, env={**env, "HOLD": "60", "EXIT_RANK1": "3"}, capture_output=True, text=True, timeout=120
+    )
     assert failed.returncode == 3 and time.time() - start < 40, failed.stderr[-2000:]
     assert "process 1 of 2 exited with code 3; stopping the others" in failed.stderr

@@ -31,14 +31,22 @@ def test_a_byte_order_mark_is_not_part_of_the_first_prompt(tmp_path):
     assert [r.prompt for r in read_prompt_file(path, "color")] == ["a red ball", "a green ball"]
 
 
-@pytest.mark.parametrize("prompt,message", [
-    ("a red\x00ball", "contains a NUL or another control character"),
-    ("a very long prompt " * 13, "is 246 bytes; sample file names ({prompt}_{index:06d}.png) allow 244"),
-])
+@pytest.mark.parametrize(
+    "prompt,message",
+    [
+        ("a red\x00ball", "contains a NUL or another control character"),
+        ("a very long prompt " * 13, "is 246 bytes; sample file names ({prompt}_{index:06d}.png) allow 244"),
+    ],
+)
 def test_a_prompt_that_cannot_name_its_sample_files_fails_at_make_suites(tmp_path, prompt, message):
     """Both used to pass make-suites and crash sampling (NUL in a path, a name over the file system's limit)."""
     path = tmp_path / "train.jsonl"
-    path.write_text(json.dumps({"prompt": "a red ball", "task_type": "color"}) + "\n" + json.dumps({"prompt": prompt, "task_type": "color"}) + "\n")
+    path.write_text(
+        json.dumps({"prompt": "a red ball", "task_type": "color"})
+        + "\n"
+        + json.dumps({"prompt": prompt, "task_type": "color"})
+        + "\n"
+    )
     with pytest.raises(InputError, match=r"train.jsonl:2: prompt .*" + re.escape(message)):
         read_prompt_file(path)
 
@@ -75,10 +83,25 @@ def test_check_weights_rejects_empty_or_invalid_files(tmp_path):
 
 
 def test_cli_user_errors_have_no_traceback(tmp_path):
-    out = subprocess.run([MARGRPO, "check-weights", "--kind", "nova", "--path", str(tmp_path / "none"), "--out", str(tmp_path / "p.json")],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            MARGRPO,
+            "check-weights",
+            "--kind",
+            "nova",
+            "--path",
+            str(tmp_path / "none"),
+            "--out",
+            str(tmp_path / "p.json"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 1 and "Traceback" not in out.stderr
-    assert out.stderr.strip().startswith("margrpo check-weights: error: nova weights: folder") and len(out.stderr.strip().splitlines()) == 1
+    assert (
+        out.stderr.strip().startswith("margrpo check-weights: error: nova weights: folder")
+        and len(out.stderr.strip().splitlines()) == 1
+    )
 
 
 def test_hf_hub_offline_is_forced(monkeypatch):

@@ -39,7 +39,9 @@ def test_group_advantages_match_numpy_unbiased_std(group_size):
         if np.all(g == g[0]):
             expected.extend([0.0] * group_size)
         else:
-            expected.extend((g - g.mean()) / (np.std(g, ddof=1) + 1e-4))  # ddof = 1: torch's default, the official code's
+            expected.extend(
+                (g - g.mean()) / (np.std(g, ddof=1) + 1e-4)
+            )  # ddof = 1: torch's default, the official code's
     assert adv.shape == rewards.shape and adv.dtype == torch.float32
     np.testing.assert_allclose(adv.numpy(), np.array(expected), rtol=1e-6, atol=1e-6)
     assert frac == (1.0 if group_size == 1 else 0.0)
@@ -356,7 +358,10 @@ def test_mte_active_changes_the_loss():
 
 def test_masked_mean_with_a_batch_count_sums_over_micro_batches_to_the_batch_mean():
     g = gen(21)
-    values, weight = torch.randn(3, 8, 5, generator=g), torch.rand(8, 5, generator=g) * (torch.rand(8, 5, generator=g) > 0.3)
+    values, weight = (
+        torch.randn(3, 8, 5, generator=g),
+        torch.rand(8, 5, generator=g) * (torch.rand(8, 5, generator=g) > 0.3),
+    )
     whole = masked_mean(values, weight)
     count = weight.expand_as(values).sum()
     parts = [masked_mean(values[:, rows], weight[rows], count) for rows in (slice(0, 3), slice(3, 4), slice(4, 8))]

@@ -32,8 +32,22 @@ def run_train(tmp_path: Path, name: str, spec: dict, **env) -> Path:
     environment from which the caps themselves are removed; returns the run folder."""
     out = tmp_path / name
     clean = {k: v for k, v in os.environ.items() if k not in CAPS and k != SWITCH}
-    cmd = [sys.executable, "-m", "margrpo.cli", "train", "--policy-dir", str(tmp_path / "policy"), "--suites-dir",
-           str(tmp_path / "suites"), "--spec-json", json.dumps(spec), "--out-dir", str(out), "--threads", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "margrpo.cli",
+        "train",
+        "--policy-dir",
+        str(tmp_path / "policy"),
+        "--suites-dir",
+        str(tmp_path / "suites"),
+        "--spec-json",
+        json.dumps(spec),
+        "--out-dir",
+        str(out),
+        "--threads",
+        "1",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, env={**clean, **env}, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return out

@@ -105,13 +105,25 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_no_import_cycle():
     graph = import_graph()
-    assert "margrpo.prompts.suites" in graph["margrpo.prompts.shapesworld"] and "margrpo.world" in graph["margrpo.prompts.suites"]
+    assert (
+        "margrpo.prompts.suites" in graph["margrpo.prompts.shapesworld"]
+        and "margrpo.world" in graph["margrpo.prompts.suites"]
+    )
     assert cycles(graph) == []
 
 
 # --- layers --------------------------------------------------------------------------------------------
-LAYERS = [["infra"], ["world", "diffusion"], ["prompts", "policy"], ["rewards"], ["grpo"], ["toylab", "related"],
-          ["evaluation", "reporting"], ["experiment"], ["stages", "cli"]]
+LAYERS = [
+    ["infra"],
+    ["world", "diffusion"],
+    ["prompts", "policy"],
+    ["rewards"],
+    ["grpo"],
+    ["toylab", "related"],
+    ["evaluation", "reporting"],
+    ["experiment"],
+    ["stages", "cli"],
+]
 LAYER = {pkg: n for n, pkgs in enumerate(LAYERS) for pkg in pkgs}
 
 
@@ -130,8 +142,11 @@ def every_import(tree: ast.AST, package: str) -> list[tuple[int, str]]:
 def upward_imports(module: str, imports: list[tuple[int, str]]) -> list[str]:
     """The imports of `module` that reach a package of a higher layer than its own."""
     own = LAYER[module.split(".")[1]]
-    return [f"line {line}: {target} (layer {LAYER[target.split('.')[1]]} > {own})" for line, target in imports
-            if target.count(".") and LAYER.get(target.split(".")[1], -1) > own]
+    return [
+        f"line {line}: {target} (layer {LAYER[target.split('.')[1]]} > {own})"
+        for line, target in imports
+        if target.count(".") and LAYER.get(target.split(".")[1], -1) > own
+    ]
 
 
 def test_the_layer_check_finds_an_upward_import():
@@ -151,24 +166,31 @@ def test_imports_run_down_the_layers():
     for m, (f, is_pkg) in mods.items():
         if m == "margrpo":
             continue
-        found = upward_imports(m, every_import(ast.parse(f.read_text(), str(f)), m if is_pkg else m.rpartition(".")[0]))
+        found = upward_imports(
+            m, every_import(ast.parse(f.read_text(), str(f)), m if is_pkg else m.rpartition(".")[0])
+        )
         if found:
             bad[m] = found
     assert not bad, bad
 
 
 def test_nothing_loose_at_the_package_root():
-    assert sorted(p.name for p in (SRC / "margrpo").glob("*.py")) in (["__init__.py", "cli.py"], ["__init__.py", "__main__.py", "cli.py"])
+    assert sorted(p.name for p in (SRC / "margrpo").glob("*.py")) in (
+        ["__init__.py", "cli.py"],
+        ["__init__.py", "__main__.py", "cli.py"],
+    )
 
 
-@pytest.mark.parametrize("package", sorted(m.split(".")[1] for m, (_, is_pkg) in _modules().items() if m.count(".") == 1 and is_pkg))
+@pytest.mark.parametrize(
+    "package", sorted(m.split(".")[1] for m, (_, is_pkg) in _modules().items() if m.count(".") == 1 and is_pkg)
+)
 def test_each_package_says_what_it_must_not_import(package):
     """Its docstring's "Layer" line names the packages above it, as LAYERS does."""
     n = LAYER[package]
     doc = ast.get_docstring(ast.parse((SRC / "margrpo" / package / "__init__.py").read_text())) or ""
     line = next((ln for ln in doc.splitlines() if ln.startswith(f"Layer {n} ")), None)
     assert line, f"margrpo.{package}: no 'Layer {n} ...' line in its docstring"
-    higher = [p for pkgs in LAYERS[n + 1:] for p in pkgs]
+    higher = [p for pkgs in LAYERS[n + 1 :] for p in pkgs]
     if higher and n:
         assert line.endswith(f"it must not import {', '.join(higher)}."), line
 
@@ -177,6 +199,9 @@ def test_each_package_says_what_it_must_not_import(package):
 def test_modules_and_functions_stay_short(path):
     text = path.read_text()
     assert len(text.splitlines()) <= MAX_FILE_LINES, f"{path}: {len(text.splitlines())} lines"
-    long = [f"{n.name} ({n.end_lineno - n.lineno + 1} lines)" for n in ast.walk(ast.parse(text))
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+    long = [
+        f"{n.name} ({n.end_lineno - n.lineno + 1} lines)"
+        for n in ast.walk(ast.parse(text))
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES
+    ]
     assert not long, f"{path}: {long}"

@@ -11,13 +11,25 @@ from margrpo.grpo.rollout import SamplingConfig, generate
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.policy import load_policy
 from margrpo.prompts.suites import PromptSet
-from margrpo.related.marval import (MARVALRL, MARVALConfig, MARVALDistiller, MARVALRLConfig, committed_log_prob,
-                                    generate_one_step, one_step_policy, teacher_distance)
+from margrpo.related.marval import (
+    MARVALRL,
+    MARVALConfig,
+    MARVALDistiller,
+    MARVALRLConfig,
+    committed_log_prob,
+    generate_one_step,
+    one_step_policy,
+    teacher_distance,
+)
 from margrpo.related.marval.distill import draw_rows
 
 TEACHER_SAMPLING = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=2.0)
 ONE_STEP = SamplingConfig(ar_steps=4, diffusion_steps=2, cfg_scale=1.0)  # |T| = 1: one generation step + a hold step
-SPEC = {"objects": [{"color": "red", "shape": "circle", "texture": None, "count": 1}], "relation": None, "exact_count": False}
+SPEC = {
+    "objects": [{"color": "red", "shape": "circle", "texture": None, "count": 1}],
+    "relation": None,
+    "exact_count": False,
+}
 PROMPT_SET = PromptSet(PROMPTS, [{"spec": SPEC, "category": "color"}] * len(PROMPTS))
 
 
@@ -47,16 +59,29 @@ def _rows(distiller, seed=5):
 @pytest.mark.parametrize("objective", ["sim", "dmd"])
 def test_distillation_moves_the_student_toward_the_teachers_samples(objective):
     """The moment distance of the student's tokens to the teacher's 20-step guided samples, at the same z, drops."""
-    distiller = MARVALDistiller(tiny_policy("flow"), TEACHER_SAMPLING,
-                                MARVALConfig(steps=25, batch_prompts=4, rows=64, objective=objective, lr=1e-3, fake_lr=1e-3,
-                                             regression_weight=0.0, warm_start=0))  # the variational term alone
+    distiller = MARVALDistiller(
+        tiny_policy("flow"),
+        TEACHER_SAMPLING,
+        MARVALConfig(
+            steps=25,
+            batch_prompts=4,
+            rows=64,
+            objective=objective,
+            lr=1e-3,
+            fake_lr=1e-3,
+            regression_weight=0.0,
+            warm_start=0,
+        ),
+    )  # the variational term alone
     rows = _rows(distiller)
     before = teacher_distance(distiller.teacher_head, distiller.student, rows, draws=16)
     head = [p.detach().clone() for p in distiller.student.diffloss.parameters()]
     ar = [p.detach().clone() for p in distiller.student.ar_parameters()]
     metrics = distiller.train(PROMPT_SET)
     after = teacher_distance(distiller.teacher_head, distiller.student, rows, draws=16)
-    assert len(metrics) == 25 and all(math.isfinite(r["student_loss"]) and math.isfinite(r["fake_loss"]) for r in metrics)
+    assert len(metrics) == 25 and all(
+        math.isfinite(r["student_loss"]) and math.isfinite(r["fake_loss"]) for r in metrics
+    )
     assert after["distance"] < 0.85 * before["distance"], (before, after)
     assert any(not torch.equal(a, b) for a, b in zip(head, distiller.student.diffloss.parameters()))
     assert all(torch.equal(a, b) for a, b in zip(ar, distiller.student.ar_parameters()))  # the AR model stays frozen
@@ -66,18 +91,25 @@ def test_distillation_moves_the_student_toward_the_teachers_samples(objective):
 def test_regression_term_moves_the_student_toward_the_teachers_ode_samples():
     """DMD's regression term: the student's paired distance to the teacher's ODE sample from the same noise drops,
     and by more than with the variational term alone; warm-start iterations have no variational loss."""
+
     def run(**kw):
         cfg = MARVALConfig(steps=20, batch_prompts=4, rows=64, regression_rows=64, lr=1e-3, fake_lr=1e-3, **kw)
         distiller = MARVALDistiller(tiny_policy("flow"), TEACHER_SAMPLING, cfg)
         rows = _rows(distiller)
-        before = teacher_distance(distiller.teacher_head, distiller.student, rows, draws=4, steps=TEACHER_SAMPLING.diffusion_steps)
+        before = teacher_distance(
+            distiller.teacher_head, distiller.student, rows, draws=4, steps=TEACHER_SAMPLING.diffusion_steps
+        )
         metrics = distiller.train(PROMPT_SET)
-        after = teacher_distance(distiller.teacher_head, distiller.student, rows, draws=4, steps=TEACHER_SAMPLING.diffusion_steps)
+        after = teacher_distance(
+            distiller.teacher_head, distiller.student, rows, draws=4, steps=TEACHER_SAMPLING.diffusion_steps
+        )
         return before, after, metrics
 
     before, after, metrics = run(regression_weight=1.0, warm_start=10)
     assert after["paired"] < 0.7 * before["paired"], (before, after)
-    assert all(math.isnan(r["var_loss"]) for r in metrics[:10]) and all(math.isfinite(r["var_loss"]) for r in metrics[10:])
+    assert all(math.isnan(r["var_loss"]) for r in metrics[:10]) and all(
+        math.isfinite(r["var_loss"]) for r in metrics[10:]
+    )
     assert all(math.isfinite(r["reg_loss"]) for r in metrics) and metrics[-1]["reg_loss"] < metrics[0]["reg_loss"]
     _, without, _ = run(regression_weight=0.0, warm_start=0)
     assert after["paired"] < without["paired"], (after, without)
@@ -108,9 +140,22 @@ def test_grpo_runs_unchanged_on_the_one_step_policy_with_ratio_one(tmp_path):
     r = generate(policy, PROMPTS[:2], ONE_STEP, group_size=2, generator=torch.Generator().manual_seed(1))
     assert_ratio_is_one(policy, r)  # the record's one-step log-probs replay exactly
     assert (r.log_probs[:, 1] == 0).all() and torch.equal(r.states[:, 1], r.states[:, 2])  # the hold step
-    cfg = GRPOConfig(steps=2, batch_prompts=2, group_size=2, mask_steps=2, diffusion_steps=1, save_every=1, val_every=1,
-                     val_prompts=2, precision="no", lr=1e-3, trackers=())
-    trainer = GRPOTrainer(policy, lambda im, p, m: (im[:, 0].mean((1, 2)), {}), PROMPT_SET, PROMPT_SET, ONE_STEP, cfg, tmp_path)
+    cfg = GRPOConfig(
+        steps=2,
+        batch_prompts=2,
+        group_size=2,
+        mask_steps=2,
+        diffusion_steps=1,
+        save_every=1,
+        val_every=1,
+        val_prompts=2,
+        precision="no",
+        lr=1e-3,
+        trackers=(),
+    )
+    trainer = GRPOTrainer(
+        policy, lambda im, p, m: (im[:, 0].mean((1, 2)), {}), PROMPT_SET, PROMPT_SET, ONE_STEP, cfg, tmp_path
+    )
     before = [p.detach().clone() for p in policy.head_parameters()]
     rows = trainer.train()
     assert rows[0]["ratio_min"] == 1.0 and rows[0]["ratio_max"] == 1.0
@@ -121,14 +166,19 @@ def test_grpo_runs_unchanged_on_the_one_step_policy_with_ratio_one(tmp_path):
 
 
 def test_distilled_policy_round_trips_through_its_folder(tmp_path):
-    distiller = MARVALDistiller(tiny_policy("flow"), TEACHER_SAMPLING, MARVALConfig(steps=2, batch_prompts=2, rows=16, save_every=1, std=0.07))
+    distiller = MARVALDistiller(
+        tiny_policy("flow"), TEACHER_SAMPLING, MARVALConfig(steps=2, batch_prompts=2, rows=16, save_every=1, std=0.07)
+    )
     distiller.train(PROMPT_SET, tmp_path)
     loaded = load_policy(tmp_path / "policy")
     assert loaded.config.head_sampler == "one_step" and loaded.config.one_step_std == 0.07
     assert (tmp_path / "metrics.csv").exists() and (tmp_path / "marval.json").exists()
     state = distiller.student.state_dict()
     assert all(torch.equal(v, state[k]) for k, v in loaded.state_dict().items())
-    a, b = (generate(p, PROMPTS[:2], ONE_STEP, generator=torch.Generator().manual_seed(3)) for p in (distiller.student, loaded))
+    a, b = (
+        generate(p, PROMPTS[:2], ONE_STEP, generator=torch.Generator().manual_seed(3))
+        for p in (distiller.student, loaded)
+    )
     assert torch.equal(a.images, b.images)
 
 
@@ -138,9 +188,17 @@ def test_replayed_log_prob_is_the_generations_own():
     with torch.no_grad():
         r = generate_one_step(policy, PROMPTS[:2], ONE_STEP, group_size=2, generator=torch.Generator().manual_seed(2))
         lp = committed_log_prob(policy, r)
-        mean = torch.stack([torch.zeros_like(r.tokens).index_put(((~r.known[k]).nonzero(as_tuple=True)),
-                            policy.head(r.noise[k][~r.known[k]], torch.full((int((~r.known[k]).sum()),), 1000.0),
-                                        r.z_c[k][~r.known[k]]).float()) for k in range(len(r.known))])
+        mean = torch.stack(
+            [
+                torch.zeros_like(r.tokens).index_put(
+                    ((~r.known[k]).nonzero(as_tuple=True)),
+                    policy.head(
+                        r.noise[k][~r.known[k]], torch.full((int((~r.known[k]).sum()),), 1000.0), r.z_c[k][~r.known[k]]
+                    ).float(),
+                )
+                for k in range(len(r.known))
+            ]
+        )
     direct = torch.distributions.Normal(mean, 0.1).log_prob(r.samples).sum(-1)  # [K, N, L]
     assert torch.allclose(lp, (direct * r.committed).sum((0, 2)), rtol=1e-5)
     assert torch.allclose(r.tokens, (r.samples * r.committed[..., None]).sum(0))  # each token committed once
@@ -165,8 +223,17 @@ def test_marval_rl_steps_give_finite_metrics_and_move_the_policy(setting):
     before = {n: p.detach().clone() for n, p in policy.named_parameters()}
     rows = rl.train()
     assert len(rows) == 2
-    for key in ("step", "reward_mean", "reward_std", "reward/toyclip", "reward/shapes", "val_reward", "step_time_s",
-                "grad_norm", "loss"):
+    for key in (
+        "step",
+        "reward_mean",
+        "reward_std",
+        "reward/toyclip",
+        "reward/shapes",
+        "val_reward",
+        "step_time_s",
+        "grad_norm",
+        "loss",
+    ):
         assert math.isfinite(rows[-1][key]), key
     assert ("reinforce_loss" in rows[0]) == (cfg.shapes_grad == "reinforce")
     assert ("reg_loss" in rows[0]) == bool(cfg.reg_weight)

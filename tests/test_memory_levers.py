@@ -52,8 +52,11 @@ def grads(policy, inputs):
 def test_gradient_checkpointing_gives_the_same_gradients(kind):
     policy = MAKERS[kind]()
     inputs = ar_inputs(policy)
-    block = {"toy": lambda: policy.blocks[0], "nova": lambda: policy.transformer.image_encoder.blocks[0],
-             "harmon": lambda: policy.llm.model.layers[0]}[kind]()
+    block = {
+        "toy": lambda: policy.blocks[0],
+        "nova": lambda: policy.transformer.image_encoder.blocks[0],
+        "harmon": lambda: policy.llm.model.layers[0],
+    }[kind]()
     calls = []
     block.register_forward_pre_hook(lambda *a: calls.append(1))  # pre: recomputation stops early
     plain, n_plain = grads(policy, inputs), len(calls)
@@ -73,8 +76,11 @@ def test_gradient_checkpointing_gives_the_same_gradients(kind):
     assert all(torch.equal(again[n], g) for n, g in plain.items())
 
 
-HEAD_BLOCKS = {"toy": lambda p: p.diffloss.blocks, "nova": lambda p: p.transformer.image_decoder.blocks,
-               "harmon": lambda p: p.mar.diffloss.net.res_blocks}
+HEAD_BLOCKS = {
+    "toy": lambda p: p.diffloss.blocks,
+    "nova": lambda p: p.transformer.image_decoder.blocks,
+    "harmon": lambda p: p.mar.diffloss.net.res_blocks,
+}
 
 
 @pytest.mark.parametrize("kind", ["toy", "nova", "harmon"])
@@ -117,7 +123,9 @@ def test_policy_keys_reach_grpo_config():
     base = load_config({})
     spec = train_spec(base, "toy-nova", "toyclip", "grpo")
     assert "gradient_checkpointing" not in spec["grpo"] and "lora" not in spec["grpo"]  # cached specs unchanged
-    config = load_config({"policies": {"toy-nova": {"kind": "toy", "gradient_checkpointing": True, "lora": {"rank": 4}}}})
+    config = load_config(
+        {"policies": {"toy-nova": {"kind": "toy", "gradient_checkpointing": True, "lora": {"rank": 4}}}}
+    )
     spec = validate_train_spec(train_spec(config, "toy-nova", "toyclip", "grpo"))
     cfg = GRPOConfig.from_spec(spec)
     assert cfg.gradient_checkpointing is True
@@ -126,10 +134,22 @@ def test_policy_keys_reach_grpo_config():
 
 # --- LoRA ---------------------------------------------------------------------------------------------
 def make_trainer(tmp_path, policy=None, **kw):
-    cfg = dict(steps=1, batch_prompts=2, group_size=2, mask_steps=3, diffusion_steps=3, save_every=1, val_every=1,
-               val_prompts=2, precision="no", lr=1e-2)
+    cfg = dict(
+        steps=1,
+        batch_prompts=2,
+        group_size=2,
+        mask_steps=3,
+        diffusion_steps=3,
+        save_every=1,
+        val_every=1,
+        val_prompts=2,
+        precision="no",
+        lr=1e-2,
+    )
     cfg.update(kw)
-    return GRPOTrainer(policy or tiny_policy("flow"), redness, PROMPT_SET, PROMPT_SET, SAMPLING, GRPOConfig(**cfg), tmp_path)
+    return GRPOTrainer(
+        policy or tiny_policy("flow"), redness, PROMPT_SET, PROMPT_SET, SAMPLING, GRPOConfig(**cfg), tmp_path
+    )
 
 
 def perturb_adapters(policy, seed=1):
@@ -176,8 +196,15 @@ def test_lora_ratio_is_one_on_unchanged_parameters():
     policy = tiny_policy("flow")
     add_lora(policy, {"rank": 4, "dropout": 0.1})  # dropout is off in rollout and replay (eval mode)
     perturb_adapters(policy)
-    r = generate(policy, PROMPTS[:2], SAMPLING, group_size=2, generator=torch.Generator().manual_seed(0),
-                 trajectories=2, mte_generator=torch.Generator().manual_seed(9))
+    r = generate(
+        policy,
+        PROMPTS[:2],
+        SAMPLING,
+        group_size=2,
+        generator=torch.Generator().manual_seed(0),
+        trajectories=2,
+        mte_generator=torch.Generator().manual_seed(9),
+    )
     assert_ratio_is_one(policy, r)
 
 
@@ -216,8 +243,11 @@ def test_reward_model_dtype(tiny, name):
     prompts = ["a red circle", "two blue squares", "a green triangle on the left of a red circle"]
     full = build_reward(name, **tiny[name])(images, prompts, [{}] * 3)
     half = build_reward(name, **tiny[name], dtype="bfloat16")
-    model = {"clipscore": lambda: half.clip.model, "pickscore": lambda: half.clip.model, "aesthetic": lambda: half.vision}.get(
-        name, lambda: half.model)()
+    model = {
+        "clipscore": lambda: half.clip.model,
+        "pickscore": lambda: half.clip.model,
+        "aesthetic": lambda: half.vision,
+    }.get(name, lambda: half.model)()
     assert next(model.parameters()).dtype == torch.bfloat16
     scores = half(images, prompts, [{}] * 3)
     assert scores.dtype == torch.float32 and torch.isfinite(scores).all()
@@ -231,7 +261,6 @@ def test_grounding_dino_is_float32_only(tiny):
 
     with pytest.raises(ValueError, match="not supported"):
         build_reward("grounding_dino", **tiny["grounding_dino"], dtype="bfloat16")
-
 
 
 @pytest.mark.parametrize("kind", ["toy", "nova", "harmon"])
@@ -249,7 +278,11 @@ def test_gradient_checkpointing_recomputes_in_the_mode_of_the_forward_pass(kind)
         with deterministic(policy), torch.autocast("cpu", dtype=torch.bfloat16):
             c = policy.prepare_condition(cond)
             u = policy.prepare_condition(policy.null_condition(len(tokens)))
-            loss = (policy.ar_forward(tokens, known, c).float() - policy.ar_forward(tokens, known, u).float()).square().mean()
+            loss = (
+                (policy.ar_forward(tokens, known, c).float() - policy.ar_forward(tokens, known, u).float())
+                .square()
+                .mean()
+            )
         loss.backward()
         return {n: p.grad.float().clone() for n, p in policy.named_parameters() if p.grad is not None}
 

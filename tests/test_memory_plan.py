@@ -23,8 +23,14 @@ def plan(repo):
 def test_test_mode_agrees_with_real_tensors_and_predicts_the_old_setting_larger(repo, tmp_path):
     out = tmp_path / "plan.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo / "src"), os.environ.get("PYTHONPATH", "")])}
-    run = subprocess.run([sys.executable, str(repo / "benchmarks/memory_plan.py"), "--test", "--json", str(out)],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        [sys.executable, str(repo / "benchmarks/memory_plan.py"), "--test", "--json", str(out)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(out.read_text())
     # the fake step's peak is the real step's, to 10% (the same ledger on real tensors: exactly, so far)
@@ -36,8 +42,20 @@ def test_test_mode_agrees_with_real_tensors_and_predicts_the_old_setting_larger(
         old = next(r for r in rows if r["setting"] == "old")
         assert set(new) == {1, 3, 8} and old["gpus"] == 1
         for r in rows:  # the parts add up to the peak, and the allowance is what the docstring says
-            parts = sum(r[k] for k in ("trained", "frozen", "grads", "optimizer", "reference", "record", "activations",
-                                       "gathered", "rewards"))
+            parts = sum(
+                r[k]
+                for k in (
+                    "trained",
+                    "frozen",
+                    "grads",
+                    "optimizer",
+                    "reference",
+                    "record",
+                    "activations",
+                    "gathered",
+                    "rewards",
+                )
+            )
             assert r["allowance"] == int(2 * 2**30 + 0.10 * parts) and r["total"] == parts + r["allowance"]
         steps = report["policies"][name]["steps"]
         record = [steps[f"grpo/{s}"]["peaks"]["replay"][1]["record"] for s in ("new", "old")]
@@ -54,13 +72,28 @@ def test_test_mode_agrees_with_real_tensors_and_predicts_the_old_setting_larger(
 
 def _step(plan, replay_chunk, **kinds):
     peaks = {p: (sum(kinds.values()), dict(kinds)) for p in plan.PHASES}
-    sizes = {"fsdp": 400, "fsdp_trained": 400, "root": 40, "root_trained": 40, "unit": 80, "unit_trained": 80,
-             "reference": 400, "trained": 400, "frozen": 1000, "buffers": 8, "groups": 6, "mask_steps": 12, "stat": 300}
+    sizes = {
+        "fsdp": 400,
+        "fsdp_trained": 400,
+        "root": 40,
+        "root_trained": 40,
+        "unit": 80,
+        "unit_trained": 80,
+        "reference": 400,
+        "trained": 400,
+        "frozen": 1000,
+        "buffers": 8,
+        "groups": 6,
+        "mask_steps": 12,
+        "stat": 300,
+    }
     return plan.Step(plan.Run("nova", "grpo", replay_chunk=replay_chunk), True, peaks, sizes, 0.0, 0.0)
 
 
 def test_per_gpu_composition(plan):
-    kinds = dict(trained=400, encoders=1000, buffers=8, reference=400, grad=400, optim=800, act=5000, cast=200, record=100)
+    kinds = dict(
+        trained=400, encoders=1000, buffers=8, reference=400, grad=400, optim=800, act=5000, cast=200, record=100
+    )
     step = _step(plan, None, **kinds)  # all |M| chosen steps in one backward: every backward reduces
     one = plan.per_gpu(step, 1, "full_shard", rewards=50)
     assert one["trained"] == 400 and one["grads"] == 400 and one["activations"] == 5200 and one["gathered"] == 0
@@ -114,7 +147,9 @@ def test_cuda_autocast_policy(plan):
     with torch.autocast("cpu", dtype=torch.bfloat16), amp:
         y = linear(x)
         assert y.dtype == torch.bfloat16
-        assert norm(y).dtype == torch.float32 and y.softmax(-1).dtype == torch.float32 and y.exp().dtype == torch.float32
+        assert (
+            norm(y).dtype == torch.float32 and y.softmax(-1).dtype == torch.float32 and y.exp().dtype == torch.float32
+        )
         assert y.sum().dtype == torch.float32 and torch.nn.functional.gelu(y).dtype == torch.bfloat16
         linear(x)
         assert len(amp.cache) == 2  # the weight's and the bias's copies, made once for the region

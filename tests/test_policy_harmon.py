@@ -17,8 +17,17 @@ from margrpo.prompts.suites import PromptSet
 
 PARAMS = Path(__file__).resolve().parents[1] / "src/margrpo/policy/params/harmon-1.5b.tsv"
 SAMPLING = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=3.0, cfg_schedule="linear", temperature=0.9)
-TINY_LLM = dict(model_type="qwen2", hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=256, rope_theta=10000.0, tie_word_embeddings=True)
+TINY_LLM = dict(
+    model_type="qwen2",
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rope_theta=10000.0,
+    tie_word_embeddings=True,
+)
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
@@ -28,16 +37,35 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(dict.fromkeys(words))}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.add_special_tokens(special)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="<|endoftext|>", eos_token="<|im_end|>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", pad_token="<|endoftext|>", eos_token="<|im_end|>"
+    )
 
 
 def tiny_config(**overrides) -> HarmonConfig:
     """32 px through a 3-level VAE (stride 4): 8x8 = 64 tokens of 4 channels; positional embeddings
     learned on a 4x4 grid and resized, as Harmon-1.5B resizes its 16x16 ones to 32x32."""
-    cfg = dict(llm=dict(TINY_LLM, vocab_size=len(tiny_tokenizer())), attn_implementation="eager",
-               encoder_width=32, encoder_depth=1, encoder_heads=4, decoder_width=32, decoder_depth=1, decoder_heads=4,
-               buffer_size=4, num_classes=10, dropout=0.1, pos_embed_size=16, image_size=32, head_width=32, head_depth=2,
-               vae_channels=(8, 8, 16), vae_layers_per_block=1, vae_latent_channels=4, vae_norm_groups=4)
+    cfg = dict(
+        llm=dict(TINY_LLM, vocab_size=len(tiny_tokenizer())),
+        attn_implementation="eager",
+        encoder_width=32,
+        encoder_depth=1,
+        encoder_heads=4,
+        decoder_width=32,
+        decoder_depth=1,
+        decoder_heads=4,
+        buffer_size=4,
+        num_classes=10,
+        dropout=0.1,
+        pos_embed_size=16,
+        image_size=32,
+        head_width=32,
+        head_depth=2,
+        vae_channels=(8, 8, 16),
+        vae_layers_per_block=1,
+        vae_latent_channels=4,
+        vae_norm_groups=4,
+    )
     return HarmonConfig(**{**cfg, **overrides})
 
 
@@ -51,8 +79,15 @@ def tiny_harmon(seed: int = 0, **overrides) -> HarmonPolicy:
 
 
 def rollout(policy, seed=0, trajectories=1):
-    return generate(policy, PROMPTS[:2], SAMPLING, group_size=2, generator=torch.Generator().manual_seed(seed),
-                    trajectories=trajectories, mte_generator=torch.Generator().manual_seed(seed + 99))
+    return generate(
+        policy,
+        PROMPTS[:2],
+        SAMPLING,
+        group_size=2,
+        generator=torch.Generator().manual_seed(seed),
+        trajectories=trajectories,
+        mte_generator=torch.Generator().manual_seed(seed + 99),
+    )
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
@@ -107,7 +142,9 @@ def test_rows_with_different_known_counts_match_their_own_pass():
     cond = TextCondition.cat([policy.encode_prompts(PROMPTS[:2]), policy.null_condition(1)])
     with torch.no_grad():
         z = policy.ar_forward(tokens, known, cond)
-        single = [policy.ar_forward(tokens[i : i + 1], known[i : i + 1], cond.index(slice(i, i + 1))) for i in range(3)]
+        single = [
+            policy.ar_forward(tokens[i : i + 1], known[i : i + 1], cond.index(slice(i, i + 1))) for i in range(3)
+        ]
     torch.testing.assert_close(z, torch.cat(single), atol=1e-5, rtol=1e-5)
 
 
@@ -120,8 +157,18 @@ def test_one_grpo_step_trains_the_ar_parameters(tmp_path):
     policy = tiny_harmon()
     before = {n: p.detach().clone() for n, p in policy.named_parameters()}
     prompts = PromptSet(PROMPTS, [{}] * len(PROMPTS))
-    cfg = GRPOConfig(steps=1, batch_prompts=2, group_size=2, mask_steps=3, diffusion_steps=3, save_every=1, val_every=1,
-                     val_prompts=2, precision="no", lr=1e-3)
+    cfg = GRPOConfig(
+        steps=1,
+        batch_prompts=2,
+        group_size=2,
+        mask_steps=3,
+        diffusion_steps=3,
+        save_every=1,
+        val_every=1,
+        val_prompts=2,
+        precision="no",
+        lr=1e-3,
+    )
     rows = GRPOTrainer(policy, redness, prompts, prompts, SAMPLING, cfg, tmp_path).train()
     for key in ("reward_mean", "policy_loss", "kl", "grad_norm_ar", "ratio_min", "ratio_max"):
         assert torch.isfinite(torch.tensor(rows[-1][key])), key
@@ -138,8 +185,19 @@ def test_official_scope_trains_mar_only_and_shares_the_llm_with_the_reference(tm
     policy = tiny_harmon()
     before = {n: p.detach().clone() for n, p in policy.named_parameters()}
     prompts = PromptSet(PROMPTS, [{}] * len(PROMPTS))
-    cfg = GRPOConfig(steps=1, batch_prompts=2, group_size=2, mask_steps=3, diffusion_steps=3, save_every=1, val_every=1,
-                     val_prompts=2, precision="no", lr=1e-3, frozen=["llm.", "proj_in.", "proj_out."])
+    cfg = GRPOConfig(
+        steps=1,
+        batch_prompts=2,
+        group_size=2,
+        mask_steps=3,
+        diffusion_steps=3,
+        save_every=1,
+        val_every=1,
+        val_prompts=2,
+        precision="no",
+        lr=1e-3,
+        frozen=["llm.", "proj_in.", "proj_out."],
+    )
     trainer = GRPOTrainer(policy, redness, prompts, prompts, SAMPLING, cfg, tmp_path)
     ref = dict(trainer.ref.named_parameters())
     outside = [n for n, _ in policy.named_parameters() if not n.startswith("mar.")]
@@ -171,10 +229,17 @@ def test_codec_shapes_and_range():
 def test_save_load_gives_identical_samples(tmp_path):
     policy = tiny_harmon()
     policy.save_pretrained(tmp_path)
-    for name in ("harmon_1.5b.pth", "kl16.ckpt", "config.json", "Qwen2.5-1.5B-Instruct/config.json",
-                 "Qwen2.5-1.5B-Instruct/tokenizer.json"):
+    for name in (
+        "harmon_1.5b.pth",
+        "kl16.ckpt",
+        "config.json",
+        "Qwen2.5-1.5B-Instruct/config.json",
+        "Qwen2.5-1.5B-Instruct/tokenizer.json",
+    ):
         assert (tmp_path / name).is_file(), name
-    assert "encoder.down.2.attn.0.q.weight" in torch.load(tmp_path / "kl16.ckpt", weights_only=True)["model"]  # LDM names
+    assert (
+        "encoder.down.2.attn.0.q.weight" in torch.load(tmp_path / "kl16.ckpt", weights_only=True)["model"]
+    )  # LDM names
     loaded = load_policy(tmp_path)  # the workflow's entry point dispatches on the Harmon files
     assert isinstance(loaded, HarmonPolicy) and torch.equal(rollout(policy).images, rollout(loaded).images)
     half = HarmonPolicy.from_pretrained(tmp_path, dtype=torch.bfloat16)
@@ -214,8 +279,12 @@ def test_key_mismatch_lists_the_keys(tmp_path):
     state = policy.harmon_state_dict()
     state["mar.extra"] = state.pop("proj_out.2.bias")
     torch.save(state, tmp_path / "harmon_1.5b.pth")
-    (tmp_path / "checksums.json").unlink()  # else the recorded sha256 names the changed file first; here: the key check
-    with pytest.raises(ValueError, match=r"harmon_1\.5b\.pth.*missing: \['proj_out\.2\.bias'\].*unexpected: \['mar\.extra'\]"):
+    (
+        tmp_path / "checksums.json"
+    ).unlink()  # else the recorded sha256 names the changed file first; here: the key check
+    with pytest.raises(
+        ValueError, match=r"harmon_1\.5b\.pth.*missing: \['proj_out\.2\.bias'\].*unexpected: \['mar\.extra'\]"
+    ):
         HarmonPolicy.from_pretrained(tmp_path)
 
 

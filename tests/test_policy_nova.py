@@ -35,21 +35,54 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
 def tiny_nova(seed: int = 0) -> NovaPolicy:
     """64 px -> 8 x 8 x 4 latent (4 VAE levels, stride 8 as in NOVA) -> 4 x 4 = 16 tokens of 16 channels."""
     torch.manual_seed(seed)
-    config = NovaConfig(image_size=(64, 64), text_token_dim=16, text_token_len=8, video_base_size=(1, 2, 2),
-                        image_base_size=(4, 4), width=32, num_heads=4, video_depth=1, image_depth=2,
-                        head_depth=2, head_width=32, flow_shift=1.5)
+    config = NovaConfig(
+        image_size=(64, 64),
+        text_token_dim=16,
+        text_token_len=8,
+        video_base_size=(1, 2, 2),
+        image_base_size=(4, 4),
+        width=32,
+        num_heads=4,
+        video_depth=1,
+        image_depth=2,
+        head_depth=2,
+        head_width=32,
+        flow_shift=1.5,
+    )
     tokenizer = tiny_tokenizer()
-    phi = PhiModel(PhiConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                             num_attention_heads=2, max_position_embeddings=16, partial_rotary_factor=0.5))
-    vae = AutoencoderKL(down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-                        block_out_channels=(8, 8, 8, 8), layers_per_block=1, latent_channels=4, norm_num_groups=4,
-                        sample_size=64)
+    phi = PhiModel(
+        PhiConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            max_position_embeddings=16,
+            partial_rotary_factor=0.5,
+        )
+    )
+    vae = AutoencoderKL(
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(8, 8, 8, 8),
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=4,
+        sample_size=64,
+    )
     return NovaPolicy(config, phi, vae, tokenizer)
 
 
 def rollout(policy, seed=0, trajectories=1):
-    return generate(policy, PROMPTS[:2], SAMPLING, group_size=2, generator=torch.Generator().manual_seed(seed),
-                    trajectories=trajectories, mte_generator=torch.Generator().manual_seed(seed + 99))
+    return generate(
+        policy,
+        PROMPTS[:2],
+        SAMPLING,
+        group_size=2,
+        generator=torch.Generator().manual_seed(seed),
+        trajectories=trajectories,
+        mte_generator=torch.Generator().manual_seed(seed + 99),
+    )
 
 
 def test_ratio_is_one_on_unchanged_parameters():
@@ -69,7 +102,9 @@ def test_ar_forward_with_different_known_counts_matches_rows_alone():
     cond = policy.encode_prompts(PROMPTS[:3])
     with torch.no_grad():
         batched = policy.ar_forward(tokens, known, cond)
-        alone = torch.cat([policy.ar_forward(tokens[i:i + 1], known[i:i + 1], cond.index(slice(i, i + 1))) for i in range(3)])
+        alone = torch.cat(
+            [policy.ar_forward(tokens[i : i + 1], known[i : i + 1], cond.index(slice(i, i + 1))) for i in range(3)]
+        )
     torch.testing.assert_close(batched, alone, atol=1e-5, rtol=1e-5)
 
 
@@ -127,6 +162,7 @@ def test_sampling_schedule_is_novas():
     """NOVA's pipeline: per-step token counts from np.round of the cosine mask lengths, and its Euler
     scheduler's time grid (set_timesteps: linspace(1000, 1, T) / 1000, shifted, then 0)."""
     policy = tiny_nova()
+
     def novas(L, K):  # num_preds as NOVA's pipeline computes them; generate_frame skips the zeros
         lengths = np.round(np.cos(0.5 * np.pi * np.arange(K + 1) / K) * L).astype("int64")
         return [int(n) for n in lengths[:-1] - lengths[1:] if n > 0]
@@ -140,8 +176,12 @@ def test_sampling_schedule_is_novas():
     sampler = policy.make_sampler(T)
     np.testing.assert_allclose(sampler.sigmas.numpy(), sigmas, rtol=1e-12)
     np.testing.assert_allclose(sampler.model_time(torch.arange(T)).numpy(), sigmas[:-1] * 1000, rtol=1e-6)
-    r = generate(policy, PROMPTS[:1], SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=2.0),
-                 generator=torch.Generator().manual_seed(0))
+    r = generate(
+        policy,
+        PROMPTS[:1],
+        SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=2.0),
+        generator=torch.Generator().manual_seed(0),
+    )
     assert r.committed.sum((1, 2)).tolist() == novas(policy.seq_len, 4)
 
 
@@ -153,12 +193,25 @@ def redness(images, prompts, metadata):
 def test_one_grpo_step_updates_the_ar_parameters(tmp_path):
     policy = tiny_nova()
     prompts = PromptSet(PROMPTS, [{}] * len(PROMPTS))
-    cfg = GRPOConfig(steps=1, batch_prompts=2, group_size=2, mask_steps=3, diffusion_steps=3, save_every=1, val_every=1,
-                     val_prompts=2, precision="no", lr=1e-3)
+    cfg = GRPOConfig(
+        steps=1,
+        batch_prompts=2,
+        group_size=2,
+        mask_steps=3,
+        diffusion_steps=3,
+        save_every=1,
+        val_every=1,
+        val_prompts=2,
+        precision="no",
+        lr=1e-3,
+    )
     sampling = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=2.0)
     trainer = GRPOTrainer(policy, redness, prompts, prompts, sampling, cfg, tmp_path)
-    trainable = {n: p.detach().clone() for n, p in policy.transformer.named_parameters()
-                 if p.requires_grad and not n.startswith("image_decoder.")}
+    trainable = {
+        n: p.detach().clone()
+        for n, p in policy.transformer.named_parameters()
+        if p.requires_grad and not n.startswith("image_decoder.")
+    }
     rows = trainer.train()
     for key in ("reward_mean", "policy_loss", "kl", "grad_norm_ar"):
         assert math.isfinite(rows[-1][key]), key
@@ -197,7 +250,10 @@ def test_missing_and_corrupt_checkpoints_fail_clearly(tmp_path, caplog):
     (d / "checksums.json").unlink()  # else the recorded sha256 names the changed file first; here: the key check
     with pytest.raises(ValueError, match=r"missing \(1\): mask_embed\.bos_token.*unexpected \(1\): extra\.weight"):
         NovaPolicy.from_pretrained(d)
-    assert f"{d}: no checksums.json (not written by margrpo): loading the NOVA weights with strict key and shape checks only" in caplog.text
+    assert (
+        f"{d}: no checksums.json (not written by margrpo): loading the NOVA weights with strict key and shape checks only"
+        in caplog.text
+    )
 
 
 def test_full_size_transformer_matches_the_published_parameter_list():
@@ -214,9 +270,17 @@ def test_full_size_transformer_matches_the_published_parameter_list():
 
 
 def test_published_config_json_parses_to_the_full_size_config():
-    published = {"_class_name": "NOVATransformer3DModel", "image_dim": 4, "image_size": 512, "image_stride": 8,
-                 "text_token_dim": 2560, "text_token_len": 256, "video_base_size": [1, 16, 16],
-                 "image_base_size": [32, 32], "arch": ["vit_d16w1024", "vit_d32w1024", "mlp_d3w1280"]}
+    published = {
+        "_class_name": "NOVATransformer3DModel",
+        "image_dim": 4,
+        "image_size": 512,
+        "image_stride": 8,
+        "text_token_dim": 2560,
+        "text_token_len": 256,
+        "video_base_size": [1, 16, 16],
+        "image_base_size": [32, 32],
+        "arch": ["vit_d16w1024", "vit_d32w1024", "mlp_d3w1280"],
+    }
     config = NovaConfig.from_nova_json(published)
     assert config == NovaConfig.full_size() and NovaConfig.from_nova_json(config.to_nova_json()) == config
     with pytest.raises(ValueError, match="rotary_pos_embed"):

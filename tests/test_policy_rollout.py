@@ -13,8 +13,16 @@ SAMPLING = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=3.0, cfg_sche
 
 
 def rollout(policy, seed=0, trajectories=1, sampling=SAMPLING, **kw):
-    return generate(policy, PROMPTS[:2], sampling, group_size=2, generator=torch.Generator().manual_seed(seed),
-                    trajectories=trajectories, mte_generator=torch.Generator().manual_seed(seed + 99), **kw)
+    return generate(
+        policy,
+        PROMPTS[:2],
+        sampling,
+        group_size=2,
+        generator=torch.Generator().manual_seed(seed),
+        trajectories=trajectories,
+        mte_generator=torch.Generator().manual_seed(seed + 99),
+        **kw,
+    )
 
 
 def all_steps(r):
@@ -117,7 +125,9 @@ def test_record_structure():
         c = r.committed[k]
         assert torch.equal(r.states[k, -1][c], r.latents[c])  # committed value = that step's final state
         assert (r.states[k][:, r.known[k]] == 0).all()  # known tokens are not re-generated
-    assert [int(x) for x in r.committed.sum((1, 2)) // N] == [a - b for a, b in zip([L] + unknown_after_steps(L, K)[:-1], unknown_after_steps(L, K))]
+    assert [int(x) for x in r.committed.sum((1, 2)) // N] == [
+        a - b for a, b in zip([L] + unknown_after_steps(L, K)[:-1], unknown_after_steps(L, K))
+    ]
     # each image has its own random order
     assert not torch.equal(r.orders[0], r.orders[1])
 
@@ -174,7 +184,9 @@ def test_x0_head_gives_the_sampler_its_clean_estimate(head):
 
 def test_shared_order_gives_each_group_one_generation_order():
     policy = tiny_policy("flow")
-    r = generate(policy, PROMPTS[:2], SAMPLING, group_size=3, generator=torch.Generator().manual_seed(0), shared_order=True)
+    r = generate(
+        policy, PROMPTS[:2], SAMPLING, group_size=3, generator=torch.Generator().manual_seed(0), shared_order=True
+    )
     assert (r.orders[:3] == r.orders[0]).all() and (r.orders[3:] == r.orders[3]).all()
     assert not (r.orders[0] == r.orders[3]).all()
     assert_ratio_is_one(policy, r)
@@ -182,8 +194,15 @@ def test_shared_order_gives_each_group_one_generation_order():
 
 def test_shared_noise_starts_each_group_from_one_noise_draw():
     policy = tiny_policy("flow")
-    r = generate(policy, PROMPTS[:2], SAMPLING, group_size=3, generator=torch.Generator().manual_seed(0), shared_order=True,
-                 shared_noise=True)
+    r = generate(
+        policy,
+        PROMPTS[:2],
+        SAMPLING,
+        group_size=3,
+        generator=torch.Generator().manual_seed(0),
+        shared_order=True,
+        shared_noise=True,
+    )
     start = r.states[:, 0]  # [K, N, L, D]: each step's initial noise (zeros at tokens already known)
     unknown = ~r.known  # [K, N, L]
     for k in range(start.shape[0]):
@@ -193,7 +212,9 @@ def test_shared_noise_starts_each_group_from_one_noise_draw():
     assert not torch.equal(start[0, 0], start[0, 3])  # another prompt: another draw
     assert not torch.equal(r.latents[0], r.latents[1])  # the scored SDE noise still differs
     assert_ratio_is_one(policy, r)
-    indep = generate(policy, PROMPTS[:2], SAMPLING, group_size=3, generator=torch.Generator().manual_seed(0), shared_order=True)
+    indep = generate(
+        policy, PROMPTS[:2], SAMPLING, group_size=3, generator=torch.Generator().manual_seed(0), shared_order=True
+    )
     assert not torch.equal(indep.states[0, 0, 0], indep.states[0, 0, 1])
 
 
@@ -201,8 +222,15 @@ def test_shared_noise_starts_each_group_from_one_noise_draw():
 def test_final_step_noise_gives_the_last_step_a_log_prob_that_replays(head, monkeypatch):
     policy = tiny_policy(head)
     sampling = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=2.0, final_step_noise=True)
-    r = generate(policy, PROMPTS[:2], sampling, group_size=2, generator=torch.Generator().manual_seed(0), trajectories=2,
-                 mte_generator=torch.Generator().manual_seed(1))
+    r = generate(
+        policy,
+        PROMPTS[:2],
+        sampling,
+        group_size=2,
+        generator=torch.Generator().manual_seed(0),
+        trajectories=2,
+        mte_generator=torch.Generator().manual_seed(1),
+    )
     assert (r.log_probs[:, -1] != 0).any()  # the last step is scored
     rp = assert_ratio_is_one(policy, r)
     assert rp.mask[:, -1].any()
@@ -217,7 +245,10 @@ def test_stage_sampling_config_keeps_every_field():
 
     from margrpo.stages._common import sampling_config
 
-    section = {f.name: f.default for f in dataclasses.fields(SamplingConfig)} | {"final_step_noise": True, "ar_steps": 3}
+    section = {f.name: f.default for f in dataclasses.fields(SamplingConfig)} | {
+        "final_step_noise": True,
+        "ar_steps": 3,
+    }
     assert dataclasses.asdict(sampling_config(section)) == section
 
 
@@ -236,7 +267,9 @@ def test_recording_some_steps_in_full_changes_no_sample_and_no_recorded_value(he
         c = every.committed[:, None, ..., None] if a.dim() == 5 else every.committed[:, None]
         assert torch.equal(a * c, b * c)  # the committed tokens' trajectories at every step
     assert torch.equal(every.mte_states, some.mte_states)
-    not_full = (~some.full)[:, None, None] & ~some.known & ~some.committed  # [K, N, L] unknown, not committed, step not full
+    not_full = (
+        (~some.full)[:, None, None] & ~some.known & ~some.committed
+    )  # [K, N, L] unknown, not committed, step not full
     assert not_full.any() and bool((some.log_probs.transpose(0, 1)[:, not_full] == 0).all())
     assert bool((every.log_probs.transpose(0, 1)[:-1, not_full] != 0).all())  # which the full record holds
     assert_ratio_is_one(policy, some)  # at the steps recorded in full

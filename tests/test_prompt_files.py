@@ -16,8 +16,10 @@ def _write(path: Path, lines: list[str]) -> Path:
 
 @pytest.fixture
 def files(tmp_path):
-    rl = [json.dumps({"prompt": f"a red ball number {i}", "task_type": t, "nouns": ["ball"]})
-          for i, t in enumerate(["color", "non", "spatial"] * 6)]
+    rl = [
+        json.dumps({"prompt": f"a red ball number {i}", "task_type": t, "nouns": ["ball"]})
+        for i, t in enumerate(["color", "non", "spatial"] * 6)
+    ]
     rl.append(json.dumps({"prompt": "a blue cube", "task_type": "shape"}))  # also an evaluation prompt
     train = _write(tmp_path / "train.jsonl", rl)
     bench = tmp_path / "bench"
@@ -31,10 +33,19 @@ def test_suites_are_disjoint_and_validation_spans_the_task_types(files):
     train, bench = files
     suites = build_file_suites(train, bench, ["color", "shape"], n_val=3, seed=0)
     prompts = {k: {r.prompt for r in v} for k, v in suites.items()}
-    assert not prompts["train"] & prompts["val"] and not prompts["train"] & prompts["eval"] and not prompts["val"] & prompts["eval"]
+    assert (
+        not prompts["train"] & prompts["val"]
+        and not prompts["train"] & prompts["eval"]
+        and not prompts["val"] & prompts["eval"]
+    )
     assert "a blue cube" in prompts["eval"] and "a blue cube" not in prompts["train"]
     assert sorted(r.category for r in suites["val"]) == ["color", "non_spatial", "spatial"]
-    assert len(suites["train"]) == 18 - 3 and [r.category for r in suites["eval"]] == ["color", "color", "shape", "shape"]
+    assert len(suites["train"]) == 18 - 3 and [r.category for r in suites["eval"]] == [
+        "color",
+        "color",
+        "shape",
+        "shape",
+    ]
     assert suites["val"] == build_file_suites(train, bench, ["color", "shape"], n_val=3, seed=0)["val"]  # seeded
 
 
@@ -67,8 +78,14 @@ def test_missing_split_and_overlapping_val_file_fail_clearly(files, tmp_path):
 
 
 def test_the_papers_prompt_files():
-    suites = build_file_suites(RL_PROMPTS, COMPBENCH_DIR,
-                               ["color", "shape", "texture", "spatial", "numeracy", "complex"], n_val=96, seed=0, n_eval=300)
+    suites = build_file_suites(
+        RL_PROMPTS,
+        COMPBENCH_DIR,
+        ["color", "shape", "texture", "spatial", "numeracy", "complex"],
+        n_val=96,
+        seed=0,
+        n_eval=300,
+    )
     assert len(suites["eval"]) == 1800 and len(suites["val"]) == 96 and len(suites["train"]) > 7000
     assert not {r.prompt for r in suites["train"]} & {r.prompt for r in suites["eval"]}
 

@@ -40,9 +40,18 @@ if torch.backends.mkl.is_available() and "avx2" in FLAGS:  # MKL's AVX2 kernels,
 
 @pytest.mark.parametrize("env, threads", CASES)
 def test_default_toys_replay_with_ratio_one_on_this_kernel_path(env, threads):
-    full = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", **env}  # threads that sleep while they wait: 3x faster on a busy machine
-    out = subprocess.run([sys.executable, str(TESTS / "ratio_worker.py"), str(threads)], env=full, capture_output=True,
-                         text=True, timeout=600)
+    full = {
+        **os.environ,
+        "OMP_WAIT_POLICY": "PASSIVE",
+        **env,
+    }  # threads that sleep while they wait: 3x faster on a busy machine
+    out = subprocess.run(
+        [sys.executable, str(TESTS / "ratio_worker.py"), str(threads)],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     if "ATEN_CPU_CAPABILITY" in env:  # the cap took effect
@@ -50,7 +59,9 @@ def test_default_toys_replay_with_ratio_one_on_this_kernel_path(env, threads):
     toys = {name: dev for name, dev in result.items() if name not in ("capability", "threads")}
     assert len(toys) >= 2, result
     for name, (committed, mte) in toys.items():
-        assert committed <= 1e-5 and mte <= 1e-5, f"{name}: max |ratio - 1| {committed:.2e} (committed), {mte:.2e} (MTE) under {env}, {threads} thread(s)"
+        assert committed <= 1e-5 and mte <= 1e-5, (
+            f"{name}: max |ratio - 1| {committed:.2e} (committed), {mte:.2e} (MTE) under {env}, {threads} thread(s)"
+        )
 
 
 def test_a_row_gets_the_same_bits_in_any_batch():
@@ -66,14 +77,20 @@ def test_a_row_gets_the_same_bits_in_any_batch():
                 batch = others[:n].clone()
                 batch[at : at + 5] = rows
                 assert torch.equal(row_blocked_linear(batch, weight, bias)[at : at + 5], alone), (k, out, n, at)
-        assert torch.equal(row_blocked_linear(rows[None].repeat(3, 1, 1), weight, None)[1], row_blocked_linear(rows, weight))
+        assert torch.equal(
+            row_blocked_linear(rows[None].repeat(3, 1, 1), weight, None)[1], row_blocked_linear(rows, weight)
+        )
 
 
 @pytest.mark.parametrize("shape", [(300, 48), (3, 100, 48)])
 def test_row_blocked_gradients_are_f_linear_s(shape):
     """The backward is F.linear's own: the same gradient bits (the toys' training numbers do not move)."""
     g = torch.Generator().manual_seed(1)
-    x0, weight0, bias0 = torch.randn(*shape, generator=g), torch.randn(32, 48, generator=g), torch.randn(32, generator=g)
+    x0, weight0, bias0 = (
+        torch.randn(*shape, generator=g),
+        torch.randn(32, 48, generator=g),
+        torch.randn(32, generator=g),
+    )
     upstream = torch.randn(*shape[:-1], 32, generator=g)
     grads = []
     for fn in (F.linear, row_blocked_linear):

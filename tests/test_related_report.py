@@ -46,12 +46,27 @@ def _val_gains(gain: float) -> dict[int, float]:
 def _write_eval(root, run, strict):
     folder = root / "eval" / run
     folder.mkdir(parents=True)
-    per_image = pd.DataFrame([{"file": f, "prompt": f.rsplit("_", 1)[0], "index": int(f[-10:-4]),
-                               "category": "color" if k < 6 else "shape", "unseen": False, "strict": s, "lenient": s}
-                              for k, (f, s) in enumerate(zip(EVAL_FILES, strict))], columns=PER_IMAGE_COLUMNS)
+    per_image = pd.DataFrame(
+        [
+            {
+                "file": f,
+                "prompt": f.rsplit("_", 1)[0],
+                "index": int(f[-10:-4]),
+                "category": "color" if k < 6 else "shape",
+                "unseen": False,
+                "strict": s,
+                "lenient": s,
+            }
+            for k, (f, s) in enumerate(zip(EVAL_FILES, strict))
+        ],
+        columns=PER_IMAGE_COLUMNS,
+    )
     per_image.to_csv(folder / "compbench_per_image.csv", index=False)
-    per_category = (per_image.groupby("category", sort=False)
-                    .agg(n_images=("file", "size"), strict=("strict", "mean"), lenient=("lenient", "mean")).reset_index())
+    per_category = (
+        per_image.groupby("category", sort=False)
+        .agg(n_images=("file", "size"), strict=("strict", "mean"), lenient=("lenient", "mean"))
+        .reset_index()
+    )
     per_category.to_csv(folder / "compbench.csv", index=False)
 
 
@@ -63,16 +78,39 @@ def _write_run(root, run, base_scores, gain, offset, flips, step_s, report_step=
     for step, g in _val_gains(gain).items():
         noise = rng.normal(0, 0.01, N_VAL)
         scores = base_scores + g + offset + (noise - noise.mean())
-        ckpts.append({"step": step, "val_reward": float(scores.mean()), "val_scores": scores.tolist(),
-                      "path": f"{root / run}/state/ckpt-{step:06d}/policy"})
-    summary = {"run_dir": str(root / run), "variant": run.split("/")[3], "steps": 12, "checkpoints": ckpts,
-               "base_val_reward": float(base_scores.mean()), "base_val_scores": base_scores.tolist(), "spec": {}, "config": {}}
+        ckpts.append(
+            {
+                "step": step,
+                "val_reward": float(scores.mean()),
+                "val_scores": scores.tolist(),
+                "path": f"{root / run}/state/ckpt-{step:06d}/policy",
+            }
+        )
+    summary = {
+        "run_dir": str(root / run),
+        "variant": run.split("/")[3],
+        "steps": 12,
+        "checkpoints": ckpts,
+        "base_val_reward": float(base_scores.mean()),
+        "base_val_scores": base_scores.tolist(),
+        "spec": {},
+        "config": {},
+    }
     atomic_write_json(root / run / "summary.json", summary, indent=1)
     val = {c["step"]: c["val_reward"] for c in ckpts}
     steps = np.arange(1, 13)
-    pd.DataFrame({"step": steps, "reward_mean": 0.4, "reward_std": 0.1, "kl": 1e-3, "lr": 1e-4,
-                  "step_time_s": step_s, "peak_mem_mb": 100.0,
-                  "val_reward": [val.get(int(s), math.nan) for s in steps]}).to_csv(root / run / "metrics.csv", index=False)
+    pd.DataFrame(
+        {
+            "step": steps,
+            "reward_mean": 0.4,
+            "reward_std": 0.1,
+            "kl": 1e-3,
+            "lr": 1e-4,
+            "step_time_s": step_s,
+            "peak_mem_mb": 100.0,
+            "val_reward": [val.get(int(s), math.nan) for s in steps],
+        }
+    ).to_csv(root / run / "metrics.csv", index=False)
     atomic_write_json(root / "select" / run / "selection.json", select_checkpoint(summary, report_step))
     strict = BASE_STRICT.copy()
     strict[list(flips)] = 1 - strict[list(flips)]
@@ -124,7 +162,11 @@ def test_table3_gains_and_their_intervals(tree):
     assert gained["gain/val gain/mean"] - gained["gain/val gain/ci"] > 0  # the interval excludes 0
     assert gained["gain/val gain/boot_lo"] > 0
     assert flat["gain/val gain/mean"] == pytest.approx(0.0, abs=1e-12)
-    assert flat["gain/val gain/mean"] - flat["gain/val gain/ci"] < 0 < flat["gain/val gain/mean"] + flat["gain/val gain/ci"]
+    assert (
+        flat["gain/val gain/mean"] - flat["gain/val gain/ci"]
+        < 0
+        < flat["gain/val gain/mean"] + flat["gain/val gain/ci"]
+    )
     assert flat["gain/val gain/boot_lo"] < 0 < flat["gain/val gain/boot_hi"]
     # CompBench-style gain, paired per image: flipped 0 -> 1 count minus 1 -> 0 count, over 12 images
     for row, (*_, flips, _) in ((gained, PLANTED["MaskGRPO"]), (flat, PLANTED["GRPO (discrete)"])):
@@ -133,10 +175,15 @@ def test_table3_gains_and_their_intervals(tree):
         assert row["gain/CompBench gain/mean"] == pytest.approx(np.mean(per_seed), abs=1e-12)
         assert row["gain/CompBench gain/ci"] == pytest.approx((ci.high - ci.low) / 2, rel=1e-9)
         assert row["gain/CompBench gain/n"] == 3 and row["seeds"] == 3
-    assert gained["gain/CompBench gain/mean"] == pytest.approx(0.25) and gained["gain/CompBench gain/mean"] - gained["gain/CompBench gain/ci"] > 0
+    assert (
+        gained["gain/CompBench gain/mean"] == pytest.approx(0.25)
+        and gained["gain/CompBench gain/mean"] - gained["gain/CompBench gain/ci"] > 0
+    )
     assert flat["gain/CompBench gain/mean"] == pytest.approx(0.0, abs=1e-12)
     # base columns: the base's validation reward and its CompBench overall (4 of 12 images)
-    assert gained["base/val reward/mean"] == pytest.approx(tree["base_val"]) and gained["base/CompBench/mean"] == pytest.approx(4 / 12)
+    assert gained["base/val reward/mean"] == pytest.approx(tree["base_val"]) and gained[
+        "base/CompBench/mean"
+    ] == pytest.approx(4 / 12)
     assert gained["steps"] == "8;8;8"
 
 
@@ -147,7 +194,9 @@ def test_table3_step_time_is_the_median_per_seed(tree):
         per_seed = [medians[s] for s in SEEDS]
         assert [float(np.median(_step_times(m))) for m in per_seed] == per_seed  # the warm-up step is ignored
         assert row["time/s per step/mean"] == pytest.approx(np.mean(per_seed), rel=1e-12)
-        assert row["time/s per step/ci"] == pytest.approx((lambda c: (c.high - c.low) / 2)(_t_interval(per_seed)), rel=1e-9)
+        assert row["time/s per step/ci"] == pytest.approx(
+            (lambda c: (c.high - c.low) / 2)(_t_interval(per_seed)), rel=1e-9
+        )
         assert (row["time/s per step/min"], row["time/s per step/max"]) == (min(per_seed), max(per_seed))
 
 
@@ -169,8 +218,22 @@ def test_table3_bold_only_within_a_base_and_fastest_step(tree):
 def test_cli_writes_table3_and_the_figure(tree, tmp_path):
     spec = json.dumps(tree["spec"])
     for what, prefix in (("table3", tmp_path / "table3"), ("related-wallclock", tmp_path / "related_wallclock")):
-        rc = main(["report", what, "--runs-json", spec, "--results", str(tree["root"]), "--out-prefix", str(prefix),
-                   "--formats", "png", "--confidence", "0.95"])
+        rc = main(
+            [
+                "report",
+                what,
+                "--runs-json",
+                spec,
+                "--results",
+                str(tree["root"]),
+                "--out-prefix",
+                str(prefix),
+                "--formats",
+                "png",
+                "--confidence",
+                "0.95",
+            ]
+        )
         assert rc == 0
     for ext in ("csv", "md", "tex"):
         assert (tmp_path / f"table3.{ext}").stat().st_size > 0
@@ -207,7 +270,18 @@ def test_a_missing_result_names_its_file(tree, tmp_path):
         related.related_wallclock(root, tree["spec"])
     spec = {"methods": [{**tree["spec"]["methods"][1], "runs": ["train/toy-mask/mixed/grpo/seed7"]}]}
     with pytest.raises(SystemExit, match=r"select/train/toy-mask/mixed/grpo/seed7/selection\.json"):
-        main(["report", "table3", "--runs-json", json.dumps(spec), "--results", str(root), "--out-prefix", str(tmp_path / "t")])
+        main(
+            [
+                "report",
+                "table3",
+                "--runs-json",
+                json.dumps(spec),
+                "--results",
+                str(root),
+                "--out-prefix",
+                str(tmp_path / "t"),
+            ]
+        )
 
 
 def test_a_run_of_another_policy_than_its_base_is_refused():

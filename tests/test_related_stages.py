@@ -22,7 +22,9 @@ RELATED = {"steps": 2, "batch_prompts": 2, "group_size": 2, "val_every": 1, "val
 def data(tmp_path_factory) -> Path:
     """Tiny ShapesWorld suites of a snapped 64-px world (one toy-mask token per cell) and its world.json."""
     out = tmp_path_factory.mktemp("related") / "data"
-    main(["make-suites", "--out-dir", str(out), "--preset", "grid4", "--n-train", "12", "--n-val", "6", "--n-eval", "8"])
+    main(
+        ["make-suites", "--out-dir", str(out), "--preset", "grid4", "--n-train", "12", "--n-val", "6", "--n-eval", "8"]
+    )
     return out
 
 
@@ -33,11 +35,29 @@ def world(data: Path) -> dict:
 @pytest.fixture(scope="module")
 def mask_policy(data) -> Path:
     out = data.parent / "pretrain-mask"
-    entry = {"kind": "toy-mask", "model": TINY_MASK, "pretrain": {"steps": 3, "batch_size": 8, "warmup_steps": 1},
-             "sampling": MASK_SAMPLING}
-    main(["pretrain-mask", "--world", str(data / "world.json"), "--eval-suite", str(data / "eval.jsonl"),
-          "--policy-json", json.dumps(entry), "--out-dir", str(out / "policy"), "--quality", str(out / "quality.json"),
-          "--threads", "1"])
+    entry = {
+        "kind": "toy-mask",
+        "model": TINY_MASK,
+        "pretrain": {"steps": 3, "batch_size": 8, "warmup_steps": 1},
+        "sampling": MASK_SAMPLING,
+    }
+    main(
+        [
+            "pretrain-mask",
+            "--world",
+            str(data / "world.json"),
+            "--eval-suite",
+            str(data / "eval.jsonl"),
+            "--policy-json",
+            json.dumps(entry),
+            "--out-dir",
+            str(out / "policy"),
+            "--quality",
+            str(out / "quality.json"),
+            "--threads",
+            "1",
+        ]
+    )
     return out / "policy"
 
 
@@ -47,16 +67,47 @@ def one_step_policy(data) -> Path:
     from margrpo.policy import ToyMAR, ToyMARConfig
 
     torch.manual_seed(0)
-    teacher = ToyMAR(ToyMARConfig(head_type="flow", vocab=prompt_vocabulary(), width=32, depth=1, heads=2, head_width=32,
-                                  head_depth=1, text_width=16, text_depth=1, text_heads=2))
+    teacher = ToyMAR(
+        ToyMARConfig(
+            head_type="flow",
+            vocab=prompt_vocabulary(),
+            width=32,
+            depth=1,
+            heads=2,
+            head_width=32,
+            head_depth=1,
+            text_width=16,
+            text_depth=1,
+            text_heads=2,
+        )
+    )
     root = data.parent / "teacher"
     teacher.save_pretrained(root / "policy")
     (root / "spec.json").write_text(json.dumps({"policy_json": {"kind": "toy", "sampling": TEACHER_SAMPLING}}))
     out = data.parent / "marval"
-    entry = {"kind": "toy-marval", "teacher": "toy-nova", "sampling": ONE_STEP_SAMPLING,
-             "distill": {"steps": 2, "batch_prompts": 2, "rows": 16, "save_every": 1}}
-    main(["distill-marval", "--teacher", str(root / "policy"), "--suites-dir", str(data), "--policy-json", json.dumps(entry),
-          "--out-dir", str(out / "policy"), "--quality", str(out / "quality.json"), "--threads", "1"])
+    entry = {
+        "kind": "toy-marval",
+        "teacher": "toy-nova",
+        "sampling": ONE_STEP_SAMPLING,
+        "distill": {"steps": 2, "batch_prompts": 2, "rows": 16, "save_every": 1},
+    }
+    main(
+        [
+            "distill-marval",
+            "--teacher",
+            str(root / "policy"),
+            "--suites-dir",
+            str(data),
+            "--policy-json",
+            json.dumps(entry),
+            "--out-dir",
+            str(out / "policy"),
+            "--quality",
+            str(out / "quality.json"),
+            "--threads",
+            "1",
+        ]
+    )
     return out / "policy"
 
 
@@ -66,20 +117,44 @@ def toyclip_dir(data) -> Path:
 
     torch.manual_seed(0)
     path = data.parent / "toyclip" / "model"
-    ToyClip(ToyClipConfig(image_size=64, vocab=prompt_vocabulary(), width=16, embed_dim=16, text_width=16, text_depth=1,
-                          text_heads=2)).save_pretrained(path)
+    ToyClip(
+        ToyClipConfig(
+            image_size=64, vocab=prompt_vocabulary(), width=16, embed_dim=16, text_width=16, text_depth=1, text_heads=2
+        )
+    ).save_pretrained(path)
     return path
 
 
 def related_spec(method: str, data: Path, weights: dict, sampling: dict, **related) -> dict:
-    return {"method": method, "related": {**RELATED, **related}, "reward": {"name": "mix", "weights": weights},
-            "reward_models": {"shapes": {"world": world(data)}} if "shapes" in weights else {},
-            "sampling": sampling, "device": "cpu", "mixed_precision": "no"}
+    return {
+        "method": method,
+        "related": {**RELATED, **related},
+        "reward": {"name": "mix", "weights": weights},
+        "reward_models": {"shapes": {"world": world(data)}} if "shapes" in weights else {},
+        "sampling": sampling,
+        "device": "cpu",
+        "mixed_precision": "no",
+    }
 
 
 def train_related(method, policy, data, spec, out, toyclip=None):
-    argv = ["train-related", "--method", method, "--policy-dir", str(policy), "--suites-dir", str(data),
-            "--spec-json", json.dumps(spec), "--seed", "3", "--out-dir", str(out), "--threads", "1"]
+    argv = [
+        "train-related",
+        "--method",
+        method,
+        "--policy-dir",
+        str(policy),
+        "--suites-dir",
+        str(data),
+        "--spec-json",
+        json.dumps(spec),
+        "--seed",
+        "3",
+        "--out-dir",
+        str(out),
+        "--threads",
+        "1",
+    ]
     main(argv + (["--toyclip-dir", str(toyclip)] if toyclip else []))
 
 
@@ -105,7 +180,17 @@ def check_run(out: Path, method: str, steps: int = 2, val_prompts: int = 3) -> d
         assert c["path"] == str(out / "state" / f"ckpt-{c['step']:06d}" / "policy")
         load_any_policy(c["path"])
     for step in ("best", "2"):
-        main(["select", "--summary", str(out / "summary.json"), "--step", step, "--out", str(out / f"select-{step}.json")])
+        main(
+            [
+                "select",
+                "--summary",
+                str(out / "summary.json"),
+                "--step",
+                step,
+                "--out",
+                str(out / f"select-{step}.json"),
+            ]
+        )
     selection = json.loads((out / "select-2.json").read_text())
     assert selection["step"] == 2 and selection["policy"] == summary["checkpoints"][1]["path"]
     return summary
@@ -121,7 +206,9 @@ def test_pretrain_mask_writes_a_loadable_policy_and_its_quality_report(mask_poli
     with pytest.raises(InputError, match="a 'toy-mask' policy .*load_any_policy"):
         load_policy(mask_policy)  # the policy package does not import a related method: the stages dispatch
     assert isinstance(policy, ToyMaskPolicy) and policy.config.width == 32
-    assert policy.world == WorldConfig.from_dict(json.loads((mask_policy.parents[1] / "data" / "world.json").read_text()))
+    assert policy.world == WorldConfig.from_dict(
+        json.loads((mask_policy.parents[1] / "data" / "world.json").read_text())
+    )
     quality = json.loads((mask_policy.parent / "quality.json").read_text())
     assert quality["n_images"] == 8 * 2 and {"strict", "lenient", "shuffled_strict"} <= set(quality["overall"])
     assert quality["per_category"] and quality["pretrain"]["steps"] == 3
@@ -193,6 +280,7 @@ def test_train_related_deletes_nothing_it_did_not_write(mask_policy, data, tmp_p
         def save_then_die(path, state):
             save(path, state)
             raise Interrupted
+
         return save_then_die
 
     with monkeypatch.context() as patch:
@@ -206,7 +294,9 @@ def test_train_related_deletes_nothing_it_did_not_write(mask_policy, data, tmp_p
     assert "resumed from" in logged() and json.loads((run / "summary.json").read_text())["steps"] == 2
     assert_user_files_kept(run, "resume")
     (run / "state/.trainer.pt.x1y2z3w4.tmp.pt").write_bytes(b"torn")  # the temporary file of a killed trainer.pt write
-    train_related("grpo-mask", mask_policy, data, {**spec, "related": {**spec["related"], "steps": 1}}, run)  # another spec
+    train_related(
+        "grpo-mask", mask_policy, data, {**spec, "related": {**spec["related"], "steps": 1}}, run
+    )  # another spec
     assert "starting fresh" in logged() and json.loads((run / "summary.json").read_text())["steps"] == 1
     assert_user_files_kept(run, "restart")
     assert not (run / "state/ckpt-000002").exists() and not (run / "state/.trainer.pt.x1y2z3w4.tmp.pt").exists()
@@ -214,7 +304,10 @@ def test_train_related_deletes_nothing_it_did_not_write(mask_policy, data, tmp_p
 
 def test_train_related_refuses_to_replace_a_checkpoint_folder_it_did_not_write(mask_policy, data, tmp_path):
     """Issue #36: a checkpoint's policy folder is replaced whole (atomic_dir); one there that no run wrote is refused."""
-    run, spec = tmp_path / "run", related_spec("grpo-mask", data, {"shapes": 1.0}, MASK_SAMPLING, iterations=2, steps=1)
+    run, spec = (
+        tmp_path / "run",
+        related_spec("grpo-mask", data, {"shapes": 1.0}, MASK_SAMPLING, iterations=2, steps=1),
+    )
     (run / "state/ckpt-000001/policy").mkdir(parents=True)
     (run / "state/ckpt-000001/policy/notes.txt").write_text("mine")
     with pytest.raises(SystemExit, match=f"{run / 'state/ckpt-000001/policy'}: not a checkpoint margrpo wrote"):
@@ -247,48 +340,132 @@ def test_sample_on_a_toy_mask_policy_and_a_one_step_policy(mask_policy, one_step
 
     prompts = [r.prompt for r in load_suite(data / "eval.jsonl")[:3]]
     runs = {}
-    for name, policy, sampling in (("mask", mask_policy, MASK_SAMPLING), ("mask-again", mask_policy, MASK_SAMPLING),
-                                   ("one-step", one_step_policy, ONE_STEP_SAMPLING)):
+    for name, policy, sampling in (
+        ("mask", mask_policy, MASK_SAMPLING),
+        ("mask-again", mask_policy, MASK_SAMPLING),
+        ("one-step", one_step_policy, ONE_STEP_SAMPLING),
+    ):
         out = data.parent / "samples" / name
-        main(["sample", "--policy", str(policy), "--suite", str(data / "eval.jsonl"), "--sampling-json", json.dumps(sampling),
-              "--images-per-prompt", "2", "--max-prompts", "3", "--seed", "5", "--out-dir", str(out), "--threads", "1"])
+        main(
+            [
+                "sample",
+                "--policy",
+                str(policy),
+                "--suite",
+                str(data / "eval.jsonl"),
+                "--sampling-json",
+                json.dumps(sampling),
+                "--images-per-prompt",
+                "2",
+                "--max-prompts",
+                "3",
+                "--seed",
+                "5",
+                "--out-dir",
+                str(out),
+                "--threads",
+                "1",
+            ]
+        )
         runs[name] = _pngs(out)
         assert sorted(runs[name]) == sorted(f"{p}_{i:06d}.png" for p in prompts for i in range(2))
     assert runs["mask"] == runs["mask-again"]  # deterministic from --seed
 
 
-@pytest.mark.parametrize("stage, bad", [
-    ("train-related", {"spec": {"bogus_key": 1}}),
-    ("train-related", {"related": {"bogus_key": 1}}),
-    ("train-related", {"sampling": {"bogus_key": 1}}),
-    ("pretrain-mask", {"entry": {"bogus_key": 1}}),
-    ("pretrain-mask", {"model": {"bogus_key": 1}}),
-    ("distill-marval", {"distill": {"bogus_key": 1}}),
-])
+@pytest.mark.parametrize(
+    "stage, bad",
+    [
+        ("train-related", {"spec": {"bogus_key": 1}}),
+        ("train-related", {"related": {"bogus_key": 1}}),
+        ("train-related", {"sampling": {"bogus_key": 1}}),
+        ("pretrain-mask", {"entry": {"bogus_key": 1}}),
+        ("pretrain-mask", {"model": {"bogus_key": 1}}),
+        ("distill-marval", {"distill": {"bogus_key": 1}}),
+    ],
+)
 def test_an_unknown_key_is_a_one_line_error_naming_it(stage, bad, data, tmp_path):
     if stage == "train-related":
-        spec = related_spec("grpo-mask", data, {"shapes": 1.0}, {**MASK_SAMPLING, **bad.get("sampling", {})}, **bad.get("related", {}))
-        argv = ["train-related", "--method", "grpo-mask", "--policy-dir", str(tmp_path / "none"), "--suites-dir", str(data),
-                "--spec-json", json.dumps({**spec, **bad.get("spec", {})}), "--out-dir", str(tmp_path / "run")]
+        spec = related_spec(
+            "grpo-mask", data, {"shapes": 1.0}, {**MASK_SAMPLING, **bad.get("sampling", {})}, **bad.get("related", {})
+        )
+        argv = [
+            "train-related",
+            "--method",
+            "grpo-mask",
+            "--policy-dir",
+            str(tmp_path / "none"),
+            "--suites-dir",
+            str(data),
+            "--spec-json",
+            json.dumps({**spec, **bad.get("spec", {})}),
+            "--out-dir",
+            str(tmp_path / "run"),
+        ]
     elif stage == "pretrain-mask":
         entry = {"kind": "toy-mask", "model": {**TINY_MASK, **bad.get("model", {})}, **bad.get("entry", {})}
-        argv = ["pretrain-mask", "--world", str(data / "world.json"), "--eval-suite", str(data / "eval.jsonl"),
-                "--policy-json", json.dumps(entry), "--out-dir", str(tmp_path / "p" / "policy"), "--quality", str(tmp_path / "q.json")]
+        argv = [
+            "pretrain-mask",
+            "--world",
+            str(data / "world.json"),
+            "--eval-suite",
+            str(data / "eval.jsonl"),
+            "--policy-json",
+            json.dumps(entry),
+            "--out-dir",
+            str(tmp_path / "p" / "policy"),
+            "--quality",
+            str(tmp_path / "q.json"),
+        ]
     else:
         entry = {"kind": "toy-marval", "teacher": "t", "distill": bad["distill"], "sampling": ONE_STEP_SAMPLING}
-        argv = ["distill-marval", "--teacher", str(tmp_path / "t" / "policy"), "--suites-dir", str(data),
-                "--policy-json", json.dumps(entry), "--out-dir", str(tmp_path / "d" / "policy"), "--quality", str(tmp_path / "q.json")]
+        argv = [
+            "distill-marval",
+            "--teacher",
+            str(tmp_path / "t" / "policy"),
+            "--suites-dir",
+            str(data),
+            "--policy-json",
+            json.dumps(entry),
+            "--out-dir",
+            str(tmp_path / "d" / "policy"),
+            "--quality",
+            str(tmp_path / "q.json"),
+        ]
     with pytest.raises(SystemExit) as err:
         main(argv)
     message = str(err.value)
     assert "bogus_key" in message and "\n" not in message and message.startswith(f"margrpo {stage}: error:")
 
 
-def test_a_method_on_the_wrong_policy_or_reward_is_a_one_line_error(mask_policy, one_step_policy, data, toyclip_dir, tmp_path):
-    cases = [("grpo-mask", one_step_policy, related_spec("grpo-mask", data, {"shapes": 1.0}, MASK_SAMPLING), "toy-mask policy"),
-             ("marval-rl", mask_policy, related_spec("marval-rl", data, {"toyclip": 1.0}, ONE_STEP_SAMPLING), "one-step policy"),
-             ("marval-rl", one_step_policy, related_spec("marval-rl", data, {"shapes": 1.0}, ONE_STEP_SAMPLING), "toyclip weight"),
-             ("maskgrpo", mask_policy, related_spec("grpo-mask", data, {"shapes": 1.0}, MASK_SAMPLING), "disagrees with --method")]
+def test_a_method_on_the_wrong_policy_or_reward_is_a_one_line_error(
+    mask_policy, one_step_policy, data, toyclip_dir, tmp_path
+):
+    cases = [
+        (
+            "grpo-mask",
+            one_step_policy,
+            related_spec("grpo-mask", data, {"shapes": 1.0}, MASK_SAMPLING),
+            "toy-mask policy",
+        ),
+        (
+            "marval-rl",
+            mask_policy,
+            related_spec("marval-rl", data, {"toyclip": 1.0}, ONE_STEP_SAMPLING),
+            "one-step policy",
+        ),
+        (
+            "marval-rl",
+            one_step_policy,
+            related_spec("marval-rl", data, {"shapes": 1.0}, ONE_STEP_SAMPLING),
+            "toyclip weight",
+        ),
+        (
+            "maskgrpo",
+            mask_policy,
+            related_spec("grpo-mask", data, {"shapes": 1.0}, MASK_SAMPLING),
+            "disagrees with --method",
+        ),
+    ]
     for method, policy, spec, words in cases:
         with pytest.raises(SystemExit) as err:
             train_related(method, policy, data, spec, tmp_path / method, toyclip=toyclip_dir)

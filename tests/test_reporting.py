@@ -40,13 +40,19 @@ def _strict(variant: str, seed: int, cat: int) -> float:
 def _write_eval(root, run, strict, pref, overall=False):
     folder = root / "eval" / run
     folder.mkdir(parents=True)
-    rows = [{"category": c, "n_images": 4 * (i + 1), "strict": s, "lenient": s + 0.1}
-            for i, (c, s) in enumerate(zip(CATEGORIES, strict))]
+    rows = [
+        {"category": c, "n_images": 4 * (i + 1), "strict": s, "lenient": s + 0.1}
+        for i, (c, s) in enumerate(zip(CATEGORIES, strict))
+    ]
     if overall:
         rows.append({"category": "overall", "n_images": 24, "strict": 0.5, "lenient": 0.6})
     pd.DataFrame(rows).to_csv(folder / "compbench.csv", index=False)
-    pd.DataFrame([{"scorer": "toyclip", "mean": pref, "std": 0.1, "n": 12},
-                  {"scorer": "shapes", "mean": pref / 2, "std": 0.1, "n": 12}]).to_csv(folder / "preference.csv", index=False)
+    pd.DataFrame(
+        [
+            {"scorer": "toyclip", "mean": pref, "std": 0.1, "n": 12},
+            {"scorer": "shapes", "mean": pref / 2, "std": 0.1, "n": 12},
+        ]
+    ).to_csv(folder / "preference.csv", index=False)
 
 
 def _write_samples(root, run, shade):
@@ -62,14 +68,29 @@ def _write_samples(root, run, shade):
 def _write_metrics(root, run, scale, steps=12, drop=()):
     rng = np.random.default_rng(int(scale * 1000))
     step = np.arange(1, steps + 1)
-    df = pd.DataFrame({
-        "step": step, "reward_mean": 0.3 + 0.02 * step * scale + 0.01 * rng.standard_normal(steps),
-        "reward_std": 0.1, "adv_mean": 0.0, "adv_std": 1.0, "frac_zero_std": 0.0, "policy_loss": 0.01,
-        "kl": 1e-3 * step, "clip_frac": 0.05, "ratio_min": 0.9, "ratio_max": 1.1,
-        "grad_norm_ar": scale * (1 + rng.random(steps)), "grad_var_ar": scale * 1e-3 * (1 + rng.random(steps)),
-        "lr": 1e-4, "wall_time_s": step * 2.0, "peak_mem_mb": 100.0, "skipped": 0,
-        "val_reward": np.where(step % 4 == 0, 0.3 + 0.01 * step * scale, np.nan), "reward/toyclip": 0.3,
-    }).drop(columns=list(drop))
+    df = pd.DataFrame(
+        {
+            "step": step,
+            "reward_mean": 0.3 + 0.02 * step * scale + 0.01 * rng.standard_normal(steps),
+            "reward_std": 0.1,
+            "adv_mean": 0.0,
+            "adv_std": 1.0,
+            "frac_zero_std": 0.0,
+            "policy_loss": 0.01,
+            "kl": 1e-3 * step,
+            "clip_frac": 0.05,
+            "ratio_min": 0.9,
+            "ratio_max": 1.1,
+            "grad_norm_ar": scale * (1 + rng.random(steps)),
+            "grad_var_ar": scale * 1e-3 * (1 + rng.random(steps)),
+            "lr": 1e-4,
+            "wall_time_s": step * 2.0,
+            "peak_mem_mb": 100.0,
+            "skipped": 0,
+            "val_reward": np.where(step % 4 == 0, 0.3 + 0.01 * step * scale, np.nan),
+            "reward/toyclip": 0.3,
+        }
+    ).drop(columns=list(drop))
     (root / run).mkdir(parents=True, exist_ok=True)
     df.to_csv(root / run / "metrics.csv", index=False)
 
@@ -88,8 +109,10 @@ def tree(tmp_path_factory):
             _write_metrics(root, run, 1.0 + VARIANTS.index(v) + 0.1 * s, drop=("clip_frac",) if v == "mte" else ())
             atomic_write_json(root / run / "summary.json", {"base_val_reward": BASE_VAL, "checkpoints": []})
             rule, step = ("best", 8) if v in ("grpo", "fix") else ("fixed", 12)
-            atomic_write_json(root / "select" / run / "selection.json",
-                              {"policy": f"{run}/ckpt/policy", "step": step, "rule": rule, "val_reward": 0.4, "candidates": []})
+            atomic_write_json(
+                root / "select" / run / "selection.json",
+                {"policy": f"{run}/ckpt/policy", "step": step, "rule": rule, "val_reward": 0.4, "candidates": []},
+            )
             if s == 0:
                 _write_samples(root, run, VARIANTS.index(v) + 1)
     ablation = []
@@ -102,11 +125,13 @@ def tree(tmp_path_factory):
             _write_samples(root, run, int(10 * k) + S)
     (root / "uncertainty").mkdir()
     rng = np.random.default_rng(0)
-    np.savez(root / "uncertainty" / "maps.npz",
-             images=rng.integers(0, 255, (2, 32, 32, 3), dtype=np.uint8),
-             uncertainty=rng.random((2, 8, 8), dtype=np.float32),
-             prompts=np.array(PROMPTS[:2]),
-             trajectories=rng.integers(0, 255, (2, 3, 32, 32, 3), dtype=np.uint8))
+    np.savez(
+        root / "uncertainty" / "maps.npz",
+        images=rng.integers(0, 255, (2, 32, 32, 3), dtype=np.uint8),
+        uncertainty=rng.random((2, 8, 8), dtype=np.float32),
+        prompts=np.array(PROMPTS[:2]),
+        trajectories=rng.integers(0, 255, (2, 3, 32, 32, 3), dtype=np.uint8),
+    )
     return {"root": root, "runs": runs, "ablation": ablation, "base": [f"base/{POLICY}"]}
 
 
@@ -183,13 +208,19 @@ def test_table2_mean_and_ci_against_scipy(tree):
             assert row[f"compbench/{cat}/n"] == 3
     base = df.iloc[0]
     assert base["n_runs"] == 1 and math.isnan(base["pref/toyclip/ci"]) and base["pref/toyclip/mean"] == 0.1
-    assert [m for m in t.metrics] == [("pref", "toyclip"), ("pref", "shapes")] + [("compbench", c) for c in CATEGORIES + ["overall"]]
+    assert [m for m in t.metrics] == [("pref", "toyclip"), ("pref", "shapes")] + [
+        ("compbench", c) for c in CATEGORIES + ["overall"]
+    ]
 
 
 def test_tables_write_three_formats(tree, tmp_path):
     spec2 = {"base": tree["base"], "runs": tree["runs"], "variants": VARIANTS}
-    spec1 = {"base": tree["base"], "runs": [r for r in tree["runs"] if "/grpo/" in r or "/sim/" in r],
-             "baseline": "grpo", "ours": "sim"}
+    spec1 = {
+        "base": tree["base"],
+        "runs": [r for r in tree["runs"] if "/grpo/" in r or "/sim/" in r],
+        "baseline": "grpo",
+        "ours": "sim",
+    }
     for name, build, spec in (("table1", tables.table1, spec1), ("table2", tables.table2, spec2)):
         paths = tables.write_table(build(tree["root"], spec, 0.95), tmp_path / name)
         assert [p.suffix for p in paths] == [".csv", ".md", ".tex"] and all(p.stat().st_size > 0 for p in paths)
@@ -208,7 +239,13 @@ def test_val_gain_pairs_each_run_with_its_base(tree, tmp_path):
     t = tables.val_gain(tree["root"], {"runs": tree["runs"], "variants": VARIANTS}, 0.95)
     df = t.data
     assert df["method"].tolist() == ["Base", "GRPO", "+Fix", "+MTE", "+Sim"]
-    assert t.metrics == [("val", "base"), ("gain", "step 4"), ("gain", "step 8"), ("gain", "step 12"), ("gain", "best")]
+    assert t.metrics == [
+        ("val", "base"),
+        ("gain", "step 4"),
+        ("gain", "step 8"),
+        ("gain", "step 12"),
+        ("gain", "best"),
+    ]
     assert df.at[0, "val/base/mean"] == BASE_VAL and math.isnan(df.at[0, "gain/best/mean"])
     for v, method in zip(VARIANTS, df["method"][1:]):
         row = df[df["method"] == method].iloc[0]
@@ -218,7 +255,9 @@ def test_val_gain_pairs_each_run_with_its_base(tree, tmp_path):
             lo, hi = stats.t.interval(0.95, df=2, loc=np.mean(x), scale=stats.sem(x))
             assert math.isclose(row[f"gain/step {step}/mean"], np.mean(x), rel_tol=1e-9)
             assert math.isclose(row[f"gain/step {step}/ci"], (hi - lo) / 2, rel_tol=1e-9)
-        assert math.isclose(row["gain/best/mean"], np.mean([0.3 + 0.12 * sc - BASE_VAL for sc in scales]), rel_tol=1e-9)
+        assert math.isclose(
+            row["gain/best/mean"], np.mean([0.3 + 0.12 * sc - BASE_VAL for sc in scales]), rel_tol=1e-9
+        )
     best = tables._best(t)
     assert (0, ("val", "base")) not in best  # the lone base value is not "best" of anything
     assert {i for i, m in best if m[0] == "gain"} == {4}  # +Sim has the largest gains
@@ -279,11 +318,26 @@ def test_ladder_figures(tree, tmp_path, what):
 
 
 def test_dynamics_with_several_policies_or_rewards_gets_one_row_each(tmp_path):
-    frames = [pd.DataFrame({"step": [1, 2, 3], "grad_norm_ar": [0.2, 0.1 * s, 0.3], "grad_var_ar": [1e-7] * 3,
-                            "val_reward": [0.5, float("nan"), 0.6], "reward_mean": [0.4, 0.5, 0.6], "kl": [0.0, 1e-4, 2e-4]})
-              for s in range(3)]
-    blocks = [(f"{p}, mixed reward", [("GRPO*", figures.variant_color("grpo"), frames), ("+Sim", figures.variant_color("sim"), frames)])
-              for p in ("toy-nova", "toy-harmon")]
+    frames = [
+        pd.DataFrame(
+            {
+                "step": [1, 2, 3],
+                "grad_norm_ar": [0.2, 0.1 * s, 0.3],
+                "grad_var_ar": [1e-7] * 3,
+                "val_reward": [0.5, float("nan"), 0.6],
+                "reward_mean": [0.4, 0.5, 0.6],
+                "kl": [0.0, 1e-4, 2e-4],
+            }
+        )
+        for s in range(3)
+    ]
+    blocks = [
+        (
+            f"{p}, mixed reward",
+            [("GRPO*", figures.variant_color("grpo"), frames), ("+Sim", figures.variant_color("sim"), frames)],
+        )
+        for p in ("toy-nova", "toy-harmon")
+    ]
     fig = figures.plot_dynamics(blocks, 0.95)
     assert len(fig.axes) == 2 * len(figures.DYNAMICS_PANELS)
     assert fig.axes[5].get_title() == "AR gradient norm\ntoy-harmon, mixed reward"
@@ -362,8 +416,18 @@ def test_fig7c_draws_the_base_inside_its_axis_and_each_points_seed_count(tree, t
 
 def test_fig2_kl_panel_is_on_a_log_axis(tmp_path):
     """The frozen-head variants' KL is orders of magnitude below end-to-end GRPO's: a linear axis shows it as 0."""
-    frames = [pd.DataFrame({"step": [1, 2, 3], "grad_norm_ar": [0.2, 0.1, 0.3], "grad_var_ar": [1e-7] * 3,
-                            "val_reward": [0.5, 0.55, 0.6], "reward_mean": [0.4, 0.5, 0.6], "kl": [1e-6, 1e-5, 2e-5]})]
+    frames = [
+        pd.DataFrame(
+            {
+                "step": [1, 2, 3],
+                "grad_norm_ar": [0.2, 0.1, 0.3],
+                "grad_var_ar": [1e-7] * 3,
+                "val_reward": [0.5, 0.55, 0.6],
+                "reward_mean": [0.4, 0.5, 0.6],
+                "kl": [1e-6, 1e-5, 2e-5],
+            }
+        )
+    ]
     big = [f.assign(kl=f["kl"] * 1e4) for f in frames]
     fig = figures.plot_dynamics([("toy", [("GRPO*", "#D55E00", big), ("+Fix*", "#0072B2", frames)])], 0.95)
     kl_ax = next(ax for ax in fig.axes if ax.get_title() == "KL to reference policy")
@@ -430,10 +494,22 @@ def test_fig2_draws_the_head_gradient_of_an_ar_frozen_run_on_its_own_panels(tmp_
 
 
 def test_fig2_rows_of_blocks_keep_the_head_panels(tmp_path):
-    frames = [pd.DataFrame({"step": [1, 2, 3], "grad_norm_ar": [0.2, 0.1, 0.3], "grad_var_ar": [1e-7] * 3,
-                            "val_reward": [0.5, 0.55, 0.6], "reward_mean": [0.4, 0.5, 0.6], "kl": [1e-6, 1e-5, 2e-5]})]
-    blocks = [("nova", [("GRPO", "#D55E00", frames), figures.Series("Head only", "#E69F00", frames, True)]),
-              ("harmon", [("GRPO", "#D55E00", frames)])]
+    frames = [
+        pd.DataFrame(
+            {
+                "step": [1, 2, 3],
+                "grad_norm_ar": [0.2, 0.1, 0.3],
+                "grad_var_ar": [1e-7] * 3,
+                "val_reward": [0.5, 0.55, 0.6],
+                "reward_mean": [0.4, 0.5, 0.6],
+                "kl": [1e-6, 1e-5, 2e-5],
+            }
+        )
+    ]
+    blocks = [
+        ("nova", [("GRPO", "#D55E00", frames), figures.Series("Head only", "#E69F00", frames, True)]),
+        ("harmon", [("GRPO", "#D55E00", frames)]),
+    ]
     fig = figures.plot_dynamics(blocks, 0.95)
     assert len(fig.axes) == 2 * 7
     assert fig.axes[2].get_title() == "Head gradient norm (AR frozen)\nnova" and len(fig.axes[2].get_lines()) == 1
@@ -456,8 +532,22 @@ def test_uncertainty_figure(tree, tmp_path):
 def test_cli_report_table2(tree, tmp_path):
     spec = json.dumps({"base": tree["base"], "runs": tree["runs"], "variants": VARIANTS})
     prefix = tmp_path / "report" / "table2"
-    rc = main(["report", "table2", "--runs-json", spec, "--results", str(tree["root"]),
-               "--out-prefix", str(prefix), "--formats", "png,pdf", "--confidence", "0.9"])
+    rc = main(
+        [
+            "report",
+            "table2",
+            "--runs-json",
+            spec,
+            "--results",
+            str(tree["root"]),
+            "--out-prefix",
+            str(prefix),
+            "--formats",
+            "png,pdf",
+            "--confidence",
+            "0.9",
+        ]
+    )
     assert rc == 0
     for ext in ("csv", "md", "tex"):
         assert (tmp_path / "report" / f"table2.{ext}").stat().st_size > 0
@@ -469,8 +559,20 @@ def test_cli_report_table2(tree, tmp_path):
 
 def test_cli_report_figure(tree, tmp_path):
     prefix = tmp_path / "fig7c"
-    main(["report", "ablation-final", "--runs-json", json.dumps({"runs": tree["ablation"]}),
-          "--results", str(tree["root"]), "--out-prefix", str(prefix), "--formats", "png"])
+    main(
+        [
+            "report",
+            "ablation-final",
+            "--runs-json",
+            json.dumps({"runs": tree["ablation"]}),
+            "--results",
+            str(tree["root"]),
+            "--out-prefix",
+            str(prefix),
+            "--formats",
+            "png",
+        ]
+    )
     assert (tmp_path / "fig7c.png").stat().st_size > 0 and not (tmp_path / "fig7c.pdf").exists()
 
 
@@ -522,11 +624,20 @@ def test_table1_refuses_rows_over_unlike_evaluations(tmp_path):
     with pytest.raises(InputError, match=rf"{comp}: run {runs[2]}: 'shape' averages 4 images, run base/toy-nova 8"):
         tables.table1(tmp_path, spec)
     full.to_csv(comp, index=False)
-    for run, files in (("base/toy-nova", ["a_000000.png", "b_000000.png"]), (runs[0], ["a_000000.png", "c_000000.png"])):
-        pd.DataFrame({"file": files, "strict": [0.1, 0.2]}).to_csv(tmp_path / "eval" / run / "compbench_per_image.csv", index=False)
+    for run, files in (
+        ("base/toy-nova", ["a_000000.png", "b_000000.png"]),
+        (runs[0], ["a_000000.png", "c_000000.png"]),
+    ):
+        pd.DataFrame({"file": files, "strict": [0.1, 0.2]}).to_csv(
+            tmp_path / "eval" / run / "compbench_per_image.csv", index=False
+        )
     tables.table1(tmp_path, spec)  # per-image files compared only where every run has one
     for run in [*spec["base"][1:], *runs[1:]]:
         pd.DataFrame({"file": ["a_000000.png", "b_000000.png"], "strict": [0.1, 0.2]}).to_csv(
-            tmp_path / "eval" / run / "compbench_per_image.csv", index=False)
-    with pytest.raises(InputError, match=rf"compbench_per_image.csv: run {runs[0]} scored other images than run base/toy-nova, e.g. 'b_000000.png'"):
+            tmp_path / "eval" / run / "compbench_per_image.csv", index=False
+        )
+    with pytest.raises(
+        InputError,
+        match=rf"compbench_per_image.csv: run {runs[0]} scored other images than run base/toy-nova, e.g. 'b_000000.png'",
+    ):
         tables.table1(tmp_path, spec)

@@ -44,7 +44,9 @@ def test_a_bit_flip_in_a_checkpoint_names_the_file(run, tmp_path, name):
         load_policy(policy)
 
 
-@pytest.mark.parametrize("key,value", [("head_prediction", "eps"), ("token_norm", [0.1, 0.9]), ("head_sampler", "one_step")])
+@pytest.mark.parametrize(
+    "key,value", [("head_prediction", "eps"), ("token_norm", [0.1, 0.9]), ("head_sampler", "one_step")]
+)
 def test_an_edited_config_json_names_the_file(tmp_path, key, value):
     tiny_policy().save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
@@ -61,8 +63,11 @@ def test_a_config_json_that_does_not_match_its_weights_names_both(tmp_path):
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "width": 48, "heads": 4}))
     record_checksums(tmp_path, ["config.json"])
-    with pytest.raises(InputError, match=rf"{tmp_path / 'model.safetensors'}: does not match {tmp_path / 'config.json'}: "
-                                         r"shape \(file vs config\)"):
+    with pytest.raises(
+        InputError,
+        match=rf"{tmp_path / 'model.safetensors'}: does not match {tmp_path / 'config.json'}: "
+        r"shape \(file vs config\)",
+    ):
         load_policy(tmp_path)
 
 
@@ -77,7 +82,9 @@ def test_a_folder_margrpo_writes_loads_only_with_its_manifest(run, tmp_path, log
     policy = copy_run(run, tmp_path) / "state/ckpt-000002/policy"
     sums = json.loads((policy / "checksums.json").read_text())
     (policy / "checksums.json").write_text(json.dumps({k: v for k, v in sums.items() if not k.startswith("adapter_")}))
-    with pytest.raises(InputError, match=f"{policy / 'adapter_model.safetensors'}: not listed in {policy / 'checksums.json'}"):
+    with pytest.raises(
+        InputError, match=f"{policy / 'adapter_model.safetensors'}: not listed in {policy / 'checksums.json'}"
+    ):
         load_policy(policy)
     (policy / "checksums.json").unlink()
     flip_last_byte(policy / "model.safetensors")
@@ -102,8 +109,9 @@ def test_checkpoints_follow_the_umask(run):
     expected = 0o666 & ~_umask()
     files = [p for p in (run / "state").rglob("*") if p.is_file()]
     assert any(p.name.endswith(".safetensors") for p in files)
-    assert {p.relative_to(run).as_posix(): oct(p.stat().st_mode & 0o777) for p in files} == \
-        {p.relative_to(run).as_posix(): oct(expected) for p in files}
+    assert {p.relative_to(run).as_posix(): oct(p.stat().st_mode & 0o777) for p in files} == {
+        p.relative_to(run).as_posix(): oct(expected) for p in files
+    }
 
 
 def _umask():
@@ -150,8 +158,20 @@ def test_an_edited_summary_cannot_move_selection(run, tmp_path):
     (out / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(InputError, match=r"summary.json: checkpoint step 1 has val_reward .* but .*metrics.csv says"):
         load_summary(tmp_path, "run")
-    cli = subprocess.run([MARGRPO, "select", "--summary", str(out / "summary.json"), "--step", "best", "--out",
-                          str(tmp_path / "selection.json")], capture_output=True, text=True)
+    cli = subprocess.run(
+        [
+            MARGRPO,
+            "select",
+            "--summary",
+            str(out / "summary.json"),
+            "--step",
+            "best",
+            "--out",
+            str(tmp_path / "selection.json"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert cli.returncode != 0 and not (tmp_path / "selection.json").exists()
     assert "one of the two was edited" in cli.stderr and "Traceback" not in cli.stderr
 
@@ -165,11 +185,16 @@ def test_a_metrics_csv_cut_mid_line_names_the_line(run, tmp_path):
         load_metrics(tmp_path, "run")
 
 
-@pytest.mark.parametrize("name,text,message", [
-    ("metrics.csv", "", "empty"), ("metrics.csv", "step,val_reward\n1,0.5,7\n", r":2: 3 fields where the header has 2"),
-    ("summary.json", "", "not valid JSON"), ("summary.json", "[1, 2]", "expected a JSON object"),
-    ("summary.json", "{}", "no checkpoints list"),
-])
+@pytest.mark.parametrize(
+    "name,text,message",
+    [
+        ("metrics.csv", "", "empty"),
+        ("metrics.csv", "step,val_reward\n1,0.5,7\n", r":2: 3 fields where the header has 2"),
+        ("summary.json", "", "not valid JSON"),
+        ("summary.json", "[1, 2]", "expected a JSON object"),
+        ("summary.json", "{}", "no checkpoints list"),
+    ],
+)
 def test_empty_or_invalid_run_files_are_one_line_naming_the_file(run, tmp_path, name, text, message):
     out = copy_run(run, tmp_path)
     (out / name).write_text(text)
@@ -205,12 +230,17 @@ def test_state_rewritten_in_place_verifies_at_any_kill_instant(tmp_path, monkeyp
             if when(args[1]):
                 raise Killed
             return real(*args, **kwargs)
+
         return replace
 
-    if killed_at == "before the move":  # the pending record is written, then the process dies before os.replace(tmp, state)
+    if (
+        killed_at == "before the move"
+    ):  # the pending record is written, then the process dies before os.replace(tmp, state)
         monkeypatch.setattr(mio.os, "replace", dies(lambda dst: Path(dst) == state))
     else:  # the file is moved, then the process dies before the final record replaces the pending one
-        monkeypatch.setattr(mio.os, "replace", dies(lambda dst: Path(dst).name == mio.CHECKSUMS and state.read_bytes() == b"step 2"))
+        monkeypatch.setattr(
+            mio.os, "replace", dies(lambda dst: Path(dst).name == mio.CHECKSUMS and state.read_bytes() == b"step 2")
+        )
     with pytest.raises(Killed), mio.checked_path(state) as tmp:
         tmp.write_bytes(b"step 2")
     monkeypatch.undo()
@@ -230,7 +260,9 @@ def test_a_full_disk_during_a_checkpoint_write_names_the_path(tmp_path, monkeypa
     from margrpo.infra.io import NoSpaceError, atomic_write_text
 
     def full(*args, **kwargs):
-        raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0\nbasic_ios::clear: iostream error")
+        raise RuntimeError(
+            "[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0\nbasic_ios::clear: iostream error"
+        )
 
     trainer = make_trainer(tmp_path / "run", steps=1)
     monkeypatch.setattr(torch, "save", full)
@@ -239,7 +271,9 @@ def test_a_full_disk_during_a_checkpoint_write_names_the_path(tmp_path, monkeypa
         trainer.train()
     assert not [p for p in (tmp_path / "run/state").iterdir() if p.name.startswith(".")]  # no partial file left
 
-    monkeypatch.setattr(margrpo.infra.io, "free_bytes", lambda path: 1 << 40)  # space to spare: torch's error is not ours to rename
+    monkeypatch.setattr(
+        margrpo.infra.io, "free_bytes", lambda path: 1 << 40
+    )  # space to spare: torch's error is not ours to rename
     with pytest.raises(RuntimeError, match="basic_ios::clear") as err:
         make_trainer(tmp_path / "again", steps=1).train()
     assert not isinstance(err.value, NoSpaceError)

@@ -56,15 +56,21 @@ def test_grpo_run_with_a_changed_spec_starts_fresh(tmp_path, logged):
 
 def test_grpo_run_with_other_inputs_starts_fresh(tmp_path, logged):
     """The stage's part of the spec (base policy folder, reward, seed, ...) counts as much as the trainer's."""
-    make_trainer(tmp_path, policy=tiny_policy("flow", seed=1)).train({"inputs": {"policy_dir": "results/pretrain/toy-nova-aaaaaaaa"}})
-    make_trainer(tmp_path, policy=tiny_policy("flow", seed=1)).train({"inputs": {"policy_dir": "results/pretrain/toy-nova-bbbbbbbb"}})
+    make_trainer(tmp_path, policy=tiny_policy("flow", seed=1)).train(
+        {"inputs": {"policy_dir": "results/pretrain/toy-nova-aaaaaaaa"}}
+    )
+    make_trainer(tmp_path, policy=tiny_policy("flow", seed=1)).train(
+        {"inputs": {"policy_dir": "results/pretrain/toy-nova-bbbbbbbb"}}
+    )
     assert "not resuming from" in logged()
 
 
 def test_summary_is_strict_json_with_the_reason_for_each_null(tmp_path):
     trainer = make_trainer(tmp_path, steps=1)
     trainer.train()
-    trainer.checkpoints = [c for c in trainer.checkpoints if c["step"] > 0]  # no base validation: base_val_reward is NaN
+    trainer.checkpoints = [
+        c for c in trainer.checkpoints if c["step"] > 0
+    ]  # no base validation: base_val_reward is NaN
     write_outputs(trainer, {"variant": {"name": "x"}, "grpo": {"tau": float("-inf")}})
     text = (tmp_path / "summary.json").read_text()
     summary = json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in summary.json"))
@@ -122,7 +128,9 @@ def dying(save):
 
 
 def run_killed(tmp_path, setup, patch, run, kill_at):
-    script = KILL_SCRIPT.format(tests=str(TESTS), setup=textwrap.dedent(setup), patch=patch, run=textwrap.dedent(run), kill_at=kill_at)
+    script = KILL_SCRIPT.format(
+        tests=str(TESTS), setup=textwrap.dedent(setup), patch=patch, run=textwrap.dedent(run), kill_at=kill_at
+    )
     out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True)
     assert out.returncode == -9, out.stdout[-2000:] + out.stderr[-3000:]  # SIGKILL
 
@@ -131,8 +139,13 @@ def run_killed(tmp_path, setup, patch, run, kill_at):
 def test_grpo_killed_while_saving_resumes_to_the_uninterrupted_result(tmp_path, logged, during):
     """save_every = 1: the kill lands in the step-2 checkpoint (its trainer.pt or its model.safetensors)."""
     patch = "torch.save = dying(torch.save)" if during == "trainer state" else "st.save_file = dying(st.save_file)"
-    run_killed(tmp_path, "from test_trainer import make_trainer\nfrom helpers import tiny_policy",
-               patch, "make_trainer('run', policy=tiny_policy('flow', seed=1), steps=3).train()", kill_at=2)
+    run_killed(
+        tmp_path,
+        "from test_trainer import make_trainer\nfrom helpers import tiny_policy",
+        patch,
+        "make_trainer('run', policy=tiny_policy('flow', seed=1), steps=3).train()",
+        kill_at=2,
+    )
     resumed = make_trainer(tmp_path / "run", policy=tiny_policy("flow", seed=1), steps=3)
     rows = resumed.train()
     assert "resumed from" in logged() and [r["step"] for r in rows] == [1, 2, 3]
@@ -145,7 +158,13 @@ def test_grpo_killed_while_saving_resumes_to_the_uninterrupted_result(tmp_path, 
 
 def test_pretraining_killed_while_saving_resumes_without_duplicate_log_rows(tmp_path, logged):
     """save_every = 2 of 6 steps: the kill lands in the step-4 checkpoint, after steps 3-4 reached log.csv."""
-    run_killed(tmp_path, "from test_resume import pretrain", "torch.save = dying(torch.save)", "pretrain('state', steps=6)", kill_at=2)
+    run_killed(
+        tmp_path,
+        "from test_resume import pretrain",
+        "torch.save = dying(torch.save)",
+        "pretrain('state', steps=6)",
+        kill_at=2,
+    )
     assert log_steps(tmp_path / "state") == [1, 2, 3, 4]  # logged past the last complete checkpoint (step 2)
     resumed = pretrain(tmp_path / "state", steps=6)
     assert "resumed from" in logged()
@@ -164,9 +183,13 @@ def train_inputs(tmp_path) -> dict:
     from margrpo.prompts.suites import PromptRecord, write_suite
 
     tiny_policy("flow", seed=1).save_pretrained(tmp_path / "policy")
-    objects = [{"color": c, "shape": s, "texture": None, "count": 1} for c, s in (("red", "circle"), ("blue", "square"))]
-    records = [PromptRecord(f"a {o['color']} {o['shape']}", "color", {"objects": [o], "relation": None, "exact_count": False})
-               for o in objects]
+    objects = [
+        {"color": c, "shape": s, "texture": None, "count": 1} for c, s in (("red", "circle"), ("blue", "square"))
+    ]
+    records = [
+        PromptRecord(f"a {o['color']} {o['shape']}", "color", {"objects": [o], "relation": None, "exact_count": False})
+        for o in objects
+    ]
     for split in ("train", "val"):
         write_suite(records, tmp_path / "suites" / f"{split}.jsonl")
     spec = train_spec(load_config(TESTS.parent / "config/smoke.yaml"), "toy-nova", "toyclip", "grpo")
@@ -183,8 +206,21 @@ def test_margrpo_train_deletes_nothing_it_did_not_write(tmp_path, monkeypatch, l
     spec, run = train_inputs(tmp_path), tmp_path / "run"
 
     def train(spec):
-        main(["train", "--policy-dir", str(tmp_path / "policy"), "--suites-dir", str(tmp_path / "suites"),
-              "--spec-json", json.dumps(spec), "--out-dir", str(run), "--threads", "1"])
+        main(
+            [
+                "train",
+                "--policy-dir",
+                str(tmp_path / "policy"),
+                "--suites-dir",
+                str(tmp_path / "suites"),
+                "--spec-json",
+                json.dumps(spec),
+                "--out-dir",
+                str(run),
+                "--threads",
+                "1",
+            ]
+        )
 
     plant_user_files(run)
     save = GRPOTrainer.save
@@ -235,10 +271,18 @@ def test_a_fresh_start_removes_what_a_save_wrote_and_keeps_what_it_did_not(tmp_p
     (state / "ckpt-000003/.policy.ab12cd34.tmp/tokenizer").mkdir(parents=True)  # atomic_dir's folder of a killed save
     (state / "ckpt-000004/.policy.old").mkdir(parents=True)
     tiny_policy().save_pretrained(state / "ckpt-000004/.policy.old")  # atomic_dir's old folder, moved aside
-    mine = {"ckpt-000002/notes.txt": b"beside", "ckpt-000005/policy/notes.txt": b"inside, unlisted",
-            "ckpt-000005/policy/tokenizer/mine.json": b"{}", "ckpt-000006/policy/config.json": b"{}",  # no manifest
-            "ckpt-000007/policy/checksums.json": b"not a manifest", "ckpt-000007/policy/model.safetensors": b"x",
-            "trainer.pt.bak": b"b", ".trainer.pt.old": b"o", "ckpt-1/x": b"x", "policy/checksums.json": b"{}"}
+    mine = {
+        "ckpt-000002/notes.txt": b"beside",
+        "ckpt-000005/policy/notes.txt": b"inside, unlisted",
+        "ckpt-000005/policy/tokenizer/mine.json": b"{}",
+        "ckpt-000006/policy/config.json": b"{}",  # no manifest
+        "ckpt-000007/policy/checksums.json": b"not a manifest",
+        "ckpt-000007/policy/model.safetensors": b"x",
+        "trainer.pt.bak": b"b",
+        ".trainer.pt.old": b"o",
+        "ckpt-1/x": b"x",
+        "policy/checksums.json": b"{}",
+    }
     for name, data in mine.items():
         (state / name).parent.mkdir(parents=True, exist_ok=True)
         (state / name).write_bytes(data)
@@ -250,5 +294,9 @@ def test_a_fresh_start_removes_what_a_save_wrote_and_keeps_what_it_did_not(tmp_p
     assert left == sorted([*mine, "ckpt-000008"]) and (elsewhere / "ckpt/policy/model.safetensors").is_file()
     assert all((state / name).read_bytes() == data for name, data in mine.items())
     assert (elsewhere / "vae/weights.bin").read_bytes() == b"frozen"  # the link went, never what it leads to
-    assert not (state / "ckpt-000001").exists() and not (state / "ckpt-000003").exists() and not (state / "ckpt-000004").exists()
+    assert (
+        not (state / "ckpt-000001").exists()
+        and not (state / "ckpt-000003").exists()
+        and not (state / "ckpt-000004").exists()
+    )
     assert sorted(p.name for p in (state / "ckpt-000005/policy").iterdir()) == ["notes.txt", "tokenizer"]

@@ -91,11 +91,25 @@ def tiny_clip(directory: Path, projection_dim: int = 16) -> Path:
 
     tok = clip_tokenizer(directory / "_tok")
     cfg = CLIPConfig(
-        text_config=dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, max_position_embeddings=77, bos_token_id=tok.bos_token_id,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id),
-        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                           image_size=32, patch_size=8),
+        text_config=dict(
+            vocab_size=len(tok),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            max_position_embeddings=77,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        ),
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=32,
+            patch_size=8,
+        ),
         projection_dim=projection_dim,
     )
     torch.manual_seed(0)
@@ -109,11 +123,20 @@ def tiny_blip_vqa(directory: Path) -> Path:
     from transformers import BlipConfig, BlipForQuestionAnswering, BlipImageProcessor, BlipProcessor
 
     tok = bert_tokenizer(directory / "_tok")
-    text = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                max_position_embeddings=64, bos_token_id=tok.convert_tokens_to_ids("[DEC]"), pad_token_id=0,
-                sep_token_id=tok.sep_token_id)
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=32,
-                  patch_size=8)
+    text = dict(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=tok.convert_tokens_to_ids("[DEC]"),
+        pad_token_id=0,
+        sep_token_id=tok.sep_token_id,
+    )
+    vision = dict(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=8
+    )
     torch.manual_seed(0)
     BlipForQuestionAnswering(BlipConfig(text_config=text, vision_config=vision)).save_pretrained(directory)
     BlipProcessor(BlipImageProcessor(size={"height": 32, "width": 32}), tok).save_pretrained(directory)
@@ -125,10 +148,23 @@ def tiny_git(directory: Path) -> Path:
 
     tok = bert_tokenizer(directory / "_tok")
     cfg = GitConfig(
-        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                           image_size=32, patch_size=8),
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-        max_position_embeddings=64, bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id, pad_token_id=0,
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=32,
+            patch_size=8,
+        ),
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=tok.cls_token_id,
+        eos_token_id=tok.sep_token_id,
+        pad_token_id=0,
     )
     torch.manual_seed(0)
     GitForCausalLM(cfg).save_pretrained(directory)
@@ -150,13 +186,36 @@ def tiny_grounding_dino(directory: Path) -> Path:
 
     tok = bert_tokenizer(directory / "_tok")
     cfg = GroundingDinoConfig(
-        backbone_config=SwinConfig(image_size=64, patch_size=4, embed_dim=8, depths=[1, 1, 1, 1], num_heads=[1, 1, 1, 1],
-                                   window_size=2, out_features=["stage2", "stage3", "stage4"]),
-        text_config=BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                               intermediate_size=32, max_position_embeddings=64),
-        num_queries=10, encoder_layers=1, decoder_layers=1, d_model=32, encoder_ffn_dim=32, decoder_ffn_dim=32,
-        encoder_attention_heads=2, decoder_attention_heads=2, num_feature_levels=3, encoder_n_points=1,
-        decoder_n_points=1, max_text_len=32, disable_custom_kernels=True,
+        backbone_config=SwinConfig(
+            image_size=64,
+            patch_size=4,
+            embed_dim=8,
+            depths=[1, 1, 1, 1],
+            num_heads=[1, 1, 1, 1],
+            window_size=2,
+            out_features=["stage2", "stage3", "stage4"],
+        ),
+        text_config=BertConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=64,
+        ),
+        num_queries=10,
+        encoder_layers=1,
+        decoder_layers=1,
+        d_model=32,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        num_feature_levels=3,
+        encoder_n_points=1,
+        decoder_n_points=1,
+        max_text_len=32,
+        disable_custom_kernels=True,
     )
     torch.manual_seed(0)
     GroundingDinoForObjectDetection(cfg).save_pretrained(directory)
@@ -288,21 +347,33 @@ def test_vqa_product_mean_empty_and_skip():
 # ============================================================================ prompt rules
 
 
-@pytest.mark.parametrize("prompt, phrases", [
-    ("a green bench and a blue bowl", ["a green bench", "a blue bowl"]),
-    ("rubber sole shoes and fluffy clouds", ["rubber sole shoes", "fluffy clouds"]),
-    ("The red apple was next to the oval plate.", ["The red apple", "the oval plate"]),
-    ("The striped black and white cat lay next to the soft grey blanket.",
-     ["The striped black and white cat", "the soft grey blanket"]),
-    ("The fresh omelet cooked the fluffy eggs and the crisp vegetables.",
-     ["The fresh omelet", "the fluffy eggs", "the crisp vegetables"]),
-    ("A woman is speaking on the phone and making plans with a friend.", ["A woman", "the phone", "plans", "a friend"]),
-    ("a photo of a purple elephant and a blue teddy bear", ["a purple elephant", "a blue teddy bear"]),
-    ("A long, narrow black kitchen with yellow and white floor tiles.",
-     ["A long, narrow black kitchen", "yellow and white floor tiles"]),
-    ("a mouse on the bottom of a painting", ["a mouse", "a painting"]),
-    ("The red hat was on top of the brown coat rack.", ["The red hat", "the brown coat rack"]),
-])
+@pytest.mark.parametrize(
+    "prompt, phrases",
+    [
+        ("a green bench and a blue bowl", ["a green bench", "a blue bowl"]),
+        ("rubber sole shoes and fluffy clouds", ["rubber sole shoes", "fluffy clouds"]),
+        ("The red apple was next to the oval plate.", ["The red apple", "the oval plate"]),
+        (
+            "The striped black and white cat lay next to the soft grey blanket.",
+            ["The striped black and white cat", "the soft grey blanket"],
+        ),
+        (
+            "The fresh omelet cooked the fluffy eggs and the crisp vegetables.",
+            ["The fresh omelet", "the fluffy eggs", "the crisp vegetables"],
+        ),
+        (
+            "A woman is speaking on the phone and making plans with a friend.",
+            ["A woman", "the phone", "plans", "a friend"],
+        ),
+        ("a photo of a purple elephant and a blue teddy bear", ["a purple elephant", "a blue teddy bear"]),
+        (
+            "A long, narrow black kitchen with yellow and white floor tiles.",
+            ["A long, narrow black kitchen", "yellow and white floor tiles"],
+        ),
+        ("a mouse on the bottom of a painting", ["a mouse", "a painting"]),
+        ("The red hat was on top of the brown coat rack.", ["The red hat", "the brown coat rack"]),
+    ],
+)
 def test_noun_phrases(prompt, phrases):
     assert noun_phrases(prompt) == phrases
 
@@ -310,62 +381,92 @@ def test_noun_phrases(prompt, phrases):
 def test_object_name_and_singular():
     assert object_name("The red hat") == "red hat"
     assert object_name("four shrimp") == "shrimp"
-    cases = {"cats": "cat", "strawberries": "strawberry", "people": "person", "mice": "mouse", "boxes": "box",
-             "benches": "bench", "glasses": "glasses", "horses": "horse", "ice creams": "ice cream", "bus": "bus",
-             "sheep": "sheep", "knives": "knife", "cactus": "cactus"}
+    cases = {
+        "cats": "cat",
+        "strawberries": "strawberry",
+        "people": "person",
+        "mice": "mouse",
+        "boxes": "box",
+        "benches": "bench",
+        "glasses": "glasses",
+        "horses": "horse",
+        "ice creams": "ice cream",
+        "bus": "bus",
+        "sheep": "sheep",
+        "knives": "knife",
+        "cactus": "cactus",
+    }
     assert {w: singular(w) for w in cases} == cases
 
 
-@pytest.mark.parametrize("prompt, expected", [
-    ("a bee on the right of a refrigerator", Relation("bee", "right", "refrigerator")),
-    ("a giraffe next to a lamp", Relation("giraffe", "near", "lamp")),
-    ("a girl on the top of a frog", Relation("girl", "above", "frog")),
-    ("a photo of a car below a zebra", Relation("car", "below", "zebra")),
-    ("a photo of a backpack left of a sports ball", Relation("backpack", "left", "sports ball")),
-    ("The red hat was on top of the brown coat rack.", Relation("red hat", "above", "brown coat rack")),
-    ("a mouse on side of a key", Relation("mouse", "near", "key")),
-    ("a red cup and a blue orange", None),
-    ("on the left of a dog", None),
-])
+@pytest.mark.parametrize(
+    "prompt, expected",
+    [
+        ("a bee on the right of a refrigerator", Relation("bee", "right", "refrigerator")),
+        ("a giraffe next to a lamp", Relation("giraffe", "near", "lamp")),
+        ("a girl on the top of a frog", Relation("girl", "above", "frog")),
+        ("a photo of a car below a zebra", Relation("car", "below", "zebra")),
+        ("a photo of a backpack left of a sports ball", Relation("backpack", "left", "sports ball")),
+        ("The red hat was on top of the brown coat rack.", Relation("red hat", "above", "brown coat rack")),
+        ("a mouse on side of a key", Relation("mouse", "near", "key")),
+        ("a red cup and a blue orange", None),
+        ("on the left of a dog", None),
+    ],
+)
 def test_parse_relation(prompt, expected):
     assert parse_relation(prompt) == expected
 
 
-@pytest.mark.parametrize("prompt, expected", [
-    ("two dogs", [("dog", 2)]),
-    ("a photo of four coasters", [("coaster", 4)]),
-    ("four tents, two boats and one pig", [("tent", 4), ("boat", 2), ("pig", 1)]),
-    ("eight cats lounged in the sun", [("cat", 8)]),
-    ("four trains carried four people", [("train", 4), ("person", 4)]),
-    ("two balloons floated with four mice", [("balloon", 2), ("mouse", 4)]),
-    ("three ice creams and a cat", [("ice cream", 3), ("cat", 1)]),
-    ("one traffic light and two cars", [("traffic light", 1), ("car", 2)]),
-    ("four dogs in a park", [("dog", 4)]),
-    ("a dog and a cat", []),
-    ("3 apples", [("apple", 3)]),
-])
+@pytest.mark.parametrize(
+    "prompt, expected",
+    [
+        ("two dogs", [("dog", 2)]),
+        ("a photo of four coasters", [("coaster", 4)]),
+        ("four tents, two boats and one pig", [("tent", 4), ("boat", 2), ("pig", 1)]),
+        ("eight cats lounged in the sun", [("cat", 8)]),
+        ("four trains carried four people", [("train", 4), ("person", 4)]),
+        ("two balloons floated with four mice", [("balloon", 2), ("mouse", 4)]),
+        ("three ice creams and a cat", [("ice cream", 3), ("cat", 1)]),
+        ("one traffic light and two cars", [("traffic light", 1), ("car", 2)]),
+        ("four dogs in a park", [("dog", 4)]),
+        ("a dog and a cat", []),
+        ("3 apples", [("apple", 3)]),
+    ],
+)
 def test_parse_counts(prompt, expected):
     assert parse_counts(prompt) == expected
 
 
 def test_detection_task_from_metadata_and_rules():
-    meta = {"task_type": "spatial", "nouns": ["car", "zebra"],
-            "spatial_info": {"obj1": "car", "obj2": "zebra", "locality": "below"}}
+    meta = {
+        "task_type": "spatial",
+        "nouns": ["car", "zebra"],
+        "spatial_info": {"obj1": "car", "obj2": "zebra", "locality": "below"},
+    }
     assert detection_task("a photo of a car below a zebra", meta) == DetectionTask(
-        "spatial", ("car", "zebra"), relation=Relation("car", "below", "zebra"))
-    meta = {"task_type": "numeracy", "nouns": ["helmet", "pen"],
-            "numeracy_info": [{"obj_name": "helmet", "num": 1}, {"obj_name": "pen", "num": 3}]}
+        "spatial", ("car", "zebra"), relation=Relation("car", "below", "zebra")
+    )
+    meta = {
+        "task_type": "numeracy",
+        "nouns": ["helmet", "pen"],
+        "numeracy_info": [{"obj_name": "helmet", "num": 1}, {"obj_name": "pen", "num": 3}],
+    }
     assert detection_task("one helmet and three pens", meta) == DetectionTask(
-        "numeracy", ("helmet", "pen"), counts=(("helmet", 1), ("pen", 3)))
-    assert detection_task("a photo of a bottle and a teddy bear", {"task_type": "object", "nouns": ["bottle", "teddy bear"]}) \
-        == DetectionTask("presence", ("bottle", "teddy bear"))
+        "numeracy", ("helmet", "pen"), counts=(("helmet", 1), ("pen", 3))
+    )
+    assert detection_task(
+        "a photo of a bottle and a teddy bear", {"task_type": "object", "nouns": ["bottle", "teddy bear"]}
+    ) == DetectionTask("presence", ("bottle", "teddy bear"))
     # no metadata: inferred from the prompt
     assert detection_task("two cats").kind == "numeracy"
     assert detection_task("a dog on the left of a bench").relation == Relation("dog", "left", "bench")
     assert detection_task("a red bench and a blue bowl") == DetectionTask("presence", ("red bench", "blue bowl"))
     # a spatial task whose relation is not 2-D (or unparseable) falls back to presence of its nouns
-    meta = {"task_type": "spatial", "nouns": ["dog", "desk"],
-            "spatial_info": {"obj1": "dog", "obj2": "desk", "locality": "in front of"}}
+    meta = {
+        "task_type": "spatial",
+        "nouns": ["dog", "desk"],
+        "spatial_info": {"obj1": "dog", "obj2": "desk", "locality": "in front of"},
+    }
     assert detection_task("a dog in front of a desk", meta) == DetectionTask("presence", ("dog", "desk"))
     assert detection_task("a strange scene", {"category": "spatial"}).kind == "presence"
 
@@ -431,7 +532,8 @@ def test_grounding_dino_reward_logic_on_fake_detections(tiny, monkeypatch):
     """The reward's dispatch over tasks, with the detector's output replaced by hand-made boxes."""
     det = build_reward("grounding_dino", **tiny["grounding_dino"])
     fake = {
-        "dog": _det(([0.0, 0.4, 0.2, 0.6], 0.9)), "bench": _det(([0.6, 0.4, 0.8, 0.6], 0.6)),
+        "dog": _det(([0.0, 0.4, 0.2, 0.6], 0.9)),
+        "bench": _det(([0.6, 0.4, 0.8, 0.6], 0.6)),
         "cat": _det(([0, 0, 0.3, 0.3], 0.8), ([0.5, 0.5, 0.9, 0.9], 0.7)),
     }
     seen = []
@@ -441,8 +543,14 @@ def test_grounding_dino_reward_logic_on_fake_detections(tiny, monkeypatch):
         return [{n: fake.get(n, Detections()) for n in ns} for ns in names]
 
     monkeypatch.setattr(det, "detect", detect)
-    prompts = ["a dog on the left of a bench", "a bench on the left of a dog", "two cats", "three cats",
-               "a red bench and a cat", "a landscape"]
+    prompts = [
+        "a dog on the left of a bench",
+        "a bench on the left of a dog",
+        "two cats",
+        "three cats",
+        "a red bench and a cat",
+        "a landscape",
+    ]
     s = det(images(6), prompts, [{}] * 6)
     torch.testing.assert_close(s, torch.tensor([0.9, 0.4, 1.0, 0.2, 0.5, 0.0]))
     assert seen[0][:3] == [["dog", "bench"], ["bench", "dog"], ["cat"]]
@@ -461,18 +569,35 @@ def test_grounding_dino_query_spans_and_detect(tiny):
 # ============================================================================ missing files, missing packages
 
 
-@pytest.mark.parametrize("name, options, expected", [
-    ("pickscore", {"path": "{missing}/PickScore_v1"}, r"PickScore_v1 not found.*config\.json.*PickScore_v1"),
-    ("clipscore", {"path": "{missing}/clip"}, r"clip not found.*config\.json.*reward_models\.clipscore\.path"),
-    ("aesthetic", {"path": "{missing}/sac+logos+ava1-l14-linearMSE.pth", "clip_path": "{missing}/clip"},
-     r"sac\+logos\+ava1-l14-linearMSE\.pth not found.*improved-aesthetic-predictor"),
-    ("vqa", {"path": "{missing}/blip-vqa"}, r"blip-vqa not found.*config\.json.*blip-vqa"),
-    ("git_vqa", {"path": "{missing}/git-large-vqav2"}, r"git-large-vqav2 not found.*reward_models\.git_vqa\.path"),
-    ("grounding_dino", {"path": "{missing}/grounding-dino-base"}, r"grounding-dino-base not found.*grounding-dino"),
-    ("hpsv2", {"path": "{missing}/HPS_v2.1_compressed.pt"}, r"HPS_v2\.1_compressed\.pt not found.*xswu/HPSv2.*reward_models\.hpsv2\.path"),
-    ("imagereward", {"path": "{missing}/ImageReward.pt", "med_config": "{missing}/med_config.json"},
-     r"ImageReward\.pt not found.*THUDM/ImageReward"),
-])
+@pytest.mark.parametrize(
+    "name, options, expected",
+    [
+        ("pickscore", {"path": "{missing}/PickScore_v1"}, r"PickScore_v1 not found.*config\.json.*PickScore_v1"),
+        ("clipscore", {"path": "{missing}/clip"}, r"clip not found.*config\.json.*reward_models\.clipscore\.path"),
+        (
+            "aesthetic",
+            {"path": "{missing}/sac+logos+ava1-l14-linearMSE.pth", "clip_path": "{missing}/clip"},
+            r"sac\+logos\+ava1-l14-linearMSE\.pth not found.*improved-aesthetic-predictor",
+        ),
+        ("vqa", {"path": "{missing}/blip-vqa"}, r"blip-vqa not found.*config\.json.*blip-vqa"),
+        ("git_vqa", {"path": "{missing}/git-large-vqav2"}, r"git-large-vqav2 not found.*reward_models\.git_vqa\.path"),
+        (
+            "grounding_dino",
+            {"path": "{missing}/grounding-dino-base"},
+            r"grounding-dino-base not found.*grounding-dino",
+        ),
+        (
+            "hpsv2",
+            {"path": "{missing}/HPS_v2.1_compressed.pt"},
+            r"HPS_v2\.1_compressed\.pt not found.*xswu/HPSv2.*reward_models\.hpsv2\.path",
+        ),
+        (
+            "imagereward",
+            {"path": "{missing}/ImageReward.pt", "med_config": "{missing}/med_config.json"},
+            r"ImageReward\.pt not found.*THUDM/ImageReward",
+        ),
+    ],
+)
 def test_missing_path_names_the_expected_file(tmp_path, name, options, expected):
     options = {k: v.format(missing=tmp_path / "weights") for k, v in options.items()}
     with pytest.raises(FileNotFoundError, match=expected):
@@ -480,7 +605,9 @@ def test_missing_path_names_the_expected_file(tmp_path, name, options, expected)
 
 
 def test_missing_processor_and_second_files(tiny, tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"nope not found.*preprocessor_config\.json.*reward_models\.pickscore\.processor_path"):
+    with pytest.raises(
+        FileNotFoundError, match=r"nope not found.*preprocessor_config\.json.*reward_models\.pickscore\.processor_path"
+    ):
         build_reward("pickscore", path=tiny["pickscore"]["path"], processor_path=str(tmp_path / "nope"))
     with pytest.raises(FileNotFoundError, match=r"clip not found.*clip-vit-large-patch14"):
         build_reward("aesthetic", path=tiny["aesthetic"]["path"], clip_path=str(tmp_path / "clip"))
@@ -492,7 +619,9 @@ def test_missing_processor_and_second_files(tiny, tmp_path):
         build_reward("hpsv2", path=None)
 
 
-@pytest.mark.parametrize("name, module, package", [("hpsv2", "hpsv2", "hpsv2"), ("imagereward", "ImageReward", "image-reward")])
+@pytest.mark.parametrize(
+    "name, module, package", [("hpsv2", "hpsv2", "hpsv2"), ("imagereward", "ImageReward", "image-reward")]
+)
 def test_evaluator_package_missing_says_how_to_install(tmp_path, name, module, package):
     if importlib.util.find_spec(module) is not None:
         pytest.skip(f"{package} is installed here; the missing-package message applies to the core venv")
@@ -530,7 +659,11 @@ def test_hpsv2_tiny_open_clip(tmp_path):
     # the scorer reads the architecture from clip_path: here the Hugging Face layout (open_clip_config.json)
     (tmp_path / "open_clip").mkdir()
     (tmp_path / "open_clip" / "open_clip_config.json").write_text(json.dumps({"model_cfg": TINY_OPEN_CLIP}))
-    options = {"path": str(tmp_path / "HPS_tiny.pt"), "clip_path": str(tmp_path / "open_clip"), "model_name": "tiny-hf"}
+    options = {
+        "path": str(tmp_path / "HPS_tiny.pt"),
+        "clip_path": str(tmp_path / "open_clip"),
+        "model_name": "tiny-hf",
+    }
     mix = build_reward_mix({"hpsv2": 1.0}, {"hpsv2": options})
     x = images(3)
     total, _ = mix(x, PROMPTS, [{}] * 3)
@@ -577,25 +710,50 @@ def test_imagereward_random_weights(tmp_path, monkeypatch):
     tokenizer by hub name: with a local tiny tokenizer folder as `tokenizer_path`, a tiny text config
     and an empty checkpoint (the package loads with strict=False), the batched path runs on random
     weights (about 15 s on one CPU thread, hence slow), and nothing is looked up on the hub."""
-    pytest.importorskip("ImageReward", reason="image-reward is not installed (it lives in .venv-eval: make evaluators)")
+    pytest.importorskip(
+        "ImageReward", reason="image-reward is not installed (it lives in .venv-eval: make evaluators)"
+    )
     import ImageReward.models.BLIP.blip as blip
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     bert_tokenizer(tmp_path / "tok")
     original = blip.BertTokenizer
-    med = {"architectures": ["BertModel"], "hidden_act": "gelu", "hidden_size": 768, "intermediate_size": 64,
-           "layer_norm_eps": 1e-12, "max_position_embeddings": 64, "model_type": "bert", "num_attention_heads": 2,
-           "num_hidden_layers": 1, "pad_token_id": 0, "type_vocab_size": 2, "vocab_size": len(WORDS) + 16,
-           "encoder_width": 1024, "add_cross_attention": True, "attention_probs_dropout_prob": 0.0,
-           "hidden_dropout_prob": 0.0, "initializer_range": 0.02}
+    med = {
+        "architectures": ["BertModel"],
+        "hidden_act": "gelu",
+        "hidden_size": 768,
+        "intermediate_size": 64,
+        "layer_norm_eps": 1e-12,
+        "max_position_embeddings": 64,
+        "model_type": "bert",
+        "num_attention_heads": 2,
+        "num_hidden_layers": 1,
+        "pad_token_id": 0,
+        "type_vocab_size": 2,
+        "vocab_size": len(WORDS) + 16,
+        "encoder_width": 1024,
+        "add_cross_attention": True,
+        "attention_probs_dropout_prob": 0.0,
+        "hidden_dropout_prob": 0.0,
+        "initializer_range": 0.02,
+    }
     (tmp_path / "med_config.json").write_text(json.dumps(med))
     torch.save({}, tmp_path / "ImageReward.pt")
     torch.manual_seed(0)
     with pytest.raises(FileNotFoundError, match=r"vocab\.txt not found.*reward_models\.imagereward\.tokenizer_path"):
-        build_reward("imagereward", path=str(tmp_path / "ImageReward.pt"), med_config=str(tmp_path / "med_config.json"),
-                     tokenizer_path=str(tmp_path / "nowhere"))
-    scorer = build_reward("imagereward", path=str(tmp_path / "ImageReward.pt"),
-                          med_config=str(tmp_path / "med_config.json"), batch_size=2, tokenizer_path=str(tmp_path / "tok"))
+        build_reward(
+            "imagereward",
+            path=str(tmp_path / "ImageReward.pt"),
+            med_config=str(tmp_path / "med_config.json"),
+            tokenizer_path=str(tmp_path / "nowhere"),
+        )
+    scorer = build_reward(
+        "imagereward",
+        path=str(tmp_path / "ImageReward.pt"),
+        med_config=str(tmp_path / "med_config.json"),
+        batch_size=2,
+        tokenizer_path=str(tmp_path / "tok"),
+    )
     assert blip.BertTokenizer is original  # the redirect lasts for the load only
     assert scorer.model.blip.tokenizer.vocab_size == len((tmp_path / "tok" / "vocab.txt").read_text().split())
     x, prompts = images(2), PROMPTS[:2]

@@ -176,6 +176,7 @@ def test_flow_sde_step_matches_the_formula_written_out():
 
 def independent_cosine_alphas_cumprod(num_train_steps: int) -> list[float]:
     """Nichol & Dhariwal Eq. 17 with betas clipped at 0.999, written out in plain Python floats."""
+
     def f(t: float) -> float:
         return math.cos((t / num_train_steps + 0.008) / 1.008 * math.pi / 2) ** 2
 
@@ -388,9 +389,14 @@ def test_ddpm_learned_range_spans_log_beta_0_at_the_last_step():
     bottom = torch.cat([torch.zeros(2, D), -torch.ones(2, D)], dim=-1)
     p = sampler.process
     torch.testing.assert_close(sampler.step(top, last, x, generator=gen()).std, p.betas[0].sqrt().float().expand(2, D))
-    torch.testing.assert_close(sampler.step(bottom, last, x, generator=gen()).std, p.posterior_variance[1].sqrt().float().expand(2, D))
+    torch.testing.assert_close(
+        sampler.step(bottom, last, x, generator=gen()).std, p.posterior_variance[1].sqrt().float().expand(2, D)
+    )
     large = DDPMSampler(DDPMConfig(num_steps=T, variance="fixed_large"), stochastic_final=True)
-    torch.testing.assert_close(large.step(top[:, :D], last, x, generator=gen()).std.expand(2, D), p.posterior_variance[1].sqrt().float().expand(2, D))
+    torch.testing.assert_close(
+        large.step(top[:, :D], last, x, generator=gen()).std.expand(2, D),
+        p.posterior_variance[1].sqrt().float().expand(2, D),
+    )
 
 
 def test_model_time():
@@ -480,8 +486,11 @@ def _likelihood_ratio_vs_pathwise(head: str, stochastic_final: bool, n: int = 20
     pathwise = torch.autograd.grad(reward(trajectory(0, True)[-1]).mean(), list(net.parameters()))
     xs = [x.detach() for x in trajectory(1, False)]
     adv = reward(xs[-1]) - reward(xs[-1]).mean()
-    surrogate = sum((adv * sampler.step(model_output(xs[i], i), i, xs[i], prev_sample=xs[i + 1]).log_prob).mean()
-                    for i in range(sampler.num_steps) if bool(sampler.is_stochastic(i)))
+    surrogate = sum(
+        (adv * sampler.step(model_output(xs[i], i), i, xs[i], prev_sample=xs[i + 1]).log_prob).mean()
+        for i in range(sampler.num_steps)
+        if bool(sampler.is_stochastic(i))
+    )
     lr = torch.autograd.grad(surrogate, list(net.parameters()))
     flat = lambda gs: torch.cat([g.flatten() for g in gs])  # noqa: E731
     return torch.nn.functional.cosine_similarity(flat(lr), flat(pathwise), dim=0).item()
@@ -498,7 +507,9 @@ def test_policy_gradient_matches_the_pathwise_gradient_only_with_a_stochastic_fi
 
 def test_ddpm_stochastic_final_step_has_the_clipped_variance_and_a_log_prob():
     sampler = DDPMSampler(num_steps=4, variance="fixed_small", stochastic_final=True)
-    assert bool(sampler.is_stochastic(3)) and not bool(DDPMSampler(num_steps=4, variance="fixed_small").is_stochastic(3))
+    assert bool(sampler.is_stochastic(3)) and not bool(
+        DDPMSampler(num_steps=4, variance="fixed_small").is_stochastic(3)
+    )
     x, eps = torch.randn(6, 3), torch.randn(6, 3)
     out = sampler.step(eps, 3, x, generator=torch.Generator().manual_seed(0))
     expected_std = math.exp(0.5 * float(sampler.process.posterior_log_variance_clipped[0]))

@@ -94,7 +94,9 @@ def test_cli_fails_when_the_selected_checkpoint_is_missing(tmp_path, monkeypatch
     summary = tmp_path / "summary.json"
     summary.write_text(json.dumps(_summary([0.2, 0.6])))
     out = tmp_path / "selection.json"
-    with pytest.raises(SystemExit, match=r"summary.json: the selected checkpoint \(step 20\) folder ckpt/step20/policy does not exist"):
+    with pytest.raises(
+        SystemExit, match=r"summary.json: the selected checkpoint \(step 20\) folder ckpt/step20/policy does not exist"
+    ):
         main(["select", "--summary", str(summary), "--step", "best", "--out", str(out)])
     assert not out.exists()
     assert main(["select", "--summary", str(summary), "--step", "10", "--out", str(out)]) == 0

@@ -29,7 +29,9 @@ def test_a_missing_or_unreadable_tokenizer_names_its_folder(tmp_path):
 
 
 @pytest.mark.parametrize("relative", [False, True])
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))])
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
+)
 def test_text_encoder_ignores_padding(relative, device):
     """Padding keys are masked out (on cuda: the relative bias and the mask as one float mask)."""
     torch.manual_seed(0)
@@ -44,4 +46,3 @@ def test_text_encoder_ignores_padding(relative, device):
     torch.testing.assert_close(padded[:, :3].cpu(), cpu_out, atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="exceed max_len=8"):
         enc(torch.zeros(1, 9, dtype=torch.long, device=device), torch.ones(1, 9, device=device))
-

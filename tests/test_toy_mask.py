@@ -169,7 +169,9 @@ def test_kl_terms_vanish_at_the_reference_and_grow_away_from_it():
     lp, lo = logp.gather(-1, tokens)[..., 0], other.gather(-1, tokens)[..., 0]
     for kind in ("k3", "exact"):
         assert kl_terms(lp, logp, lp, logp, kind).abs().max() < 1e-6
-        assert (kl_terms(lp, logp, lo, other, kind) >= -1e-6).all() and kl_terms(lp, logp, lo, other, kind).mean() > 1e-3
+        assert (kl_terms(lp, logp, lo, other, kind) >= -1e-6).all() and kl_terms(
+            lp, logp, lo, other, kind
+        ).mean() > 1e-3
     exact = (logp.exp() * (logp - other)).sum(-1)
     torch.testing.assert_close(kl_terms(lp, logp, lo, other, "exact"), exact)
 
@@ -190,7 +192,10 @@ def test_save_load_round_trip(tmp_path):
     assert isinstance(loaded, ToyMaskPolicy)
     tokens = torch.randint(policy.vocab_size + 1, (4, policy.seq_len))
     with torch.no_grad():
-        a, b = policy.logits(tokens, policy.encode_prompts(PROMPTS + ["x"])), loaded.logits(tokens, loaded.encode_prompts(PROMPTS + ["x"]))
+        a, b = (
+            policy.logits(tokens, policy.encode_prompts(PROMPTS + ["x"])),
+            loaded.logits(tokens, loaded.encode_prompts(PROMPTS + ["x"])),
+        )
     assert torch.equal(a, b)
     ra, rb = rollout(policy, seed=5), rollout(loaded, seed=5)
     assert torch.equal(ra.tokens, rb.tokens) and torch.equal(ra.log_probs, rb.log_probs)
@@ -224,13 +229,35 @@ def test_a_few_steps_run_and_log_finite_metrics(method, logprob_cfg):
         r = images[:, 0].mean((1, 2)) - images[:, 1].mean((1, 2))
         return r, {"redness": r}
 
-    cfg = MaskGRPOConfig(method=method, steps=2, batch_prompts=2, group_size=3, iterations=2, val_every=1, val_prompts=3, lr=1e-3,
-                         logprob_cfg=logprob_cfg)
+    cfg = MaskGRPOConfig(
+        method=method,
+        steps=2,
+        batch_prompts=2,
+        group_size=3,
+        iterations=2,
+        val_every=1,
+        val_prompts=3,
+        lr=1e-3,
+        logprob_cfg=logprob_cfg,
+    )
     rows = train_mask_grpo(policy, redness, prompts, cfg, val_prompts=prompts)
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
-        for key in ("reward_mean", "reward_std", "reward/redness", "policy_loss", "kl", "ratio_min", "ratio_max",
-                    "clip_frac", "grad_norm_ar", "step_time_s", "val_reward", "frac_zero_std", "adv_mean"):
+        for key in (
+            "reward_mean",
+            "reward_std",
+            "reward/redness",
+            "policy_loss",
+            "kl",
+            "ratio_min",
+            "ratio_max",
+            "clip_frac",
+            "grad_norm_ar",
+            "step_time_s",
+            "val_reward",
+            "frac_zero_std",
+            "adv_mean",
+        ):
             assert math.isfinite(row[key]), key
         assert row["skipped"] == 0
     assert rows[0]["ratio_min"] <= 1.0 <= rows[0]["ratio_max"]

@@ -40,15 +40,25 @@ def default_toy_rollout(name: str) -> tuple[ToyMAR, object]:
     check's, also run under other kernel paths by tests/ratio_worker.py)."""
     policy = default_toy(name)
     sampling = SamplingConfig(**{**CONFIG["policies"][name]["sampling"], "diffusion_steps": 4})
-    r = generate(policy, PROMPTS[:2], sampling, group_size=2, generator=torch.Generator().manual_seed(0), trajectories=3,
-                 mte_steps=torch.tensor([1, sampling.ar_steps - 2]), mte_generator=torch.Generator().manual_seed(1))
+    r = generate(
+        policy,
+        PROMPTS[:2],
+        sampling,
+        group_size=2,
+        generator=torch.Generator().manual_seed(0),
+        trajectories=3,
+        mte_steps=torch.tensor([1, sampling.ar_steps - 2]),
+        mte_generator=torch.Generator().manual_seed(1),
+    )
     return policy, r
 
 
 def head_share(policy: ToyMAR) -> float:
     head = sum(p.numel() for p in policy.head_parameters())
     non_text = sum(p.numel() for n, p in policy.named_parameters() if not n.startswith("text_encoder."))
-    assert head + sum(p.numel() for p in policy.ar_parameters()) == non_text  # AR and head split the non-text parameters
+    assert (
+        head + sum(p.numel() for p in policy.ar_parameters()) == non_text
+    )  # AR and head split the non-text parameters
     return head / non_text
 
 
@@ -66,12 +76,21 @@ def test_default_toy_reductions_give_the_plain_loss(tmp_path):
     """S = 1 / k = 0 / tau = -inf reduce the MTE and Sim losses to the plain loss on the default toy-nova."""
     policy = default_toy(TOYS[0])
     sampling = SamplingConfig(**{**CONFIG["policies"][TOYS[0]]["sampling"], "diffusion_steps": 4})
-    r = generate(policy, PROMPTS[:2], sampling, group_size=2, generator=torch.Generator().manual_seed(3),
-                 trajectories=3, mte_generator=torch.Generator().manual_seed(4))
+    r = generate(
+        policy,
+        PROMPTS[:2],
+        sampling,
+        group_size=2,
+        generator=torch.Generator().manual_seed(3),
+        trajectories=3,
+        mte_generator=torch.Generator().manual_seed(4),
+    )
     ar, diff = torch.tensor([0, 3, 6]), torch.tensor([[0, 1], [1, 2], [0, 2]])
     adv = torch.tensor([0.5, -0.5, 1.0, -1.0])
     base, _ = make_trainer(tmp_path / "a", policy=policy, beta=0.0).micro_loss(r, adv, ar, diff, None, None)
-    one, _ = make_trainer(tmp_path / "s", policy=policy, beta=0.0, trajectories=1).micro_loss(r, adv, ar, diff, None, None)
+    one, _ = make_trainer(tmp_path / "s", policy=policy, beta=0.0, trajectories=1).micro_loss(
+        r, adv, ar, diff, None, None
+    )
     k0 = make_trainer(tmp_path / "b", policy=policy, beta=0.0, trajectories=3, top_frac=0.0)
     mte_mask, _ = k0.masks(r)
     loss_k0, _ = k0.micro_loss(r, adv, ar, diff, mte_mask, None)
@@ -83,12 +102,20 @@ def test_default_toy_reductions_give_the_plain_loss(tmp_path):
 
 
 def test_policy_cost_test_mode_prints_each_head_share():
-    out = subprocess.run([sys.executable, "benchmarks/policy_cost.py", "--test"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "benchmarks/policy_cost.py", "--test"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0, out.stderr[-2000:]
-    shares = {m[1]: float(m[2]) for m in re.finditer(r"^\s*(\S+): head .*?AR \+ head parameters \(([\d.]+)%\)", out.stdout, re.M)}
+    shares = {
+        m[1]: float(m[2])
+        for m in re.finditer(r"^\s*(\S+): head .*?AR \+ head parameters \(([\d.]+)%\)", out.stdout, re.M)
+    }
     assert set(shares) == {*TOYS, "NOVA-0.6B", "Harmon-1.5B"}, out.stdout
     assert all(shares[name] <= 15 for name in TOYS)
     assert shares["NOVA-0.6B"] == pytest.approx(5.1, abs=0.1)  # DESIGN 4: the 3 x 1280 diffusion MLP of nova-d48w1024
     for name in shares:  # every policy: its share of a rollout's and of a step's FLOPs, and the MTE/Fix FLOP ratio
         line = next(ln for ln in out.stdout.splitlines() if ln.strip().startswith(f"{name}:"))
-        assert re.search(r"rollout's FLOPs [\d.]+%, of a \+Fix step's [\d.]+%; MTE/Fix FLOPs \(S=4, k=0.3\) ([\d.]+); per image", line), line
+        assert re.search(
+            r"rollout's FLOPs [\d.]+%, of a \+Fix step's [\d.]+%; MTE/Fix FLOPs \(S=4, k=0.3\) ([\d.]+); per image",
+            line,
+        ), line

@@ -184,7 +184,10 @@ def test_truth_check_agrees_with_the_world_scorer():
         for kind in SWAP_TYPES:
             for cand in [spec, *swap_candidates(spec, kind, WORLD)]:
                 fast = spec_is_true(cand, objects, WORLD.image_size)
-                assert fast == (score_objects(cand, objects, 0, WORLD.image_size)["lenient"] >= 1 - 1e-9), (cand, scene)
+                assert fast == (score_objects(cand, objects, 0, WORLD.image_size)["lenient"] >= 1 - 1e-9), (
+                    cand,
+                    scene,
+                )
                 checked[fast] += 1
     assert min(checked.values()) > 100
 
@@ -211,7 +214,9 @@ def test_unknown_swap_type():
 
 
 def test_tiny_training_decreases_loss_and_evaluates():
-    model, info = train_toyclip(WORLD, steps=30, batch_size=16, lr=3e-3, width=32, seed=0, log=lambda _: None, progress=False)
+    model, info = train_toyclip(
+        WORLD, steps=30, batch_size=16, lr=3e-3, width=32, seed=0, log=lambda _: None, progress=False
+    )
     losses = [row["loss"] for row in info["losses"]]
     assert len(losses) == 30 and all(np.isfinite(losses))
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.1, losses
@@ -223,17 +228,31 @@ def test_tiny_training_decreases_loss_and_evaluates():
 
 
 def test_training_is_seeded():
-    run = lambda: train_toyclip(WORLD, steps=2, batch_size=4, width=8, seed=3, log=lambda _: None, progress=False)[1]["losses"]
+    run = lambda: train_toyclip(WORLD, steps=2, batch_size=4, width=8, seed=3, log=lambda _: None, progress=False)[1][
+        "losses"
+    ]
     assert [r["loss"] for r in run()] == [r["loss"] for r in run()]
 
 
 @pytest.mark.parametrize("paired", [True, False])
 def test_training_options_run(tmp_path, paired):
-    model, info = train_toyclip(WORLD, steps=2, batch_size=4, width=8, seed=0, log=lambda _: None, progress=False,
-                                precision="bf16", paired=paired, out_dir=tmp_path / "model")
+    model, info = train_toyclip(
+        WORLD,
+        steps=2,
+        batch_size=4,
+        width=8,
+        seed=0,
+        log=lambda _: None,
+        progress=False,
+        precision="bf16",
+        paired=paired,
+        out_dir=tmp_path / "model",
+    )
     assert info["train_cpu_seconds"] > 0 and all(np.isfinite(r["loss"]) for r in info["losses"])
     images, prompts, _ = captioned_batch(2)
-    torch.testing.assert_close(ToyClip.from_pretrained(tmp_path / "model").score(images, prompts), model.score(images, prompts))
+    torch.testing.assert_close(
+        ToyClip.from_pretrained(tmp_path / "model").score(images, prompts), model.score(images, prompts)
+    )
     with pytest.raises(ValueError, match="Unknown precision"):
         train_toyclip(WORLD, steps=1, batch_size=4, width=8, precision="fp16", progress=False)
 
@@ -258,8 +277,21 @@ def test_stage_cli_end_to_end(tmp_path, logged):
     world.write_text(json.dumps(WORLD.to_dict()))
     out, metrics = tmp_path / "toyclip" / "model", tmp_path / "toyclip" / "metrics.json"
     cfg = {"enabled": True, "steps": 3, "batch_size": 4, "lr": 0.001, "width": 8, "seed": 0}
-    argv = ["train-toyclip", "--world", str(world), "--config-json", json.dumps(cfg), "--out-dir", str(out),
-            "--metrics", str(metrics), "--eval-n", "24", "--threads", "1"]
+    argv = [
+        "train-toyclip",
+        "--world",
+        str(world),
+        "--config-json",
+        json.dumps(cfg),
+        "--out-dir",
+        str(out),
+        "--metrics",
+        str(metrics),
+        "--eval-n",
+        "24",
+        "--threads",
+        "1",
+    ]
     assert main(argv) == 0
     m = json.loads(metrics.read_text())
     assert 0.0 <= m["heldout_ranking_accuracy"] <= 1.0 and m["steps"] == 3 and m["n_triples"] == 24
@@ -279,5 +311,16 @@ def test_stage_rejects_unknown_config_keys(tmp_path):
     world = tmp_path / "world.json"
     world.write_text(json.dumps(WORLD.to_dict()))
     with pytest.raises(SystemExit, match="unknown key"):
-        main(["train-toyclip", "--world", str(world), "--config-json", '{"stepz": 3}', "--out-dir", str(tmp_path / "m"),
-              "--metrics", str(tmp_path / "m.json")])
+        main(
+            [
+                "train-toyclip",
+                "--world",
+                str(world),
+                "--config-json",
+                '{"stepz": 3}',
+                "--out-dir",
+                str(tmp_path / "m"),
+                "--metrics",
+                str(tmp_path / "m.json"),
+            ]
+        )

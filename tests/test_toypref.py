@@ -86,8 +86,12 @@ def test_backdrop_metric_is_registered_and_exact():
     from margrpo.world.scene import Scene
 
     scene = sample_scene(np.random.default_rng(0), WORLD)
-    images = torch.stack([torch.from_numpy(render(Scene(scene.objects, b), WORLD)).permute(2, 0, 1).float() / 255
-                          for b in (0.0, 0.1, 0.2)])
+    images = torch.stack(
+        [
+            torch.from_numpy(render(Scene(scene.objects, b), WORLD)).permute(2, 0, 1).float() / 255
+            for b in (0.0, 0.1, 0.2)
+        ]
+    )
     mix = build_reward_mix({"backdrop": 1.0})
     total, _ = mix(images, [""] * 3, [{}] * 3)
     assert torch.allclose(total, torch.tensor([0.0, 0.1, 0.2]), atol=1 / 255)
@@ -100,9 +104,25 @@ def test_stage_cli_writes_the_model_and_per_kind_metrics(tmp_path, trained):
     clip, _, _ = trained
     clip.save_pretrained(tmp_path / "toyclip")
     atomic_write_json(tmp_path / "world.json", WORLD.to_dict())
-    rc = main(["train-toypref", "--world", str(tmp_path / "world.json"), "--toyclip-dir", str(tmp_path / "toyclip"),
-               "--config-json", json.dumps({"steps": 3, "batch_size": 8}), "--out-dir", str(tmp_path / "out" / "model"),
-               "--metrics", str(tmp_path / "out" / "metrics.json"), "--eval-n", "20", "--threads", "1"])
+    rc = main(
+        [
+            "train-toypref",
+            "--world",
+            str(tmp_path / "world.json"),
+            "--toyclip-dir",
+            str(tmp_path / "toyclip"),
+            "--config-json",
+            json.dumps({"steps": 3, "batch_size": 8}),
+            "--out-dir",
+            str(tmp_path / "out" / "model"),
+            "--metrics",
+            str(tmp_path / "out" / "metrics.json"),
+            "--eval-n",
+            "20",
+            "--threads",
+            "1",
+        ]
+    )
     assert rc in (0, None)
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert set(metrics["per_pair_kind"]) == {"overall", "alignment", "aesthetic", "alignment_loser_brighter"}

@@ -1,7 +1,6 @@
 """Issue #17: TensorBoard through accelerate's trackers, and the EMA of the trained parameters that
 validation and the saved checkpoints use (the resumable state keeps the raw weights beside it)."""
 
-import csv
 import importlib.util
 from dataclasses import asdict
 from pathlib import Path
@@ -120,7 +119,11 @@ def test_ema_off_and_trackers_leave_metrics_and_checkpoints_as_before(tmp_path):
     assert (tmp_path / "tb/tb/grpo").is_dir() and not (tmp_path / "plain/tb").exists()
     state = torch.load(tmp_path / "tb/state/trainer.pt", weights_only=True)
     assert set(state) == OLD_STATE_KEYS and logged.ema is None
-    old = {k: v for k, v in asdict(logged.cfg).items() if k not in ("trackers", "ema_decay", "lora", "gradient_checkpointing", "replay_chunk", "sharding")}
+    old = {
+        k: v
+        for k, v in asdict(logged.cfg).items()
+        if k not in ("trackers", "ema_decay", "lora", "gradient_checkpointing", "replay_chunk", "sharding")
+    }
     assert state["spec_hash"] == spec_hash({"grpo": old, "sampling": asdict(logged.sampling), "spec": None})
     for run in (logged, plain):
         saved = load_policy(run.state_dir / "ckpt-000002/policy").state_dict()
@@ -128,8 +131,9 @@ def test_ema_off_and_trackers_leave_metrics_and_checkpoints_as_before(tmp_path):
     for a, b in zip(logged.policy.state_dict().values(), plain.policy.state_dict().values()):
         assert torch.equal(a, b)
     timing = ("step_time_s", "peak_mem_mb")
-    assert [{k: v for k, v in r.items() if k not in timing} for r in logged.rows] == \
-           [{k: v for k, v in r.items() if k not in timing} for r in plain.rows]
+    assert [{k: v for k, v in r.items() if k not in timing} for r in logged.rows] == [
+        {k: v for k, v in r.items() if k not in timing} for r in plain.rows
+    ]
 
 
 def test_tracker_and_ema_settings_are_checked():

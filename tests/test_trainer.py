@@ -21,17 +21,38 @@ def redness(images, prompts, metadata):
 
 
 def make_trainer(tmp_path, policy=None, **kw):
-    cfg = dict(steps=2, batch_prompts=2, group_size=2, mask_steps=3, diffusion_steps=3, save_every=1, val_every=1,
-               val_prompts=2, precision="no", lr=1e-3)
+    cfg = dict(
+        steps=2,
+        batch_prompts=2,
+        group_size=2,
+        mask_steps=3,
+        diffusion_steps=3,
+        save_every=1,
+        val_every=1,
+        val_prompts=2,
+        precision="no",
+        lr=1e-3,
+    )
     cfg.update(kw)
-    return GRPOTrainer(policy or tiny_policy("flow"), redness, PROMPT_SET, PROMPT_SET, SAMPLING, GRPOConfig(**cfg), tmp_path)
+    return GRPOTrainer(
+        policy or tiny_policy("flow"), redness, PROMPT_SET, PROMPT_SET, SAMPLING, GRPOConfig(**cfg), tmp_path
+    )
 
 
-@pytest.mark.parametrize("variant", [
-    {}, {"freeze_head": True}, {"freeze_head": True, "trajectories": 3}, {"freeze_head": True, "trajectories": 3, "sim": True},
-    {"reinforce": True}, {"kl": "gaussian"}, {"logprob_cfg": "cond_only"}, {"reinforce": True, "trajectories": 2},
-    {"updates_per_rollout": 2},
-])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {},
+        {"freeze_head": True},
+        {"freeze_head": True, "trajectories": 3},
+        {"freeze_head": True, "trajectories": 3, "sim": True},
+        {"reinforce": True},
+        {"kl": "gaussian"},
+        {"logprob_cfg": "cond_only"},
+        {"reinforce": True, "trajectories": 2},
+        {"updates_per_rollout": 2},
+    ],
+)
 def test_every_variant_trains_and_logs(tmp_path, variant):
     trainer = make_trainer(tmp_path, **variant)
     rows = trainer.train()
@@ -91,8 +112,15 @@ def test_positive_advantage_raises_that_samples_log_prob(tmp_path):
 def test_reductions_give_the_plain_loss(tmp_path):
     """S = 1, k = 0 and tau = -inf reduce the MTE / Sim loss to the plain GRPO loss exactly."""
     policy = tiny_policy("flow")
-    r = generate(policy, PROMPTS[:2], SAMPLING, group_size=2, generator=torch.Generator().manual_seed(3),
-                 trajectories=3, mte_generator=torch.Generator().manual_seed(4))
+    r = generate(
+        policy,
+        PROMPTS[:2],
+        SAMPLING,
+        group_size=2,
+        generator=torch.Generator().manual_seed(3),
+        trajectories=3,
+        mte_generator=torch.Generator().manual_seed(4),
+    )
     ar, diff = torch.tensor([0, 2, 3]), torch.tensor([[0, 1], [1, 3], [2, 3]])
     adv = torch.tensor([0.5, -0.5, 1.0, -1.0])
     plain = make_trainer(tmp_path / "a", policy=policy, beta=0.0)
@@ -113,7 +141,9 @@ def test_resume_reaches_the_same_result(tmp_path, logged):
     rows_full = full.train()
     part = make_trainer(tmp_path / "part", policy=tiny_policy("flow", seed=1), steps=3)
     step = part.train_step
-    part.train_step = lambda: step() if part.step < 2 else pytest.fail("killed")  # after step 2: state/ holds its checkpoint
+    part.train_step = lambda: (
+        step() if part.step < 2 else pytest.fail("killed")
+    )  # after step 2: state/ holds its checkpoint
     with pytest.raises(pytest.fail.Exception):
         part.train()
     resumed = make_trainer(tmp_path / "part", policy=tiny_policy("flow", seed=1), steps=3)
@@ -131,8 +161,15 @@ def test_non_finite_rewards_are_rejected(tmp_path):
         r[1] = float("nan")
         return r, {"broken": r}
 
-    trainer = GRPOTrainer(tiny_policy("flow"), broken, PROMPT_SET, PROMPT_SET, SAMPLING,
-                          GRPOConfig(steps=1, batch_prompts=1, group_size=2, mask_steps=2, diffusion_steps=2, precision="no"), tmp_path)
+    trainer = GRPOTrainer(
+        tiny_policy("flow"),
+        broken,
+        PROMPT_SET,
+        PROMPT_SET,
+        SAMPLING,
+        GRPOConfig(steps=1, batch_prompts=1, group_size=2, mask_steps=2, diffusion_steps=2, precision="no"),
+        tmp_path,
+    )
     with pytest.raises(ValueError, match="non-finite"):
         trainer.train_step()
 
@@ -173,13 +210,16 @@ def test_frozen_prefixes_keep_those_parameters_and_name_a_bad_prefix(tmp_path):
     for n, p in trainer.policy.named_parameters():
         if n.startswith("blocks.0."):
             assert torch.equal(before[n], p) and not p.requires_grad, n
-    assert any(not torch.equal(before[n], p) for n, p in trainer.policy.named_parameters() if n.startswith("blocks.1."))
+    assert any(
+        not torch.equal(before[n], p) for n, p in trainer.policy.named_parameters() if n.startswith("blocks.1.")
+    )
     with pytest.raises(ValueError, match=r"frozen: no parameter name of ToyMAR starts with 'llm\.'.*'blocks'"):
         make_trainer(tmp_path / "bad", frozen=["llm."])
 
 
 def test_shared_group_noise_reaches_the_rollout(tmp_path, monkeypatch):
     import margrpo.grpo.trainer as trainer_module
+
     seen = {}
     real = trainer_module.generate
 
@@ -211,7 +251,9 @@ def test_non_finite_loss_skips_the_update_then_stops(tmp_path):
 
 def test_first_update_ratio_is_one_under_bf16_with_recomputed_old_log_probs(tmp_path):
     """bf16 rollout and batched replay may round differently; `recomputed` makes ratio == 1 exactly."""
-    trainer = make_trainer(tmp_path, precision="bf16", steps=1, trajectories=2, freeze_head=True, old_logprob="recomputed")
+    trainer = make_trainer(
+        tmp_path, precision="bf16", steps=1, trajectories=2, freeze_head=True, old_logprob="recomputed"
+    )
     row = trainer.train()[0]
     assert row["ratio_min"] == 1.0 and row["ratio_max"] == 1.0 and row["clip_frac"] == 0.0
 
@@ -221,8 +263,14 @@ def test_later_updates_use_log_probs_from_before_the_first_update(tmp_path):
     that equals the record (to DESIGN 3.2's 1e-5), so `recomputed` and `recorded` log the same ratios."""
     rows = {}
     for old in ("recorded", "recomputed"):
-        trainer = make_trainer(tmp_path / old, policy=tiny_policy("flow", seed=2), steps=1, updates_per_rollout=2,
-                               trajectories=2, old_logprob=old)
+        trainer = make_trainer(
+            tmp_path / old,
+            policy=tiny_policy("flow", seed=2),
+            steps=1,
+            updates_per_rollout=2,
+            trajectories=2,
+            old_logprob=old,
+        )
         rows[old] = trainer.train()[0]
     assert rows["recorded"]["ratio_max"] > 1.0  # the second update sees moved parameters
     # per-token log-probs here are sums over 768 channels of magnitude ~400-900, where one float32 ulp
@@ -262,7 +310,9 @@ def test_committed_loss_tokens_average_over_the_tokens_each_step_commits(tmp_pat
     params = [p for p in policy.ar_parameters()]
 
     def grads(loss):
-        return torch.cat([g.flatten() for g in torch.autograd.grad(loss, params, allow_unused=True, materialize_grads=True)])
+        return torch.cat(
+            [g.flatten() for g in torch.autograd.grad(loss, params, allow_unused=True, materialize_grads=True)]
+        )
 
     trainer = make_trainer(tmp_path, policy=policy, beta=0.0, loss_tokens="committed")
     got = grads(trainer.micro_loss(r, adv, ar, diff, None, None)[0])
@@ -271,7 +321,9 @@ def test_committed_loss_tokens_average_over_the_tokens_each_step_commits(tmp_pat
     tokens = rp.mask & r.committed[ar][:, None]  # [M, U, N, L]
     expected = grads(torch.stack([-masked_mean(obj[m], tokens[m].float()) for m in range(len(ar))]).mean())
     assert torch.allclose(got, expected, rtol=1e-4, atol=1e-7) and expected.abs().max() > 0
-    completion = grads(make_trainer(tmp_path / "c", policy=policy, beta=0.0).micro_loss(r, adv, ar, diff, None, None)[0])
+    completion = grads(
+        make_trainer(tmp_path / "c", policy=policy, beta=0.0).micro_loss(r, adv, ar, diff, None, None)[0]
+    )
     assert not torch.allclose(got, completion, rtol=1e-3)  # the completion mask also holds tokens committed later
 
 
@@ -281,13 +333,27 @@ def test_mte_covers_the_top_k_of_every_chosen_steps_loss_tokens(tmp_path):
     the few tokens a step commits); every extra trajectory replays with ratio 1."""
     from helpers import assert_ratio_is_one
 
-    trainer = make_trainer(tmp_path, trajectories=4, top_frac=0.3, freeze_head=True, mask_steps=3,
-                           policy=tiny_policy("flow", seed=3, patch_size=4))  # 64 tokens of 4 x 4 px
+    trainer = make_trainer(
+        tmp_path,
+        trajectories=4,
+        top_frac=0.3,
+        freeze_head=True,
+        mask_steps=3,
+        policy=tiny_policy("flow", seed=3, patch_size=4),
+    )  # 64 tokens of 4 x 4 px
     sampling = SamplingConfig(ar_steps=6, diffusion_steps=5, cfg_scale=2.0)
     trainer.sampling, trainer.ar_steps = sampling, 6
     ar, diff = trainer.choose_steps(torch.Generator().manual_seed(0))
-    r = generate(trainer.policy, PROMPTS[:2], sampling, group_size=2, generator=torch.Generator().manual_seed(1),
-                 trajectories=4, mte_steps=ar, mte_generator=torch.Generator().manual_seed(2))
+    r = generate(
+        trainer.policy,
+        PROMPTS[:2],
+        sampling,
+        group_size=2,
+        generator=torch.Generator().manual_seed(1),
+        trajectories=4,
+        mte_steps=ar,
+        mte_generator=torch.Generator().manual_seed(2),
+    )
     assert torch.equal(r.mte_steps, ar)
     mte, _ = trainer.masks(r)
     unknown = ~r.known[ar]  # [M, N, L]
@@ -307,28 +373,50 @@ def test_mte_frac_is_logged_near_k(tmp_path):
     assert 0.4 < row["mte_frac"] < 0.6
 
 
-@pytest.mark.parametrize("variant", [
-    {}, {"freeze_head": True}, {"freeze_head": True, "trajectories": 3}, {"freeze_head": True, "trajectories": 3, "sim": True},
-    {"sim": True, "loss_tokens": "committed"}, {"kl": "gaussian"},
-], ids=["grpo", "fix", "mte", "sim", "sim-committed", "kl-gaussian"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {},
+        {"freeze_head": True},
+        {"freeze_head": True, "trajectories": 3},
+        {"freeze_head": True, "trajectories": 3, "sim": True},
+        {"sim": True, "loss_tokens": "committed"},
+        {"kl": "gaussian"},
+    ],
+    ids=["grpo", "fix", "mte", "sim", "sim-committed", "kl-gaussian"],
+)
 def test_gradient_does_not_depend_on_the_micro_batch_split(tmp_path, variant):
     """DESIGN 3.7: the loss is normalised by the whole batch's weighted token count, so 1, 2 or 3
     micro-batches give the same gradient (Sim's per-token weights included)."""
     grads = []
     for n in (1, 2, 3):
-        trainer = make_trainer(tmp_path / str(n), policy=tiny_policy("flow", seed=4), batch_prompts=3, group_size=2,
-                               micro_batches=n, grad_clip=0.0, **variant)  # grads of the first step: before any update
+        trainer = make_trainer(
+            tmp_path / str(n),
+            policy=tiny_policy("flow", seed=4),
+            batch_prompts=3,
+            group_size=2,
+            micro_batches=n,
+            grad_clip=0.0,
+            **variant,
+        )  # grads of the first step: before any update
         trainer.train_step()
         grads.append(torch.cat([p.grad.flatten() for p in trainer.params if p.grad is not None]))
     assert grads[0].norm() > 0
-    for g in grads[1:]:  # float32: re-batching the same sums differs by ~1e-6 relative; a per-micro-batch mean by ~1e-2
+    for g in grads[
+        1:
+    ]:  # float32: re-batching the same sums differs by ~1e-6 relative; a per-micro-batch mean by ~1e-2
         assert ((g - grads[0]).norm() / grads[0].norm()).item() < 5e-6
 
 
-@pytest.mark.parametrize("kw,message", [
-    ({"steps": -5}, r"steps \(-5\)"), ({"group_size": 1, "micro_batches": 1}, "group_size"),
-    ({"tau": math.nan}, "tau must be a number"), ({"val_every": 0}, "val_every"),
-])
+@pytest.mark.parametrize(
+    "kw,message",
+    [
+        ({"steps": -5}, r"steps \(-5\)"),
+        ({"group_size": 1, "micro_batches": 1}, "group_size"),
+        ({"tau": math.nan}, "tau must be a number"),
+        ({"val_every": 0}, "val_every"),
+    ],
+)
 def test_config_rejects_values_that_would_train_nothing_or_wrongly(kw, message):
     with pytest.raises(ValueError, match=message):
         GRPOConfig(**kw)
@@ -350,7 +438,9 @@ def test_reinforce_is_the_official_update_one_step_summing_the_chosen_steps(tmp_
     batch = trainer.rollout_and_score()
     assert len(trainer.plan_updates(batch)) == 1
     grads = []
-    for ar, diff in [(batch.ar, batch.diff)] + [(batch.ar[i : i + 1], batch.diff[i : i + 1]) for i in range(len(batch.ar))]:
+    for ar, diff in [(batch.ar, batch.diff)] + [
+        (batch.ar[i : i + 1], batch.diff[i : i + 1]) for i in range(len(batch.ar))
+    ]:
         trainer.optimizer.zero_grad(set_to_none=True)
         trainer.micro_loss(batch.rollout, batch.adv, ar, diff, None, None)[0].backward()
         grads.append(torch.cat([p.grad.flatten() for p in trainer.params if p.grad is not None]))
@@ -366,7 +456,9 @@ def test_reinforce_is_the_official_update_one_step_summing_the_chosen_steps(tmp_
 def test_shuffled_advantages_are_the_group_advantages_permuted(tmp_path):
     """The no-signal control keeps the batch's advantages but detaches them from their images."""
     real = make_trainer(tmp_path / "a", policy=tiny_policy("flow", seed=2), batch_prompts=4, group_size=2)
-    ctl = make_trainer(tmp_path / "b", policy=tiny_policy("flow", seed=2), batch_prompts=4, group_size=2, advantages="shuffled")
+    ctl = make_trainer(
+        tmp_path / "b", policy=tiny_policy("flow", seed=2), batch_prompts=4, group_size=2, advantages="shuffled"
+    )
     a, b = real.rollout_and_score(), ctl.rollout_and_score()
     assert torch.equal(a.rewards, b.rewards)  # the same rollout and scores
     assert torch.equal(a.adv.sort().values, b.adv.sort().values) and not torch.equal(a.adv, b.adv)
@@ -375,17 +467,35 @@ def test_shuffled_advantages_are_the_group_advantages_permuted(tmp_path):
         GRPOConfig(advantages="random")
 
 
-@pytest.mark.parametrize("variant", [
-    {}, {"freeze_head": True, "trajectories": 3}, {"freeze_head": True, "trajectories": 3, "sim": True},
-    {"reinforce": True}, {"kl": "gaussian", "old_logprob": "recorded"}, {"updates_per_rollout": 2},
-], ids=["grpo", "mte", "sim", "reinforce", "kl-gaussian-recorded", "two-updates"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {},
+        {"freeze_head": True, "trajectories": 3},
+        {"freeze_head": True, "trajectories": 3, "sim": True},
+        {"reinforce": True},
+        {"kl": "gaussian", "old_logprob": "recorded"},
+        {"updates_per_rollout": 2},
+    ],
+    ids=["grpo", "mte", "sim", "reinforce", "kl-gaussian-recorded", "two-updates"],
+)
 def test_replay_chunks_give_the_same_gradient_and_stats(tmp_path, variant):
     """grpo.replay_chunk backpropagates the chosen AR steps a few at a time (the paper's batch ran out of an
     H200 when all |M| were replayed at once): the gradient, the loss and the logged stats stay those of one pass."""
     runs = {}
     for chunk in (None, 1, 2):
-        trainer = make_trainer(tmp_path / str(chunk), policy=tiny_policy("flow", seed=4), batch_prompts=3, group_size=2,
-                               mask_steps=3, beta=0.05, grad_clip=0.0, replay_chunk=chunk, steps=1, **variant)
+        trainer = make_trainer(
+            tmp_path / str(chunk),
+            policy=tiny_policy("flow", seed=4),
+            batch_prompts=3,
+            group_size=2,
+            mask_steps=3,
+            beta=0.05,
+            grad_clip=0.0,
+            replay_chunk=chunk,
+            steps=1,
+            **variant,
+        )
         batch = trainer.rollout_and_score()
         update = trainer.plan_updates(batch)[-1]
         stats, total, _, _ = trainer.backward(batch, update)
@@ -408,7 +518,9 @@ def test_replay_chunk_is_checked_and_stays_out_of_the_cached_spec():
     with pytest.raises(ValueError, match="replay_chunk must be >= 1"):
         GRPOConfig(replay_chunk=0)
     config = load_config(Path(__file__).resolve().parents[1] / "config" / "smoke.yaml")
-    assert "replay_chunk" not in train_spec(config, "toy-nova", "toypref", "fix")["grpo"]  # cached runs keep their spec
+    assert (
+        "replay_chunk" not in train_spec(config, "toy-nova", "toypref", "fix")["grpo"]
+    )  # cached runs keep their spec
     config["grpo"]["replay_chunk"] = 2
     assert train_spec(config, "toy-nova", "toypref", "fix")["grpo"]["replay_chunk"] == 2
 

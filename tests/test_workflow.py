@@ -25,8 +25,18 @@ SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
 def snakemake(workdir, *args, configfile=REPO / "config/smoke.yaml"):
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", HF_HUB_OFFLINE="1")
-    cmd = [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-           "--configfile", str(configfile), "--cores", "2", *args]
+    cmd = [
+        SNAKEMAKE,
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--configfile",
+        str(configfile),
+        "--cores",
+        "2",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, env=env)
 
 
@@ -48,13 +58,29 @@ def test_smoke_dag_writes_every_table_and_figure(smoke_run):
         means = df[[c for c in df.columns if c.endswith("/mean")]]
         assert len(means.columns) and means.notna().all().all()
         assert all(math.isfinite(v) for v in means.to_numpy().ravel())
-        for scorer in ("toypref", "toyclip", "backdrop"):  # Table 1's preference metrics: the scorer, alignment, the exact aesthetic
+        for scorer in (
+            "toypref",
+            "toyclip",
+            "backdrop",
+        ):  # Table 1's preference metrics: the scorer, alignment, the exact aesthetic
             assert any(f"/{scorer}/mean" in c for c in means.columns), (table, list(means.columns))
     gain = pd.read_csv(report / "val_gain.csv")  # the Base row holds the base reward, the others their gains
     assert math.isfinite(gain.loc[gain["variant"] == "base", "val/base/mean"].iloc[0])
     trained = gain[gain["variant"] != "base"]
-    assert len(trained) and np.isfinite(trained[[c for c in gain.columns if c.startswith("gain/") and c.endswith("/mean")]].to_numpy()).all()
-    for fig in ("fig2_dynamics", "fig4_uncertainty", "fig6_samples", "fig7a_samples", "fig7b_reward_curves", "fig7c_final_metric"):
+    assert (
+        len(trained)
+        and np.isfinite(
+            trained[[c for c in gain.columns if c.startswith("gain/") and c.endswith("/mean")]].to_numpy()
+        ).all()
+    )
+    for fig in (
+        "fig2_dynamics",
+        "fig4_uncertainty",
+        "fig6_samples",
+        "fig7a_samples",
+        "fig7b_reward_curves",
+        "fig7c_final_metric",
+    ):
         for ext in ("png", "pdf"):
             assert (report / f"{fig}.{ext}").stat().st_size > 1000
 
@@ -67,7 +93,9 @@ def test_every_stage_of_the_smoke_dag_records_the_kernel_caps_it_ran_under(smoke
     expected = {k: os.environ.get(k, v) for k, v in CAPS.items()}  # a cap the caller set stands
     specs = sorted((smoke_run / "results").rglob("spec.json"))
     stages = {p.relative_to(smoke_run / "results").parts[0] for p in specs}
-    assert {"data", "toyclip", "toypref", "pretrain", "smoke"} <= stages, stages  # shared stages and this config's runs
+    assert {"data", "toyclip", "toypref", "pretrain", "smoke"} <= stages, (
+        stages
+    )  # shared stages and this config's runs
     for path in specs:
         kernels = json.loads(path.read_text())["kernels"]
         assert {k: kernels[k] for k in CAPS} == expected, path
@@ -83,15 +111,22 @@ def test_smoke_dag_writes_the_claims_table(smoke_run):
     statements = set(claims["statement"])
     for link in ("+Fix* > GRPO*", "+MTE > +Fix*", "+Sim > +MTE"):
         assert {f"ladder on validation: {link}", f"ladder on CompBench: {link}"} <= statements
-    assert {"AR gradient norm lower with the frozen head", "AR gradient variance lower with the frozen head",
-            "end-to-end GRPO ends below the base policy"} <= statements
+    assert {
+        "AR gradient norm lower with the frozen head",
+        "AR gradient variance lower with the frozen head",
+        "end-to-end GRPO ends below the base policy",
+    } <= statements
     assert {"+Fix (committed) > GRPO*", "+Fix (committed) > +Sim"} <= statements
     assert any(s.startswith("k = 0.3 beats k = 0") for s in statements)  # (d) from the ablation grid
-    assert {"RL on the head alone rises first (first validated step above the base)",
-            "... then falls (last validated step below the first)"} <= statements  # (f) from the `head` variant
+    assert {
+        "RL on the head alone rises first (first validated step above the base)",
+        "... then falls (last validated step below the first)",
+    } <= statements  # (f) from the `head` variant
     assert set(claims["claim"]) == {"a", "b", "c", "d", "e", "f", "g"}
-    assert {"+Fix lifts the validation reward above the base policy (last step)",
-            "+Sim lifts the validation reward above the base policy (last step)"} <= statements  # (g) Table 1's lift
+    assert {
+        "+Fix lifts the validation reward above the base policy (last step)",
+        "+Sim lifts the validation reward above the base policy (last step)",
+    } <= statements  # (g) Table 1's lift
     numeric = claims[claims["claim"] != "b"]
     assert np.isfinite(numeric[["diff", "lo", "hi"]].to_numpy()).all()
     assert set(claims["verdict"]) <= {"reproduced", "refuted", "not settled"}
@@ -100,10 +135,19 @@ def test_smoke_dag_writes_the_claims_table(smoke_run):
     assert (paired["n_seeds"] == 2).all() and np.isfinite(paired[["diff", "boot_lo", "boot_hi"]].to_numpy()).all()
     assert "**Power.**" in (report / "claims.md").read_text()
     ladder = claims[claims["statement"].str.startswith("ladder on")]  # decided again on the second seed set (seed 2)
-    assert (ladder["replicate_n_seeds"] == 1).all() and set(ladder["replicate_verdict"]) <= {"reproduced", "refuted", "not settled"}
-    assert all(b == (v if v == r else "differs") for v, r, b in zip(ladder["verdict"], ladder["replicate_verdict"], ladder["both"]))
+    assert (ladder["replicate_n_seeds"] == 1).all() and set(ladder["replicate_verdict"]) <= {
+        "reproduced",
+        "refuted",
+        "not settled",
+    }
+    assert all(
+        b == (v if v == r else "differs")
+        for v, r, b in zip(ladder["verdict"], ladder["replicate_verdict"], ladder["both"])
+    )
     assert "second set" in (report / "claims.md").read_text()
-    artifacts = pd.read_csv(report / "artifacts.csv")  # Fig. 6's background energy, every ladder method against the base
+    artifacts = pd.read_csv(
+        report / "artifacts.csv"
+    )  # Fig. 6's background energy, every ladder method against the base
     assert {"GRPO", "Head only", "+Sim"} <= set(artifacts["method"])
     compared = artifacts[artifacts["n_images"] > 0]  # the smoke's head-trained samples may be noise without background
     assert len(compared) and np.isfinite(compared["diff"]).all() and (artifacts["no_background"] >= 0).all()
@@ -149,8 +193,17 @@ def test_html_report_builds_and_a_browser_renders_its_figures(smoke_run, tmp_pat
     results = json.loads(re.search(r"var results = (\{.*?\});\n", text, re.S).group(1))
     categories = json.loads(re.search(r"var categories = (\{.*?\});\n", text, re.S).group(1))
     report = "results/smoke/report"
-    figures = [f"{report}/{f}.png" for f in ("fig2_dynamics", "fig4_uncertainty", "fig6_samples", "fig7a_samples",
-                                             "fig7b_reward_curves", "fig7c_final_metric")]
+    figures = [
+        f"{report}/{f}.png"
+        for f in (
+            "fig2_dynamics",
+            "fig4_uncertainty",
+            "fig6_samples",
+            "fig7a_samples",
+            "fig7b_reward_curves",
+            "fig7c_final_metric",
+        )
+    ]
     tables = [f"{report}/{t}.csv" for t in ("table1", "table2", "val_gain", "claims", "artifacts")]
     assert sorted(results) == sorted(tables + figures + [f.replace(".png", ".pdf") for f in figures])
     assert all("Config:" in r["caption"] for r in results.values())  # the caption names the config behind it
@@ -159,12 +212,22 @@ def test_html_report_builds_and_a_browser_renders_its_figures(smoke_run, tmp_pat
 
     browser = _chromium()
     if browser is None:
-        pytest.skip("no Chromium found or installable (Debian: apt-get install chromium, as root) to render the report")
+        pytest.skip(
+            "no Chromium found or installable (Debian: apt-get install chromium, as root) to render the report"
+        )
     view = tmp_path / "view.html"
     head, body_end, tail = text.rpartition("</body>")
     view.write_text(head + _SHOW_FIGURES + body_end + tail)
-    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}",
-             "--window-size=1280,900", "--virtual-time-budget=20000"]
+    flags = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--window-size=1280,900",
+        "--virtual-time-budget=20000",
+    ]
     dom = subprocess.run([*flags, "--dump-dom", view.as_uri()], capture_output=True, text=True, timeout=300)
     sizes = json.loads(html_module.unescape(re.search(r"<title>(.*?)</title>", dom.stdout, re.S).group(1)))
     for path in figures:
@@ -191,7 +254,11 @@ def test_second_run_has_nothing_to_do_and_a_deleted_figure_reruns_alone(smoke_ru
 @pytest.mark.slow
 def test_changing_a_plot_option_reruns_plots_only(smoke_run, tmp_path):
     config = tmp_path / "smoke-plots.yaml"
-    config.write_text((REPO / "config/smoke.yaml").read_text().replace("report: {grid_prompts: 2}", "report: {grid_prompts: 2, confidence: 0.9}"))
+    config.write_text(
+        (REPO / "config/smoke.yaml")
+        .read_text()
+        .replace("report: {grid_prompts: 2}", "report: {grid_prompts: 2, confidence: 0.9}")
+    )
     out = snakemake(smoke_run, "-n", configfile=config)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
@@ -203,8 +270,15 @@ def test_changing_a_plot_option_reruns_plots_only(smoke_run, tmp_path):
 @pytest.mark.slow
 def test_changing_what_rl_freezes_reruns_training_but_not_pretraining(smoke_run, tmp_path):
     config = tmp_path / "smoke-frozen.yaml"
-    config.write_text((REPO / "config/smoke.yaml").read_text().replace(
-        "    sampling: {ar_steps: 4, diffusion_steps: 4}\n", "    sampling: {ar_steps: 4, diffusion_steps: 4}\n    rl_frozen: [blocks.0.]\n", 1))
+    config.write_text(
+        (REPO / "config/smoke.yaml")
+        .read_text()
+        .replace(
+            "    sampling: {ar_steps: 4, diffusion_steps: 4}\n",
+            "    sampling: {ar_steps: 4, diffusion_steps: 4}\n    rl_frozen: [blocks.0.]\n",
+            1,
+        )
+    )
     refused = snakemake(smoke_run, "-n", configfile=config)  # results/smoke/ holds runs of other settings (issue 27)
     assert refused.returncode != 0 and "differing: policies.toy-nova.rl_frozen" in refused.stdout + refused.stderr
     work = tmp_path / "work"  # a copy whose owner lets the new settings replace the runs: the record goes
@@ -225,9 +299,15 @@ def test_configs_coexist_and_share_exactly_the_identical_stages(smoke_run, tmp_p
     shutil.copytree(smoke_run, work, symlinks=True)
     smoke = (REPO / "config/smoke.yaml").read_text()
     b, c = tmp_path / "b.yaml", tmp_path / "c.yaml"
-    b.write_text(smoke.replace("name: smoke", "name: smoke-b").replace("pretrain: {steps: 10, batch_size: 8}", "pretrain: {steps: 12, batch_size: 8}", 1))
+    b.write_text(
+        smoke.replace("name: smoke", "name: smoke-b").replace(
+            "pretrain: {steps: 10, batch_size: 8}", "pretrain: {steps: 12, batch_size: 8}", 1
+        )
+    )
     c.write_text(smoke.replace("name: smoke", "name: smoke-c"))
-    dirs = {name: shared_dirs(load_config(path)) for name, path in (("a", REPO / "config/smoke.yaml"), ("b", b), ("c", c))}
+    dirs = {
+        name: shared_dirs(load_config(path)) for name, path in (("a", REPO / "config/smoke.yaml"), ("b", b), ("c", c))
+    }
     assert dirs["a"] == dirs["c"] and dirs["b"]["base"]["toy-nova"] != dirs["a"]["base"]["toy-nova"]
     assert {k: v for k, v in dirs["b"].items() if k != "base"} == {k: v for k, v in dirs["a"].items() if k != "base"}
     new = dirs["b"]["base"]["toy-nova"]
@@ -242,7 +322,10 @@ def test_configs_coexist_and_share_exactly_the_identical_stages(smoke_run, tmp_p
     assert json.loads((work / new / "spec.json").read_text())["policy_json"]["pretrain"]["steps"] == 12
     assert all(p.stat().st_mtime_ns == t for p, t in before.items())  # nothing of A's was rewritten
     a_again = snakemake(work, "-n").stdout  # A is as complete as before (an earlier test deleted one of its figures)
-    assert all(rule not in a_again for rule in ("rule pretrain:", "rule make_suites:", "rule train_toyclip:", "rule warmup:", "rule train:")), a_again[-2000:]
+    assert all(
+        rule not in a_again
+        for rule in ("rule pretrain:", "rule make_suites:", "rule train_toyclip:", "rule warmup:", "rule train:")
+    ), a_again[-2000:]
     text = (lambda out: out.stdout + out.stderr)(snakemake(work, "-n", configfile=c))
     assert "results/smoke-c/train/" in text and "results/smoke-c/report/table2.csv" in text, text[-3000:]
     for rule in ("rule pretrain:", "rule train_toyclip:", "rule make_suites:", "rule warmup:"):
@@ -255,12 +338,34 @@ def test_the_test_command_passes_in_a_checkout_that_holds_a_smoke_run(smoke_run,
     """`make run` then `make test` in one checkout used to fail 3 dry-run tests ("Nothing to be done"):
     the workflow tests, run in a copy of the checkout holding the smoke run's results, still pass."""
     checkout = tmp_path / "checkout"
-    shutil.copytree(REPO, checkout, symlinks=True, ignore=shutil.ignore_patterns(
-        ".venv*", "results", "logs", ".snakemake", ".git", "__pycache__", ".pytest_cache", "*.egg-info"))
+    shutil.copytree(
+        REPO,
+        checkout,
+        symlinks=True,
+        ignore=shutil.ignore_patterns(
+            ".venv*", "results", "logs", ".snakemake", ".git", "__pycache__", ".pytest_cache", "*.egg-info"
+        ),
+    )
     for name in ("results", "logs", ".snakemake"):
         shutil.copytree(smoke_run / name, checkout / name, symlinks=True)
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow and not slurm",
-                          "tests/test_workflow_config.py", "-k", "dry_run or ladder or profile"], cwd=checkout, capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "not slow and not slurm",
+            "tests/test_workflow_config.py",
+            "-k",
+            "dry_run or ladder or profile",
+        ],
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0 and " passed" in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
 
 
@@ -276,8 +381,18 @@ def test_a_killed_training_job_resumes_with_rerun_incomplete(smoke_run, tmp_path
     (work / "results/smoke/settings.json").unlink()  # under other settings (more steps): deliberately
     target = str(run.relative_to(work) / "summary.json")
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", HF_HUB_OFFLINE="1")
-    cmd = [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(work), "--configfile", str(config),
-           "--cores", "1", target]
+    cmd = [
+        SNAKEMAKE,
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(work),
+        "--configfile",
+        str(config),
+        "--cores",
+        "1",
+        target,
+    ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 300
     while not (run / "state/trainer.pt").exists() and time.time() < deadline and proc.poll() is None:
@@ -308,17 +423,53 @@ def test_slurm_profile_runs_the_smoke_dag_through_sbatch(smoke_run, tmp_path):
     jobcomp = Path("/var/log/slurm/jobcomp.log")
     before = jobcomp.read_text().count("JobId=") if jobcomp.exists() else 0
     small = ["cpus_per_task=1", "mem_mb=1000", "runtime=30"]
-    rules = ["make_suites", "train_toyclip", "pretrain", "warmup", "train", "train_ablation", "select_checkpoint", "sample",
-             "eval_compbench", "eval_preference", "uncertainty_maps", "table1", "table2", "val_gain", "claims", "fig2_dynamics", "fig4_uncertainty",
-             "fig6_samples", "fig7a_samples", "fig7b_reward_curves", "fig7c_final_metric"]
-    out = snakemake(tmp_path, "--workflow-profile", str(REPO / "workflow/profiles/slurm"), "--slurm-status-command", "squeue",
-                    "--slurm-init-seconds-before-status-checks", "2",  # polls every 2 s after a job ends (default 40)
-                    "--jobs", "4", "--latency-wait", "5", "--default-resources", *small,
-                    "--set-resources", *[f"{r}:{kv}" for r in rules for kv in small])
+    rules = [
+        "make_suites",
+        "train_toyclip",
+        "pretrain",
+        "warmup",
+        "train",
+        "train_ablation",
+        "select_checkpoint",
+        "sample",
+        "eval_compbench",
+        "eval_preference",
+        "uncertainty_maps",
+        "table1",
+        "table2",
+        "val_gain",
+        "claims",
+        "fig2_dynamics",
+        "fig4_uncertainty",
+        "fig6_samples",
+        "fig7a_samples",
+        "fig7b_reward_curves",
+        "fig7c_final_metric",
+    ]
+    out = snakemake(
+        tmp_path,
+        "--workflow-profile",
+        str(REPO / "workflow/profiles/slurm"),
+        "--slurm-status-command",
+        "squeue",
+        "--slurm-init-seconds-before-status-checks",
+        "2",  # polls every 2 s after a job ends (default 40)
+        "--jobs",
+        "4",
+        "--latency-wait",
+        "5",
+        "--default-resources",
+        *small,
+        "--set-resources",
+        *[f"{r}:{kv}" for r in rules for kv in small],
+    )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     submitted = jobcomp.read_text().count("JobId=") - before
     assert submitted >= len(rules), f"only {submitted} jobs in the SLURM job-completion log"
     assert "JobState=COMPLETED" in jobcomp.read_text()
     for table in ("table1", "table2"):
-        a, b = _numbers(smoke_run / f"results/smoke/report/{table}.csv"), _numbers(tmp_path / f"results/smoke/report/{table}.csv")
+        a, b = (
+            _numbers(smoke_run / f"results/smoke/report/{table}.csv"),
+            _numbers(tmp_path / f"results/smoke/report/{table}.csv"),
+        )
         assert a.shape == b.shape and pd.DataFrame(a).equals(pd.DataFrame(b)) or abs(a - b).max() < 1e-6

@@ -21,29 +21,54 @@ SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 BANNER = "Using workflow specific profile"
 
 # DESIGN sections 3-4: every stage of the experiment must be in the DAG.
-TOY_STAGES = {"make_suites", "train_toyclip", "pretrain", "warmup", "train", "train_ablation", "select_checkpoint",
-              "sample", "eval_compbench", "eval_preference", "uncertainty_maps", "table1", "table2", "fig2_dynamics",
-              "fig4_uncertainty", "fig6_samples", "fig7a_samples", "fig7b_reward_curves", "fig7c_final_metric"}
+TOY_STAGES = {
+    "make_suites",
+    "train_toyclip",
+    "pretrain",
+    "warmup",
+    "train",
+    "train_ablation",
+    "select_checkpoint",
+    "sample",
+    "eval_compbench",
+    "eval_preference",
+    "uncertainty_maps",
+    "table1",
+    "table2",
+    "fig2_dynamics",
+    "fig4_uncertainty",
+    "fig6_samples",
+    "fig7a_samples",
+    "fig7b_reward_curves",
+    "fig7c_final_metric",
+}
 REAL_STAGES = (TOY_STAGES - {"train_toyclip", "pretrain", "warmup"}) | {"check_weights"}
 
 
 def dry_run(workdir, *args):
     """Job counts of a dry-run of the repository's Snakefile in `workdir` (a scratch directory)."""
-    out = subprocess.run([SNAKEMAKE, "-n", "--cores", "1", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir), *args],
-                         cwd=REPO, capture_output=True, text=True)
+    out = subprocess.run(
+        [SNAKEMAKE, "-n", "--cores", "1", "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     text = out.stdout + out.stderr
     table = text.split("Job stats:", 1)[1]
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
 
 
-@pytest.mark.parametrize("configfile,stages", [
-    (None, TOY_STAGES),
-    ("config/smoke.yaml", TOY_STAGES),
-    ("config/full.yaml", TOY_STAGES),
-    ("config/paper-nova.yaml", REAL_STAGES),
-    ("config/paper-harmon.yaml", REAL_STAGES | {"warmup"}),
-])
+@pytest.mark.parametrize(
+    "configfile,stages",
+    [
+        (None, TOY_STAGES),
+        ("config/smoke.yaml", TOY_STAGES),
+        ("config/full.yaml", TOY_STAGES),
+        ("config/paper-nova.yaml", REAL_STAGES),
+        ("config/paper-harmon.yaml", REAL_STAGES | {"warmup"}),
+    ],
+)
 def test_dry_run_builds_full_dag(configfile, stages, tmp_path):
     jobs = dry_run(tmp_path, *(["--configfile", str(REPO / configfile)] if configfile else []))
     assert stages <= set(jobs), f"missing stages: {stages - set(jobs)}"
@@ -70,63 +95,112 @@ def with_variant(name, **settings):
     return {"variants": {**VARIANTS, name: settings}}
 
 
-@pytest.mark.parametrize("delta,key,message", [
-    ({"grpo": {"stepz": 3}}, "grpo.stepz", "unknown key"),
-    ({"grpo": {"steps": "ten"}}, "grpo.steps", "not of type"),
-    ({"policies": {"p": {"kind": "toy", "pretrain": {"lr": -1}}}}, "policies.p.pretrain.lr", "minimum"),
-    ({"variants": {"grpo": {"kl": "paper"}}}, "variants.grpo.kl", "unknown key"),
-    ({"experiments": {"ladder": {"policies": ["nope"]}}}, "experiments.ladder.policies", "not defined"),
-    # issue 14: each of these passed a dry-run before, then went wrong or failed late
-    (with_variant("grpo", overrides={"stepz": 3}), "variants.grpo.overrides.stepz", "unknown key"),
-    (with_variant("grpo", overrides={"steps": -5}), "variants.grpo.overrides.steps", "less than the minimum of 1"),
-    (with_variant("grpo", overrides={"group_size": 1}), "variants.grpo.overrides.group_size", "less than the minimum of 2"),
-    (with_variant("grpo", overrides={"micro_batches": 5}), "variants.grpo.overrides.micro_batches", "do not divide the 12 images"),
-    ({"grpo": {"micro_batches": 5}}, "grpo.micro_batches", "do not divide the 12 images"),
-    ({"train_processes": 2}, "grpo.batch_prompts", "3 prompt groups do not split evenly over the 2 processes (train_processes x train_nodes"),
-    ({"train_nodes": 2, "train_processes": 2}, "grpo.batch_prompts", "3 prompt groups do not split evenly over the 4 processes"),
-    ({"train_processes": 3, "grpo": {"micro_batches": 8}}, "grpo.micro_batches", "do not divide the 4 images"),
-    ({"policies": {"toy-nova": {"kind": "toy", "model": {"widht": 64}}}}, "policies.toy-nova.model.widht", "unknown key"),
-    ({"rewards": {"toyclip": {"toyclip": 1.0}, "mixed": {"toyclip": 1.0, "hpsv3": 1.0}}}, "rewards.mixed.hpsv3", "is not one of"),
-    ({"evaluation": {"preference": ["toyclip", "hpsv3"]}}, "evaluation.preference.1", "is not one of"),
-    ({"reward_models": {"hpsv3": {"path": "x"}}}, "reward_models.hpsv3", "is not one of"),
-    (with_variant("sim", sim=True, tau=math.nan), "variants.sim.tau", "not a finite number"),
-    ({"experiments": {"ladder": {"seeds": [0, 1, 1]}}}, "experiments.ladder.seeds", "non-unique"),
-    ({"experiments": {"table1": {"seeds": []}}}, "experiments.table1.seeds", "non-empty"),
-    ({"experiments": {"ladder": {"variants": []}}}, "experiments.ladder.variants", "non-empty"),
-    ({"experiments": {"ablations": {"seeds": [0, 0]}}}, "experiments.ablations.seeds", "non-unique"),
-    ({"toyclip": {"enabled": False}, "rewards": {"shapes": {"shapes": 1.0}}, "experiments": {"ladder": {"rewards": ["shapes"]},
-      "table1": {"rewards": ["shapes"]}, "ablations": {"reward": "shapes"}}}, "evaluation.preference", "toyclip scorer is disabled"),
-])
+@pytest.mark.parametrize(
+    "delta,key,message",
+    [
+        ({"grpo": {"stepz": 3}}, "grpo.stepz", "unknown key"),
+        ({"grpo": {"steps": "ten"}}, "grpo.steps", "not of type"),
+        ({"policies": {"p": {"kind": "toy", "pretrain": {"lr": -1}}}}, "policies.p.pretrain.lr", "minimum"),
+        ({"variants": {"grpo": {"kl": "paper"}}}, "variants.grpo.kl", "unknown key"),
+        ({"experiments": {"ladder": {"policies": ["nope"]}}}, "experiments.ladder.policies", "not defined"),
+        # issue 14: each of these passed a dry-run before, then went wrong or failed late
+        (with_variant("grpo", overrides={"stepz": 3}), "variants.grpo.overrides.stepz", "unknown key"),
+        (with_variant("grpo", overrides={"steps": -5}), "variants.grpo.overrides.steps", "less than the minimum of 1"),
+        (
+            with_variant("grpo", overrides={"group_size": 1}),
+            "variants.grpo.overrides.group_size",
+            "less than the minimum of 2",
+        ),
+        (
+            with_variant("grpo", overrides={"micro_batches": 5}),
+            "variants.grpo.overrides.micro_batches",
+            "do not divide the 12 images",
+        ),
+        ({"grpo": {"micro_batches": 5}}, "grpo.micro_batches", "do not divide the 12 images"),
+        (
+            {"train_processes": 2},
+            "grpo.batch_prompts",
+            "3 prompt groups do not split evenly over the 2 processes (train_processes x train_nodes",
+        ),
+        (
+            {"train_nodes": 2, "train_processes": 2},
+            "grpo.batch_prompts",
+            "3 prompt groups do not split evenly over the 4 processes",
+        ),
+        ({"train_processes": 3, "grpo": {"micro_batches": 8}}, "grpo.micro_batches", "do not divide the 4 images"),
+        (
+            {"policies": {"toy-nova": {"kind": "toy", "model": {"widht": 64}}}},
+            "policies.toy-nova.model.widht",
+            "unknown key",
+        ),
+        (
+            {"rewards": {"toyclip": {"toyclip": 1.0}, "mixed": {"toyclip": 1.0, "hpsv3": 1.0}}},
+            "rewards.mixed.hpsv3",
+            "is not one of",
+        ),
+        ({"evaluation": {"preference": ["toyclip", "hpsv3"]}}, "evaluation.preference.1", "is not one of"),
+        ({"reward_models": {"hpsv3": {"path": "x"}}}, "reward_models.hpsv3", "is not one of"),
+        (with_variant("sim", sim=True, tau=math.nan), "variants.sim.tau", "not a finite number"),
+        ({"experiments": {"ladder": {"seeds": [0, 1, 1]}}}, "experiments.ladder.seeds", "non-unique"),
+        ({"experiments": {"table1": {"seeds": []}}}, "experiments.table1.seeds", "non-empty"),
+        ({"experiments": {"ladder": {"variants": []}}}, "experiments.ladder.variants", "non-empty"),
+        ({"experiments": {"ablations": {"seeds": [0, 0]}}}, "experiments.ablations.seeds", "non-unique"),
+        (
+            {
+                "toyclip": {"enabled": False},
+                "rewards": {"shapes": {"shapes": 1.0}},
+                "experiments": {
+                    "ladder": {"rewards": ["shapes"]},
+                    "table1": {"rewards": ["shapes"]},
+                    "ablations": {"reward": "shapes"},
+                },
+            },
+            "evaluation.preference",
+            "toyclip scorer is disabled",
+        ),
+    ],
+)
 def test_bad_config_names_key_path(delta, key, message):
     with pytest.raises(ConfigError, match=re.escape(f"'{key}'") + ".*" + re.escape(message)):
         load_config(delta)
 
 
-@pytest.mark.parametrize("table,message", [
-    ("topfrac\ttau\ttrajectories\n0.3\t0.0\t4\n", "unknown: ['topfrac']"),  # used to train every point at k = 0.3
-    ("top_frac\ttau\n1.5\t0.0\n", "key 'top_frac': 1.5 is greater than the maximum of 1"),
-    ("top_frac\ttau\n0.3\tnan\n", "key 'tau': nan is not a finite number"),
-    ("top_frac\ttrajectories\n0.3\t2.5\n", "invalid literal for int()"),
-    ("top_frac\n0.3\n0.3\n", ":3 repeats line 2"),
-    ("top_frac\n", "no grid points"),
-])
+@pytest.mark.parametrize(
+    "table,message",
+    [
+        ("topfrac\ttau\ttrajectories\n0.3\t0.0\t4\n", "unknown: ['topfrac']"),  # used to train every point at k = 0.3
+        ("top_frac\ttau\n1.5\t0.0\n", "key 'top_frac': 1.5 is greater than the maximum of 1"),
+        ("top_frac\ttau\n0.3\tnan\n", "key 'tau': nan is not a finite number"),
+        ("top_frac\ttrajectories\n0.3\t2.5\n", "invalid literal for int()"),
+        ("top_frac\n0.3\n0.3\n", ":3 repeats line 2"),
+        ("top_frac\n", "no grid points"),
+    ],
+)
 def test_bad_ablation_table_names_the_file(tmp_path, table, message):
     (tmp_path / "grid.tsv").write_text(table)
     with pytest.raises(ConfigError, match=re.escape("'experiments.ablations.table'") + ".*" + re.escape(message)):
         load_config({"experiments": {"ablations": {"table": str(tmp_path / "grid.tsv")}}})
 
 
-@pytest.mark.parametrize("edit,named", [
-    (lambda c: c["grpo"].update(clip_epsilon=0.2), "grpo.clip_epsilon"),
-    (lambda c: c["variants"]["grpo"].update(overrides={"steps": -5}), "variants.grpo.overrides.steps"),
-    (lambda c: c["policies"]["toy-nova"]["model"].update(widht=64), "policies.toy-nova.model.widht"),
-])
+@pytest.mark.parametrize(
+    "edit,named",
+    [
+        (lambda c: c["grpo"].update(clip_epsilon=0.2), "grpo.clip_epsilon"),
+        (lambda c: c["variants"]["grpo"].update(overrides={"steps": -5}), "variants.grpo.overrides.steps"),
+        (lambda c: c["policies"]["toy-nova"]["model"].update(widht=64), "policies.toy-nova.model.widht"),
+    ],
+)
 def test_snakemake_rejects_a_bad_config_at_dry_run_with_the_key_path(tmp_path, edit, named):
     cfg = yaml.safe_load((REPO / "config/smoke.yaml").read_text())
     edit(cfg)
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(cfg))
-    out = subprocess.run([SNAKEMAKE, "-n", "--configfile", str(bad), "--directory", str(tmp_path)], cwd=REPO, capture_output=True, text=True)
+    out = subprocess.run(
+        [SNAKEMAKE, "-n", "--configfile", str(bad), "--directory", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode != 0
     assert named in out.stdout + out.stderr, out.stderr[-2000:]
 
@@ -134,15 +208,25 @@ def test_snakemake_rejects_a_bad_config_at_dry_run_with_the_key_path(tmp_path, e
 def test_the_default_profile_loads_for_make_run_and_a_bare_snakemake(tmp_path):
     """Snakemake finds profiles/default beside the Snakefile (a link to workflow/profiles/): rerun-incomplete,
     show-failed-logs and the gpu cap are on for `make run` and for `snakemake --cores all` typed by hand."""
-    bare = subprocess.run([SNAKEMAKE, "-n", "--cores", "all", "--directory", str(tmp_path)], cwd=REPO, capture_output=True, text=True)
+    bare = subprocess.run(
+        [SNAKEMAKE, "-n", "--cores", "all", "--directory", str(tmp_path)], cwd=REPO, capture_output=True, text=True
+    )
     assert bare.returncode == 0 and BANNER in bare.stderr, bare.stderr[-2000:]
-    elsewhere = subprocess.run([SNAKEMAKE, "-n", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path)],
-                               cwd=tmp_path, capture_output=True, text=True)
+    elsewhere = subprocess.run(
+        [SNAKEMAKE, "-n", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert elsewhere.returncode == 0 and BANNER in elsewhere.stderr, elsewhere.stderr[-2000:]
     if not (REPO / ".venv/bin/snakemake").exists():
         pytest.skip("make run needs the repository's .venv (make install)")
-    make = subprocess.run(["make", "-s", "-o", ".venv/.installed", "run", f"SNAKEMAKE_ARGS=-n --directory {tmp_path}"],
-                          cwd=REPO, capture_output=True, text=True)
+    make = subprocess.run(
+        ["make", "-s", "-o", ".venv/.installed", "run", f"SNAKEMAKE_ARGS=-n --directory {tmp_path}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert make.returncode == 0 and BANNER in make.stderr, make.stdout[-2000:] + make.stderr[-2000:]
     profile = yaml.safe_load((REPO / "profiles/default/config.yaml").read_text())
     assert profile["rerun-incomplete"] and profile["show-failed-logs"] and profile["resources"]["gpu"] == 1
@@ -157,9 +241,24 @@ def test_a_failing_rule_shows_its_log(tmp_path):
     config = tmp_path / "nova.yaml"
     config.write_text(yaml.safe_dump(cfg))
     target = f"{shared_dirs(load_config(config))['base']['nova']}/policy.json"
-    out = subprocess.run([SNAKEMAKE, target, "--cores", "1", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
-                          "--configfile", str(config)], cwd=tmp_path, capture_output=True, text=True,
-                         env=dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}"))
+    out = subprocess.run(
+        [
+            SNAKEMAKE,
+            target,
+            "--cores",
+            "1",
+            "--snakefile",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(tmp_path),
+            "--configfile",
+            str(config),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}"),
+    )
     assert out.returncode != 0
     assert "margrpo check-weights: error: nova weights in" in out.stdout + out.stderr, out.stderr[-3000:]
     assert "missing model_index.json" in out.stdout + out.stderr and "Traceback" not in out.stdout + out.stderr
@@ -170,39 +269,85 @@ def test_shared_stage_folders_are_keyed_by_exactly_what_they_read():
     base = load_config(REPO / "config/smoke.yaml")
     dirs = shared_dirs(base)
     assert re.fullmatch(r"results/pretrain/toy-nova-[0-9a-f]{8}", dirs["base"]["toy-nova"])
-    assert shared_dirs(load_config(REPO / "config/full.yaml"))["base"] == shared_dirs(load_config(REPO / "config/config.yaml"))["base"]
+    assert (
+        shared_dirs(load_config(REPO / "config/full.yaml"))["base"]
+        == shared_dirs(load_config(REPO / "config/config.yaml"))["base"]
+    )
 
     def moved(edit):
         cfg = load_config(REPO / "config/smoke.yaml")
         edit(cfg)
         new = shared_dirs(cfg)
-        return {k for k in ("data", "toyclip") if new[k] != dirs[k]} | \
-            {f"{k}/{p}" for k in ("base", "warmup") for p in dirs[k] if new[k][p] != dirs[k][p]}
+        return {k for k in ("data", "toyclip") if new[k] != dirs[k]} | {
+            f"{k}/{p}" for k in ("base", "warmup") for p in dirs[k] if new[k][p] != dirs[k][p]
+        }
 
     assert moved(lambda c: c.update(name="other", report={"formats": ["svg"]})) == set()
     assert moved(lambda c: c["grpo"].update(lr=0.5)) == set()  # RL settings: no shared stage reads them
     assert moved(lambda c: c["policies"]["toy-nova"]["pretrain"].update(steps=11)) == {"base/toy-nova"}
     assert moved(lambda c: c["policies"]["toy-harmon"]["warmup"].update(lr=0.1)) == {"warmup/toy-harmon"}
     assert moved(lambda c: c["toyclip"].update(width=16)) == {"toyclip"}
-    assert moved(lambda c: c["prompts"].update(n_eval=13)) == {"data", "toyclip", "base/toy-nova", "base/toy-harmon", "warmup/toy-harmon"}
-    assert moved(lambda c: c.update(mixed_precision="bf16")) == {"base/toy-nova", "base/toy-harmon", "warmup/toy-harmon"}
+    assert moved(lambda c: c["prompts"].update(n_eval=13)) == {
+        "data",
+        "toyclip",
+        "base/toy-nova",
+        "base/toy-harmon",
+        "warmup/toy-harmon",
+    }
+    assert moved(lambda c: c.update(mixed_precision="bf16")) == {
+        "base/toy-nova",
+        "base/toy-harmon",
+        "warmup/toy-harmon",
+    }
 
 
 def test_stage_json_arguments_are_validated_without_a_traceback(tmp_path):
     """`margrpo pretrain` with steps: -5 used to exit 0 with an untrained policy."""
     policy = {"kind": "toy", "pretrain": {"steps": -5}}
-    out = subprocess.run([str(Path(sys.executable).with_name("margrpo")), "pretrain", "--world", "w.json", "--eval-suite", "e.jsonl",
-                          "--policy-json", json.dumps(policy), "--out-dir", str(tmp_path / "p"),
-                          "--quality", str(tmp_path / "q.json")], capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="0"))
+    out = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("margrpo")),
+            "pretrain",
+            "--world",
+            "w.json",
+            "--eval-suite",
+            "e.jsonl",
+            "--policy-json",
+            json.dumps(policy),
+            "--out-dir",
+            str(tmp_path / "p"),
+            "--quality",
+            str(tmp_path / "q.json"),
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, HF_HUB_OFFLINE="0"),
+    )
     assert out.returncode == 1
-    assert out.stderr.strip() == "margrpo pretrain: error: --policy-json: key 'pretrain.steps': -5 is less than the minimum of 1"
+    assert (
+        out.stderr.strip()
+        == "margrpo pretrain: error: --policy-json: key 'pretrain.steps': -5 is less than the minimum of 1"
+    )
 
 
 def test_unknown_names_in_stage_arguments_are_one_line_errors(tmp_path):
     from margrpo.cli import main
 
-    common = ["--policy-dir", "p", "--suites-dir", "s", "--out-dir", str(tmp_path), "--config", str(REPO / "config/smoke.yaml")]
-    for flag, value, kind in (("--policy", "nope", "policies"), ("--reward", "hpsv3", "rewards"), ("--variant", "grpo-x", "variants")):
+    common = [
+        "--policy-dir",
+        "p",
+        "--suites-dir",
+        "s",
+        "--out-dir",
+        str(tmp_path),
+        "--config",
+        str(REPO / "config/smoke.yaml"),
+    ]
+    for flag, value, kind in (
+        ("--policy", "nope", "policies"),
+        ("--reward", "hpsv3", "rewards"),
+        ("--variant", "grpo-x", "variants"),
+    ):
         names = {"--policy": "toy-nova", "--reward": "toyclip", "--variant": "grpo", flag: value}
         with pytest.raises(SystemExit, match=re.escape(f"key '{flag}': {value!r} is not defined under '{kind}'")):
             main(["train", *common, *[x for kv in names.items() for x in kv]])
@@ -243,19 +388,28 @@ def test_schema_defaults_are_the_dataclass_defaults():
     from margrpo.toylab.pretraining import PretrainConfig
 
     def defaults(cls):
-        return {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory() for f in dataclasses.fields(cls)}
+        return {
+            f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            for f in dataclasses.fields(cls)
+        }
 
     def schema(section, skip=()):
         return {k: v["default"] for k, v in schema_section(section)["properties"].items() if k not in skip}
 
-    for section, cls, skip in (("grpo", GRPOConfig, ()), ("variants.*", GRPOConfig, ("report_step", "overrides")),
-                               ("policies.*.sampling", SamplingConfig, ()), ("policies.*.model", ToyMARConfig, ()),
-                               ("policies.*.pretrain", PretrainConfig, ())):
+    for section, cls, skip in (
+        ("grpo", GRPOConfig, ()),
+        ("variants.*", GRPOConfig, ("report_step", "overrides")),
+        ("policies.*.sampling", SamplingConfig, ()),
+        ("policies.*.model", ToyMARConfig, ()),
+        ("policies.*.pretrain", PretrainConfig, ()),
+    ):
         fields = defaults(cls)
         for key, value in schema(section, skip).items():
             assert key in fields, f"{section}.{key} is no field of {cls.__name__}"
             expected = list(fields[key]) if isinstance(fields[key], tuple) else fields[key]
-            assert value == expected, f"{section}.{key}: schema default {value!r}, {cls.__name__}.{key} = {fields[key]!r}"
+            assert value == expected, (
+                f"{section}.{key}: schema default {value!r}, {cls.__name__}.{key} = {fields[key]!r}"
+            )
     assert CONFIG_DEFAULTS == schema("toyclip")
 
 
@@ -270,8 +424,21 @@ def _dry_run_train_jobs(tmp_path, overrides: dict) -> tuple[str, list[str]]:
     """A dry run of the smoke config with `overrides` on top, for 8 cores and 8 GPUs: its printout and the train jobs."""
     cfg = tmp_path / "overrides.yaml"
     cfg.write_text(yaml.safe_dump(overrides))
-    args = ["-n", "-p", "--cores", "8", "--resources", "gpu=8", "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
-            "--configfile", str(REPO / "config/smoke.yaml"), str(cfg)]
+    args = [
+        "-n",
+        "-p",
+        "--cores",
+        "8",
+        "--resources",
+        "gpu=8",
+        "--snakefile",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(tmp_path),
+        "--configfile",
+        str(REPO / "config/smoke.yaml"),
+        str(cfg),
+    ]
     out = subprocess.run([SNAKEMAKE, *args], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     jobs = [j for j in out.stdout.split("\n\n") if re.search(r"^rule train(_ablation)?:", j, re.M)]
@@ -286,13 +453,25 @@ def test_train_nodes_start_torchrun_on_each_node_and_ask_slurm_for_the_nodes(tmp
 
     from snakemake_executor_plugin_slurm.utils import set_gres_string
 
-    _, jobs = _dry_run_train_jobs(tmp_path, {"device": "cuda", "train_processes": 2, "train_nodes": 2, "train_port": 29600,
-                                             "grpo": {"batch_prompts": 4, "group_size": 2, "mask_steps": 2, "diffusion_steps": 2}})
+    _, jobs = _dry_run_train_jobs(
+        tmp_path,
+        {
+            "device": "cuda",
+            "train_processes": 2,
+            "train_nodes": 2,
+            "train_port": 29600,
+            "grpo": {"batch_prompts": 4, "group_size": 2, "mask_steps": 2, "diffusion_steps": 2},
+        },
+    )
     for job in jobs:
         assert "Shell command: python -m margrpo.infra.launch --nodes 2 --port 29600 2 margrpo train " in job, job
-        assert re.search(r"resources: .*\bnodes=2\b", job) and re.search(r"\btasks=2\b", job) and "gres=gpu:2" in job, job
+        assert (
+            re.search(r"resources: .*\bnodes=2\b", job) and re.search(r"\btasks=2\b", job) and "gres=gpu:2" in job
+        ), job
     resources = SimpleNamespace(gres="gpu:2", get={"gres": "gpu:2"}.get)
-    assert set_gres_string(SimpleNamespace(resources=resources)).strip() == "--gres=gpu:2"  # per node, as SLURM counts it
+    assert (
+        set_gres_string(SimpleNamespace(resources=resources)).strip() == "--gres=gpu:2"
+    )  # per node, as SLURM counts it
 
 
 def test_train_processes_launch_n_local_processes_and_request_one_gpu_each(tmp_path):
@@ -302,8 +481,15 @@ def test_train_processes_launch_n_local_processes_and_request_one_gpu_each(tmp_p
 
     from snakemake_executor_plugin_slurm.utils import set_gres_string
 
-    out, jobs = _dry_run_train_jobs(tmp_path, {"device": "cuda", "train_processes": 2, "threads": 3,
-                                               "grpo": {"batch_prompts": 2, "group_size": 2, "mask_steps": 2, "diffusion_steps": 2}})
+    out, jobs = _dry_run_train_jobs(
+        tmp_path,
+        {
+            "device": "cuda",
+            "train_processes": 2,
+            "threads": 3,
+            "grpo": {"batch_prompts": 2, "group_size": 2, "mask_steps": 2, "diffusion_steps": 2},
+        },
+    )
     for job in jobs:
         assert "Shell command: python -m margrpo.infra.launch 2 margrpo train " in job, job
         assert re.search(r"resources: .*\bgpu=2\b", job) and re.search(r"^\s*threads: 6$", job, re.M), job
@@ -311,7 +497,28 @@ def test_train_processes_launch_n_local_processes_and_request_one_gpu_each(tmp_p
     others = [j for j in out.split("\n\n") if re.search(r"^rule (sample|pretrain):", j, re.M)]
     assert others and all("margrpo.infra.launch" not in j and re.search(r"gpu=1\b", j) for j in others)
     assert set_gres_string(SimpleNamespace(resources=SimpleNamespace(get={"gpu": 2}.get))).strip() == "--gpus=2"
-    single = subprocess.run([SNAKEMAKE, "-n", "-p", "--cores", "8", "--resources", "gpu=8", "--snakefile", str(REPO / "Snakefile"),
-                             "--directory", str(tmp_path), "--configfile", str(REPO / "config/smoke.yaml")],
-                            cwd=REPO, capture_output=True, text=True)
-    assert single.returncode == 0 and "margrpo.infra.launch" not in single.stdout and "Shell command: margrpo train " in single.stdout
+    single = subprocess.run(
+        [
+            SNAKEMAKE,
+            "-n",
+            "-p",
+            "--cores",
+            "8",
+            "--resources",
+            "gpu=8",
+            "--snakefile",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(tmp_path),
+            "--configfile",
+            str(REPO / "config/smoke.yaml"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        single.returncode == 0
+        and "margrpo.infra.launch" not in single.stdout
+        and "Shell command: margrpo train " in single.stdout
+    )

@@ -14,7 +14,9 @@ CFG = WorldConfig()
 
 
 def degrade(image, rng, blur=1.0, noise=0.05):
-    x = ndimage.gaussian_filter(image.astype(np.float32) / 255, sigma=(blur, blur, 0)) + rng.normal(0, noise, image.shape)
+    x = ndimage.gaussian_filter(image.astype(np.float32) / 255, sigma=(blur, blur, 0)) + rng.normal(
+        0, noise, image.shape
+    )
     return np.clip(np.round(x * 255), 0, 255).astype(np.uint8)
 
 

@@ -81,7 +81,13 @@ def test_from_dict_rejects_unknown_keys():
 
 @pytest.mark.parametrize(
     "b, holds",
-    [((20, 8), {"left of", "next to"}), ((0, 8), {"right of", "next to"}), ((8, 24), {"above"}), ((8, -9), {"below"}), ((20, 20), set())],
+    [
+        ((20, 8), {"left of", "next to"}),
+        ((0, 8), {"right of", "next to"}),
+        ((8, 24), {"above"}),
+        ((8, -9), {"below"}),
+        ((20, 20), set()),
+    ],
 )
 def test_relations_need_a_dominant_axis(b, holds):
     got = {r for r in ("left of", "right of", "above", "below", "next to") if relation_holds((8, 8), b, r, margin=1.0)}
@@ -89,6 +95,7 @@ def test_relations_need_a_dominant_axis(b, holds):
 
 
 # ---------------------------------------------------------------- the backdrop: the world's aesthetic
+
 
 @pytest.mark.parametrize("backdrop", [0.0, 0.05, 0.1, 0.2])
 def test_backdrop_level_reads_a_render_exactly_and_the_parser_sees_the_same_scene(backdrop):

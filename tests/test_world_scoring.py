@@ -35,24 +35,36 @@ def image_of(*objects):
 
 # category -> (spec, a faithful scene, the same scene with one constraint violated)
 CASES = {
-    "color": (spec(phrase("red", "circle"), phrase("blue", "square")),
-              [obj("red", "circle"), obj("blue", "square", cell=3)],
-              [obj("green", "circle"), obj("blue", "square", cell=3)]),  # wrong colour
-    "shape": (spec(phrase(shape="circle"), phrase(shape="triangle")),
-              [obj("red", "circle"), obj("cyan", "triangle", cell=1)],
-              [obj("red", "circle"), obj("cyan", "square", cell=1)]),  # wrong shape
-    "texture": (spec(phrase(shape="triangle", texture="hollow"), phrase("red", "circle", "solid")),
-                [obj("blue", "triangle", "hollow"), obj("red", "circle", cell=2)],
-                [obj("blue", "triangle", "solid"), obj("red", "circle", cell=2)]),  # wrong texture
-    "spatial": (spec(phrase("red", "circle"), phrase(shape="square"), relation={"type": "left of", "a": 0, "b": 1}),
-                [obj("red", "circle", cell=0), obj("green", "square", cell=1)],
-                [obj("red", "circle", cell=1), obj("green", "square", cell=0)]),  # wrong relation
-    "numeracy": (spec(phrase(shape="square", count=3), exact=True),
-                 [obj("red", "square"), obj("blue", "square", cell=1), obj("cyan", "square", cell=3)],
-                 [obj("red", "square"), obj("blue", "square", cell=1)]),  # wrong count
-    "complex": (spec(phrase("red", "circle", count=2), phrase("blue", "square"), exact=True),
-                [obj("red", "circle"), obj("red", "circle", cell=1), obj("blue", "square", cell=2)],
-                [obj("red", "circle"), obj("red", "circle", cell=1), obj("blue", "triangle", cell=2)]),  # wrong shape
+    "color": (
+        spec(phrase("red", "circle"), phrase("blue", "square")),
+        [obj("red", "circle"), obj("blue", "square", cell=3)],
+        [obj("green", "circle"), obj("blue", "square", cell=3)],
+    ),  # wrong colour
+    "shape": (
+        spec(phrase(shape="circle"), phrase(shape="triangle")),
+        [obj("red", "circle"), obj("cyan", "triangle", cell=1)],
+        [obj("red", "circle"), obj("cyan", "square", cell=1)],
+    ),  # wrong shape
+    "texture": (
+        spec(phrase(shape="triangle", texture="hollow"), phrase("red", "circle", "solid")),
+        [obj("blue", "triangle", "hollow"), obj("red", "circle", cell=2)],
+        [obj("blue", "triangle", "solid"), obj("red", "circle", cell=2)],
+    ),  # wrong texture
+    "spatial": (
+        spec(phrase("red", "circle"), phrase(shape="square"), relation={"type": "left of", "a": 0, "b": 1}),
+        [obj("red", "circle", cell=0), obj("green", "square", cell=1)],
+        [obj("red", "circle", cell=1), obj("green", "square", cell=0)],
+    ),  # wrong relation
+    "numeracy": (
+        spec(phrase(shape="square", count=3), exact=True),
+        [obj("red", "square"), obj("blue", "square", cell=1), obj("cyan", "square", cell=3)],
+        [obj("red", "square"), obj("blue", "square", cell=1)],
+    ),  # wrong count
+    "complex": (
+        spec(phrase("red", "circle", count=2), phrase("blue", "square"), exact=True),
+        [obj("red", "circle"), obj("red", "circle", cell=1), obj("blue", "square", cell=2)],
+        [obj("red", "circle"), obj("red", "circle", cell=1), obj("blue", "triangle", cell=2)],
+    ),  # wrong shape
 }
 
 
@@ -99,7 +111,17 @@ def test_spraying_fragments_lowers_strict_not_lenient():
 
 def test_spraying_objects_lowers_strict_not_lenient():
     s = spec(phrase("red", "circle"))
-    r = score(s, image_of(obj("red", "circle"), obj("green", "square", cell=1), obj("blue", "triangle", cell=2), obj("red", "circle", cell=3)), "color", CFG)
+    r = score(
+        s,
+        image_of(
+            obj("red", "circle"),
+            obj("green", "square", cell=1),
+            obj("blue", "triangle", cell=2),
+            obj("red", "circle", cell=3),
+        ),
+        "color",
+        CFG,
+    )
     assert r["lenient"] == 1.0 and r["extra_objects"] == 3 and r["strict"] == pytest.approx(0.25)
 
 
@@ -113,7 +135,9 @@ def test_score_rejects_unknown_category_and_bad_spec():
 
 def test_shapes_reward_batch():
     names = ["color", "numeracy"]
-    images = np.stack([image_of(*CASES[c][1]) for c in names] + [image_of(*CASES[c][2]) for c in names])  # (4, H, W, 3)
+    images = np.stack(
+        [image_of(*CASES[c][1]) for c in names] + [image_of(*CASES[c][2]) for c in names]
+    )  # (4, H, W, 3)
     x = torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255  # (4, 3, H, W) in [0, 1]
     metadata = [{"spec": CASES[c][0], "category": c} for c in names * 2]
     for form in ("strict", "lenient"):

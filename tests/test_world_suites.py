@@ -62,7 +62,10 @@ def test_suites_are_deterministic_per_seed(suites):
 
 
 def test_canonical_key_ignores_word_order_and_mirroring():
-    red, square = {"color": "red", "shape": "circle", "texture": None, "count": 1}, {"color": None, "shape": "square", "texture": None, "count": 1}
+    red, square = (
+        {"color": "red", "shape": "circle", "texture": None, "count": 1},
+        {"color": None, "shape": "square", "texture": None, "count": 1},
+    )
     left = {"objects": [red, square], "relation": {"type": "left of", "a": 0, "b": 1}, "exact_count": False}
     right = {"objects": [square, red], "relation": {"type": "right of", "a": 0, "b": 1}, "exact_count": False}
     assert prompt_for_spec(left) == "a red circle on the left of a square"
@@ -82,7 +85,11 @@ def test_caption_scene_refuses_a_category_that_does_not_fit():
 
 
 def test_scene_for_spec_refuses_too_many_objects():
-    spec = {"objects": [{"color": None, "shape": "circle", "texture": None, "count": 5}], "relation": None, "exact_count": True}
+    spec = {
+        "objects": [{"color": None, "shape": "circle", "texture": None, "count": 5}],
+        "relation": None,
+        "exact_count": True,
+    }
     with pytest.raises(ValueError, match="max_objects"):
         scene_for_spec(spec, np.random.default_rng(0), CFG)
 
@@ -93,8 +100,15 @@ def test_suite_file_round_trip(tmp_path, suites):
     assert not list(tmp_path.glob(".*tmp*"))  # the temporary file was renamed away
 
 
-GOOD = {"prompt": "a red circle", "category": "color",
-        "spec": {"objects": [{"color": "red", "shape": "circle", "texture": None, "count": 1}], "relation": None, "exact_count": False}}
+GOOD = {
+    "prompt": "a red circle",
+    "category": "color",
+    "spec": {
+        "objects": [{"color": "red", "shape": "circle", "texture": None, "count": 1}],
+        "relation": None,
+        "exact_count": False,
+    },
+}
 
 
 @pytest.mark.parametrize(
@@ -104,9 +118,42 @@ GOOD = {"prompt": "a red circle", "category": "color",
         (json.dumps({k: v for k, v in GOOD.items() if k != "spec"}), "keys prompt, category, spec"),
         (json.dumps(GOOD | {"category": "3d_spatial"}), "unknown category"),
         (json.dumps(GOOD | {"prompt": "a_red circle"}), "without '_'"),
-        (json.dumps(GOOD | {"spec": {**GOOD["spec"], "objects": [{"color": "mauve", "shape": "circle", "texture": None, "count": 1}]}}), "unknown color"),
-        (json.dumps(GOOD | {"spec": {**GOOD["spec"], "objects": [{"color": None, "shape": "hexagon", "texture": None, "count": 1}]}}), "unknown shape"),
-        (json.dumps(GOOD | {"spec": {**GOOD["spec"], "objects": [{"color": None, "shape": "circle", "texture": "furry", "count": 1}]}}), "unknown texture"),
+        (
+            json.dumps(
+                GOOD
+                | {
+                    "spec": {
+                        **GOOD["spec"],
+                        "objects": [{"color": "mauve", "shape": "circle", "texture": None, "count": 1}],
+                    }
+                }
+            ),
+            "unknown color",
+        ),
+        (
+            json.dumps(
+                GOOD
+                | {
+                    "spec": {
+                        **GOOD["spec"],
+                        "objects": [{"color": None, "shape": "hexagon", "texture": None, "count": 1}],
+                    }
+                }
+            ),
+            "unknown shape",
+        ),
+        (
+            json.dumps(
+                GOOD
+                | {
+                    "spec": {
+                        **GOOD["spec"],
+                        "objects": [{"color": None, "shape": "circle", "texture": "furry", "count": 1}],
+                    }
+                }
+            ),
+            "unknown texture",
+        ),
         (json.dumps(GOOD), "repeats line 1"),
         ('{"prompt": "a blue circle", ' + json.dumps(GOOD)[1:], "key 'prompt' is given twice"),
     ],
@@ -125,7 +172,24 @@ def test_make_suites_and_eval_compbench_stages(tmp_path):
     parser = argparse.ArgumentParser()
     make_suites.add_arguments(parser)
     out = tmp_path / "suites"
-    make_suites.run(parser.parse_args(["--out-dir", str(out), "--n-train", "12", "--n-val", "6", "--n-eval", "6", "--snap", "true", "--palette-size", "6"]))
+    make_suites.run(
+        parser.parse_args(
+            [
+                "--out-dir",
+                str(out),
+                "--n-train",
+                "12",
+                "--n-val",
+                "6",
+                "--n-eval",
+                "6",
+                "--snap",
+                "true",
+                "--palette-size",
+                "6",
+            ]
+        )
+    )
     assert WorldConfig.from_dict(json.loads((out / "world.json").read_text())) == CFG
     records = load_suite(out / "eval.jsonl")
     assert len(records) == 6 and len(load_suite(out / "train.jsonl")) == 12
@@ -139,8 +203,18 @@ def test_make_suites_and_eval_compbench_stages(tmp_path):
     parser = argparse.ArgumentParser()
     eval_compbench.add_arguments(parser)
     per_image, per_category = tmp_path / "pi.csv", tmp_path / "pc.csv"
-    argv = ["--samples-dir", str(samples.parent), "--suite", str(out / "eval.jsonl"), "--out-per-image", str(per_image), "--out-per-category",
-            str(per_category), "--images-per-prompt", "2"]
+    argv = [
+        "--samples-dir",
+        str(samples.parent),
+        "--suite",
+        str(out / "eval.jsonl"),
+        "--out-per-image",
+        str(per_image),
+        "--out-per-category",
+        str(per_category),
+        "--images-per-prompt",
+        "2",
+    ]
     eval_compbench.run(parser.parse_args(argv))
     import pandas as pd
 
@@ -161,7 +235,24 @@ def sampled(tmp_path):
     parser = argparse.ArgumentParser()
     make_suites.add_arguments(parser)
     out = tmp_path / "suites"
-    make_suites.run(parser.parse_args(["--out-dir", str(out), "--n-train", "12", "--n-val", "4", "--n-eval", "4", "--snap", "true", "--palette-size", "6"]))
+    make_suites.run(
+        parser.parse_args(
+            [
+                "--out-dir",
+                str(out),
+                "--n-train",
+                "12",
+                "--n-val",
+                "4",
+                "--n-eval",
+                "4",
+                "--snap",
+                "true",
+                "--palette-size",
+                "6",
+            ]
+        )
+    )
     samples = tmp_path / "samples"
     samples.mkdir()
     prompts = [r.prompt for r in load_suite(out / "eval.jsonl")]
@@ -177,19 +268,30 @@ def test_evaluation_reads_a_complete_sample_set_or_refuses(sampled, tmp_path, st
     from margrpo.cli import main
 
     suite, samples, prompts = sampled
-    outs = (["--out-per-image", str(tmp_path / "i.csv"), "--out-per-category", str(tmp_path / "c.csv")] if stage == "eval-compbench"
-            else ["--scorers", "shapes", "--out", str(tmp_path / "p.csv")])
+    outs = (
+        ["--out-per-image", str(tmp_path / "i.csv"), "--out-per-category", str(tmp_path / "c.csv")]
+        if stage == "eval-compbench"
+        else ["--scorers", "shapes", "--out", str(tmp_path / "p.csv")]
+    )
 
     def run(*extra):
         return main([stage, "--samples-dir", str(samples), "--suite", str(suite), *outs, *extra])
 
     assert run("--images-per-prompt", "2") == 0
     first = sorted(prompts)[0]  # extra files are named in file-name order
-    with pytest.raises(SystemExit, match=rf"{samples / (first + '_000001.png')}: extra sample: index 1 is past --images-per-prompt 1"):
+    with pytest.raises(
+        SystemExit, match=rf"{samples / (first + '_000001.png')}: extra sample: index 1 is past --images-per-prompt 1"
+    ):
         run("--images-per-prompt", "1")
-    with pytest.raises(SystemExit, match=rf"{samples / (prompts[3] + '_000000.png')}: extra sample: prompt .* is not among the 3 evaluated"):
+    with pytest.raises(
+        SystemExit,
+        match=rf"{samples / (prompts[3] + '_000000.png')}: extra sample: prompt .* is not among the 3 evaluated",
+    ):
         run("--images-per-prompt", "2", "--max-prompts", "3")
     (samples / f"{prompts[2]}_000001.png").unlink()
-    with pytest.raises(SystemExit, match=rf"{samples / (prompts[2] + '_000001.png')}: missing; the evaluation needs 2 image\(s\) of each "
-                                         r"of the 4 prompts .* \(7 of 8 found\)"):
+    with pytest.raises(
+        SystemExit,
+        match=rf"{samples / (prompts[2] + '_000001.png')}: missing; the evaluation needs 2 image\(s\) of each "
+        r"of the 4 prompts .* \(7 of 8 found\)",
+    ):
         run("--images-per-prompt", "2")

@@ -13,4 +13,5 @@ from one above (`tests/test_layout.py` checks it, imports inside functions and u
     7  experiment              the config, its checks against every part, stage specs, the settings record
     8  stages, cli             the pipeline's stages and the `margrpo` command
 """
+
 __version__ = "0.1.0"

@@ -63,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     stage = argv[0] if argv and argv[0] in STAGES else None
     args = build_parser(stage).parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")  # stages report through logging
+    logging.basicConfig(
+        level=logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )  # stages report through logging
     try:
         importlib.import_module(f"margrpo.stages.{args._module}").run(args)
     except (InputError, FileNotFoundError) as err:

@@ -73,7 +73,12 @@ class Sampler(Protocol):
     def add_noise(self, x0: Tensor, noise: Tensor, train_time: Tensor) -> Tensor: ...
 
     def training_loss(
-        self, model_output: Tensor, x0: Tensor, noise: Tensor, x_t: Tensor, train_time: Tensor,
+        self,
+        model_output: Tensor,
+        x0: Tensor,
+        noise: Tensor,
+        x_t: Tensor,
+        train_time: Tensor,
         mse_weight: Tensor | float = 1.0,
     ) -> Tensor: ...
 
@@ -176,9 +181,15 @@ def gaussian_step(
         if scalar_final:
             prev_sample = mean.to(sample_dtype)  # deterministic final step: no noise drawn
         else:
-            noise = variance_noise if variance_noise is not None else torch.randn(mean.shape, generator=generator, dtype=torch.float32).to(mean.device)
+            noise = (
+                variance_noise
+                if variance_noise is not None
+                else torch.randn(mean.shape, generator=generator, dtype=torch.float32).to(mean.device)
+            )
             if noise.shape != mean.shape:
-                raise ValueError(f"variance_noise must have the sample's shape {tuple(mean.shape)}, got {tuple(noise.shape)}")
+                raise ValueError(
+                    f"variance_noise must have the sample's shape {tuple(mean.shape)}, got {tuple(noise.shape)}"
+                )
             prev_sample = (mean + std * noise).to(sample_dtype)  # rows with std == 0 get the mean
     elif prev_sample.shape != mean.shape:
         raise ValueError(

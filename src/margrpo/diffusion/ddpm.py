@@ -114,7 +114,9 @@ class _Process:
     betas: Tensor
     posterior_variance: Tensor  # beta_tilde_j = beta_j (1 - abar_{j-1}) / (1 - abar_j); 0 at j = 0
     posterior_log_variance_clipped: Tensor  # log beta_tilde with the j = 0 entry replaced by j = 1's
-    log_betas_large: Tensor  # fixed_large: log beta_j, with the j = 0 entry replaced by log beta_tilde_1 (improved-DDPM)
+    log_betas_large: (
+        Tensor  # fixed_large: log beta_j, with the j = 0 entry replaced by log beta_tilde_1 (improved-DDPM)
+    )
     log_betas: Tensor  # learned_range's upper end: log beta_j at every j, j = 0 included (improved-DDPM / MAR)
     posterior_coef_x0: Tensor  # c0_j = sqrt(abar_{j-1}) beta_j / (1 - abar_j)
     posterior_coef_xt: Tensor  # ct_j = sqrt(1 - beta_j) (1 - abar_{j-1}) / (1 - abar_j)
@@ -234,7 +236,9 @@ class DDPMSampler:
         mean = rows(p.posterior_coef_x0) * pred_x0 + rows(p.posterior_coef_xt) * x_t  # [N, D]
 
         # 5. Log-variance of the step, std = exp(log_var / 2) * temperature; 0 on a deterministic final step.
-        log_var = self._log_variance(var_values, rows(p.posterior_log_variance_clipped), rows(p.log_betas_large), rows(p.log_betas))
+        log_var = self._log_variance(
+            var_values, rows(p.posterior_log_variance_clipped), rows(p.log_betas_large), rows(p.log_betas)
+        )
         stochastic = self.is_stochastic(step_index).to(x_t.device)  # 0-dim or [N]
         row_stochastic = stochastic.view(-1, *([1] * (x_t.dim() - 1)))
         std = torch.where(row_stochastic, torch.exp(0.5 * log_var) * temperature, 0.0)
@@ -301,7 +305,12 @@ class DDPMSampler:
         return (sqrt_abar * x0.float() + sqrt_one_minus * noise.float()).to(x0.dtype)
 
     def training_loss(
-        self, model_output: Tensor, x0: Tensor, noise: Tensor, x_t: Tensor, train_time: Tensor,
+        self,
+        model_output: Tensor,
+        x0: Tensor,
+        noise: Tensor,
+        x_t: Tensor,
+        train_time: Tensor,
         mse_weight: Tensor | float = 1.0,
     ) -> Tensor:
         """Per-row loss [N]: MSE of the prediction (mean over D) times `mse_weight`, plus for
@@ -342,7 +351,9 @@ class DDPMSampler:
         vb, first = kl, train_time.to(x0.device) == 0
         if bool(first.any()):  # the decoder NLL only where j = 0 (~1 row in 1000: the normal CDFs are costly)
             vb = kl.clone()
-            vb[first] = -discretized_gaussian_log_likelihood(x0[first], model_mean[first], 0.5 * model_log_var[first]).mean(-1) / math.log(2.0)
+            vb[first] = -discretized_gaussian_log_likelihood(
+                x0[first], model_mean[first], 0.5 * model_log_var[first]
+            ).mean(-1) / math.log(2.0)
         return loss + vb * (self.config.num_train_steps / 1000.0)
 
 

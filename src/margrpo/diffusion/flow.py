@@ -81,7 +81,9 @@ def shifted_time_grid(num_steps: int, shift: float, t_min: float = 0.0) -> Tenso
     t_min = 0: linspace(1, 0, T + 1). t_min > 0: linspace(1, t_min, T) followed by 0 (NOVA's scheduler).
     """
     if t_min > 0:
-        t = torch.cat([torch.linspace(1.0, t_min, num_steps, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)])
+        t = torch.cat(
+            [torch.linspace(1.0, t_min, num_steps, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)]
+        )
     else:
         t = torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float64)
     return shift * t / (1 + (shift - 1) * t)
@@ -97,7 +99,9 @@ class FlowSDESampler:
         self.config = dataclasses.replace(config or FlowConfig(), **overrides)
         self.num_steps = self.config.num_steps
         self.out_channels_factor = 1
-        self.sigmas = shifted_time_grid(self.num_steps, self.config.shift, self.config.t_min)  # [T+1] float64, sigmas[i] = t_i
+        self.sigmas = shifted_time_grid(
+            self.num_steps, self.config.shift, self.config.t_min
+        )  # [T+1] float64, sigmas[i] = t_i
         # sigma_t = a sqrt(t / (1 - t)) is infinite at t_0 = 1: there 1 - t is clamped at 1 - t_1 (the
         # value of the next grid point, as Flow-GRPO does), which only changes the very first step.
         one_minus = (1 - self.sigmas[:-1]).clamp(min=float(1 - self.sigmas[1]))
@@ -206,7 +210,12 @@ class FlowSDESampler:
         return ((1 - t) * x0.float() + t * noise.float()).to(x0.dtype)
 
     def training_loss(
-        self, model_output: Tensor, x0: Tensor, noise: Tensor, x_t: Tensor, train_time: Tensor,
+        self,
+        model_output: Tensor,
+        x0: Tensor,
+        noise: Tensor,
+        x_t: Tensor,
+        train_time: Tensor,
         mse_weight: Tensor | float = 1.0,
     ) -> Tensor:
         """Conditional flow-matching loss ||v_hat - (eps - x0)||^2, mean over D (Lipman et al. 2023),

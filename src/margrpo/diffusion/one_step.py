@@ -101,5 +101,14 @@ class OneStepSampler:
         std = expand_std(torch.where(rows, self.config.std * temperature, 0.0).float(), sample)  # [N, 1]
 
         # 3. Draw (or score the given) x and its log-probability; the clean estimate is the mean itself.
-        return gaussian_step(mean, std, mean, step_index, stochastic, sample_dtype=sample.dtype,
-                             generator=generator, prev_sample=prev_sample, variance_noise=variance_noise)
+        return gaussian_step(
+            mean,
+            std,
+            mean,
+            step_index,
+            stochastic,
+            sample_dtype=sample.dtype,
+            generator=generator,
+            prev_sample=prev_sample,
+            variance_noise=variance_noise,
+        )

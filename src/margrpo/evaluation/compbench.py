@@ -63,23 +63,47 @@ __all__ = [
 
 CATEGORIES = ("color", "shape", "texture", "spatial", "numeracy", "non_spatial", "complex")
 METRICS = {
-    "color": "blip_vqa", "shape": "blip_vqa", "texture": "blip_vqa", "spatial": "detection_2d",
-    "numeracy": "detection_count", "non_spatial": "clip", "complex": "3_in_1",
+    "color": "blip_vqa",
+    "shape": "blip_vqa",
+    "texture": "blip_vqa",
+    "spatial": "detection_2d",
+    "numeracy": "detection_count",
+    "non_spatial": "clip",
+    "complex": "3_in_1",
 }
-_ALIASES = {"2d_spatial": "spatial", "2d-spatial": "spatial", "non-spatial": "non_spatial", "nonspatial": "non_spatial"}
+_ALIASES = {
+    "2d_spatial": "spatial",
+    "2d-spatial": "spatial",
+    "non-spatial": "non_spatial",
+    "nonspatial": "non_spatial",
+}
 _UNSUPPORTED = {"3d_spatial": "3d_spatial needs a depth model (T2I-CompBench: UniDet + DPT); it is not supported"}
-MODEL_METRICS = {"vqa": ("blip_vqa", "3_in_1"), "detector": ("detection_2d", "detection_count", "3_in_1"),
-                 "clip": ("clip", "3_in_1")}  # which metrics each model serves
+MODEL_METRICS = {
+    "vqa": ("blip_vqa", "3_in_1"),
+    "detector": ("detection_2d", "detection_count", "3_in_1"),
+    "clip": ("clip", "3_in_1"),
+}  # which metrics each model serves
 COMPLEX_SPLITS = {"spatial": "complex_val_spatial.txt", "action": "complex_val_action.txt"}
 
 # The official scripts' constants (Karine-Huang/T2I-CompBench; docs/compbench.md has the lines)
 MAX_PHRASES = 8  # BLIP_vqa.py: --np_num, the questions asked per image
-UNIDET_SIZE, UNIDET_MAX_SIZE = 479, 480  # model_bank.py: Resize(479, max_size=480) before UniDet; boxes are in that frame
+UNIDET_SIZE, UNIDET_MAX_SIZE = (
+    479,
+    480,
+)  # model_bank.py: Resize(479, max_size=480) before UniDet; boxes are in that frame
 NEAR_PX, OVERLAP_IOU = 150, 0.1  # 2D_spatial_eval.py determine_position: distance_threshold, iou_threshold
 # 2D_spatial_eval.py: the first of these phrases found in the prompt (substring, in this order) picks the rule of
 # determine_position; "on top of" is searched for but has no rule there, so its position scores 0 (kept, for parity).
-SPATIAL_VOCAB = {"on side of": "near", "next to": "near", "near": "near", "on the left of": "left", "on the right of": "right",
-                 "on the bottom of": "below", "on the top of": "above", "on top of": None}
+SPATIAL_VOCAB = {
+    "on side of": "near",
+    "next to": "near",
+    "near": "near",
+    "on the left of": "left",
+    "on the right of": "right",
+    "on the bottom of": "below",
+    "on the top of": "above",
+    "on top of": None,
+}
 
 
 def canonical_category(category: str) -> str:
@@ -158,7 +182,11 @@ def compbench_locality(prompt: str) -> str | None:
 
 
 def compbench_spatial_score(
-    dets: dict[str, Detections], obj1: str, obj2: str, locality: str | None, frame: tuple[int, int] = (UNIDET_SIZE, UNIDET_SIZE)
+    dets: dict[str, Detections],
+    obj1: str,
+    obj2: str,
+    locality: str | None,
+    frame: tuple[int, int] = (UNIDET_SIZE, UNIDET_SIZE),
 ) -> float:
     """T2I-CompBench's 2-D spatial score of one image.
 
@@ -203,7 +231,9 @@ def compbench_count(det: Detections, frame: tuple[int, int] = (UNIDET_SIZE, UNID
 
 
 def compbench_numeracy_score(
-    dets: dict[str, Detections], counts: Sequence[tuple[str, int]], frame: tuple[int, int] = (UNIDET_SIZE, UNIDET_SIZE),
+    dets: dict[str, Detections],
+    counts: Sequence[tuple[str, int]],
+    frame: tuple[int, int] = (UNIDET_SIZE, UNIDET_SIZE),
     nms_iou: float = 0.5,
 ) -> float:
     """T2I-CompBench's numeracy score: mean over the asked (object, number) of 0.5 if detected, plus 0.5 if
@@ -276,9 +306,11 @@ class CompBenchEvaluator:
         """
         categories = [category] if isinstance(category, str) else list(category)
         need = needed_models(categories)
-        for kind, path, what in (("vqa", vqa_path, "vqa_path (BLIP-VQA)"),
-                                 ("detector", detector_path, "detector_path (Grounding DINO)"),
-                                 ("clip", clip_path, "clip_path (CLIP)")):
+        for kind, path, what in (
+            ("vqa", vqa_path, "vqa_path (BLIP-VQA)"),
+            ("detector", detector_path, "detector_path (Grounding DINO)"),
+            ("clip", clip_path, "clip_path (CLIP)"),
+        ):
             if kind in need and path is None:
                 raise ValueError(f"category {need[kind]!r} needs {what}")
         common = {"device": device, "batch_size": batch_size}
@@ -288,8 +320,10 @@ class CompBenchEvaluator:
         spatial, action = (), ()
         if "complex" in map(canonical_category, categories):
             folder = Path(prompts_dir or COMPBENCH_DIR)
-            spatial, action = ([r.prompt for r in read_prompt_file(folder / COMPLEX_SPLITS[kind], "complex")]
-                               for kind in ("spatial", "action"))
+            spatial, action = (
+                [r.prompt for r in read_prompt_file(folder / COMPLEX_SPLITS[kind], "complex")]
+                for kind in ("spatial", "action")
+            )
         return cls(vqa, det, clip, spatial, action, batch_size)
 
     # ------------------------------------------------------------------ per metric
@@ -306,7 +340,9 @@ class CompBenchEvaluator:
         owners = [i for i, ps in enumerate(phrases) for _ in ps]
         answers = torch.zeros(0)
         if owners:  # one row per (image, phrase): a phrase given as `attr_nouns` is the one question asked
-            answers = vqa(images[owners], [prompts[i] for i in owners], [{"attr_nouns": [p]} for ps in phrases for p in ps])
+            answers = vqa(
+                images[owners], [prompts[i] for i in owners], [{"attr_nouns": [p]} for ps in phrases for p in ps]
+            )
         per_image = [[float(a) for a, o in zip(answers, owners) if o == i] for i in range(len(prompts))]
         return torch.tensor([compbench_attribute_score(a) for a in per_image], dtype=torch.float64)
 
@@ -320,8 +356,10 @@ class CompBenchEvaluator:
         relations = [parse_relation(p) for p in prompts]  # the objects; the rule comes from compbench_locality
         found = det.detect(images, [[r.obj1, r.obj2] if r else [] for r in relations])
         frame = unidet_frame(*images.shape[-2:])
-        scores = [compbench_spatial_score(d, r.obj1, r.obj2, compbench_locality(p), frame) if r else 0.0
-                  for p, r, d in zip(prompts, relations, found)]
+        scores = [
+            compbench_spatial_score(d, r.obj1, r.obj2, compbench_locality(p), frame) if r else 0.0
+            for p, r, d in zip(prompts, relations, found)
+        ]
         return torch.tensor(scores, dtype=torch.float64), [r is not None for r in relations]
 
     def numeracy(self, images: Tensor, prompts: list[str]) -> tuple[Tensor, list[bool]]:
@@ -361,9 +399,18 @@ class CompBenchEvaluator:
         spat, parsed = self.spatial(images, prompts)
         action = self.non_spatial(images, prompts)
         kinds = [self.complex_kind(p) for p in prompts]
-        total = [compbench_three_in_one(k, a, s, n) for k, a, s, n in zip(kinds, attr.tolist(), spat.tolist(), action.tolist())]
-        return {"score": total, "attribute": attr.tolist(), "spatial": spat.tolist(), "non_spatial": action.tolist(),
-                "complex_kind": kinds, "parsed": parsed}
+        total = [
+            compbench_three_in_one(k, a, s, n)
+            for k, a, s, n in zip(kinds, attr.tolist(), spat.tolist(), action.tolist())
+        ]
+        return {
+            "score": total,
+            "attribute": attr.tolist(),
+            "spatial": spat.tolist(),
+            "non_spatial": action.tolist(),
+            "complex_kind": kinds,
+            "parsed": parsed,
+        }
 
     def evaluate(self, samples_dir: str | Path, category: str) -> tuple[pd.DataFrame, dict]:
         """(per-image table, summary) of every sample in `samples_dir` for `category`.
@@ -381,8 +428,15 @@ class CompBenchEvaluator:
         for batch, images in _load_batches(samples, self.batch_size):
             result = self.score(category, images, [s.prompt for s in batch])
             for i, s in enumerate(batch):
-                rows.append({"file": s.path.name, "prompt": s.prompt, "index": s.index, "category": category,
-                             **{k: v[i] for k, v in result.items()}})
+                rows.append(
+                    {
+                        "file": s.path.name,
+                        "prompt": s.prompt,
+                        "index": s.index,
+                        "category": category,
+                        **{k: v[i] for k, v in result.items()},
+                    }
+                )
         per_image = pd.DataFrame(rows)
         summary = {
             "category": category,

@@ -18,8 +18,16 @@ from margrpo.policy.base import MARPolicy
 
 
 @torch.no_grad()
-def sample_images(policy: MARPolicy, prompts: list[str], sampling: SamplingConfig, images_per_prompt: int = 1,
-                  seed: int = 0, batch_size: int = 32, precision: str = "bf16", desc: str = "sample") -> np.ndarray:
+def sample_images(
+    policy: MARPolicy,
+    prompts: list[str],
+    sampling: SamplingConfig,
+    images_per_prompt: int = 1,
+    seed: int = 0,
+    batch_size: int = 32,
+    precision: str = "bf16",
+    desc: str = "sample",
+) -> np.ndarray:
     """uint8 images [len(prompts) * images_per_prompt, H, W, 3], prompt-major, deterministic per seed.
     A toy-mask policy (`ToyMaskPolicy`, with a `MaskSamplingConfig`) samples through `related.maskgrpo.rollout.generate`."""
     from margrpo.related.maskgrpo.policy import ToyMaskPolicy
@@ -41,14 +49,29 @@ def sample_images(policy: MARPolicy, prompts: list[str], sampling: SamplingConfi
 
 def _single_object(spec: dict) -> bool:
     objs = spec["objects"]
-    return len(objs) == 1 and objs[0].get("color") and objs[0].get("shape") and objs[0].get("count", 1) == 1 and not spec.get("relation")
+    return (
+        len(objs) == 1
+        and objs[0].get("color")
+        and objs[0].get("shape")
+        and objs[0].get("count", 1) == 1
+        and not spec.get("relation")
+    )
 
 
-def quality_report(policy: MARPolicy, records, sampling: SamplingConfig, images_per_prompt: int = 2, seed: int = 0,
-                   world_cfg=None, precision: str = "bf16") -> dict:
+def quality_report(
+    policy: MARPolicy,
+    records,
+    sampling: SamplingConfig,
+    images_per_prompt: int = 2,
+    seed: int = 0,
+    world_cfg=None,
+    precision: str = "bf16",
+) -> dict:
     from margrpo.world import parse, score
 
-    images = sample_images(policy, [r.prompt for r in records], sampling, images_per_prompt, seed, precision=precision, desc="quality")
+    images = sample_images(
+        policy, [r.prompt for r in records], sampling, images_per_prompt, seed, precision=precision, desc="quality"
+    )
     recs = [r for r in records for _ in range(images_per_prompt)]
     rng = np.random.default_rng(seed)
     perm = rng.permutation(len(records))
@@ -60,23 +83,40 @@ def quality_report(policy: MARPolicy, records, sampling: SamplingConfig, images_
     for img, rec, other in zip(images, recs, shuffled):
         s = score(rec.spec, img, rec.category, world_cfg)
         b = score(other.spec, img, other.category, world_cfg)
-        row = {"category": rec.category, "strict": s["strict"], "lenient": s["lenient"], "shuffled_strict": b["strict"], "shuffled_lenient": b["lenient"]}
+        row = {
+            "category": rec.category,
+            "strict": s["strict"],
+            "lenient": s["lenient"],
+            "shuffled_strict": b["strict"],
+            "shuffled_lenient": b["lenient"],
+        }
         if _single_object(rec.spec):
             want = rec.spec["objects"][0]
-            row["single_color_shape"] = float(any(o["color"] == want["color"] and o["shape"] == want["shape"] for o in parse(img, world_cfg)))
+            row["single_color_shape"] = float(
+                any(o["color"] == want["color"] and o["shape"] == want["shape"] for o in parse(img, world_cfg))
+            )
             row["single_heldout"] = (want["color"], want["shape"]) in heldout
         rows.append(row)
     import pandas as pd
 
     df = pd.DataFrame(rows)
     per_cat = df.groupby("category")[["strict", "lenient", "shuffled_strict", "shuffled_lenient"]].mean()
-    report = {"n_images": len(df), "overall": df[["strict", "lenient", "shuffled_strict", "shuffled_lenient"]].mean().to_dict(),
-              "per_category": per_cat.to_dict(orient="index")}
+    report = {
+        "n_images": len(df),
+        "overall": df[["strict", "lenient", "shuffled_strict", "shuffled_lenient"]].mean().to_dict(),
+        "per_category": per_cat.to_dict(orient="index"),
+    }
     if "single_color_shape" in df:
         single = df.dropna(subset=["single_color_shape"])
         entry = {"accuracy": float(single["single_color_shape"].mean()), "n_images": int(len(single))}
-        for name, part in (("seen_pairs", single[~single["single_heldout"].astype(bool)]), ("heldout_pairs", single[single["single_heldout"].astype(bool)])):
-            entry[name] = {"accuracy": float(part["single_color_shape"].mean()) if len(part) else float("nan"), "n_images": int(len(part))}
+        for name, part in (
+            ("seen_pairs", single[~single["single_heldout"].astype(bool)]),
+            ("heldout_pairs", single[single["single_heldout"].astype(bool)]),
+        ):
+            entry[name] = {
+                "accuracy": float(part["single_color_shape"].mean()) if len(part) else float("nan"),
+                "n_images": int(len(part)),
+            }
         report["single_object_color_and_shape"] = entry
     return report, images
 
@@ -92,5 +132,7 @@ def format_report(report: dict) -> str:
         lines.append(f"single-object colour AND shape: {s['accuracy']:.3f} over {s['n_images']} images")
         for name in ("seen_pairs", "heldout_pairs"):
             if name in s:
-                lines.append(f"  {name.replace('_', ' '):<14} {s[name]['accuracy']:.3f} over {s[name]['n_images']} images")
+                lines.append(
+                    f"  {name.replace('_', ' '):<14} {s[name]['accuracy']:.3f} over {s[name]['n_images']} images"
+                )
     return "\n".join(lines)

@@ -52,7 +52,9 @@ def evaluated_records(records: list, max_prompts: int) -> list:
     return records[:max_prompts] if max_prompts else records
 
 
-def complete_samples(samples_dir: str | Path, prompts: list[str], images_per_prompt: int, suite: str | Path) -> list[Sample]:
+def complete_samples(
+    samples_dir: str | Path, prompts: list[str], images_per_prompt: int, suite: str | Path
+) -> list[Sample]:
     """`list_samples` (in file-name order), checked to hold each of `prompts` (the suite's, or its first
     `--max-prompts`) exactly `images_per_prompt` times; InputError naming the first missing or extra file."""
     if images_per_prompt < 1:
@@ -68,8 +70,11 @@ def complete_samples(samples_dir: str | Path, prompts: list[str], images_per_pro
                 from margrpo.prompts.suites import load_suite
 
                 suite_prompts = suite_prompts or {r.prompt for r in load_suite(suite)}
-                why = (f"prompt {s.prompt!r} is not in the suite {suite}" if s.prompt not in suite_prompts else
-                       f"prompt {s.prompt!r} is not among the {len(prompts)} evaluated prompts of {suite} (--max-prompts)")
+                why = (
+                    f"prompt {s.prompt!r} is not in the suite {suite}"
+                    if s.prompt not in suite_prompts
+                    else f"prompt {s.prompt!r} is not among the {len(prompts)} evaluated prompts of {suite} (--max-prompts)"
+                )
             else:
                 why = f"index {s.index} is past --images-per-prompt {images_per_prompt} (indices 0 to {images_per_prompt - 1})"
             raise InputError(f"{s.path}: extra sample: {why}; the evaluation reads each prompt's images exactly once")
@@ -77,6 +82,8 @@ def complete_samples(samples_dir: str | Path, prompts: list[str], images_per_pro
         for index in range(images_per_prompt):
             name = f"{prompt}_{index:06d}.png"
             if name not in by_name:
-                raise InputError(f"{root / name}: missing; the evaluation needs {images_per_prompt} image(s) of each of "
-                                 f"the {len(prompts)} prompts of {suite} ({len(samples)} of {len(prompts) * images_per_prompt} found)")
+                raise InputError(
+                    f"{root / name}: missing; the evaluation needs {images_per_prompt} image(s) of each of "
+                    f"the {len(prompts)} prompts of {suite} ({len(samples)} of {len(prompts) * images_per_prompt} found)"
+                )
     return samples

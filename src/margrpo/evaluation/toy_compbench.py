@@ -19,8 +19,20 @@ from margrpo.prompts.suites import load_suite
 from margrpo.world import CATEGORIES, WorldConfig, heldout_in_spec, score
 
 PER_IMAGE_COLUMNS = [
-    "file", "prompt", "index", "category", "unseen", "strict", "lenient", "binding", "relation", "count",
-    "n_objects", "n_expected", "extra_objects", "fragments",
+    "file",
+    "prompt",
+    "index",
+    "category",
+    "unseen",
+    "strict",
+    "lenient",
+    "binding",
+    "relation",
+    "count",
+    "n_objects",
+    "n_expected",
+    "extra_objects",
+    "fragments",
 ]
 
 
@@ -31,7 +43,11 @@ def world_for_suite(suite_path: str | Path) -> WorldConfig:
 
 
 def evaluate_samples(
-    samples_dir: str | Path, suite_path: str | Path, cfg: WorldConfig | None = None, *, images_per_prompt: int,
+    samples_dir: str | Path,
+    suite_path: str | Path,
+    cfg: WorldConfig | None = None,
+    *,
+    images_per_prompt: int,
     max_prompts: int = 0,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per-image table, per-category table) of the samples against the suite: its first `max_prompts`
@@ -46,14 +62,24 @@ def evaluate_samples(
     heldout = cfg.heldout_pairs()
     rows = []
     prompts = [r.prompt for r in evaluated_records(suite, max_prompts)]
-    for sample in complete_samples(samples_dir, prompts, images_per_prompt, suite_path):  # names checked: {prompt}_{index:06d}.png
+    for sample in complete_samples(
+        samples_dir, prompts, images_per_prompt, suite_path
+    ):  # names checked: {prompt}_{index:06d}.png
         path = sample.path
         record = records[sample.prompt]
         with Image.open(path) as im:
             image = np.asarray(im.convert("RGB"))  # (H, W, 3) uint8
         result = score(record.spec, image, record.category, cfg)
-        rows.append({"file": path.name, "prompt": record.prompt, "index": sample.index, "category": record.category,
-                     "unseen": heldout_in_spec(record.spec, heldout), **result})
+        rows.append(
+            {
+                "file": path.name,
+                "prompt": record.prompt,
+                "index": sample.index,
+                "category": record.category,
+                "unseen": heldout_in_spec(record.spec, heldout),
+                **result,
+            }
+        )
     per_image = pd.DataFrame(rows, columns=PER_IMAGE_COLUMNS)
     per_category = (
         per_image.groupby("category", sort=False)

@@ -52,7 +52,9 @@ def _with_defaults(validator_class):
 
 def _strict_integers(validator_class):
     """JSON Schema counts 1.0 as an integer; a YAML `steps: 1.0` then reaches range() as a float."""
-    checker = validator_class.TYPE_CHECKER.redefine("integer", lambda _, x: isinstance(x, int) and not isinstance(x, bool))
+    checker = validator_class.TYPE_CHECKER.redefine(
+        "integer", lambda _, x: isinstance(x, int) and not isinstance(x, bool)
+    )
     return jsonschema.validators.extend(validator_class, type_checker=checker)
 
 
@@ -99,7 +101,10 @@ def _errors(schema: dict, value: Any, where: str, fill: bool = True, at: str = "
     validator = (_Validator if fill else _Strict)(schema)
     errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
     if errors:
-        lines = [f"{where}: key '{'.'.join(filter(None, [at, _key_path(e)])) or '<top level>'}': {_message(e)}" for e in errors[:10]]
+        lines = [
+            f"{where}: key '{'.'.join(filter(None, [at, _key_path(e)])) or '<top level>'}': {_message(e)}"
+            for e in errors[:10]
+        ]
         raise ConfigError(lines[0] if len(lines) == 1 else "invalid config\n  " + "\n  ".join(lines))
 
 
@@ -121,7 +126,10 @@ def validate_config(config: dict, source: str = "config", root: str | Path | Non
     _check_variants(config, source)
     _check_ablations(config, source, Path(root) if root else REPO_ROOT)
     _check_settings(config, source)
-    from margrpo.experiment.config_checks import check_related, check_world  # the stages' own readers: imported when needed
+    from margrpo.experiment.config_checks import (
+        check_related,
+        check_world,
+    )  # the stages' own readers: imported when needed
 
     check_world(config, source)
     check_related(config, source)
@@ -152,8 +160,10 @@ def check_defined(config: dict, kind: str, names, where: str, source: str = "con
     """Every name must be defined under `config[kind]` (policies, rewards, variants)."""
     for name in names:
         if name not in config[kind]:
-            raise ConfigError(f"{source}: key '{where}': {name!r} is not defined under '{kind}' "
-                              f"(defined: {', '.join(sorted(config[kind]))})")
+            raise ConfigError(
+                f"{source}: key '{where}': {name!r} is not defined under '{kind}' "
+                f"(defined: {', '.join(sorted(config[kind]))})"
+            )
 
 
 def _check_references(config: dict, source: str) -> None:
@@ -168,8 +178,10 @@ def _check_references(config: dict, source: str) -> None:
         need("rewards", exp[table]["rewards"], f"experiments.{table}.rewards")
     need("variants", exp["ladder"]["variants"], "experiments.ladder.variants")
     if both := sorted(set(exp["ladder"]["seeds"]) & set(exp["ladder"]["replicate_seeds"])):
-        raise ConfigError(f"{source}: key 'experiments.ladder.replicate_seeds': {both} also in experiments.ladder.seeds; "
-                          "the second seed set must be other seeds")
+        raise ConfigError(
+            f"{source}: key 'experiments.ladder.replicate_seeds': {both} also in experiments.ladder.seeds; "
+            "the second seed set must be other seeds"
+        )
     need("variants", [exp["table1"]["baseline"], exp["table1"]["ours"]], "experiments.table1")
     if exp["ablations"]["enabled"]:
         need("policies", [exp["ablations"]["policy"]], "experiments.ablations.policy")
@@ -182,23 +194,39 @@ def _check_references(config: dict, source: str) -> None:
         need("variants", [related["mar_grpo"]["variant"]], "experiments.related.mar_grpo.variant")
         teacher = config["policies"][related["marval"]["teacher"]]
         if teacher["kind"] != "toy" or teacher["head"] != "flow":
-            raise ConfigError(f"{source}: key 'experiments.related.marval.teacher': MARVAL distils a toy policy with a flow head "
-                              f"(toy-nova), not a {teacher['kind']} / {teacher.get('head')} one")
+            raise ConfigError(
+                f"{source}: key 'experiments.related.marval.teacher': MARVAL distils a toy policy with a flow head "
+                f"(toy-nova), not a {teacher['kind']} / {teacher.get('head')} one"
+            )
     for name, policy in config["policies"].items():
         if policy["kind"] != "toy" and not policy.get("path"):
-            raise ConfigError(f"{source}: key 'policies.{name}.path': a {policy['kind']} policy loads from a local folder; set its path")
+            raise ConfigError(
+                f"{source}: key 'policies.{name}.path': a {policy['kind']} policy loads from a local folder; set its path"
+            )
     for scorer in ("toyclip", "toypref"):  # the scorers the pipeline trains
         for setting, weights in config["rewards"].items():
             if scorer in weights and not config[scorer]["enabled"]:
-                raise ConfigError(f"{source}: key 'rewards.{setting}.{scorer}': the {scorer} scorer is disabled ({scorer}.enabled: false)")
+                raise ConfigError(
+                    f"{source}: key 'rewards.{setting}.{scorer}': the {scorer} scorer is disabled ({scorer}.enabled: false)"
+                )
         if scorer in config["evaluation"]["preference"] and not config[scorer]["enabled"]:
-            raise ConfigError(f"{source}: key 'evaluation.preference': the {scorer} scorer is disabled ({scorer}.enabled: false)")
+            raise ConfigError(
+                f"{source}: key 'evaluation.preference': the {scorer} scorer is disabled ({scorer}.enabled: false)"
+            )
     if names_scorer(config, "toypref") and not config["toyclip"]["enabled"]:
-        raise ConfigError(f"{source}: key 'toyclip.enabled': toypref (named by a reward or evaluation.preference) is "
-                          "fine-tuned from toyclip, which is disabled")
-    if names_scorer(config, "toypref") and config["prompts"]["source"] == "shapesworld" and config["world"]["backdrop_max"] < 0.04:
-        raise ConfigError(f"{source}: key 'world.backdrop_max': toypref prefers the brighter of two backdrops, and "
-                          f"{config['world']['backdrop_max']} leaves no range to prefer in (>= 0.04), or set toypref.enabled: false")
+        raise ConfigError(
+            f"{source}: key 'toyclip.enabled': toypref (named by a reward or evaluation.preference) is "
+            "fine-tuned from toyclip, which is disabled"
+        )
+    if (
+        names_scorer(config, "toypref")
+        and config["prompts"]["source"] == "shapesworld"
+        and config["world"]["backdrop_max"] < 0.04
+    ):
+        raise ConfigError(
+            f"{source}: key 'world.backdrop_max': toypref prefers the brighter of two backdrops, and "
+            f"{config['world']['backdrop_max']} leaves no range to prefer in (>= 0.04), or set toypref.enabled: false"
+        )
 
 
 def names_scorer(config: dict, scorer: str) -> bool:
@@ -214,36 +242,51 @@ def _check_variants(config: dict, source: str) -> None:
         g = {**config["grpo"], **variant["overrides"]}
         key = lambda k: f"{where}.{k}" if k in variant["overrides"] else f"grpo.{k}"  # noqa: E731
         samplings = {f"policies.{pname}.sampling": policy["sampling"] for pname, policy in config["policies"].items()}
-        check_grpo_run(g, samplings, config["train_processes"] * config["train_nodes"], source, key, f" in variant {name!r}")
+        check_grpo_run(
+            g, samplings, config["train_processes"] * config["train_nodes"], source, key, f" in variant {name!r}"
+        )
 
 
 def check_grpo_run(g: dict, samplings: dict[str, dict], procs: int, source: str, key, context: str = "") -> None:
     """A run's GRPO settings against its process count and the sampling of each policy it may train (`samplings`:
     {key path: sampling}). One check for the dry run (every variant x policy) and `margrpo train` (its spec)."""
     if g["batch_prompts"] % procs:
-        raise ConfigError(f"{source}: key '{key('batch_prompts')}': {g['batch_prompts']} prompt groups do not split evenly "
-                          f"over the {procs} processes (train_processes x train_nodes; each process rolls out whole groups){context}")
+        raise ConfigError(
+            f"{source}: key '{key('batch_prompts')}': {g['batch_prompts']} prompt groups do not split evenly "
+            f"over the {procs} processes (train_processes x train_nodes; each process rolls out whole groups){context}"
+        )
     images = g["batch_prompts"] * g["group_size"] // procs
     if images % g["micro_batches"]:
-        raise ConfigError(f"{source}: key '{key('micro_batches')}': {g['micro_batches']} micro-batches do not divide the "
-                          f"{images} images of a process's batch (batch_prompts x group_size / (train_processes x train_nodes)){context}")
+        raise ConfigError(
+            f"{source}: key '{key('micro_batches')}': {g['micro_batches']} micro-batches do not divide the "
+            f"{images} images of a process's batch (batch_prompts x group_size / (train_processes x train_nodes)){context}"
+        )
     for where, s in samplings.items():
         if g["mask_steps"] > s["ar_steps"]:
-            raise ConfigError(f"{source}: key '{key('mask_steps')}': |M| = {g['mask_steps']} exceeds {where}.ar_steps = {s['ar_steps']}")
+            raise ConfigError(
+                f"{source}: key '{key('mask_steps')}': |M| = {g['mask_steps']} exceeds {where}.ar_steps = {s['ar_steps']}"
+            )
         stochastic = s["diffusion_steps"] - (0 if s["final_step_noise"] else 1)
         if g["diffusion_steps"] > stochastic:
-            raise ConfigError(f"{source}: key '{key('diffusion_steps')}': |T| = {g['diffusion_steps']} exceeds the {stochastic} "
-                              f"stochastic steps of {where}.diffusion_steps")
+            raise ConfigError(
+                f"{source}: key '{key('diffusion_steps')}': |T| = {g['diffusion_steps']} exceeds the {stochastic} "
+                f"stochastic steps of {where}.diffusion_steps"
+            )
 
 
-def check_val_prompts(val_prompts: int, val_size: int, val_from: str, source: str, key: str, context: str = "") -> None:
+def check_val_prompts(
+    val_prompts: int, val_size: int, val_from: str, source: str, key: str, context: str = ""
+) -> None:
     """Validation takes the first `val_prompts` of the validation suite: more than it holds would validate on fewer."""
     if val_prompts > val_size:
-        raise ConfigError(f"{source}: key '{key}': {val_prompts} exceeds the {val_size} prompts of the validation suite ({val_from}){context}")
+        raise ConfigError(
+            f"{source}: key '{key}': {val_prompts} exceeds the {val_size} prompts of the validation suite ({val_from}){context}"
+        )
 
 
 def _check_settings(config: dict, source: str) -> None:
     """Settings that pass the schema one by one but would run wrong or fail late (issue 27)."""
+
     def fail(key: str, why: str):
         raise ConfigError(f"{source}: key '{key}': {why}")
 
@@ -257,13 +300,21 @@ def _check_settings(config: dict, source: str) -> None:
         g = {**config["grpo"], **variant["overrides"]}
         key = lambda k: f"variants.{name}.overrides.{k}" if k in variant["overrides"] else f"grpo.{k}"  # noqa: E731
         if val_size is not None:
-            check_val_prompts(g["val_prompts"], val_size, val_from, source, key("val_prompts"), f" in variant {name!r}")
+            check_val_prompts(
+                g["val_prompts"], val_size, val_from, source, key("val_prompts"), f" in variant {name!r}"
+            )
         step = variant["report_step"]
         if isinstance(step, int) and step > g["steps"]:
-            fail(f"variants.{name}.report_step", f"step {step} is past the run's last step ({key('steps')} = {g['steps']})")
+            fail(
+                f"variants.{name}.report_step",
+                f"step {step} is past the run's last step ({key('steps')} = {g['steps']})",
+            )
         if isinstance(step, int) and step % g["save_every"] and step != g["steps"]:
-            fail(f"variants.{name}.report_step", f"no checkpoint at step {step}: checkpoints are saved every {key('save_every')} = "
-                 f"{g['save_every']} steps and at the last")
+            fail(
+                f"variants.{name}.report_step",
+                f"no checkpoint at step {step}: checkpoints are saved every {key('save_every')} = "
+                f"{g['save_every']} steps and at the last",
+            )
     for setting, weights in config["rewards"].items():
         if not any(weights.values()):
             fail(f"rewards.{setting}", "every weight is zero: the reward would be the same for every image")
@@ -274,8 +325,11 @@ def _check_settings(config: dict, source: str) -> None:
         if size % patch:
             fail(f"policies.{name}.model.patch_size", f"{patch} px does not divide world.image_size = {size} px")
         if policy["sampling"]["ar_steps"] > (size // patch) ** 2:
-            fail(f"policies.{name}.sampling.ar_steps", f"K = {policy['sampling']['ar_steps']} exceeds the {(size // patch) ** 2} tokens "
-                 f"of a {size} px image in {patch} px patches")
+            fail(
+                f"policies.{name}.sampling.ar_steps",
+                f"K = {policy['sampling']['ar_steps']} exceeds the {(size // patch) ** 2} tokens "
+                f"of a {size} px image in {patch} px patches",
+            )
         _check_toy_names(name, policy, size, fail)
 
 
@@ -307,13 +361,18 @@ def _check_toy_names(name: str, policy: dict, image_size: int, fail) -> None:
     names = [n for n, _ in model.named_parameters()]
     for i, prefix in enumerate(policy["rl_frozen"]):
         if not any(n.startswith(prefix) for n in names):
-            fail(f"policies.{name}.rl_frozen.{i}", f"no parameter name of the toy policy starts with {prefix!r} "
-                 f"(top-level modules: {', '.join(sorted({n.split('.')[0] for n in names}))})")
+            fail(
+                f"policies.{name}.rl_frozen.{i}",
+                f"no parameter name of the toy policy starts with {prefix!r} "
+                f"(top-level modules: {', '.join(sorted({n.split('.')[0] for n in names}))})",
+            )
     leaves = lora_leaves(model)
     for i, target in enumerate(lora.get("target_modules") or []):
         if not any(leaf == target or leaf.endswith("." + target) for leaf in leaves):
-            fail(f"policies.{name}.lora.target_modules.{i}", f"{target!r} names no Linear layer in the toy policy's blocks "
-                 f"(they are {', '.join(sorted(leaves))})")
+            fail(
+                f"policies.{name}.lora.target_modules.{i}",
+                f"{target!r} names no Linear layer in the toy policy's blocks (they are {', '.join(sorted(leaves))})",
+            )
 
 
 def resolve_path(path: str | Path, root: Path) -> Path | None:
@@ -338,8 +397,10 @@ def _check_ablations(config: dict, source: str, root: Path) -> None:
     header, rows = (rows[0], rows[1:]) if rows else ([], [])
     unknown = [c for c in header if c not in ABLATION_COLUMNS]
     if not header or unknown or len(set(header)) < len(header):
-        raise ConfigError(f"{where}: {path} has columns {header}; expected distinct columns from {sorted(ABLATION_COLUMNS)} "
-                          f"(unknown: {unknown})")
+        raise ConfigError(
+            f"{where}: {path} has columns {header}; expected distinct columns from {sorted(ABLATION_COLUMNS)} "
+            f"(unknown: {unknown})"
+        )
     if not rows:
         raise ConfigError(f"{where}: {path} has no grid points")
     schema = schema_section("variants.*")
@@ -383,8 +444,10 @@ def read_config_file(path: str | Path) -> dict:
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(config).__name__}")
     if "__use_yte__" in config:
-        raise ConfigError(f"{path}: key '__use_yte__': a YTE template runs code; margrpo reads plain YAML configs only "
-                          "(render it with `yte` and pass the result)")
+        raise ConfigError(
+            f"{path}: key '__use_yte__': a YTE template runs code; margrpo reads plain YAML configs only "
+            "(render it with `yte` and pass the result)"
+        )
     return config
 
 
@@ -399,8 +462,10 @@ def _check_duplicate_keys(node, source: str, path: str = "") -> None:
             where = f"{path}.{key.value}" if path else str(key.value)
             if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
                 if key.value in seen:
-                    raise ConfigError(f"{source}: key '{where}' is given twice (lines {seen[key.value]} and "
-                                      f"{key.start_mark.line + 1}); YAML would keep the last silently")
+                    raise ConfigError(
+                        f"{source}: key '{where}' is given twice (lines {seen[key.value]} and "
+                        f"{key.start_mark.line + 1}); YAML would keep the last silently"
+                    )
                 seen[key.value] = key.start_mark.line + 1
             _check_duplicate_keys(value, source, where)
 
@@ -414,7 +479,11 @@ def train_spec(config: dict, policy: str, reward: str, variant: str, variant_ove
     Snakemake passes this (not the whole config) to `margrpo train`, so editing a plot option
     never invalidates a training run.
     """
-    for kind, name, flag in (("policies", policy, "--policy"), ("rewards", reward, "--reward"), ("variants", variant, "--variant")):
+    for kind, name, flag in (
+        ("policies", policy, "--policy"),
+        ("rewards", reward, "--reward"),
+        ("variants", variant, "--variant"),
+    ):
         check_defined(config, kind, [name], flag, "train")
     var = dict(config["variants"][variant])
     var.update(variant_overrides or {})
@@ -451,7 +520,9 @@ def validate_train_spec(spec: dict, what: str = "--spec-json") -> dict:
     if missing:
         raise ConfigError(f"{what}: missing key(s) {missing} (a margrpo.experiment.config.train_spec)")
     spec = copy.deepcopy(spec)
-    routed = {k: spec["grpo"].pop(k) for k in ("frozen", "gradient_checkpointing", "lora", "sharding") if k in spec["grpo"]}  # policy keys
+    routed = {
+        k: spec["grpo"].pop(k) for k in ("frozen", "gradient_checkpointing", "lora", "sharding") if k in spec["grpo"]
+    }  # policy keys
     spec["grpo"] = validate_section(spec["grpo"], "grpo", f"{what} grpo")
     spec["grpo"].update(routed)
     name = spec["variant"].pop("name", None)
@@ -487,37 +558,65 @@ def shared_dirs(config: dict, results: str = "results") -> dict:
     "base" holds results/pretrain/<policy>-<hash> (toy) or results/weights/<policy>-<hash> (real weights);
     "related" the bases of Table 3's related methods (toy-mask, toy-marval) when that experiment is on.
     """
+
     def folder(stage: str, label: str, settings: dict) -> str:
         return f"{results}/{stage}/{label}-{spec_hash(settings)}"
 
     prompts, precision = config["prompts"], config["mixed_precision"]
-    data = folder("data", prompts["source"], {"prompts": prompts, "world": config["world"] if prompts["source"] == "shapesworld" else None})
+    data = folder(
+        "data",
+        prompts["source"],
+        {"prompts": prompts, "world": config["world"] if prompts["source"] == "shapesworld" else None},
+    )
     toy = {"toy_revision": TOY_REVISION}
     toyclip = folder("toyclip", "toyclip", {"data": data, **toy, **_without(config["toyclip"], "enabled")})
-    dirs = {"data": data, "toyclip": toyclip, "toypref": folder("toypref", "toypref", {"toyclip": toyclip, **toy, **_without(config["toypref"], "enabled")}),
-            "base": {}, "warmup": {}, "related": {}}
+    dirs = {
+        "data": data,
+        "toyclip": toyclip,
+        "toypref": folder("toypref", "toypref", {"toyclip": toyclip, **toy, **_without(config["toypref"], "enabled")}),
+        "base": {},
+        "warmup": {},
+        "related": {},
+    }
     for name, policy in config["policies"].items():
         if policy["kind"] == "toy":
             # sampling shapes only the quality report: a change reruns the job, which finds its training
             # finished in state/ (keyed without sampling) and rewrites policy/ and quality.json
-            base = folder("pretrain", name, {"data": data, "precision": precision, **toy, **_without(pretrain_settings(policy), "sampling")})
+            base = folder(
+                "pretrain",
+                name,
+                {"data": data, "precision": precision, **toy, **_without(pretrain_settings(policy), "sampling")},
+            )
         else:
             base = folder("weights", name, {"kind": policy["kind"], "path": policy["path"]})
         dirs["base"][name] = base
         if policy["warmup"]["enabled"]:
-            dirs["warmup"][name] = folder("warmup", name, {"policy": base, "data": data, "precision": precision,
-                                                          **_without(policy["warmup"], "enabled")})  # sampling: as pre-training
+            dirs["warmup"][name] = folder(
+                "warmup",
+                name,
+                {"policy": base, "data": data, "precision": precision, **_without(policy["warmup"], "enabled")},
+            )  # sampling: as pre-training
     related = config["experiments"]["related"]
     if related["enabled"]:  # the related methods' bases (issue #19): toy-mask pre-trained, toy-marval distilled
         teacher = related["marval"]["teacher"]
         teacher_dir = dirs["warmup"].get(teacher, dirs["base"][teacher])
-        dirs["related"]["toy-mask"] = folder("pretrain", "toy-mask", {"data": data, **toy, **_without(related_policy(config, "toy-mask"), "sampling")})
-        dirs["related"]["toy-marval"] = folder("distill", "toy-marval", {"teacher": teacher_dir, "data": data,
-                                                                       **_without(related_policy(config, "toy-marval"), "sampling")})
+        dirs["related"]["toy-mask"] = folder(
+            "pretrain", "toy-mask", {"data": data, **toy, **_without(related_policy(config, "toy-mask"), "sampling")}
+        )
+        dirs["related"]["toy-marval"] = folder(
+            "distill",
+            "toy-marval",
+            {"teacher": teacher_dir, "data": data, **_without(related_policy(config, "toy-marval"), "sampling")},
+        )
     return dirs
 
 
-RELATED_POLICIES = {"grpo-onestep": "toy-marval", "marval-rl": "toy-marval", "grpo-mask": "toy-mask", "maskgrpo": "toy-mask"}
+RELATED_POLICIES = {
+    "grpo-onestep": "toy-marval",
+    "marval-rl": "toy-marval",
+    "grpo-mask": "toy-mask",
+    "maskgrpo": "toy-mask",
+}
 
 
 def related_policy(config: dict, name: str) -> dict:
@@ -526,8 +625,12 @@ def related_policy(config: dict, name: str) -> dict:
     if name == "toy-mask":
         return {"kind": "toy-mask", **related["mask"]}
     teacher = related["marval"]["teacher"]
-    return {"kind": "toy-marval", "teacher": teacher, "distill": related["marval"]["distill"],
-            "sampling": {**config["policies"][teacher]["sampling"], **related["marval"]["sampling"]}}
+    return {
+        "kind": "toy-marval",
+        "teacher": teacher,
+        "distill": related["marval"]["distill"],
+        "sampling": {**config["policies"][teacher]["sampling"], **related["marval"]["sampling"]},
+    }
 
 
 def related_train_spec(config: dict, method: str) -> dict:
@@ -542,9 +645,15 @@ def related_train_spec(config: dict, method: str) -> dict:
         spec["grpo"].update({"diffusion_steps": 1, **settings})
         return spec
     sampling = related_policy(config, RELATED_POLICIES[method]).get("sampling", {})
-    return {"method": method, "related": settings, "reward": {"name": reward, "weights": config["rewards"][reward]},
-            "reward_models": {k: v for k, v in config["reward_models"].items() if k in config["rewards"][reward]},
-            "sampling": sampling, "device": config["device"], "mixed_precision": config["mixed_precision"]}
+    return {
+        "method": method,
+        "related": settings,
+        "reward": {"name": reward, "weights": config["rewards"][reward]},
+        "reward_models": {k: v for k, v in config["reward_models"].items() if k in config["rewards"][reward]},
+        "sampling": sampling,
+        "device": config["device"],
+        "mixed_precision": config["mixed_precision"],
+    }
 
 
 def _without(d: dict, *keys: str) -> dict:

@@ -26,9 +26,14 @@ def world_capacity(cfg) -> dict[str, int]:
 
     P, S, T, m = len(cfg.palette), len(cfg.shapes), len(cfg.textures), cfg.max_objects
     sets = lambda n: comb(n + m, m)  # noqa: E731  # multisets of at most m phrases of n kinds: bounds every phrase list
-    return {"color": sets(P * S), "shape": sets((P + 1) * S), "texture": sets((P + 1) * S * T),
-            "spatial": 3 * ((P + 1) * S) ** 2, "numeracy": sets(S) * (P + 1) ** S,
-            "complex": sets(P * S * T) + 3 * (P * S * (T + 1)) ** 2 + sets(P * S)}
+    return {
+        "color": sets(P * S),
+        "shape": sets((P + 1) * S),
+        "texture": sets((P + 1) * S * T),
+        "spatial": 3 * ((P + 1) * S) ** 2,
+        "numeracy": sets(S) * (P + 1) ** S,
+        "complex": sets(P * S * T) + 3 * (P * S * (T + 1)) ** 2 + sets(P * S),
+    }
 
 
 def check_world(config: dict, source: str) -> None:
@@ -49,9 +54,11 @@ def check_world(config: dict, source: str) -> None:
         for i, category in enumerate(CATEGORIES):
             used[category] += base + (i < rest)
             if used[category] > capacity[category]:
-                raise ConfigError(f"{source}: key 'prompts.n_{split}': {p[f'n_{split}']} prompts ask for {used[category]} distinct "
-                                  f"{category} prompts (with the splits drawn before it), but this world (world.palette_size "
-                                  f"{len(cfg.palette)}, max_objects {cfg.max_objects}) has at most {capacity[category]}")
+                raise ConfigError(
+                    f"{source}: key 'prompts.n_{split}': {p[f'n_{split}']} prompts ask for {used[category]} distinct "
+                    f"{category} prompts (with the splits drawn before it), but this world (world.palette_size "
+                    f"{len(cfg.palette)}, max_objects {cfg.max_objects}) has at most {capacity[category]}"
+                )
 
 
 def check_related(config: dict, source: str) -> None:
@@ -81,11 +88,23 @@ def check_related(config: dict, source: str) -> None:
     read(MaskPretrainConfig, "mask.pretrain")
     read(MaskSamplingConfig, "mask.sampling")
     read(MARVALConfig, "marval.distill")
-    _errors(schema_section("policies.*.sampling"), related["marval"]["sampling"], source, fill=False, at="experiments.related.marval.sampling")
+    _errors(
+        schema_section("policies.*.sampling"),
+        related["marval"]["sampling"],
+        source,
+        fill=False,
+        at="experiments.related.marval.sampling",
+    )
     for method in ("grpo-mask", "maskgrpo"):
         read(MaskGRPOConfig, f"settings.{method}", {"method": "grpo" if method == "grpo-mask" else "mask_grpo"})
     read(MARVALRLConfig, "settings.marval-rl", {"toyclip_weight": 1.0, "shapes_weight": 0.0})
-    _errors(schema_section("grpo"), related["settings"]["grpo-onestep"], source, fill=False, at="experiments.related.settings.grpo-onestep")
+    _errors(
+        schema_section("grpo"),
+        related["settings"]["grpo-onestep"],
+        source,
+        fill=False,
+        at="experiments.related.settings.grpo-onestep",
+    )
 
 
 def snakemake_config_files(argv: list[str]) -> list[str]:

@@ -18,8 +18,16 @@ from margrpo.infra.io import atomic_write_json
 
 RECORD = "settings.json"
 # a change here adds runs or redraws tables and figures, and reruns none of the recorded runs
-UNCOMPARED = ("report", "experiments.ladder", "experiments.table1", "experiments.ablations.enabled", "experiments.ablations.seeds",
-              "experiments.related.enabled", "experiments.related.seeds", "experiments.related.methods")
+UNCOMPARED = (
+    "report",
+    "experiments.ladder",
+    "experiments.table1",
+    "experiments.ablations.enabled",
+    "experiments.ablations.seeds",
+    "experiments.related.enabled",
+    "experiments.related.seeds",
+    "experiments.related.methods",
+)
 
 
 def experiment_settings(config: dict) -> dict:
@@ -37,8 +45,11 @@ def experiment_settings(config: dict) -> dict:
 def differing_keys(a, b, path: str = "") -> list[str]:
     """Dotted key paths where two JSON values differ (a whole list counts as one value)."""
     if isinstance(a, dict) and isinstance(b, dict):
-        return [d for k in sorted(set(a) | set(b), key=str)
-                for d in differing_keys(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))]
+        return [
+            d
+            for k in sorted(set(a) | set(b), key=str)
+            for d in differing_keys(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))
+        ]
     return [] if a == b else [path or "<top level>"]
 
 
@@ -50,12 +61,16 @@ def check_experiment(config: dict, results: str | Path = "results", source: str 
     try:
         recorded = json.loads(path.read_text())
     except (OSError, ValueError) as err:
-        raise ConfigError(f"{path}: not a readable settings record ({err}); delete it if results/{config['name']}/ is yours") from None
+        raise ConfigError(
+            f"{path}: not a readable settings record ({err}); delete it if results/{config['name']}/ is yours"
+        ) from None
     diff = differing_keys(recorded, experiment_settings(config))
     if diff:
         shown = ", ".join(diff[:6]) + (f" and {len(diff) - 6} more" if len(diff) > 6 else "")
-        raise ConfigError(f"{source}: key 'name': {config['name']!r} already holds runs made with other settings ({path}; differing: "
-                          f"{shown}); give this config a name of its own, or delete {path} to rerun that experiment with these settings")
+        raise ConfigError(
+            f"{source}: key 'name': {config['name']!r} already holds runs made with other settings ({path}; differing: "
+            f"{shown}); give this config a name of its own, or delete {path} to rerun that experiment with these settings"
+        )
 
 
 def record_experiment(config: dict, results: str | Path = "results") -> None:

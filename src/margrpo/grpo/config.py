@@ -106,7 +106,9 @@ class GRPOConfig:
             raise ValueError(f"ema_decay must be in (0, 1) or null (no EMA), got {self.ema_decay}")
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
-                raise ValueError(f"Unknown {name}: {getattr(self, name)!r}; expected one of {', '.join(map(repr, allowed))}")
+                raise ValueError(
+                    f"Unknown {name}: {getattr(self, name)!r}; expected one of {', '.join(map(repr, allowed))}"
+                )
         if self.freeze_head and self.freeze_ar:
             raise ValueError("freeze_head and freeze_ar together leave nothing to train; set one of them")
         if self.freeze_ar and self.lora:
@@ -118,31 +120,53 @@ class GRPOConfig:
         if self.reinforce and self.clip_eps is not None:
             self.clip_eps = None  # the official form has no clipping; say so in the resolved config
         if self.reinforce and self.updates_per_rollout != 1:
-            raise ValueError(f"reinforce: true takes one optimizer step per rollout (the official update; without a ratio "
-                             f"later steps would be off-policy), got updates_per_rollout {self.updates_per_rollout}; set it to 1")
+            raise ValueError(
+                f"reinforce: true takes one optimizer step per rollout (the official update; without a ratio "
+                f"later steps would be off-policy), got updates_per_rollout {self.updates_per_rollout}; set it to 1"
+            )
         if self.old_logprob == "recorded" and self.logprob_cfg == "cond_only" and not self.reinforce:
-            raise ValueError("old_logprob: recorded with logprob_cfg: cond_only gives ratio != 1 from the first update "
-                             "(the rollout was guided, the replay is not), so the clip acts on a mismatch, not on "
-                             "policy change; set old_logprob: recomputed, or reinforce: true (no ratio)")
+            raise ValueError(
+                "old_logprob: recorded with logprob_cfg: cond_only gives ratio != 1 from the first update "
+                "(the rollout was guided, the replay is not), so the clip acts on a mismatch, not on "
+                "policy change; set old_logprob: recomputed, or reinforce: true (no ratio)"
+            )
         if self.micro_batches < 1 or (self.batch_prompts * self.group_size) % self.micro_batches:
-            raise ValueError(f"micro_batches ({self.micro_batches}) must divide the {self.batch_prompts * self.group_size} images of a batch")
+            raise ValueError(
+                f"micro_batches ({self.micro_batches}) must divide the {self.batch_prompts * self.group_size} images of a batch"
+            )
         if self.replay_chunk is not None and (isinstance(self.replay_chunk, bool) or self.replay_chunk < 1):
-            raise ValueError(f"replay_chunk must be >= 1 (chosen AR steps per backward) or None (all), got {self.replay_chunk!r}")
+            raise ValueError(
+                f"replay_chunk must be >= 1 (chosen AR steps per backward) or None (all), got {self.replay_chunk!r}"
+            )
         if self.steps < 1 or self.batch_prompts < 1:
             raise ValueError(f"steps ({self.steps}) and batch_prompts ({self.batch_prompts}) must be >= 1")
         if self.group_size < 2:
             raise ValueError(f"group_size (G) must be >= 2, got {self.group_size}: a group of one has zero advantage")
         if math.isnan(self.tau) or not self.lr > 0:
             raise ValueError(f"tau must be a number (got {self.tau}) and lr > 0 (got {self.lr})")
-        if min(self.save_every, self.val_every, self.val_prompts, self.val_images, self.mask_steps, self.diffusion_steps) < 1:
-            raise ValueError("save_every, val_every, val_prompts, val_images, mask_steps and diffusion_steps must be >= 1")
+        if (
+            min(
+                self.save_every,
+                self.val_every,
+                self.val_prompts,
+                self.val_images,
+                self.mask_steps,
+                self.diffusion_steps,
+            )
+            < 1
+        ):
+            raise ValueError(
+                "save_every, val_every, val_prompts, val_images, mask_steps and diffusion_steps must be >= 1"
+            )
 
     @classmethod
     def from_spec(cls, spec: dict, precision: str = "bf16") -> GRPOConfig:
         """Build from the `train_spec` dict the workflow passes (grpo section + variant switches).
         A key that is no field (a typo, a retired knob) is an error, not silently dropped."""
         names = {f.name for f in fields(cls)} - {"precision"}
-        variant = {k: v for k, v in spec["variant"].items() if k not in ("name", "report_step")}  # not training settings
+        variant = {
+            k: v for k, v in spec["variant"].items() if k not in ("name", "report_step")
+        }  # not training settings
         unknown = sorted((set(spec["grpo"]) | set(variant)) - names)
         if unknown:
             raise ValueError(f"unknown GRPO setting(s) {unknown}; expected names from {', '.join(sorted(names))}")

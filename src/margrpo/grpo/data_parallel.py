@@ -12,11 +12,14 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+
 def shard(n: int, rank: int, world: int) -> range:
     """The contiguous share of n items (prompt groups) that process `rank` of `world` takes."""
     if n % world:
-        raise ValueError(f"grpo.batch_prompts ({n}) must be a multiple of the number of processes ({world}): "
-                         "every process rolls out whole prompt groups, the same number each")
+        raise ValueError(
+            f"grpo.batch_prompts ({n}) must be a multiple of the number of processes ({world}): "
+            "every process rolls out whole prompt groups, the same number each"
+        )
     size = n // world
     return range(rank * size, (rank + 1) * size)
 

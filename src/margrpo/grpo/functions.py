@@ -52,9 +52,7 @@ def _f32(x: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 
 
-def group_advantages(
-    rewards: torch.Tensor, group_size: int, eps: float = 1e-4
-) -> tuple[torch.Tensor, float]:
+def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) -> tuple[torch.Tensor, float]:
     """GRPO group-normalised advantages (DESIGN 3.4): A_i = (R_i - mean_g) / (std_g + eps).
 
     Args:
@@ -128,8 +126,7 @@ def per_token_policy_objective(
         )
     if log_prob.ndim < 2 or advantages.shape != log_prob.shape[-2:-1]:
         raise ValueError(
-            f"advantages must be [B] for log_prob [..., B, L] = {tuple(log_prob.shape)}, "
-            f"got {tuple(advantages.shape)}"
+            f"advantages must be [B] for log_prob [..., B, L] = {tuple(log_prob.shape)}, got {tuple(advantages.shape)}"
         )
     lp = _f32(log_prob)  # [..., B, L]
     adv = advantages.detach().to(lp.dtype)[:, None]  # [B, 1]
@@ -274,7 +271,9 @@ def kl_gaussian(
     def as_std(x):
         t = torch.as_tensor(x, device=diff.device)
         if t.ndim not in (0, diff.ndim):
-            raise ValueError(f"std must be a scalar or have {diff.ndim} dims (e.g. [B, L, 1]), got shape {tuple(t.shape)}")
+            raise ValueError(
+                f"std must be a scalar or have {diff.ndim} dims (e.g. [B, L, 1]), got shape {tuple(t.shape)}"
+            )
         return _f32(t).to(diff.dtype)
 
     s = as_std(std)

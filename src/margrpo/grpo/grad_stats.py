@@ -46,7 +46,11 @@ class MicroBatchGradStats:
 
     def result(self) -> tuple[float, float]:
         """(||G||, mean per-element variance across micro-batches; NaN with one micro-batch)."""
-        squares = [_local(p.grad.detach()).float().square().sum(dtype=torch.float64) for p in self.params if p.grad is not None]
+        squares = [
+            _local(p.grad.detach()).float().square().sum(dtype=torch.float64)
+            for p in self.params
+            if p.grad is not None
+        ]
         total = torch.stack(squares).sum() if squares else torch.zeros((), dtype=torch.float64)
         if any(_local(p) is not p for p in self.params):  # shards: each element lives on one process
             total = all_sum(total.cpu())

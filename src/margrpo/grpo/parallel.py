@@ -25,9 +25,9 @@ the statistic NaN rather than wrong (docs/real-scale.md, "What the engines canno
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -127,7 +127,9 @@ class Engine:
         """The optimizer's state keyed by parameter name, whole: it loads under any number of processes."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return get_optimizer_state_dict(
+            model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
 
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, model: nn.Module, state: dict) -> None:
         """A state of `optimizer_state` (names), or an older one keyed by parameter index (one process)."""
@@ -174,8 +176,15 @@ class DDPEngine(Engine):
 
 
 class FSDPEngine(Engine):
-    def __init__(self, policy: nn.Module, sharding: str, stat_params: list[nn.Parameter], head_params: set[int],
-                 mixed_precision: str, device: torch.device):
+    def __init__(
+        self,
+        policy: nn.Module,
+        sharding: str,
+        stat_params: list[nn.Parameter],
+        head_params: set[int],
+        mixed_precision: str,
+        device: torch.device,
+    ):
         super().__init__(policy)
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
@@ -183,16 +192,22 @@ class FSDPEngine(Engine):
         self.sharding, self.world = sharding, dist.get_world_size()
         self.mesh = init_device_mesh(device.type, (self.world,))
         bf16 = mixed_precision == "bf16" and device.type == "cuda"  # on CPU the toy runs in fp32
-        self.kwargs = dict(mesh=self.mesh, reshard_after_forward=sharding == "full_shard",
-                           mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-                           if bf16 else MixedPrecisionPolicy())
+        self.kwargs = dict(
+            mesh=self.mesh,
+            reshard_after_forward=sharding == "full_shard",
+            mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if bf16
+            else MixedPrecisionPolicy(),
+        )
         trained_ids = {id(p) for p in policy.parameters() if p.requires_grad}
         stat_ids = {id(p) for p in stat_params}
         self.units = shard_units(policy, head_params)
         ignored = outside_units(policy, head_params)
         # which groups the statistic reads, decided on the plain parameters (FSDP replaces them by shards)
-        counted = [_counts_for_statistic(m, [u for u in self.units if u is not m], trained_ids, stat_ids)
-                   for m in [*self.units, policy]]
+        counted = [
+            _counts_for_statistic(m, [u for u in self.units if u is not m], trained_ids, stat_ids)
+            for m in [*self.units, policy]
+        ]
         methods = root_methods(policy, self.units, head_params)
         for unit in self.units:
             fully_shard(unit, **self.kwargs)
@@ -217,6 +232,7 @@ class FSDPEngine(Engine):
                 yield
             finally:
                 self.policy.set_requires_gradient_sync(True)
+
         return block()
 
     @property
@@ -241,7 +257,9 @@ class _CountingReduceScatter:
         squares = self.engine.squares
         if squares is not None and self.key is not None:
             squares.add_later(self.key, input_tensor)
-        return dist.reduce_scatter_single(output=output_tensor, input=input_tensor, group=group, op=op, async_op=async_op)
+        return dist.reduce_scatter_single(
+            output=output_tensor, input=input_tensor, group=group, op=op, async_op=async_op
+        )
 
 
 def _register_reduce_scatter_type() -> None:
@@ -251,8 +269,15 @@ def _register_reduce_scatter_type() -> None:
     _fsdp_api.ReduceScatter.register(_CountingReduceScatter)
 
 
-def parallelize(policy: nn.Module, sharding: str, loss_fn: Callable, stat_params: list[nn.Parameter],
-                head_params: list[nn.Parameter], mixed_precision: str, device: torch.device) -> Engine:
+def parallelize(
+    policy: nn.Module,
+    sharding: str,
+    loss_fn: Callable,
+    stat_params: list[nn.Parameter],
+    head_params: list[nn.Parameter],
+    mixed_precision: str,
+    device: torch.device,
+) -> Engine:
     """The engine for this process: plain with one process, else DDP (`replicate`) or FSDP2 (the shardings).
     Every process must start from the same weights (rank 0's are broadcast first)."""
     if sharding not in SHARDINGS:
@@ -345,8 +370,10 @@ def _counts_for_statistic(module: nn.Module, others: list[nn.Module], trained: s
     own = [id(p) for p in module.parameters() if id(p) not in nested and id(p) in trained]
     hits = [i for i in own if i in stat]
     if hits and len(hits) != len(own):
-        raise ValueError(f"FSDP group {type(module).__name__} mixes parameters of the gradient statistic with other "
-                         "trained ones; the statistic reads whole groups")
+        raise ValueError(
+            f"FSDP group {type(module).__name__} mixes parameters of the gradient statistic with other "
+            "trained ones; the statistic reads whole groups"
+        )
     return bool(hits)
 
 
@@ -374,4 +401,3 @@ def _shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     if isinstance(like, DTensor):
         return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None)
     return full
-

@@ -46,7 +46,9 @@ def make_sampler(policy: MARPolicy, sampling: SamplingConfig) -> Sampler:
     sampler = policy.make_sampler(sampling.diffusion_steps, sampling.noise_level)
     if sampling.final_step_noise:
         if not hasattr(sampler, "config") or not hasattr(sampler.config, "stochastic_final"):
-            raise ValueError(f"final_step_noise: {type(sampler).__name__} has no stochastic final step (stochastic_final)")
+            raise ValueError(
+                f"final_step_noise: {type(sampler).__name__} has no stochastic final step (stochastic_final)"
+            )
         sampler = type(sampler)(sampler.config, stochastic_final=True)
     return sampler
 
@@ -134,8 +136,10 @@ class Rollout:
         full = self.full_steps()
         if not bool(full[ar_steps.cpu()].all()):
             missing = sorted(set(ar_steps.tolist()) - set(full.nonzero().flatten().tolist()))
-            raise ValueError(f"{what} needs every unknown token's trajectory at AR steps {missing}, but the rollout "
-                             f"recorded only the committed tokens there: generate with those steps in full_steps")
+            raise ValueError(
+                f"{what} needs every unknown token's trajectory at AR steps {missing}, but the rollout "
+                f"recorded only the committed tokens there: generate with those steps in full_steps"
+            )
 
     def step_clean(self) -> Tensor:
         """x0 per AR step [K, N, L, D]: the clean latent each unknown token reached at step k (known: final).
@@ -168,7 +172,9 @@ class Rollout:
         return Rollout(**moved)
 
 
-def guided_output(policy: MARPolicy, x: Tensor, t: Tensor, z_c: Tensor, z_u: Tensor | None, scale: Tensor | float) -> Tensor:
+def guided_output(
+    policy: MARPolicy, x: Tensor, t: Tensor, z_c: Tensor, z_u: Tensor | None, scale: Tensor | float
+) -> Tensor:
     """Head output with CFG on the prediction channels; a learned variance comes from the conditional branch."""
     if z_u is None:
         return policy.head(x, t, z_c)
@@ -200,8 +206,12 @@ def _denoise_groups(policy, sampler: Sampler, groups, scale, temperature):
         out = guided_output(policy, x, t, z_c, z_u, scale).float()
         noise = None
         if bool(sampler.is_stochastic(i)):  # the draws the step would make from each group's generator, in order
-            noise = torch.cat([_kept(torch.randn((n, x.shape[-1]), generator=g[3], dtype=torch.float32), g[4]).to(x.device)
-                               for n, g in zip(drawn, groups)])
+            noise = torch.cat(
+                [
+                    _kept(torch.randn((n, x.shape[-1]), generator=g[3], dtype=torch.float32), g[4]).to(x.device)
+                    for n, g in zip(drawn, groups)
+                ]
+            )
         step = sampler.step(out, i, x, temperature=temperature, variance_noise=noise)
         x = step.prev_sample
         states.append(x.float())
@@ -251,8 +261,10 @@ def _streams(n_prompts: int, generator, mte_generator) -> list[_Stream]:
         return [_Stream(0, n_prompts, generator, mte_generator)]
     mte = mte_generator if isinstance(mte_generator, (list, tuple)) else [mte_generator] * len(generator)
     if len(generator) != n_prompts or len(mte) != n_prompts:
-        raise ValueError(f"{len(generator)} generators and {len(mte)} MTE generators for {n_prompts} prompts: "
-                         "pass one generator, or one per prompt")
+        raise ValueError(
+            f"{len(generator)} generators and {len(mte)} MTE generators for {n_prompts} prompts: "
+            "pass one generator, or one per prompt"
+        )
     return [_Stream(i, 1, g, m) for i, (g, m) in enumerate(zip(generator, mte))]
 
 
@@ -280,10 +292,19 @@ class _Record:
     @classmethod
     def empty(cls, K: int, T: int, N: int, L: int, D: int, S1: int, mte_steps, device) -> _Record:
         known = torch.zeros(K, N, L, dtype=torch.bool, device=device)
-        rec = cls(known, torch.zeros_like(known), torch.zeros(K, T + 1, N, L, D, device=device),
-                  torch.zeros(K, T, N, L, device=device), None, None, None)
+        rec = cls(
+            known,
+            torch.zeros_like(known),
+            torch.zeros(K, T + 1, N, L, D, device=device),
+            torch.zeros(K, T, N, L, device=device),
+            None,
+            None,
+            None,
+        )
         if S1:
-            steps = torch.arange(K) if mte_steps is None else torch.as_tensor(mte_steps).long().cpu().unique()  # sorted
+            steps = (
+                torch.arange(K) if mte_steps is None else torch.as_tensor(mte_steps).long().cpu().unique()
+            )  # sorted
             if len(steps) and not 0 <= int(steps[0]) <= int(steps[-1]) < K:
                 raise ValueError(f"mte_steps {steps.tolist()} outside the {K} AR steps of this schedule")
             rec.mte_steps = steps
@@ -335,7 +356,9 @@ def generate(
         scales = cfg_scales(sampling, L, schedule)
         cond, uncond = _conditions(policy, prompts, group_size, guided=sampling.cfg_scale != 1.0)
         streams = _streams(len(prompts), generator, mte_generator)
-        orders = torch.cat([_draw_orders(st.count, group_size, L, st.generator, shared_order) for st in streams]).to(device)  # [N, L]
+        orders = torch.cat([_draw_orders(st.count, group_size, L, st.generator, shared_order) for st in streams]).to(
+            device
+        )  # [N, L]
         N, S1 = len(orders), trajectories - 1
         rec = _Record.empty(len(schedule), sampling.diffusion_steps, N, L, D, S1, mte_steps, device)
         full = _full_steps(len(schedule), full_steps, rec.mte_steps if S1 else None)
@@ -348,15 +371,41 @@ def generate(
             z_c, z_u = _ar(policy, tokens, known, cond, uncond)  # [N, L, W]
             rows = (~known).nonzero(as_tuple=True)  # every still-unknown token is predicted (completion mask)
             parts = _split_rows(rows, streams, group_size)
-            xs = [_initial_noise(sampler, r, st, group_size if shared_noise else None, L, D, device) for r, st in zip(parts, streams)]
-            _denoise_step(policy, sampler, rec, k, parts, bool(full[k]), xs, z_c, z_u, float(scales[k]), sampling.temperature, streams)
+            xs = [
+                _initial_noise(sampler, r, st, group_size if shared_noise else None, L, D, device)
+                for r, st in zip(parts, streams)
+            ]
+            _denoise_step(
+                policy,
+                sampler,
+                rec,
+                k,
+                parts,
+                bool(full[k]),
+                xs,
+                z_c,
+                z_u,
+                float(scales[k]),
+                sampling.temperature,
+                streams,
+            )
             tokens = torch.where(rec.committed[k][..., None], rec.states[k, -1], tokens)
             known = known | rec.committed[k]
         return Rollout(
-            prompts=[p for p in prompts for _ in range(group_size)], latents=tokens, images=policy.decode(tokens),
-            orders=orders, known=rec.known, committed=rec.committed, states=rec.states, log_probs=rec.log_probs,
-            cfg=torch.tensor(scales), sampling=sampling, mte_steps=None if rec.mte_steps is None else rec.mte_steps.to(device),
-            mte_states=rec.mte_states, mte_log_probs=rec.mte_log_probs, full=None if full_steps is None else full.to(device),
+            prompts=[p for p in prompts for _ in range(group_size)],
+            latents=tokens,
+            images=policy.decode(tokens),
+            orders=orders,
+            known=rec.known,
+            committed=rec.committed,
+            states=rec.states,
+            log_probs=rec.log_probs,
+            cfg=torch.tensor(scales),
+            sampling=sampling,
+            mte_steps=None if rec.mte_steps is None else rec.mte_steps.to(device),
+            mte_states=rec.mte_states,
+            mte_log_probs=rec.mte_log_probs,
+            full=None if full_steps is None else full.to(device),
         )
 
 
@@ -382,24 +431,41 @@ def _initial_noise(sampler: Sampler, rows, stream: _Stream, shared: int | None, 
     return noise[rows[0] // shared - stream.first, rows[1]]
 
 
-def _denoise_step(policy, sampler: Sampler, rec: _Record, k: int, parts, full: bool, xs: list[Tensor], z_c: Tensor,
-                  z_u: Tensor | None, scale: float, temperature: float, streams: list[_Stream]) -> None:
+def _denoise_step(
+    policy,
+    sampler: Sampler,
+    rec: _Record,
+    k: int,
+    parts,
+    full: bool,
+    xs: list[Tensor],
+    z_c: Tensor,
+    z_u: Tensor | None,
+    scale: float,
+    temperature: float,
+    streams: list[_Stream],
+) -> None:
     """The head's full trajectory of every unknown token at AR step k (`full`), else of its committed ones alone,
     and MTE's extra ones, into `rec`; each stream's rows (`parts`) denoise with its own generators, all in the same
     head calls."""
     keeps = [None if full else rec.committed[k][r] for r in parts]  # per stream: which of its rows this step denoises
     parts = [r if keep is None else (r[0][keep], r[1][keep]) for r, keep in zip(parts, keeps)]
     xs = [_kept(x, keep) for x, keep in zip(xs, keeps)]
-    groups = [(x, z_c[r], None if z_u is None else z_u[r], st.generator, keep) for r, x, st, keep in zip(parts, xs, streams, keeps)]
+    groups = [
+        (x, z_c[r], None if z_u is None else z_u[r], st.generator, keep)
+        for r, x, st, keep in zip(parts, xs, streams, keeps)
+    ]
     slot = rec.mte_slot(k)
     if slot is not None:  # MTE: same z_k, every predicted token, batched into the same head calls
         S1 = rec.mte_states.shape[1]
-        groups += [_extra_group(sampler, r, z_c, z_u, S1, xs[0].shape[-1], st.mte_generator) for r, st in zip(parts, streams)]
+        groups += [
+            _extra_group(sampler, r, z_c, z_u, S1, xs[0].shape[-1], st.mte_generator) for r, st in zip(parts, streams)
+        ]
     results = _denoise_groups(policy, sampler, groups, scale, temperature)
     for r, (traj, lp) in zip(parts, results):
         rec.states[k][:, r[0], r[1]] = traj
         rec.log_probs[k][:, r[0], r[1]] = lp
-    for r, (traj, lp) in zip(parts, results[len(parts):]):
+    for r, (traj, lp) in zip(parts, results[len(parts) :]):
         _store_extra(r, rec.mte_states.shape[1], traj, lp, rec.mte_states[slot], rec.mte_log_probs[slot])
 
 
@@ -425,7 +491,9 @@ class Replay:
     mean: Tensor  # [M, U, N, L, D]
     std: Tensor  # [M, U, N, L, 1 or D]
     mask: Tensor  # [M, U, N, L] bool: unknown token at a stochastic step (the completion mask)
-    mte_log_prob: Tensor | None = None  # [M, S-1, U, N, L] (0 where not replayed: no MTE at that step, or outside mte_tokens)
+    mte_log_prob: Tensor | None = (
+        None  # [M, S-1, U, N, L] (0 where not replayed: no MTE at that step, or outside mte_tokens)
+    )
 
 
 @dataclass
@@ -463,7 +531,10 @@ def replay(
     """
     if logprob_cfg not in ("exact", "cond_only"):
         raise ValueError(f"Unknown logprob_cfg: {logprob_cfg!r}; expected 'exact' or 'cond_only'")
-    ar_steps, diff_steps = ar_steps.to(rollout.latents.device), diff_steps.to(rollout.latents.device)  # they index its tensors
+    ar_steps, diff_steps = (
+        ar_steps.to(rollout.latents.device),
+        diff_steps.to(rollout.latents.device),
+    )  # they index its tensors
     rollout.require_full(ar_steps, "replay")
     with deterministic(policy):
         sampler = make_sampler(policy, rollout.sampling)
@@ -485,7 +556,9 @@ def replay(
             mean=torch.zeros(M, U, N, L, D, device=device).index_put(committed, mean[0]),
             std=torch.ones(M, U, N, L, D, device=device).index_put(committed, std[0]),
             mask=unknown[:, None].expand(M, U, N, L) & stochastic[:, :, None, None],
-            mte_log_prob=torch.zeros(M, S1, U, N, L, device=device).index_put(groups[1].index, lp[1]) if len(groups) > 1 else None,
+            mte_log_prob=torch.zeros(M, S1, U, N, L, device=device).index_put(groups[1].index, lp[1])
+            if len(groups) > 1
+            else None,
         )
 
 
@@ -497,8 +570,13 @@ def _chosen_step_conditions(policy: MARPolicy, rollout: Rollout, ar_steps: Tenso
     uncond = policy.prepare_condition(policy.null_condition(N)) if guided else None
     known = rollout.known[ar_steps]  # [M, N, L]
     tokens = torch.where(known[..., None], rollout.latents[None], torch.zeros_like(rollout.latents[None]))
-    z_c, z_u = _ar(policy, tokens.reshape(M * N, L, D), known.reshape(M * N, L), cond.tile(M),
-                   None if uncond is None else uncond.tile(M))
+    z_c, z_u = _ar(
+        policy,
+        tokens.reshape(M * N, L, D),
+        known.reshape(M * N, L),
+        cond.tile(M),
+        None if uncond is None else uncond.tile(M),
+    )
     return z_c.view(M, N, L, -1), None if z_u is None else z_u.view(M, N, L, -1)
 
 
@@ -510,7 +588,9 @@ def _committed_rows(rollout: Rollout, ar_steps: Tensor, diff_steps: Tensor, unkn
     return _Rows(rollout.states[k, t, n, l], rollout.states[k, t + 1, n, l], t, m, n, l, index=(m, u, n, l))
 
 
-def _mte_rows(rollout: Rollout, ar_steps: Tensor, diff_steps: Tensor, unknown: Tensor, mte_tokens: Tensor | None) -> _Rows:
+def _mte_rows(
+    rollout: Rollout, ar_steps: Tensor, diff_steps: Tensor, unknown: Tensor, mte_tokens: Tensor | None
+) -> _Rows:
     """The extra trajectories' transitions at the chosen AR steps that have them (within `mte_tokens`)."""
     M, U = diff_steps.shape
     S1 = rollout.trajectories - 1
@@ -520,15 +600,33 @@ def _mte_rows(rollout: Rollout, ar_steps: Tensor, diff_steps: Tensor, unknown: T
         extra = extra & mte_tokens.to(unknown.device)[ar_steps]
     m, s, u, n, l = extra[:, None, None].expand(M, S1, U, *unknown.shape[1:]).nonzero(as_tuple=True)  # noqa: E741
     t, slot = diff_steps[m, u], slots[m]
-    return _Rows(rollout.mte_states[slot, s, t, n, l], rollout.mte_states[slot, s, t + 1, n, l], t, m, n, l, index=(m, s, u, n, l))
+    return _Rows(
+        rollout.mte_states[slot, s, t, n, l],
+        rollout.mte_states[slot, s, t + 1, n, l],
+        t,
+        m,
+        n,
+        l,
+        index=(m, s, u, n, l),
+    )
 
 
-def _score_rows(policy: MARPolicy, sampler: Sampler, rollout: Rollout, ar_steps: Tensor, z_c: Tensor, z_u: Tensor | None,
-                groups: list[_Rows], chunk_rows: int) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+def _score_rows(
+    policy: MARPolicy,
+    sampler: Sampler,
+    rollout: Rollout,
+    ar_steps: Tensor,
+    z_c: Tensor,
+    z_u: Tensor | None,
+    groups: list[_Rows],
+    chunk_rows: int,
+) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
     """Every row of every group through the head in as few passes as memory allows: (log-prob, mean, std) per group."""
     device = rollout.latents.device
     sizes = [len(g.t) for g in groups]
-    x_t, x_prev, t, m, n, l = (torch.cat([getattr(g, f) for g in groups]) for f in ("x_t", "x_prev", "t", "m", "n", "l"))  # noqa: E741
+    x_t, x_prev, t, m, n, l = (
+        torch.cat([getattr(g, f) for g in groups]) for f in ("x_t", "x_prev", "t", "m", "n", "l")
+    )  # noqa: E741
     lp, mean, std = [], [], []
     for a in range(0, len(t), chunk_rows):
         b = slice(a, a + chunk_rows)
@@ -536,7 +634,11 @@ def _score_rows(policy: MARPolicy, sampler: Sampler, rollout: Rollout, ar_steps:
         zu = None if z_u is None else z_u[m[b], n[b], l[b]]
         out = guided_output(policy, x_t[b], sampler.model_time(t[b]).to(device), z_c[m[b], n[b], l[b]], zu, scale)
         step = sampler.step(out.float(), t[b], x_t[b], prev_sample=x_prev[b], temperature=rollout.sampling.temperature)
-        lp.append(step.log_prob), mean.append(step.mean), std.append(step.std.expand(-1, step.mean.shape[-1]) if step.std.dim() == 2 else step.std)
+        (
+            lp.append(step.log_prob),
+            mean.append(step.mean),
+            std.append(step.std.expand(-1, step.mean.shape[-1]) if step.std.dim() == 2 else step.std),
+        )
     if not lp:  # no rows at all
         D = x_t.shape[-1]
         lp, mean, std = [x_t.new_zeros(0)], [x_t.new_zeros(0, D)], [x_t.new_zeros(0, D)]
@@ -552,6 +654,8 @@ def recorded(rollout: Rollout, ar_steps: Tensor, diff_steps: Tensor) -> tuple[Te
     if rollout.mte_log_probs is not None:
         slots = rollout.mte_slots()[ar_steps.to(rollout.known.device)]  # [M]
         per_step = rollout.mte_log_probs[slots.clamp(min=0)]  # [M, S-1, T, N, L]
-        mte = per_step[torch.arange(len(slots), device=per_step.device)[:, None], :, diff_steps.to(per_step.device)].permute(0, 2, 1, 3, 4)  # [M, S-1, U, N, L]
+        mte = per_step[
+            torch.arange(len(slots), device=per_step.device)[:, None], :, diff_steps.to(per_step.device)
+        ].permute(0, 2, 1, 3, 4)  # [M, S-1, U, N, L]
         mte = mte * (slots >= 0).to(mte.dtype)[:, None, None, None, None]
     return lp, mte

@@ -20,9 +20,9 @@ import math
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from tqdm.auto import tqdm
 
@@ -52,7 +52,11 @@ def checkpoint_path(state_dir: str | Path, step: int) -> Path:
 TRAINER_FILES = ("trainer.pt", CHECKSUMS)  # what a trainer's save writes at the top of state/, beside its ckpt-<step>/
 CHECKPOINT = re.compile(r"ckpt-\d{6}")  # `checkpoint_path`'s folder of one checkpoint
 POLICY = ("policy", ".policy.old")  # the policy folder in it, and where atomic_dir moves the old one aside
-FROZEN_LINKS = ("vae", "text_encoder", "tokenizer")  # NOVA's links to its frozen parts (policy/nova.py save_pretrained)
+FROZEN_LINKS = (
+    "vae",
+    "text_encoder",
+    "tokenizer",
+)  # NOVA's links to its frozen parts (policy/nova.py save_pretrained)
 _TEMPORARY = re.compile(r"\.(.+)\.[a-z0-9_]+\.tmp(\.[^.]*)?")  # atomic_path / atomic_dir: .<name>.<random>.tmp<suffix>
 
 
@@ -117,8 +121,10 @@ def _remove_listed(folder: Path) -> None:
         here = Path(root)
         for name in files:
             p, target = here / name, temporary_of(name)
-            if not p.is_symlink() and (p.relative_to(folder).as_posix() in listed
-                                       or (target is not None and (here / target).relative_to(folder).as_posix() in listed)):
+            if not p.is_symlink() and (
+                p.relative_to(folder).as_posix() in listed
+                or (target is not None and (here / target).relative_to(folder).as_posix() in listed)
+            ):
                 p.unlink()
                 removed.append(here)
         for name in [d for d in dirs if (here / d).is_symlink()]:
@@ -141,8 +147,16 @@ def _mean(scores: list[float]) -> float:
     return sum(scores) / len(scores) if scores else float("nan")
 
 
-def train_loop(steps: int, val_every: int, step_fn: StepFn, validate_fn: ValidateFn, save_fn: SaveFn,
-               state_dir: str | Path, state: RunState | None = None, desc: str = "related") -> RunState:
+def train_loop(
+    steps: int,
+    val_every: int,
+    step_fn: StepFn,
+    validate_fn: ValidateFn,
+    save_fn: SaveFn,
+    state_dir: str | Path,
+    state: RunState | None = None,
+    desc: str = "related",
+) -> RunState:
     """Run to `steps` from `state` (a resumed run) or from scratch; returns the final state."""
     state = state or RunState()
     if not state.checkpoints:  # the base policy, before any update
@@ -159,10 +173,14 @@ def train_loop(steps: int, val_every: int, step_fn: StepFn, validate_fn: Validat
         state.rows.append(row)
         if scores is not None:
             path = checkpoint_path(state_dir, state.step)
-            state.checkpoints.append({"step": state.step, "val_reward": row["val_reward"], "val_scores": scores, "path": str(path)})
+            state.checkpoints.append(
+                {"step": state.step, "val_reward": row["val_reward"], "val_scores": scores, "path": str(path)}
+            )
             save_fn(path, state)
         bar.update(1)
-        bar.set_postfix(reward=f"{row.get('reward_mean', math.nan):.3f}", val=f"{row['val_reward']:.3f}", refresh=False)
+        bar.set_postfix(
+            reward=f"{row.get('reward_mean', math.nan):.3f}", val=f"{row['val_reward']:.3f}", refresh=False
+        )
     bar.close()
     return state
 
@@ -173,9 +191,16 @@ def write_run_outputs(out_dir: str | Path, state: RunState, variant: str, spec: 
     out = Path(out_dir)
     atomic_write_rows(out / "metrics.csv", state.rows)
     base = next((c for c in state.checkpoints if c["step"] == 0), {"val_reward": float("nan"), "val_scores": None})
-    summary = {"run_dir": str(out), "variant": variant, "steps": state.step,
-               "checkpoints": [c for c in state.checkpoints if c["step"] > 0], "base_val_reward": base["val_reward"],
-               "base_val_scores": base["val_scores"], "spec": spec, "config": config}
+    summary = {
+        "run_dir": str(out),
+        "variant": variant,
+        "steps": state.step,
+        "checkpoints": [c for c in state.checkpoints if c["step"] > 0],
+        "base_val_reward": base["val_reward"],
+        "base_val_scores": base["val_scores"],
+        "spec": spec,
+        "config": config,
+    }
     bad = non_finite(summary)  # strict JSON: null in their place, and why
     atomic_write_json(out / "summary.json", {**summary, **({"non_finite": bad} if bad else {})}, indent=1)
     return summary

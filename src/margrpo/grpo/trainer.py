@@ -13,9 +13,9 @@ import copy
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 from accelerate import Accelerator
@@ -36,7 +36,16 @@ from margrpo.grpo.functions import (
 )
 from margrpo.grpo.grad_stats import MicroBatchGradStats
 from margrpo.grpo.parallel import Engine, LocalSquares, parallelize, shard_reference
-from margrpo.grpo.rollout import Rollout, SamplingConfig, ar_schedule, generate, make_sampler, recorded, replay, stochastic_steps
+from margrpo.grpo.rollout import (
+    Rollout,
+    SamplingConfig,
+    ar_schedule,
+    generate,
+    make_sampler,
+    recorded,
+    replay,
+    stochastic_steps,
+)
 from margrpo.grpo.run_loop import RunState, clear_written_state, write_run_outputs
 from margrpo.grpo.streams import VAL_SEED, group_generators, step_generator
 from margrpo.infra.io import InputError, checked_path, refuse_symlink, space_named, spec_hash, verify_checksums
@@ -81,8 +90,9 @@ class Update:
     old: list[tuple[torch.Tensor, torch.Tensor | None] | None]
 
 
-def choose_steps(ar_steps: int, stochastic: int, mask_steps: int, diffusion_steps: int,
-                 g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def choose_steps(
+    ar_steps: int, stochastic: int, mask_steps: int, diffusion_steps: int, g: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """|M| = mask_steps of the K = ar_steps AR steps and, for each, |T| = diffusion_steps of the
     stochastic diffusion steps, uniformly without replacement (DESIGN 3.3): [M] and [M, U], sorted."""
     ar = torch.randperm(ar_steps, generator=g)[:mask_steps].sort().values
@@ -91,14 +101,24 @@ def choose_steps(ar_steps: int, stochastic: int, mask_steps: int, diffusion_step
 
 
 @torch.no_grad()
-def validation_batch(policy: MARPolicy, reward_fn: RewardFn, val: PromptSet, a: int, n: int, sampling: SamplingConfig,
-                     images: int, precision: str) -> tuple[list[float], torch.Tensor]:
+def validation_batch(
+    policy: MARPolicy,
+    reward_fn: RewardFn,
+    val: PromptSet,
+    a: int,
+    n: int,
+    sampling: SamplingConfig,
+    images: int,
+    precision: str,
+) -> tuple[list[float], torch.Tensor]:
     """Scores of validation prompts a .. min(n, a + 8) - 1 (each the mean over its `images` images) and the images.
     The noise comes from VAL_SEED + a alone, so every run, method and step that samples through `generate`
     sees the same noise: differences between them are paired (common random numbers)."""
     prompts, meta = val.prompts[a : min(n, a + 8)], val.metadata[a : min(n, a + 8)]
     with autocast(policy.device, precision):
-        r = generate(policy, prompts, sampling, group_size=images, generator=torch.Generator().manual_seed(VAL_SEED + a))
+        r = generate(
+            policy, prompts, sampling, group_size=images, generator=torch.Generator().manual_seed(VAL_SEED + a)
+        )
     reward = reward_fn(r.images, r.prompts, [m for m in meta for _ in range(images)])[0]
     return reward.view(len(prompts), images).mean(1).tolist(), r.images
 
@@ -106,44 +126,68 @@ def validation_batch(policy: MARPolicy, reward_fn: RewardFn, val: PromptSet, a: 
 class GRPOTrainer:
     ema: EMA | None = None  # the average of the trained parameters (grpo.ema_decay), made by train()
 
-    def __init__(self, policy: MARPolicy, reward_fn: RewardFn, train_prompts: PromptSet, val_prompts: PromptSet,
-                 sampling: SamplingConfig, config: GRPOConfig, out_dir: str | Path, accelerator: Accelerator | None = None):
+    def __init__(
+        self,
+        policy: MARPolicy,
+        reward_fn: RewardFn,
+        train_prompts: PromptSet,
+        val_prompts: PromptSet,
+        sampling: SamplingConfig,
+        config: GRPOConfig,
+        out_dir: str | Path,
+        accelerator: Accelerator | None = None,
+    ):
         self.cfg, self.sampling = config, sampling
-        self.accelerator = accelerator or Accelerator(cpu=policy.device.type == "cpu", log_with=list(config.trackers) or None,
-                                                      project_dir=Path(out_dir) / "tb")
+        self.accelerator = accelerator or Accelerator(
+            cpu=policy.device.type == "cpu", log_with=list(config.trackers) or None, project_dir=Path(out_dir) / "tb"
+        )
         self.policy = policy.to(self.accelerator.device)
         # data parallel: this process rolls out these prompt groups of every step's batch (grpo.data_parallel)
         self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
         self.groups = shard(config.batch_prompts, self.rank, self.world)
         if config.batch_prompts > len(train_prompts):
-            raise ValueError(f"grpo.batch_prompts ({config.batch_prompts}) exceeds the {len(train_prompts)} training prompts")
+            raise ValueError(
+                f"grpo.batch_prompts ({config.batch_prompts}) exceeds the {len(train_prompts)} training prompts"
+            )
         if (len(self.groups) * config.group_size) % config.micro_batches:
-            raise ValueError(f"micro_batches ({config.micro_batches}) must divide the {len(self.groups) * config.group_size} "
-                             f"images each of the {self.world} processes rolls out")
+            raise ValueError(
+                f"micro_batches ({config.micro_batches}) must divide the {len(self.groups) * config.group_size} "
+                f"images each of the {self.world} processes rolls out"
+            )
         self.reward_fn, self.train_prompts, self.val_prompts = reward_fn, train_prompts, val_prompts
         self.out_dir = Path(out_dir)
         self.state_dir = self.out_dir / "state"
         self.ar_steps = len(ar_schedule(policy, sampling))  # K of every rollout (NOVA's rounding may drop steps)
         self.sampler = make_sampler(policy, sampling)
         if config.mask_steps > self.ar_steps:
-            raise ValueError(f"mask_steps |M| = {config.mask_steps} exceeds the {self.ar_steps} AR steps; lower grpo.mask_steps")
+            raise ValueError(
+                f"mask_steps |M| = {config.mask_steps} exceeds the {self.ar_steps} AR steps; lower grpo.mask_steps"
+            )
         if config.diffusion_steps > stochastic_steps(sampling):
-            raise ValueError(f"diffusion_steps |T| = {config.diffusion_steps} exceeds the {stochastic_steps(sampling)} stochastic steps; lower grpo.diffusion_steps")
+            raise ValueError(
+                f"diffusion_steps |T| = {config.diffusion_steps} exceeds the {stochastic_steps(sampling)} stochastic steps; lower grpo.diffusion_steps"
+            )
         if config.gradient_checkpointing:
             self.policy.set_gradient_checkpointing(True)
         if config.lora:
             add_lora(self.policy, config.lora)
         head = set(map(id, self.policy.head_parameters()))
-        trained = (set() if config.freeze_ar else set(map(id, self.policy.ar_parameters()))) | (set() if config.freeze_head else head)
+        trained = (set() if config.freeze_ar else set(map(id, self.policy.ar_parameters()))) | (
+            set() if config.freeze_head else head
+        )
         if config.lora:  # the adapters alone
             trained = set(map(id, adapter_parameters(self.policy)))
         names = [n for n, _ in self.policy.named_parameters()]
         for prefix in config.frozen:
             if not any(n.startswith(prefix) for n in names):
-                raise ValueError(f"frozen: no parameter name of {type(policy).__name__} starts with {prefix!r} "
-                                 f"(top-level modules: {sorted({n.split('.')[0] for n in names})})")
+                raise ValueError(
+                    f"frozen: no parameter name of {type(policy).__name__} starts with {prefix!r} "
+                    f"(top-level modules: {sorted({n.split('.')[0] for n in names})})"
+                )
         trained -= {id(p) for n, p in self.policy.named_parameters() if n.startswith(tuple(config.frozen))}
-        for p in self.policy.parameters():  # frozen encoders (text, VAE) and, under +Fix, the head (the AR under `head`):
+        for (
+            p
+        ) in self.policy.parameters():  # frozen encoders (text, VAE) and, under +Fix, the head (the AR under `head`):
             if id(p) not in trained:  # no gradient computed and no optimizer state
                 p.requires_grad_(False)
         broadcast_parameters(self.policy)  # every process from the same weights (LoRA's are random)
@@ -151,7 +195,9 @@ class GRPOTrainer:
         # the gradient statistics of Fig. 2a / 5 (logged as grad_*_ar) are the AR's; with the AR frozen (`head`), the head's
         self.stat_params = list(self._stat_params())  # read again: FSDP replaces the parameters by shards
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, betas=(0.9, 0.999), weight_decay=config.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=config.lr, betas=(0.9, 0.999), weight_decay=config.weight_decay
+        )
         self.step, self.rows, self.checkpoints, self.nonfinite_run = 0, [], [], 0
         self.spec_hash = self.run_hash(None)
 
@@ -168,8 +214,15 @@ class GRPOTrainer:
         self.saver = None  # a whole copy of a sharded policy on the main process's CPU, for writing checkpoints
         if config.sharding != "replicate" and self.world > 1 and self.accelerator.is_main_process:
             self.saver = copy.deepcopy(self.policy).cpu()
-        self.engine: Engine = parallelize(self.policy, config.sharding, self.micro_loss, list(self._stat_params()),
-                                          list(self.policy.head_parameters()), config.precision, self.accelerator.device)
+        self.engine: Engine = parallelize(
+            self.policy,
+            config.sharding,
+            self.micro_loss,
+            list(self._stat_params()),
+            list(self.policy.head_parameters()),
+            config.precision,
+            self.accelerator.device,
+        )
         if self.ref is not None and self.ref is not self.policy:
             shard_reference(self.ref, self.engine)
 
@@ -183,14 +236,18 @@ class GRPOTrainer:
         replay_chunk) change none either: none counts, so states written before those switches existed still resume
         (and a run resumes under another sharding)."""
         off = {"ema_decay": None, "lora": None, "gradient_checkpointing": False, "replay_chunk": None}
-        quiet = lambda g: {k: v for k, v in g.items() if k not in ("trackers", "sharding") and not (k in off and v == off[k])}  # noqa: E731
+        quiet = lambda g: {
+            k: v for k, v in g.items() if k not in ("trackers", "sharding") and not (k in off and v == off[k])
+        }  # noqa: E731
         spec = {**spec, "grpo": quiet(spec["grpo"])} if spec and "grpo" in spec else spec
         return spec_hash({"grpo": quiet(asdict(self.cfg)), "sampling": asdict(self.sampling), "spec": spec})
 
     # --- one GRPO step ----------------------------------------------------------------------------
     def choose_steps(self, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """|M| AR steps and, for each, |T| stochastic diffusion steps, uniformly (DESIGN 3.3)."""
-        return choose_steps(self.ar_steps, stochastic_steps(self.sampling), self.cfg.mask_steps, self.cfg.diffusion_steps, g)
+        return choose_steps(
+            self.ar_steps, stochastic_steps(self.sampling), self.cfg.mask_steps, self.cfg.diffusion_steps, g
+        )
 
     def recorded_steps(self, ar: torch.Tensor) -> torch.Tensor:
         """The AR steps the rollout records in full: the chosen ones and, for Sim, each one's predecessor (kappa)."""
@@ -203,8 +260,11 @@ class GRPOTrainer:
         if self.cfg.trajectories > 1:
             finals = rollout.mte_finals()  # [M', S, N, L, D], index 0 the rollout's own sample at step m
             Mp, S, N, L, D = finals.shape
-            per_step = uncertainty_mask(finals.transpose(0, 1).reshape(S, Mp * N, L, D), self.cfg.top_frac,
-                                        rollout.mte_candidates().reshape(Mp * N, L))  # top k% of each image's predicted tokens
+            per_step = uncertainty_mask(
+                finals.transpose(0, 1).reshape(S, Mp * N, L, D),
+                self.cfg.top_frac,
+                rollout.mte_candidates().reshape(Mp * N, L),
+            )  # top k% of each image's predicted tokens
             mte = torch.zeros_like(rollout.known)
             mte[rollout.mte_steps] = per_step.view(Mp, N, L)
         sim = None
@@ -212,13 +272,18 @@ class GRPOTrainer:
             x0 = rollout.step_clean()  # [K, N, L, D]
             final = rollout.latents.float()
             full = rollout.full_steps()
-            keep = [torch.ones_like(rollout.committed[k]) if k == 0 or not full[k - 1:k + 1].all()  # untrained steps
-                    else consistency_mask(x0[k - 1], x0[k], final, rollout.committed[k], self.cfg.tau) for k in range(len(x0))]
+            keep = [
+                torch.ones_like(rollout.committed[k])
+                if k == 0 or not full[k - 1 : k + 1].all()  # untrained steps
+                else consistency_mask(x0[k - 1], x0[k], final, rollout.committed[k], self.cfg.tau)
+                for k in range(len(x0))
+            ]
             sim = torch.stack(keep)
         return mte, sim
 
-    def loss_weights(self, rollout: Rollout, ar: torch.Tensor, diff: torch.Tensor,
-                     sim_keep: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def loss_weights(
+        self, rollout: Rollout, ar: torch.Tensor, diff: torch.Tensor, sim_keep: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Which tokens each chosen (AR step, diffusion step) trains, [M, U, N, L] float: the KL's token
         mask (the completion mask at stochastic steps, or the committed tokens) and the policy loss's
         weights (that mask times Sim's kappa)."""
@@ -232,21 +297,36 @@ class GRPOTrainer:
         return tokens, weight
 
     @torch.no_grad()
-    def old_log_probs(self, rollout: Rollout, ar: torch.Tensor, diff: torch.Tensor,
-                      mte_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def old_log_probs(
+        self, rollout: Rollout, ar: torch.Tensor, diff: torch.Tensor, mte_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """log_prob_old of one micro-batch at the current parameters: the record's, or a no-grad pass of
         the training replay (the same arithmetic as the update's own pass)."""
         if self.cfg.old_logprob == "recorded":
             return recorded(rollout, ar, diff)
         with autocast(self.accelerator.device, self.cfg.precision):
-            rp = replay(self.policy, rollout, ar, diff, logprob_cfg=self.cfg.logprob_cfg,
-                        with_mte=self.cfg.trajectories > 1, mte_tokens=mte_mask)
+            rp = replay(
+                self.policy,
+                rollout,
+                ar,
+                diff,
+                logprob_cfg=self.cfg.logprob_cfg,
+                with_mte=self.cfg.trajectories > 1,
+                mte_tokens=mte_mask,
+            )
         return rp.log_prob, rp.mte_log_prob
 
-    def micro_loss(self, rollout: Rollout, adv: torch.Tensor, ar: torch.Tensor, diff: torch.Tensor,
-                   mte_mask: torch.Tensor | None, sim_keep: torch.Tensor | None,
-                   old: tuple[torch.Tensor, torch.Tensor | None] | None = None,
-                   counts: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, dict]:
+    def micro_loss(
+        self,
+        rollout: Rollout,
+        adv: torch.Tensor,
+        ar: torch.Tensor,
+        diff: torch.Tensor,
+        mte_mask: torch.Tensor | None,
+        sim_keep: torch.Tensor | None,
+        old: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+        counts: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, dict]:
         """Loss of one micro-batch (already a sub-rollout): mean over chosen AR steps of its share of the
         batch's token-mean loss (Eq. 7); under `reinforce`, the sum over them (the official update).
 
@@ -262,7 +342,15 @@ class GRPOTrainer:
             counts = (weight.sum((1, 2, 3)), tokens.sum((1, 2, 3)))
         with autocast(self.accelerator.device, cfg.precision):
             # the extra trajectories are replayed only where Eq. 10 uses them: the uncertainty mask
-            rp = replay(self.policy, rollout, ar, diff, logprob_cfg=cfg.logprob_cfg, with_mte=cfg.trajectories > 1, mte_tokens=mte_mask)
+            rp = replay(
+                self.policy,
+                rollout,
+                ar,
+                diff,
+                logprob_cfg=cfg.logprob_cfg,
+                with_mte=cfg.trajectories > 1,
+                mte_tokens=mte_mask,
+            )
         if old is None:
             if cfg.old_logprob == "recorded":
                 old = recorded(rollout, ar, diff)
@@ -295,10 +383,18 @@ class GRPOTrainer:
         stats.update(policy_loss=policy_term.item(), kl=kl_term.item())
         return policy_term + cfg.beta * kl_term, stats
 
-    def micro_backward(self, rollout: Rollout, adv: torch.Tensor, ar: torch.Tensor, diff: torch.Tensor,
-                       mte_mask: torch.Tensor | None, sim_keep: torch.Tensor | None,
-                       old: tuple[torch.Tensor, torch.Tensor | None] | None, counts: tuple[torch.Tensor, torch.Tensor],
-                       sync: bool = True) -> tuple[float, dict]:
+    def micro_backward(
+        self,
+        rollout: Rollout,
+        adv: torch.Tensor,
+        ar: torch.Tensor,
+        diff: torch.Tensor,
+        mte_mask: torch.Tensor | None,
+        sim_keep: torch.Tensor | None,
+        old: tuple[torch.Tensor, torch.Tensor | None] | None,
+        counts: tuple[torch.Tensor, torch.Tensor],
+        sync: bool = True,
+    ) -> tuple[float, dict]:
         """`micro_loss` backpropagated `grpo.replay_chunk` chosen AR steps at a time, so one chunk's activations
         are freed before the next is replayed (the replay of all |M| steps at once is what outgrows a GPU at
         the paper's batch). Each chunk's loss is its share of the mean over steps (the whole of the sum under
@@ -306,7 +402,9 @@ class GRPOTrainer:
         size = self.cfg.replay_chunk or len(ar)
         if size >= len(ar):
             with self.engine.sync(sync):  # `sync`: this backward reduces the gradients over processes
-                loss, stats = self.engine.loss(self.micro_loss, rollout, adv, ar, diff, mte_mask, sim_keep, old, counts)
+                loss, stats = self.engine.loss(
+                    self.micro_loss, rollout, adv, ar, diff, mte_mask, sim_keep, old, counts
+                )
                 self.accelerator.backward(loss)
             return loss.item(), stats
         tokens, parts = self.loss_weights(rollout, ar, diff, sim_keep)[0], []  # [M, U, n, L]: each chunk's token count
@@ -315,8 +413,17 @@ class GRPOTrainer:
             part_old = None if old is None else tuple(None if o is None else o[part] for o in old)
             share = 1.0 if self.cfg.reinforce else len(ar[part]) / len(ar)
             with self.engine.sync(sync and a + size >= len(ar)):  # the chunks accumulate locally; the last reduces
-                loss, stats = self.engine.loss(self.micro_loss, rollout, adv, ar[part], diff[part], mte_mask, sim_keep,
-                                               part_old, (counts[0][part], counts[1][part]))
+                loss, stats = self.engine.loss(
+                    self.micro_loss,
+                    rollout,
+                    adv,
+                    ar[part],
+                    diff[part],
+                    mte_mask,
+                    sim_keep,
+                    part_old,
+                    (counts[0][part], counts[1][part]),
+                )
                 self.accelerator.backward(loss * share)
             parts.append((share, tokens[part].count_nonzero().item(), loss.item(), stats))
         return sum(sh * v for sh, _, v, _ in parts), combine_chunk_stats(parts)
@@ -330,11 +437,22 @@ class GRPOTrainer:
             log = self.update(batch, update)
         rewards, adv = all_cat(batch.rewards), all_cat(batch.adv)  # every process's groups
         components = {k: all_cat(v) for k, v in batch.components.items()}
-        frac_zero = all_cat(torch.tensor([batch.frac_zero], device=batch.adv.device)).mean().item()  # equal shares of groups
-        row = {"step": self.step + 1, "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
-               **{f"reward/{k}": v.mean().item() for k, v in components.items()},
-               "adv_mean": adv.mean().item(), "adv_std": adv.std().item(), "frac_zero_std": frac_zero, **log,
-               "lr": self.optimizer.param_groups[0]["lr"], "step_time_s": time.time() - t0, "peak_mem_mb": peak_memory_mb()}
+        frac_zero = (
+            all_cat(torch.tensor([batch.frac_zero], device=batch.adv.device)).mean().item()
+        )  # equal shares of groups
+        row = {
+            "step": self.step + 1,
+            "reward_mean": rewards.mean().item(),
+            "reward_std": rewards.std().item(),
+            **{f"reward/{k}": v.mean().item() for k, v in components.items()},
+            "adv_mean": adv.mean().item(),
+            "adv_std": adv.std().item(),
+            "frac_zero_std": frac_zero,
+            **log,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "step_time_s": time.time() - t0,
+            "peak_mem_mb": peak_memory_mb(),
+        }
         self.step += 1
         return row
 
@@ -351,18 +469,38 @@ class GRPOTrainer:
         # the |M| AR steps are chosen before the rollout: MTE draws its S - 1 extra trajectories there (Algorithm 2)
         ar, diff = self.choose_steps(g_steps)
         with autocast(self.accelerator.device, cfg.precision):
-            rollout = generate(self.policy, prompts, self.sampling, group_size=cfg.group_size, generator=g_roll,
-                               trajectories=cfg.trajectories, mte_steps=ar, mte_generator=g_mte,
-                               shared_order=cfg.group_order == "shared", shared_noise=cfg.group_noise == "shared",
-                               full_steps=self.recorded_steps(ar))
+            rollout = generate(
+                self.policy,
+                prompts,
+                self.sampling,
+                group_size=cfg.group_size,
+                generator=g_roll,
+                trajectories=cfg.trajectories,
+                mte_steps=ar,
+                mte_generator=g_mte,
+                shared_order=cfg.group_order == "shared",
+                shared_noise=cfg.group_noise == "shared",
+                full_steps=self.recorded_steps(ar),
+            )
         rewards, components = self.reward_fn(rollout.images, rollout.prompts, meta)
         adv, frac_zero = group_advantages(rewards, cfg.group_size)
         if cfg.advantages == "shuffled":  # the no-signal control (GRPOConfig.advantages)
             adv = adv[torch.randperm(len(adv), generator=step_generator(cfg.seed, self.step, 4)).to(adv.device)]
         mte_mask, sim_keep = self.masks(rollout)
         rows = torch.arange(len(rollout.prompts)).chunk(cfg.micro_batches)
-        return StepBatch(rollout, [_subset(rollout, r) for r in rows], rows, rewards, components, adv, frac_zero,
-                         ar, diff, mte_mask, sim_keep)
+        return StepBatch(
+            rollout,
+            [_subset(rollout, r) for r in rows],
+            rows,
+            rewards,
+            components,
+            adv,
+            frac_zero,
+            ar,
+            diff,
+            mte_mask,
+            sim_keep,
+        )
 
     def plan_updates(self, batch: StepBatch) -> list[Update]:
         """The optimizer steps of this rollout, each over all chosen AR steps (`updates_per_rollout`; one
@@ -375,15 +513,22 @@ class GRPOTrainer:
         for ar_u, diff_u in steps[1:]:
             key = (tuple(ar_u.tolist()), tuple(diff_u.flatten().tolist()))
             if key not in cache:
-                cache[key] = [self.old_log_probs(sub, ar_u, diff_u, batch.pick(batch.mte_mask, c)) for c, sub in enumerate(batch.subs)]
+                cache[key] = [
+                    self.old_log_probs(sub, ar_u, diff_u, batch.pick(batch.mte_mask, c))
+                    for c, sub in enumerate(batch.subs)
+                ]
             plan.append(Update(ar_u, diff_u, cache[key]))
         return plan
 
-    def backward(self, batch: StepBatch, update: Update) -> tuple[list[dict], float, MicroBatchGradStats, torch.Tensor]:
+    def backward(
+        self, batch: StepBatch, update: Update
+    ) -> tuple[list[dict], float, MicroBatchGradStats, torch.Tensor]:
         """The batch gradient of one update, left in the parameters' .grad: the micro-batches' losses (which
         sum to the batch loss) backpropagated and summed over every process. Returns the micro-batches' stats,
         the total loss, the gradient statistics and the loss-token mask of the chosen steps."""
-        tokens, weight = self.loss_weights(batch.rollout, update.ar, update.diff, batch.sim_keep)  # the whole batch's token counts
+        tokens, weight = self.loss_weights(
+            batch.rollout, update.ar, update.diff, batch.sim_keep
+        )  # the whole batch's token counts
         counts = (all_sum(weight.sum((1, 2, 3))), all_sum(tokens.sum((1, 2, 3))))  # over every process's images
         self.optimizer.zero_grad(set_to_none=True)
         grad_stats, stats, total = MicroBatchGradStats(self.stat_params, len(batch.rows) * self.world), [], 0.0
@@ -395,9 +540,17 @@ class GRPOTrainer:
                 engine.prev = grad_stats.snapshot()
             # each process's loss is its share of the batch loss: the gradients' sum over processes is the batch
             # gradient. DDP reduces once, after the last micro-batch; FSDP reduces each micro-batch into the shards
-            loss, s = self.micro_backward(batch.subs[c], batch.adv[rows], update.ar, update.diff, batch.pick(batch.mte_mask, c),
-                                          batch.pick(batch.sim_keep, c), update.old[c], counts,
-                                          sync=last or not engine.reads_local_grads)
+            loss, s = self.micro_backward(
+                batch.subs[c],
+                batch.adv[rows],
+                update.ar,
+                update.diff,
+                batch.pick(batch.mte_mask, c),
+                batch.pick(batch.sim_keep, c),
+                update.old[c],
+                counts,
+                sync=last or not engine.reads_local_grads,
+            )
             if engine.reads_local_grads and not (last and engine.squares is not None):
                 grad_stats.after_backward(last=last)
             if engine.squares is not None:
@@ -426,8 +579,10 @@ class GRPOTrainer:
         else:
             self.nonfinite_run += 1
             if self.nonfinite_run >= self.cfg.max_nonfinite:
-                raise FloatingPointError(f"{self.nonfinite_run} non-finite updates in a row at step {self.step}; "
-                                         "stopping (grpo.max_nonfinite)")
+                raise FloatingPointError(
+                    f"{self.nonfinite_run} non-finite updates in a row at step {self.step}; "
+                    "stopping (grpo.max_nonfinite)"
+                )
         log = {k: float(torch.tensor([s[k] for s in stats]).nanmean()) for k in stats[0]}
         log.update({k: sum(s[k] for s in stats) for k in ("policy_loss", "kl")})  # shares of the batch loss
         log.update(ratio_min=min(s["ratio_min"] for s in stats), ratio_max=max(s["ratio_max"] for s in stats))
@@ -452,7 +607,9 @@ class GRPOTrainer:
         with self.ema.applied(self.policy) if self.ema else contextlib.nullcontext():  # the EMA weights, when on
             for i in range(rounds):
                 a = mine[i] if i < len(mine) else starts[0]
-                batch, images = validation_batch(self.policy, self.reward_fn, self.val_prompts, a, n, self.sampling, G, self.cfg.precision)
+                batch, images = validation_batch(
+                    self.policy, self.reward_fn, self.val_prompts, a, n, self.sampling, G, self.cfg.precision
+                )
                 if i >= len(mine):
                     continue
                 scores.append((a, batch))
@@ -467,12 +624,23 @@ class GRPOTrainer:
         ckpt = self.state_dir / f"ckpt-{self.step:06d}" / "policy"
         policy, engine = self.policy, self.engine
         whole = None
-        if self.saver is not None or engine.sharding not in (None, "replicate"):  # FSDP: gather, then write a plain copy
-            with self.ema.applied(policy) if self.ema else contextlib.nullcontext():  # selection and evaluation read the EMA
+        if self.saver is not None or engine.sharding not in (
+            None,
+            "replicate",
+        ):  # FSDP: gather, then write a plain copy
+            with (
+                self.ema.applied(policy) if self.ema else contextlib.nullcontext()
+            ):  # selection and evaluation read the EMA
                 whole = engine.full_state(policy)
         # tensors and primitives only (loads with weights_only=True); the policy is the ckpt folder beside it
-        state = {"step": self.step, "optimizer": engine.optimizer_state(self.optimizer, policy), "rows": self.rows,
-                 "checkpoints": self.checkpoints, "nonfinite_run": self.nonfinite_run, "spec_hash": self.spec_hash}
+        state = {
+            "step": self.step,
+            "optimizer": engine.optimizer_state(self.optimizer, policy),
+            "rows": self.rows,
+            "checkpoints": self.checkpoints,
+            "nonfinite_run": self.nonfinite_run,
+            "spec_hash": self.spec_hash,
+        }
         if self.ema:  # the raw trained weights RL goes on from, and their average
             state.update(raw=engine.full_tensors(self.ema.tracked(policy)), ema=engine.full_tensors(self.ema.shadow))
         if self.accelerator.is_main_process:
@@ -489,7 +657,9 @@ class GRPOTrainer:
             Engine(self.saver).load_full_state(self.saver, whole)
             policy, applied = self.saver, contextlib.nullcontext()
         else:
-            applied = self.ema.applied(policy) if self.ema else contextlib.nullcontext()  # selection and evaluation read the EMA
+            applied = (
+                self.ema.applied(policy) if self.ema else contextlib.nullcontext()
+            )  # selection and evaluation read the EMA
         with applied:
             policy.save_pretrained(ckpt)
             if self.cfg.lora:  # the base weights above are unchanged; the adapters beside them
@@ -519,7 +689,9 @@ class GRPOTrainer:
                 clear_written_state(self.state_dir)
             barrier()
             return False
-        ckpt = self.state_dir / f"ckpt-{state['step']:06d}" / "policy"  # found beside trainer.pt wherever the folder is now
+        ckpt = (
+            self.state_dir / f"ckpt-{state['step']:06d}" / "policy"
+        )  # found beside trainer.pt wherever the folder is now
         loaded = load_policy(ckpt)  # whole, on the CPU, with its LoRA adapters; each process keeps its share
         self.engine.load_full_state(self.policy, self.engine.full_state(loaded))
         del loaded
@@ -542,27 +714,55 @@ class GRPOTrainer:
         if self.accelerator.is_main_process:
             self.state_dir.mkdir(parents=True, exist_ok=True)
         if self.cfg.ema_decay is not None and self.ema is None:  # averaged after every optimizer step
-            self.ema = EMA(self.policy, self.cfg.ema_decay, [n for n, p in self.policy.named_parameters() if p.requires_grad])
+            self.ema = EMA(
+                self.policy, self.cfg.ema_decay, [n for n, p in self.policy.named_parameters() if p.requires_grad]
+            )
             self.optimizer.register_step_post_hook(lambda *_: self.ema.update(self.policy))
         resumed = self.try_resume()
-        start_trackers(self.accelerator, self.out_dir / "tb", RUN_NAME, self.step if resumed else None,
-                       wandb={"name": self.out_dir.name, "id": f"{self.out_dir.name}-{self.spec_hash}", "config": asdict(self.cfg)})
+        start_trackers(
+            self.accelerator,
+            self.out_dir / "tb",
+            RUN_NAME,
+            self.step if resumed else None,
+            wandb={
+                "name": self.out_dir.name,
+                "id": f"{self.out_dir.name}-{self.spec_hash}",
+                "config": asdict(self.cfg),
+            },
+        )
         if not resumed:
             scores = self.validate()
             self.rows = []
-            self.checkpoints = [{"step": 0, "val_reward": sum(scores) / len(scores), "val_scores": scores, "path": None}]
-        bar = tqdm(total=self.cfg.steps, initial=self.step, desc=f"grpo[{self.cfg.seed}]", mininterval=5,
-                   disable=not self.accelerator.is_main_process)
+            self.checkpoints = [
+                {"step": 0, "val_reward": sum(scores) / len(scores), "val_scores": scores, "path": None}
+            ]
+        bar = tqdm(
+            total=self.cfg.steps,
+            initial=self.step,
+            desc=f"grpo[{self.cfg.seed}]",
+            mininterval=5,
+            disable=not self.accelerator.is_main_process,
+        )
         while self.step < self.cfg.steps:
             row = self.train_step()
-            val_scores = self.validate() if self.step % self.cfg.val_every == 0 or self.step == self.cfg.steps else None
+            val_scores = (
+                self.validate() if self.step % self.cfg.val_every == 0 or self.step == self.cfg.steps else None
+            )
             row["val_reward"] = float("nan") if val_scores is None else sum(val_scores) / len(val_scores)
             self.rows.append(row)
-            self.accelerator.log({k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}, step=self.step)
+            self.accelerator.log(
+                {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}, step=self.step
+            )
             if self.step % self.cfg.save_every == 0 or self.step == self.cfg.steps:
                 if math.isfinite(row["val_reward"]):
-                    self.checkpoints.append({"step": self.step, "val_reward": row["val_reward"], "val_scores": val_scores,
-                                             "path": str(self.state_dir / f"ckpt-{self.step:06d}" / "policy")})
+                    self.checkpoints.append(
+                        {
+                            "step": self.step,
+                            "val_reward": row["val_reward"],
+                            "val_scores": val_scores,
+                            "path": str(self.state_dir / f"ckpt-{self.step:06d}" / "policy"),
+                        }
+                    )
                 self.save()
             bar.update(1)
             bar.set_postfix(reward=f"{row['reward_mean']:.3f}", val=f"{row['val_reward']:.3f}")
@@ -570,14 +770,25 @@ class GRPOTrainer:
         end_trackers(self.accelerator)
         return self.rows
 
+
 def _subset(r: Rollout, rows: torch.Tensor) -> Rollout:
     """The rollout restricted to some images (micro-batch)."""
     pick = lambda x, dim: None if x is None else x.index_select(dim, rows.to(x.device))  # noqa: E731
     return Rollout(
-        prompts=[r.prompts[i] for i in rows.tolist()], latents=pick(r.latents, 0), images=pick(r.images, 0),
-        orders=pick(r.orders, 0), known=pick(r.known, 1), committed=pick(r.committed, 1), states=pick(r.states, 2),
-        log_probs=pick(r.log_probs, 2), cfg=r.cfg, sampling=r.sampling, mte_steps=r.mte_steps,
-        mte_states=pick(r.mte_states, 3), mte_log_probs=pick(r.mte_log_probs, 3), full=r.full,
+        prompts=[r.prompts[i] for i in rows.tolist()],
+        latents=pick(r.latents, 0),
+        images=pick(r.images, 0),
+        orders=pick(r.orders, 0),
+        known=pick(r.known, 1),
+        committed=pick(r.committed, 1),
+        states=pick(r.states, 2),
+        log_probs=pick(r.log_probs, 2),
+        cfg=r.cfg,
+        sampling=r.sampling,
+        mte_steps=r.mte_steps,
+        mte_states=pick(r.mte_states, 3),
+        mte_log_probs=pick(r.mte_log_probs, 3),
+        full=r.full,
     )
 
 
@@ -593,7 +804,9 @@ def combine_chunk_stats(parts: list[tuple[float, int, float, dict]]) -> dict:
     n = sum(sel for _, sel, _, _ in parts)
     out = {k: sum(sh * s[k] for sh, _, _, s in parts) for k in ("policy_loss", "kl")}
     for k in ("clip_frac", "ratio_mean"):
-        out[k] = sum(sel * s[k] for _, sel, _, s in parts if sel) / n if n else (0.0 if k == "clip_frac" else float("nan"))
+        out[k] = (
+            sum(sel * s[k] for _, sel, _, s in parts if sel) / n if n else (0.0 if k == "clip_frac" else float("nan"))
+        )
     for k, pick in (("ratio_min", min), ("ratio_max", max)):
         values = [s[k] for _, sel, _, s in parts if sel]
         out[k] = pick(values) if values else float("nan")

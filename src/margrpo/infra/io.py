@@ -89,7 +89,9 @@ def _out_of_space(err: BaseException, folder: Path) -> bool:
 
 def _no_space(err: BaseException, path: Path) -> NoSpaceError:
     detail = err.strerror if isinstance(err, OSError) and err.strerror else str(err).strip().splitlines()[-1]
-    return NoSpaceError(f"no space left on {path} (writing it failed: {detail}); free space on its filesystem and rerun")
+    return NoSpaceError(
+        f"no space left on {path} (writing it failed: {detail}); free space on its filesystem and rerun"
+    )
 
 
 @contextlib.contextmanager
@@ -234,7 +236,7 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 2) -> Pat
     return atomic_write_text(path, text + "\n")
 
 
-def atomic_write_csv(df: "pd.DataFrame", path: str | os.PathLike, index: bool = False, **kwargs: Any) -> Path:
+def atomic_write_csv(df: pd.DataFrame, path: str | os.PathLike, index: bool = False, **kwargs: Any) -> Path:
     """Write a DataFrame as CSV atomically (``kwargs`` go to ``DataFrame.to_csv``)."""
     with atomic_path(path) as tmp:
         df.to_csv(tmp, index=index, **kwargs)
@@ -252,7 +254,7 @@ def atomic_write_rows(path: str | os.PathLike, rows: list[dict]) -> Path:
 
 
 def atomic_save_figure(
-    fig: "Figure", prefix: str | os.PathLike, formats: Iterable[str], dpi: int = 150, **kwargs: Any
+    fig: Figure, prefix: str | os.PathLike, formats: Iterable[str], dpi: int = 150, **kwargs: Any
 ) -> list[Path]:
     """Save ``fig`` as ``<prefix>.<fmt>`` for every format, each atomically; return the paths.
 
@@ -300,8 +302,9 @@ def _manifest(folder: Path) -> dict[str, str]:
     if not path.is_file():
         return {}
     sums = read_json(path)
-    if not isinstance(sums, dict) or not all(isinstance(v, str) or (isinstance(v, list) and all(isinstance(h, str) for h in v))
-                                             for v in sums.values()):
+    if not isinstance(sums, dict) or not all(
+        isinstance(v, str) or (isinstance(v, list) and all(isinstance(h, str) for h in v)) for v in sums.values()
+    ):
         raise InputError(f"{path}: expected {{file: sha256, or a list of them while the file is being replaced}}")
     return sums
 
@@ -337,9 +340,11 @@ def verify_checksums(folder: str | os.PathLike, names: Iterable[str] | None = No
     sums = _manifest(d)
     if not (d / CHECKSUMS).is_file():
         if required:
-            raise InputError(f"{d}: no {CHECKSUMS}; margrpo writes one beside every folder and state it saves (the sha256 "
-                             "of each file, checked on load), so a changed or damaged file cannot load unnoticed: rerun the "
-                             "stage that writes this folder")
+            raise InputError(
+                f"{d}: no {CHECKSUMS}; margrpo writes one beside every folder and state it saves (the sha256 "
+                "of each file, checked on load), so a changed or damaged file cannot load unnoticed: rerun the "
+                "stage that writes this folder"
+            )
         return False
     names = None if names is None else list(names)
     if required and names is not None:
@@ -349,8 +354,10 @@ def verify_checksums(folder: str | os.PathLike, names: Iterable[str] | None = No
     for name in sums if names is None else [n for n in names if n in sums]:
         path = d / name
         if path.is_file() and sha256_file(path) not in _accepted(sums[name]):  # a missing file is the loader's to name
-            raise InputError(f"{path}: sha256 differs from the one recorded in {d / CHECKSUMS} when it was written; "
-                             "the file was changed or damaged since")
+            raise InputError(
+                f"{path}: sha256 differs from the one recorded in {d / CHECKSUMS} when it was written; "
+                "the file was changed or damaged since"
+            )
     return True
 
 
@@ -361,8 +368,12 @@ def verify_outside(folder: str | os.PathLike, what: str) -> bool:
         return True
     import logging
 
-    logging.getLogger(__name__).warning("%s: no %s (not written by margrpo): loading the %s weights with strict key and "
-                                        "shape checks only", folder, CHECKSUMS, what)
+    logging.getLogger(__name__).warning(
+        "%s: no %s (not written by margrpo): loading the %s weights with strict key and shape checks only",
+        folder,
+        CHECKSUMS,
+        what,
+    )
     return False
 
 
@@ -394,8 +405,10 @@ def refuse_symlink(path: str | os.PathLike, what: str = "folder") -> Path:
     """`path` itself, unless it is a symbolic link: a stage that clears or rewrites a folder never does so through one."""
     path = Path(path)
     if path.is_symlink():
-        raise InputError(f"{path}: is a symbolic link (to {os.readlink(path)}); the {what} is cleared and rewritten, "
-                         "so it must be a real folder")
+        raise InputError(
+            f"{path}: is a symbolic link (to {os.readlink(path)}); the {what} is cleared and rewritten, "
+            "so it must be a real folder"
+        )
     return path
 
 
@@ -403,6 +416,13 @@ def state_mismatch(state: dict, expected: dict) -> str:
     """What differs between a loaded state dict and a model's (missing / unexpected keys, shapes), in one
     line for an error that names the files; "" when they agree."""
     missing, unexpected = sorted(expected.keys() - state.keys()), sorted(state.keys() - expected.keys())
-    shapes = [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items() if k in state and state[k].shape != v.shape]
-    return "; ".join(f"{name} ({len(keys)}): {', '.join(keys[:5])}{', ...' if len(keys) > 5 else ''}"
-                     for name, keys in (("missing", missing), ("unexpected", unexpected), ("shape (file vs config)", shapes)) if keys)
+    shapes = [
+        f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in state and state[k].shape != v.shape
+    ]
+    return "; ".join(
+        f"{name} ({len(keys)}): {', '.join(keys[:5])}{', ...' if len(keys) > 5 else ''}"
+        for name, keys in (("missing", missing), ("unexpected", unexpected), ("shape (file vs config)", shapes))
+        if keys
+    )

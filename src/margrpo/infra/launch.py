@@ -30,9 +30,20 @@ LOOPBACK = "127.0.0.1"
 
 
 def worker_env(rank: int, world: int, port: int) -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "RANK": str(rank), "LOCAL_RANK": str(rank),
-            "GROUP_RANK": "0", "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": LOOPBACK,
-            "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True", "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "GROUP_RANK": "0",
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(world),
+        "MASTER_ADDR": LOOPBACK,
+        "MASTER_PORT": str(port),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "GLOO_SOCKET_IFNAME": "lo",
+        "NCCL_SOCKET_IFNAME": "lo",
+    }
 
 
 def launch(world: int, command: list[str]) -> int:
@@ -41,16 +52,26 @@ def launch(world: int, command: list[str]) -> int:
 
     listener = socket.create_server((LOOPBACK, 0))
     port = listener.getsockname()[1]
-    store = dist.TCPStore(LOOPBACK, port, world_size=world, is_master=True, wait_for_workers=False,  # noqa: F841 (kept alive)
-                          timeout=timedelta(minutes=30), master_listen_fd=listener.fileno())
+    store = dist.TCPStore(
+        LOOPBACK,
+        port,
+        world_size=world,
+        is_master=True,
+        wait_for_workers=False,  # noqa: F841 (kept alive)
+        timeout=timedelta(minutes=30),
+        master_listen_fd=listener.fileno(),
+    )
     procs = [subprocess.Popen(command, env=worker_env(rank, world, port)) for rank in range(world)]
     for sig in (signal.SIGINT, signal.SIGTERM):  # Snakemake stops a job with SIGTERM: pass it on
         signal.signal(sig, lambda s, _: [p.send_signal(s) for p in procs if p.poll() is None])
     failed = first_failure(procs)
     if failed:
         rank, code = failed
-        print(f"margrpo.infra.launch: process {rank} of {world} exited with code {code}; stopping the others",
-              file=sys.stderr, flush=True)
+        print(
+            f"margrpo.infra.launch: process {rank} of {world} exited with code {code}; stopping the others",
+            file=sys.stderr,
+            flush=True,
+        )
     for p in procs:  # one failed: the others would wait for it in a collective forever
         if p.poll() is None:
             p.terminate()
@@ -83,20 +104,35 @@ def first_failure(procs: list[subprocess.Popen]) -> tuple[int, int] | None:
 
 def multi_node_command(nodes: int, per_node: int, endpoint: str, run_id: str, command: list[str]) -> list[str]:
     """torchrun (`python -m torch.distributed.run`) for one node of an M-node job, its rendezvous at `endpoint`."""
-    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc-per-node={per_node}",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}", "--max-restarts=0", *command]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nodes}",
+        f"--nproc-per-node={per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={run_id}",
+        "--max-restarts=0",
+        *command,
+    ]
 
 
 def launch_slurm(nodes: int, per_node: int, port: int, command: list[str]) -> int:
     """srun starts torchrun once on each of the allocation's nodes; the first node hosts the rendezvous."""
     nodelist = os.environ.get("SLURM_JOB_NODELIST")
     if not nodelist:
-        raise SystemExit(f"margrpo.infra.launch: --nodes {nodes} runs inside a SLURM allocation of {nodes} nodes "
-                         "(SLURM_JOB_NODELIST is unset); elsewhere run on each node: "
-                         + " ".join(multi_node_command(nodes, per_node, "FIRST_NODE:PORT", "RUN_ID", command)))
-    first = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                           check=True).stdout.split()[0]
-    torchrun = multi_node_command(nodes, per_node, f"{first}:{port}", os.environ.get("SLURM_JOB_ID", "margrpo"), command)
+        raise SystemExit(
+            f"margrpo.infra.launch: --nodes {nodes} runs inside a SLURM allocation of {nodes} nodes "
+            "(SLURM_JOB_NODELIST is unset); elsewhere run on each node: "
+            + " ".join(multi_node_command(nodes, per_node, "FIRST_NODE:PORT", "RUN_ID", command))
+        )
+    first = subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True
+    ).stdout.split()[0]
+    torchrun = multi_node_command(
+        nodes, per_node, f"{first}:{port}", os.environ.get("SLURM_JOB_ID", "margrpo"), command
+    )
     srun = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
     print(f"margrpo.infra.launch: {' '.join(srun + torchrun)}", file=sys.stderr, flush=True)
     return subprocess.run(srun + torchrun).returncode

@@ -6,9 +6,9 @@ from __future__ import annotations
 import importlib.util
 import math
 import resource
+from collections.abc import Iterable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable
 
 import torch
 
@@ -142,7 +142,9 @@ def start_trackers(accelerator, log_dir: Path, name: str, resumed_at: int | None
     if resumed_at is None and accelerator.is_main_process:
         clear_event_files(Path(log_dir) / name)
     tensorboard = {} if resumed_at is None else {"purge_step": resumed_at + 1}
-    accelerator.init_trackers(name, init_kwargs={"tensorboard": tensorboard, "wandb": {"resume": "allow", "dir": str(log_dir), **wandb}})
+    accelerator.init_trackers(
+        name, init_kwargs={"tensorboard": tensorboard, "wandb": {"resume": "allow", "dir": str(log_dir), **wandb}}
+    )
 
 
 def end_trackers(accelerator) -> None:

@@ -33,7 +33,7 @@ def _pointed(p):
 
     pointer = read_json(p)
     if not isinstance(pointer, dict) or "path" not in pointer:
-        raise InputError(f"{p}: expected a pointer {{\"path\": <policy folder>}} (written by `margrpo check-weights`)")
+        raise InputError(f'{p}: expected a pointer {{"path": <policy folder>}} (written by `margrpo check-weights`)')
     return Path(pointer["path"])
 
 
@@ -54,7 +54,11 @@ def _load_base(p, device) -> MARPolicy:
     if model_type == "toy-mar":
         return ToyMAR.from_pretrained(p, device)
     if model_type == "toy-mask":  # the discrete toy policy of MaskGRPO: not a MARPolicy (no diffusion head)
-        raise InputError(f"{config}: a 'toy-mask' policy (margrpo.related.maskgrpo); the stages load it with "
-                         "margrpo.stages._related.load_any_policy")
-    raise InputError(f"{config}: unknown model_type {model_type!r}; known: 'toy-mar', NOVA (model_index.json), 'harmon', "
-                     "and 'toy-mask' through the stages")
+        raise InputError(
+            f"{config}: a 'toy-mask' policy (margrpo.related.maskgrpo); the stages load it with "
+            "margrpo.stages._related.load_any_policy"
+        )
+    raise InputError(
+        f"{config}: unknown model_type {model_type!r}; known: 'toy-mar', NOVA (model_index.json), 'harmon', "
+        "and 'toy-mask' through the stages"
+    )

@@ -51,9 +51,9 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
-from typing import Iterator
 
 import torch
 from torch import Tensor, nn
@@ -144,8 +144,10 @@ class HarmonPolicy(MARPolicy):
         attn = torch.cat([cond.mask, cond.mask.new_ones(B, v.shape[1])], dim=1)  # [B, Lt + n + nb]
         position_ids = (attn.long().cumsum(1) - 1).clamp(min=0)  # prompt padding takes no position
         with hf_checkpointing(self.llm, self.gradient_checkpointing):
-            out = self.llm.model(inputs_embeds=seq, attention_mask=attn, position_ids=position_ids, use_cache=False).last_hidden_state
-        out = out[:, cond.hidden.shape[1]:]
+            out = self.llm.model(
+                inputs_embeds=seq, attention_mask=attn, position_ids=position_ids, use_cache=False
+            ).last_hidden_state
+        out = out[:, cond.hidden.shape[1] :]
         out = torch.cat([out[:, -nb:], out[:, :-nb]], dim=1)  # buffers back in front: [B, nb + n, hidden]
         # 4. residual back into MAR's width, then the decoder over all L positions
         return self.mar.decode(h + self.proj_out(out), perm, known_mask, grid)  # z [B, L, Wd]
@@ -191,10 +193,16 @@ class HarmonPolicy(MARPolicy):
     def set_gradient_checkpointing(self, enabled: bool = True) -> None:
         """The Qwen2 layers (transformers' own checkpointing), MAR-H's encoder/decoder blocks and its diffusion head's
         residual blocks (which hold most of a replay's activations: every unknown token x diffusion steps x CFG)."""
-        self.gradient_checkpointing = self.mar.gradient_checkpointing = self.mar.diffloss.net.gradient_checkpointing = enabled
+        self.gradient_checkpointing = self.mar.gradient_checkpointing = (
+            self.mar.diffloss.net.gradient_checkpointing
+        ) = enabled
         if enabled:
-            self.llm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={
-                "use_reentrant": False, "context_fn": functools.partial(forward_mode, self.llm)})
+            self.llm.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={
+                    "use_reentrant": False,
+                    "context_fn": functools.partial(forward_mode, self.llm),
+                }
+            )
         else:
             self.llm.gradient_checkpointing_disable()
 
@@ -226,7 +234,9 @@ class HarmonPolicy(MARPolicy):
         atomic_write_json(llm_dir / "config.json", self.config.llm)
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(str(llm_dir))
-        settings = {f.name: getattr(c, f.name) for f in fields(c) if f.name != "llm"}  # the LLM's own config.json holds `llm`
+        settings = {
+            f.name: getattr(c, f.name) for f in fields(c) if f.name != "llm"
+        }  # the LLM's own config.json holds `llm`
         atomic_write_json(d / CONFIG, {"model_type": "harmon", **settings})
         record_checksums(d)  # checked on load
 
@@ -243,7 +253,9 @@ class HarmonPolicy(MARPolicy):
         return any((d / name).is_file() for name in (HarmonConfig.weights_name, HarmonConfig.vae_name))
 
     @classmethod
-    def from_pretrained(cls, local_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> HarmonPolicy:
+    def from_pretrained(
+        cls, local_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+    ) -> HarmonPolicy:
         """Load the checkpoint folder described in the module docstring; nothing is downloaded.
 
         Missing files raise FileNotFoundError naming every expected path; unreadable files and
@@ -256,12 +268,16 @@ class HarmonPolicy(MARPolicy):
         expected = [d / config.weights_name, d / config.vae_name] + [d / config.llm_dir / f for f in LLM_FILES]
         missing = [str(p) for p in expected if not p.is_file()]
         if missing:
-            raise FileNotFoundError(f"{d}: not a complete Harmon checkpoint folder; missing {', '.join(missing)} "
-                                    f"(expected {config.weights_name}, {config.vae_name} and {config.llm_dir}/{{{', '.join(LLM_FILES)}}})")
+            raise FileNotFoundError(
+                f"{d}: not a complete Harmon checkpoint folder; missing {', '.join(missing)} "
+                f"(expected {config.weights_name}, {config.vae_name} and {config.llm_dir}/{{{', '.join(LLM_FILES)}}})"
+            )
         llm_config = d / config.llm_dir / "config.json"
         config.llm = _read_json(llm_config)
         if config.llm.get("model_type") != "qwen2":
-            raise ValueError(f"{llm_config}: model_type is {config.llm.get('model_type')!r}, expected 'qwen2' (Qwen2.5)")
+            raise ValueError(
+                f"{llm_config}: model_type is {config.llm.get('model_type')!r}, expected 'qwen2' (Qwen2.5)"
+            )
         # 2. tokenizer and the randomly initialised model
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(d / config.llm_dir), trust_remote_code=False)
@@ -299,15 +315,19 @@ def _read_json(path: Path) -> dict:
 def _read_config(d: Path) -> HarmonConfig:
     """config.json if present (ours), else the Harmon-1.5B defaults (a folder of the published files)."""
     if not d.is_dir():
-        raise FileNotFoundError(f"{d}: no such checkpoint folder (expected harmon_1.5b.pth, kl16.ckpt, Qwen2.5-1.5B-Instruct/)")
+        raise FileNotFoundError(
+            f"{d}: no such checkpoint folder (expected harmon_1.5b.pth, kl16.ckpt, Qwen2.5-1.5B-Instruct/)"
+        )
     if not (d / CONFIG).exists():
         return HarmonConfig()
     raw = _read_json(d / CONFIG)
     if raw.pop("model_type", None) != "harmon":
         raise ValueError(f"{d / CONFIG}: model_type is not 'harmon'")
     if "mar" in raw and "auto_map" in raw:
-        raise ValueError(f"{d}: this is the transformers-format wusize/Harmon-1_5B folder (remote code), which is not "
-                         "supported; use the files of huggingface.co/wusize/harmon in the layout of margrpo.policy.harmon")
+        raise ValueError(
+            f"{d}: this is the transformers-format wusize/Harmon-1_5B folder (remote code), which is not "
+            "supported; use the files of huggingface.co/wusize/harmon in the layout of margrpo.policy.harmon"
+        )
     known = {f.name for f in fields(HarmonConfig)} - {"llm"}
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -329,13 +349,20 @@ def _check_keys(path: Path, found: dict, expected: dict[str, Tensor], show: int 
     """Strict key and shape check with a readable message (the first few offenders of each kind)."""
     missing = sorted(set(expected) - set(found))
     unexpected = sorted(set(found) - set(expected))
-    shapes = [f"{k}: {tuple(getattr(found[k], 'shape', ()))} instead of {tuple(expected[k].shape)}"
-              for k in sorted(set(found) & set(expected))
-              if not isinstance(found[k], Tensor) or found[k].shape != expected[k].shape]
+    shapes = [
+        f"{k}: {tuple(getattr(found[k], 'shape', ()))} instead of {tuple(expected[k].shape)}"
+        for k in sorted(set(found) & set(expected))
+        if not isinstance(found[k], Tensor) or found[k].shape != expected[k].shape
+    ]
     if missing or unexpected or shapes:
-        parts = [f"{len(v)} {name}: {v[:show]}" for name, v in
-                 (("missing", missing), ("unexpected", unexpected), ("with wrong shapes", shapes)) if v]
-        raise ValueError(f"{path}: does not match the model ({'; '.join(parts)}); is the HarmonConfig right for this checkpoint?")
+        parts = [
+            f"{len(v)} {name}: {v[:show]}"
+            for name, v in (("missing", missing), ("unexpected", unexpected), ("with wrong shapes", shapes))
+            if v
+        ]
+        raise ValueError(
+            f"{path}: does not match the model ({'; '.join(parts)}); is the HarmonConfig right for this checkpoint?"
+        )
 
 
 __all__ = ["HarmonConfig", "HarmonPolicy", "QWEN2_5_1_5B_INSTRUCT", "build_vae", "vae_key_to_ldm"]

@@ -7,10 +7,24 @@ from dataclasses import dataclass, field
 
 # Qwen/Qwen2.5-1.5B-Instruct config.json (the LLM Harmon-1.5B starts from; its configs/models file)
 QWEN2_5_1_5B_INSTRUCT = dict(
-    model_type="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-    num_attention_heads=12, num_key_value_heads=2, hidden_act="silu", max_position_embeddings=32768,
-    rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True, use_sliding_window=False,
-    sliding_window=32768, max_window_layers=21, attention_dropout=0.0, bos_token_id=151643, eos_token_id=151645,
+    model_type="qwen2",
+    vocab_size=151936,
+    hidden_size=1536,
+    intermediate_size=8960,
+    num_hidden_layers=28,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+    hidden_act="silu",
+    max_position_embeddings=32768,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    tie_word_embeddings=True,
+    use_sliding_window=False,
+    sliding_window=32768,
+    max_window_layers=21,
+    attention_dropout=0.0,
+    bos_token_id=151643,
+    eos_token_id=151645,
 )
 
 
@@ -56,8 +70,10 @@ class HarmonConfig:
         self.vae_channels = tuple(self.vae_channels)
         for name in ("image_size", "pos_embed_size"):
             if getattr(self, name) % (self.vae_stride * self.patch_size):
-                raise ValueError(f"{name}={getattr(self, name)} is not a multiple of the token stride "
-                                 f"{self.vae_stride * self.patch_size} (VAE stride x patch_size)")
+                raise ValueError(
+                    f"{name}={getattr(self, name)} is not a multiple of the token stride "
+                    f"{self.vae_stride * self.patch_size} (VAE stride x patch_size)"
+                )
         if self.encoder_width % self.encoder_heads or self.decoder_width % self.decoder_heads:
             raise ValueError("encoder_width / decoder_width must be divisible by their number of heads")
         if self.buffer_size < 1:

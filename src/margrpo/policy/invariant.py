@@ -27,7 +27,7 @@ measured ratio 1.0 exactly, and blocks would cost kernel launches).
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -100,8 +100,11 @@ class _RowBlockedLinear(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         x, weight = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad
-        return (grad.mm(weight) if need_x else None, grad.t().mm(x) if need_w else None,
-                grad.sum(0) if ctx.has_bias and need_b else None)
+        return (
+            grad.mm(weight) if need_x else None,
+            grad.t().mm(x) if need_w else None,
+            grad.sum(0) if ctx.has_bias and need_b else None,
+        )
 
 
 def _linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

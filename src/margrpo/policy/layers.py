@@ -51,14 +51,23 @@ class Attention(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block (bidirectional); `post_norm`: BERT's order, LayerNorm after each residual."""
 
-    def __init__(self, width: int, heads: int, mlp_ratio: float = 4.0, dropout: float = 0.0, fused: bool = False,
-                 post_norm: bool = False):
+    def __init__(
+        self,
+        width: int,
+        heads: int,
+        mlp_ratio: float = 4.0,
+        dropout: float = 0.0,
+        fused: bool = False,
+        post_norm: bool = False,
+    ):
         super().__init__()
         self.post_norm = post_norm
         self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
         self.attn = Attention(width, heads, dropout, fused)
         hidden = int(width * mlp_ratio)
-        self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.GELU(approximate="tanh"), nn.Dropout(dropout), nn.Linear(hidden, width))
+        self.mlp = nn.Sequential(
+            nn.Linear(width, hidden), nn.GELU(approximate="tanh"), nn.Dropout(dropout), nn.Linear(hidden, width)
+        )
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, key_mask: Tensor | None = None, bias: Tensor | None = None) -> Tensor:
@@ -141,15 +150,27 @@ class TextEncoder(nn.Module):
     a GRPO rollout and its replay in other batch shapes see the same condition, as they did with BERT.
     """
 
-    def __init__(self, vocab_size: int, width: int, depth: int, heads: int, max_len: int,
-                 mlp_ratio: float = 4.0, dropout: float = 0.0, relative: bool = False, post_norm: bool = False):
+    def __init__(
+        self,
+        vocab_size: int,
+        width: int,
+        depth: int,
+        heads: int,
+        max_len: int,
+        mlp_ratio: float = 4.0,
+        dropout: float = 0.0,
+        relative: bool = False,
+        post_norm: bool = False,
+    ):
         super().__init__()
         self.max_len = max_len
         self.token_embeddings = nn.Embedding(vocab_size, width)
         self.position_embeddings = nn.Embedding(max_len, width)
         self.relative_bias = nn.Parameter(torch.zeros(depth, heads, 2 * max_len - 1)) if relative else None
         self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(width, heads, mlp_ratio, dropout, fused=True, post_norm=post_norm) for _ in range(depth))
+        self.blocks = nn.ModuleList(
+            Block(width, heads, mlp_ratio, dropout, fused=True, post_norm=post_norm) for _ in range(depth)
+        )
         # post_norm: BERT's layout (LayerNorm on the embeddings and after every residual) and init (N(0, 0.02)
         # weights, zero biases); the toy policies measured better with it than pre-norm (docs/findings.md)
         self.embed_norm = nn.LayerNorm(width) if post_norm else nn.Identity()

@@ -118,7 +118,10 @@ class DiffusionMLP(nn.Module):
                 nn.init.xavier_uniform_(m.weight), nn.init.zeros_(m.bias)
         for lin in self.time_embed.mlp[0], self.time_embed.mlp[2]:
             nn.init.normal_(lin.weight, std=0.02)
-        for lin in [b.adaLN_modulation[-1] for b in self.res_blocks] + [self.final_layer.adaLN_modulation[-1], self.final_layer.linear]:
+        for lin in [b.adaLN_modulation[-1] for b in self.res_blocks] + [
+            self.final_layer.adaLN_modulation[-1],
+            self.final_layer.linear,
+        ]:
             nn.init.zeros_(lin.weight), nn.init.zeros_(lin.bias)  # adaLN-zero
 
     def forward(self, x: Tensor, t: Tensor, z: Tensor) -> Tensor:
@@ -159,19 +162,29 @@ class MAR(nn.Module):
         self.z_proj = nn.Linear(c.token_dim, We)
         self.z_proj_ln = nn.LayerNorm(We, eps=1e-6)
         self.encoder_pos_embed_learned = nn.Parameter(torch.zeros(1, c.buffer_size + n_pos, We))
-        self.encoder_blocks = nn.ModuleList(Block(We, c.encoder_heads, c.mlp_ratio, c.dropout) for _ in range(c.encoder_depth))
+        self.encoder_blocks = nn.ModuleList(
+            Block(We, c.encoder_heads, c.mlp_ratio, c.dropout) for _ in range(c.encoder_depth)
+        )
         self.encoder_norm = nn.LayerNorm(We, eps=1e-6)
         self.decoder_embed = nn.Linear(We, Wd)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, Wd))
         self.decoder_pos_embed_learned = nn.Parameter(torch.zeros(1, c.buffer_size + n_pos, Wd))
-        self.decoder_blocks = nn.ModuleList(Block(Wd, c.decoder_heads, c.mlp_ratio, c.dropout) for _ in range(c.decoder_depth))
+        self.decoder_blocks = nn.ModuleList(
+            Block(Wd, c.decoder_heads, c.mlp_ratio, c.dropout) for _ in range(c.decoder_depth)
+        )
         self.decoder_norm = nn.LayerNorm(Wd, eps=1e-6)
         self.diffusion_pos_embed_learned = nn.Parameter(torch.zeros(1, n_pos, Wd))
         for m in self.modules():  # MAR's init (checkpoints overwrite it; tests use it)
             if isinstance(m, nn.Linear):
                 nn.init.xavier_uniform_(m.weight), nn.init.zeros_(m.bias)
-        for p in (self.class_emb.weight, self.fake_latent, self.mask_token, self.encoder_pos_embed_learned,
-                  self.decoder_pos_embed_learned, self.diffusion_pos_embed_learned):
+        for p in (
+            self.class_emb.weight,
+            self.fake_latent,
+            self.mask_token,
+            self.encoder_pos_embed_learned,
+            self.decoder_pos_embed_learned,
+            self.diffusion_pos_embed_learned,
+        ):
             nn.init.normal_(p, std=0.02)
         self.diffloss = DiffLoss(c.token_dim, Wd, c.head_width, c.head_depth)
 
@@ -196,8 +209,12 @@ class MAR(nn.Module):
             tokens = mask_token
         else:  # unpack: position l holds packed slot argsort(perm)[l] if it is known
             slot = torch.argsort(perm, dim=1).clamp(max=packed.shape[1] - 1)  # [B, L]
-            tokens = torch.where(known[..., None], packed.gather(1, slot[..., None].expand(-1, -1, x.shape[-1])), mask_token)
-        x = torch.cat([buffers, tokens], dim=1) + resize_pos_embed(self.decoder_pos_embed_learned, nb, self.pos_grid, grid)
+            tokens = torch.where(
+                known[..., None], packed.gather(1, slot[..., None].expand(-1, -1, x.shape[-1])), mask_token
+            )
+        x = torch.cat([buffers, tokens], dim=1) + resize_pos_embed(
+            self.decoder_pos_embed_learned, nb, self.pos_grid, grid
+        )
         x = run_blocks(self.decoder_blocks, x, checkpointing=self.gradient_checkpointing)
         x = self.decoder_norm(x)[:, nb:]
         return x + resize_pos_embed(self.diffusion_pos_embed_learned, 0, self.pos_grid, grid)  # z [B, L, Wd]
@@ -218,9 +235,14 @@ def build_vae(c: HarmonConfig) -> AutoencoderKL:
     n = len(c.vae_channels)
     return AutoencoderKL(
         down_block_types=("DownEncoderBlock2D",) * (n - 1) + ("AttnDownEncoderBlock2D",),
-        up_block_types=("UpDecoderBlock2D",) * n, block_out_channels=c.vae_channels,
-        layers_per_block=c.vae_layers_per_block, latent_channels=c.vae_latent_channels,
-        norm_num_groups=c.vae_norm_groups, sample_size=c.image_size, scaling_factor=c.vae_scale, force_upcast=False,
+        up_block_types=("UpDecoderBlock2D",) * n,
+        block_out_channels=c.vae_channels,
+        layers_per_block=c.vae_layers_per_block,
+        latent_channels=c.vae_latent_channels,
+        norm_num_groups=c.vae_norm_groups,
+        sample_size=c.image_size,
+        scaling_factor=c.vae_scale,
+        force_upcast=False,
     )
 
 
@@ -234,7 +256,14 @@ _VAE_RULES = [  # diffusers name pattern -> LDM name (decoder levels are counted
     (r"(en|de)coder\.mid_block\.resnets\.(\d)\.", lambda m, n: f"{m[1]}coder.mid.block_{int(m[2]) + 1}."),
     (r"(en|de)coder\.mid_block\.attentions\.0\.", lambda m, n: f"{m[1]}coder.mid.attn_1."),
 ]
-_VAE_LEAVES = {"conv_shortcut": "nin_shortcut", "group_norm": "norm", "to_q": "q", "to_k": "k", "to_v": "v", "to_out.0": "proj_out"}
+_VAE_LEAVES = {
+    "conv_shortcut": "nin_shortcut",
+    "group_norm": "norm",
+    "to_q": "q",
+    "to_k": "k",
+    "to_v": "v",
+    "to_out.0": "proj_out",
+}
 
 
 def vae_key_to_ldm(name: str, levels: int) -> str:
@@ -242,7 +271,7 @@ def vae_key_to_ldm(name: str, levels: int) -> str:
     for pattern, ldm in _VAE_RULES:
         m = re.match(pattern, name)
         if m:
-            name = ldm(m, levels) + name[m.end():]
+            name = ldm(m, levels) + name[m.end() :]
             break
     prefix, _, leaf = name.rpartition(".")  # leaf = weight / bias
     for new, old in _VAE_LEAVES.items():

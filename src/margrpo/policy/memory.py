@@ -17,8 +17,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import torch
 from torch import nn
@@ -68,8 +68,14 @@ def forward_mode(module: nn.Module):
 def hf_checkpointing(model: nn.Module, enabled: bool):
     """transformers checkpoints a layer only in train mode, and GRPO replays in eval mode: mark the
     checkpointed layers themselves (not their submodules, so attention dropout stays off) as training."""
-    layers = [m for m in model.modules() if enabled and getattr(m, "gradient_checkpointing", False)
-              and hasattr(m, "_gradient_checkpointing_func") and not m.training]
+    layers = [
+        m
+        for m in model.modules()
+        if enabled
+        and getattr(m, "gradient_checkpointing", False)
+        and hasattr(m, "_gradient_checkpointing_func")
+        and not m.training
+    ]
     for m in layers:
         m.training = True
     try:
@@ -91,8 +97,12 @@ def lora_config(policy: nn.Module, options: dict):
     targets = options.get("target_modules") or policy.lora_targets
     rank = int(options.get("rank", 8))
     pattern = rf"{scope}(?:.*\.)?(?:{'|'.join(map(re.escape, targets))})"
-    return LoraConfig(r=rank, lora_alpha=options.get("alpha") or rank, lora_dropout=options.get("dropout", 0.0),
-                      target_modules=pattern)
+    return LoraConfig(
+        r=rank,
+        lora_alpha=options.get("alpha") or rank,
+        lora_dropout=options.get("dropout", 0.0),
+        target_modules=pattern,
+    )
 
 
 def lora_leaves(policy: nn.Module) -> set[str]:
@@ -100,7 +110,7 @@ def lora_leaves(policy: nn.Module) -> set[str]:
     (`attn.qkv`; a target matches a leaf or its last dotted parts, as `lora_config`'s pattern does)."""
     scope = re.compile(policy.lora_scope)
     matches = ((n, scope.match(n)) for n, m in policy.named_modules() if isinstance(m, nn.Linear))
-    return {n[m.end():] for n, m in matches if m and m.end() < len(n)}
+    return {n[m.end() :] for n, m in matches if m and m.end() < len(n)}
 
 
 def add_lora(policy: nn.Module, options: dict) -> None:
@@ -111,7 +121,9 @@ def add_lora(policy: nn.Module, options: dict) -> None:
 def _inject(policy: nn.Module, config) -> None:
     from peft import inject_adapter_in_model
 
-    grads = {p: p.requires_grad for p in policy.parameters()}  # peft freezes everything else: leave that to the trainer
+    grads = {
+        p: p.requires_grad for p in policy.parameters()
+    }  # peft freezes everything else: leave that to the trainer
     inject_adapter_in_model(config, policy)
     for p, flag in grads.items():
         p.requires_grad_(flag)
@@ -139,9 +151,9 @@ def adapter_parameters(module: nn.Module) -> Iterator[nn.Parameter]:
 def _base_keys(module, state_dict, prefix, local_metadata) -> None:
     """State-dict post-hook of an adapted layer: its base weights under their own names, no adapters."""
     for key in [k for k in state_dict if k.startswith(prefix)]:
-        rest = key[len(prefix):]
+        rest = key[len(prefix) :]
         if rest.startswith(_BASE):
-            state_dict[prefix + rest[len(_BASE):]] = state_dict.pop(key)
+            state_dict[prefix + rest[len(_BASE) :]] = state_dict.pop(key)
         elif rest.startswith("lora_"):
             del state_dict[key]
 
@@ -203,8 +215,10 @@ def load_adapters(policy: nn.Module, directory: str | Path) -> None:
     state = load_file(str(d / ADAPTER_WEIGHTS))
     params = {_ADAPTER_NAME.sub(r".\1.", n): p for n, p in _adapter_items(policy)}
     if state.keys() != params.keys():
-        raise ValueError(f"{d / ADAPTER_WEIGHTS} does not match the policy's adapters (missing "
-                         f"{sorted(params.keys() - state.keys())[:3]}, unexpected {sorted(state.keys() - params.keys())[:3]})")
+        raise ValueError(
+            f"{d / ADAPTER_WEIGHTS} does not match the policy's adapters (missing "
+            f"{sorted(params.keys() - state.keys())[:3]}, unexpected {sorted(state.keys() - params.keys())[:3]})"
+        )
     with torch.no_grad():
         for name, p in params.items():
             p.copy_(state[name])

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -72,15 +72,21 @@ class NovaConfig:
             raise ValueError(f"width {self.width} is not divisible by num_heads {self.num_heads}")
         latent = tuple(s // self.image_stride for s in self.image_size)
         if any(s % self.image_stride for s in self.image_size) or any(s % (2 * self.patch_size) for s in latent):
-            raise ValueError(f"image_size {self.image_size} must be a multiple of image_stride * 2 * patch_size "
-                             f"= {self.image_stride * 2 * self.patch_size}")
+            raise ValueError(
+                f"image_size {self.image_size} must be a multiple of image_stride * 2 * patch_size "
+                f"= {self.image_stride * 2 * self.patch_size}"
+            )
         grid = tuple(s // self.patch_size for s in latent)
         if self.image_base_size != grid:
-            raise ValueError(f"image_base_size {self.image_base_size} must equal the token grid {grid}; "
-                             f"set image_base_size={list(grid)}")
+            raise ValueError(
+                f"image_base_size {self.image_base_size} must equal the token grid {grid}; "
+                f"set image_base_size={list(grid)}"
+            )
         if self.video_base_size[1:] != tuple(s // 2 for s in grid):
-            raise ValueError(f"video_base_size[1:] {self.video_base_size[1:]} must equal the video patch grid "
-                             f"{tuple(s // 2 for s in grid)}; set video_base_size=[1, {grid[0] // 2}, {grid[1] // 2}]")
+            raise ValueError(
+                f"video_base_size[1:] {self.video_base_size[1:]} must equal the video patch grid "
+                f"{tuple(s // 2 for s in grid)}; set video_base_size=[1, {grid[0] // 2}, {grid[1] // 2}]"
+            )
         if self.text_token_len > TEXT_POSITIONS:
             raise ValueError(f"text_token_len {self.text_token_len} exceeds the {TEXT_POSITIONS} filler positions")
 
@@ -100,35 +106,58 @@ class NovaConfig:
     def to_nova_json(self) -> dict:
         """NOVA's transformer/config.json fields (plus num_heads / mlp_ratio, which NOVA's arch presets imply)."""
         return {
-            "_class_name": "NOVATransformer3DModel", "image_dim": self.image_dim, "image_size": list(self.image_size),
-            "image_stride": self.image_stride, "text_token_dim": self.text_token_dim, "text_token_len": self.text_token_len,
-            "video_base_size": list(self.video_base_size), "image_base_size": list(self.image_base_size),
-            "rotary_pos_embed": False, "num_heads": self.num_heads, "mlp_ratio": self.mlp_ratio,
-            "arch": [f"vit_d{self.video_depth}w{self.width}", f"vit_d{self.image_depth}w{self.width}",
-                     f"mlp_d{self.head_depth}w{self.head_width}"],
+            "_class_name": "NOVATransformer3DModel",
+            "image_dim": self.image_dim,
+            "image_size": list(self.image_size),
+            "image_stride": self.image_stride,
+            "text_token_dim": self.text_token_dim,
+            "text_token_len": self.text_token_len,
+            "video_base_size": list(self.video_base_size),
+            "image_base_size": list(self.image_base_size),
+            "rotary_pos_embed": False,
+            "num_heads": self.num_heads,
+            "mlp_ratio": self.mlp_ratio,
+            "arch": [
+                f"vit_d{self.video_depth}w{self.width}",
+                f"vit_d{self.image_depth}w{self.width}",
+                f"mlp_d{self.head_depth}w{self.head_width}",
+            ],
         }
 
     @classmethod
     def from_nova_json(cls, raw: dict, flow_shift: float = 1.0) -> NovaConfig:
         if raw.get("rotary_pos_embed") or raw.get("video_mixer_rank"):
-            raise ValueError("rotary_pos_embed / video_mixer_rank checkpoints are not supported; "
-                             "nova-d48w1024-sd512 uses absolute positions and no video mixer")
+            raise ValueError(
+                "rotary_pos_embed / video_mixer_rank checkpoints are not supported; "
+                "nova-d48w1024-sd512 uses absolute positions and no video mixer"
+            )
         if not raw.get("text_token_dim"):
             raise ValueError("text_token_dim is missing: class-conditional NOVA (LabelEmbed) is not supported")
         parsed = [re.fullmatch(r"(vit|mlp)_d(\d+)w(\d+)", a) for a in raw["arch"]]
         if not all(parsed) or [p.group(1) for p in parsed] != ["vit", "vit", "mlp"]:
-            raise ValueError(f"arch {raw['arch']!r}: expected [vit_d<depth>w<width>, vit_d<depth>w<width>, mlp_d<depth>w<width>]")
+            raise ValueError(
+                f"arch {raw['arch']!r}: expected [vit_d<depth>w<width>, vit_d<depth>w<width>, mlp_d<depth>w<width>]"
+            )
         (_, vd, vw), (_, idp, iw), (_, hd, hw) = (p.groups() for p in parsed)
         if vw != iw:
             raise ValueError(f"arch {raw['arch']!r}: the video and image encoders must have the same width")
         width = int(iw)
         return cls(
-            image_size=_pair(raw["image_size"]), image_dim=raw["image_dim"], image_stride=raw["image_stride"],
-            text_token_dim=raw["text_token_dim"], text_token_len=raw["text_token_len"],
-            video_base_size=tuple(raw["video_base_size"]), image_base_size=tuple(raw["image_base_size"]),
-            width=width, num_heads=raw.get("num_heads") or HEADS_BY_WIDTH.get(width, max(1, width // 64)),
-            video_depth=int(vd), image_depth=int(idp), mlp_ratio=raw.get("mlp_ratio", 4.0),
-            head_depth=int(hd), head_width=int(hw), flow_shift=flow_shift,
+            image_size=_pair(raw["image_size"]),
+            image_dim=raw["image_dim"],
+            image_stride=raw["image_stride"],
+            text_token_dim=raw["text_token_dim"],
+            text_token_len=raw["text_token_len"],
+            video_base_size=tuple(raw["video_base_size"]),
+            image_base_size=tuple(raw["image_base_size"]),
+            width=width,
+            num_heads=raw.get("num_heads") or HEADS_BY_WIDTH.get(width, max(1, width // 64)),
+            video_depth=int(vd),
+            image_depth=int(idp),
+            mlp_ratio=raw.get("mlp_ratio", 4.0),
+            head_depth=int(hd),
+            head_width=int(hw),
+            flow_shift=flow_shift,
         )
 
 
@@ -338,7 +367,7 @@ class NovaTransformer(nn.Module):
         frame = (frame + self.video_pos.to(frame.dtype)).expand(text.shape[0], -1, -1)  # [B, Lv, W]
         h = torch.cat([text, frame.to(text.dtype)], dim=1)
         h = run_blocks(self.video_encoder.blocks, h, checkpointing=self.gradient_checkpointing)
-        return self.video_encoder.norm(h[:, text.shape[1]:])
+        return self.video_encoder.norm(h[:, text.shape[1] :])
 
     def image_condition(self, tokens: Tensor, known: Tensor, c: Tensor) -> Tensor:
         """z [B, L, W] from known tokens [B, L, D] (mask [B, L]) and the frame condition c [B, Lc, W].
@@ -397,8 +426,10 @@ class NovaPolicy(MARPolicy):
         self.seq_len, self.token_dim, self.z_dim = rows * cols, config.token_dim, config.width
         vae_down = 2 ** (len(vae.config.block_out_channels) - 1)
         if vae_down != config.image_stride or vae.config.latent_channels != config.image_dim:
-            raise ValueError(f"the VAE (stride {vae_down}, {vae.config.latent_channels} channels) does not match the "
-                             f"transformer (image_stride {config.image_stride}, image_dim {config.image_dim})")
+            raise ValueError(
+                f"the VAE (stride {vae_down}, {vae.config.latent_channels} channels) does not match the "
+                f"transformer (image_stride {config.image_stride}, image_dim {config.image_dim})"
+            )
 
     def train(self, mode: bool = True) -> NovaPolicy:
         super().train(mode)
@@ -415,10 +446,14 @@ class NovaPolicy(MARPolicy):
         NOVA attends to all text_token_len positions.
         """
         Lt = self.config.text_token_len
-        batch = self.tokenizer(list(prompts), padding="max_length", truncation=True, max_length=Lt, return_tensors="pt")
+        batch = self.tokenizer(
+            list(prompts), padding="max_length", truncation=True, max_length=Lt, return_tensors="pt"
+        )
         ids, lengths = batch["input_ids"].to(self.device), batch["attention_mask"].sum(1).to(self.device)
         filler = self.transformer.text_embed.weight[:Lt]  # [Lt, text_dim]
-        hidden = self.text_encoder(input_ids=ids, use_cache=False).last_hidden_state.to(filler.dtype)  # [B, Lt, text_dim]
+        hidden = self.text_encoder(input_ids=ids, use_cache=False).last_hidden_state.to(
+            filler.dtype
+        )  # [B, Lt, text_dim]
         prompt = torch.arange(Lt, device=ids.device)[None] < lengths[:, None]  # [B, Lt]
         hidden = torch.where(prompt[..., None], hidden, filler)
         return TextCondition(hidden, torch.ones_like(prompt))
@@ -426,7 +461,9 @@ class NovaPolicy(MARPolicy):
     # --- the two halves -----------------------------------------------------------------------------
     def prepare_condition(self, cond: TextCondition) -> TextCondition:
         """The frame condition (video encoder over [text; BOS frame]) depends on the prompt alone."""
-        return TextCondition(cond.hidden, cond.mask, self.transformer.frame_condition(cond.hidden.to(self.transformer.dtype)))
+        return TextCondition(
+            cond.hidden, cond.mask, self.transformer.frame_condition(cond.hidden.to(self.transformer.dtype))
+        )
 
     def ar_forward(self, tokens: Tensor, known_mask: Tensor, cond: TextCondition) -> Tensor:
         """z [B, L, width]. cond.mask is not used: NOVA attends to all text_token_len positions."""
@@ -478,8 +515,13 @@ class NovaPolicy(MARPolicy):
     def make_sampler(self, num_steps: int, noise_level: float = 0.7) -> Sampler:
         """NOVA's process: t = 1 noise, v = eps - x0, model time 1000 t, logit-normal training times,
         and NOVA's grid: linspace(1, 1/1000, T) shifted by flow_shift, then 0 (its Euler scheduler's)."""
-        return FlowSDESampler(num_steps=num_steps, noise_level=noise_level, shift=self.config.flow_shift,
-                              train_time_sampling="logit_normal", t_min=1 / 1000)
+        return FlowSDESampler(
+            num_steps=num_steps,
+            noise_level=noise_level,
+            shift=self.config.flow_shift,
+            train_time_sampling="logit_normal",
+            t_min=1 / 1000,
+        )
 
     # --- parameter groups ---------------------------------------------------------------------------
     def ar_parameters(self) -> Iterator[nn.Parameter]:
@@ -510,9 +552,14 @@ class NovaPolicy(MARPolicy):
         state = {k: v.detach().contiguous().cpu() for k, v in self.transformer.state_dict().items()}
         save_safetensors(state, d / "transformer" / TRANSFORMER_WEIGHTS)
         _write_json(d / "transformer" / "config.json", self.config.to_nova_json())
-        _write_json(d / "scheduler" / "scheduler_config.json",
-                    {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000,
-                     "shift": self.config.flow_shift})
+        _write_json(
+            d / "scheduler" / "scheduler_config.json",
+            {
+                "_class_name": "FlowMatchEulerDiscreteScheduler",
+                "num_train_timesteps": 1000,
+                "shift": self.config.flow_shift,
+            },
+        )
         for name, part in (("vae", self.vae), ("text_encoder", self.text_encoder), ("tokenizer", self.tokenizer)):
             target = d / name
             if target.is_symlink():
@@ -521,12 +568,18 @@ class NovaPolicy(MARPolicy):
                 target.symlink_to(self.source_dir / name, target_is_directory=True)
             else:
                 part.save_pretrained(str(target))
-        _write_json(d / "model_index.json", {
-            "_class_name": "NOVAPipeline", "_margrpo_model_type": self.model_type,
-            "transformer": ["margrpo", "NovaTransformer"], "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-            "vae": ["diffusers", "AutoencoderKL"], "text_encoder": ["transformers", "PhiModel"],
-            "tokenizer": ["transformers", type(self.tokenizer).__name__],
-        })
+        _write_json(
+            d / "model_index.json",
+            {
+                "_class_name": "NOVAPipeline",
+                "_margrpo_model_type": self.model_type,
+                "transformer": ["margrpo", "NovaTransformer"],
+                "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+                "vae": ["diffusers", "AutoencoderKL"],
+                "text_encoder": ["transformers", "PhiModel"],
+                "tokenizer": ["transformers", type(self.tokenizer).__name__],
+            },
+        )
         record_checksums(d)  # what this folder itself holds (not the linked frozen parts); checked on load
 
     @staticmethod
@@ -536,8 +589,9 @@ class NovaPolicy(MARPolicy):
         return index.is_file() and read_json(index).get("_class_name") == "NOVAPipeline"
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, device: str | torch.device = "cpu",
-                        dtype: torch.dtype | None = None) -> NovaPolicy:
+    def from_pretrained(
+        cls, directory: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+    ) -> NovaPolicy:
         """Load a local diffusers-style NOVA folder (never downloads, never runs checkpoint code).
 
         Missing files raise FileNotFoundError naming every expected path; a corrupt or mismatching
@@ -554,8 +608,9 @@ class NovaPolicy(MARPolicy):
             shift = float(read_json(d / "scheduler" / "scheduler_config.json").get("shift", 1.0))
         config = NovaConfig.from_nova_json(read_json(d / "transformer" / "config.json"), flow_shift=shift)
         dtype = dtype or torch.float32
-        text_encoder = PhiModel.from_pretrained(str(d / "text_encoder"), torch_dtype=dtype, attn_implementation="sdpa",
-                                                local_files_only=True)
+        text_encoder = PhiModel.from_pretrained(
+            str(d / "text_encoder"), torch_dtype=dtype, attn_implementation="sdpa", local_files_only=True
+        )
         vae = AutoencoderKL.from_pretrained(str(d / "vae"), torch_dtype=dtype, local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(str(d / "tokenizer"), local_files_only=True)
         policy = cls(config, text_encoder, vae, tokenizer)
@@ -571,10 +626,17 @@ def _write_json(path: Path, obj: dict) -> None:
 def _require(d: Path) -> None:
     """Every file the loader needs, each alternative group satisfied by any one of its names."""
     groups = [
-        ["model_index.json"], ["transformer/config.json"], [f"transformer/{TRANSFORMER_WEIGHTS}"],
-        ["vae/config.json"], ["vae/diffusion_pytorch_model.safetensors", "vae/diffusion_pytorch_model.bin"],
+        ["model_index.json"],
+        ["transformer/config.json"],
+        [f"transformer/{TRANSFORMER_WEIGHTS}"],
+        ["vae/config.json"],
+        ["vae/diffusion_pytorch_model.safetensors", "vae/diffusion_pytorch_model.bin"],
         ["text_encoder/config.json"],
-        ["text_encoder/model.safetensors", "text_encoder/model.safetensors.index.json", "text_encoder/pytorch_model.bin"],
+        [
+            "text_encoder/model.safetensors",
+            "text_encoder/model.safetensors.index.json",
+            "text_encoder/pytorch_model.bin",
+        ],
         ["tokenizer/tokenizer_config.json", "tokenizer/tokenizer.json"],
     ]
     missing = [" or ".join(str(d / n) for n in g) for g in groups if not any((d / n).is_file() for n in g)]

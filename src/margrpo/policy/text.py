@@ -28,8 +28,14 @@ class WordTokenizer:
         self.tokenizer.enable_truncation(max_length)
         encodings = self.tokenizer.encode_batch(list(prompts))
         if not encodings:
-            return {"input_ids": torch.zeros(0, 0, dtype=torch.long), "attention_mask": torch.zeros(0, 0, dtype=torch.long)}
-        return {"input_ids": torch.tensor([e.ids for e in encodings]), "attention_mask": torch.tensor([e.attention_mask for e in encodings])}
+            return {
+                "input_ids": torch.zeros(0, 0, dtype=torch.long),
+                "attention_mask": torch.zeros(0, 0, dtype=torch.long),
+            }
+        return {
+            "input_ids": torch.tensor([e.ids for e in encodings]),
+            "attention_mask": torch.tensor([e.attention_mask for e in encodings]),
+        }
 
     def __len__(self) -> int:
         return self.tokenizer.get_vocab_size()
@@ -50,7 +56,9 @@ class WordTokenizer:
         except Exception as err:  # tokenizers raises a bare Exception for unparsable files
             from margrpo.infra.io import InputError
 
-            raise InputError(f"{path}: unreadable tokenizer ({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
+            raise InputError(
+                f"{path}: unreadable tokenizer ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
+            ) from None
 
 
 def build_tokenizer(vocab: list[str]) -> WordTokenizer:

@@ -10,16 +10,24 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import torch
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from margrpo.diffusion import DDPMSampler, FlowSDESampler, OneStepSampler, Sampler
-from margrpo.infra.io import InputError, atomic_write_text, read_json, record_checksums, save_safetensors, state_mismatch, verify_checksums
+from margrpo.infra.io import (
+    InputError,
+    atomic_write_text,
+    read_json,
+    record_checksums,
+    save_safetensors,
+    state_mismatch,
+    verify_checksums,
+)
 from margrpo.policy.base import MARPolicy, TextCondition
 from margrpo.policy.layers import Block, SimpleMLPAdaLN, TextEncoder
 from margrpo.policy.memory import run_blocks
@@ -51,7 +59,10 @@ class ToyMARConfig:
     flow_train_time: str = "uniform"  # training-time distribution of the flow head ("uniform" or "logit_normal")
     head_z_input: bool = True  # z also enters the head's input (faster to train than AdaLN alone)
     pooled_text: bool = False  # also add the mean text embedding to every image position (class-token style)
-    token_norm: tuple[float, float] = (0.0, 1.0)  # (mean, std) of pixel-patch values in [-1, 1]; tokens are standardised
+    token_norm: tuple[float, float] = (
+        0.0,
+        1.0,
+    )  # (mean, std) of pixel-patch values in [-1, 1]; tokens are standardised
     vocab: list[str] = field(default_factory=list)  # prompt words; the tokenizer maps others to [UNK]
     # "native": the head is a denoiser for head_type's multi-step sampler. "one_step": the head is a
     # one-step generator (a MARVAL student, margrpo.related.marval) whose MLP output at model time 1000 is the
@@ -92,11 +103,17 @@ class ToyMAR(MARPolicy):
         self.text_type = nn.Parameter(torch.zeros(1, 1, c.width))
         self.blocks = nn.ModuleList(Block(c.width, c.heads, c.mlp_ratio, c.dropout) for _ in range(c.depth))
         self.norm = nn.LayerNorm(c.width)
-        self.diffloss = SimpleMLPAdaLN(self.token_dim, c.width, c.head_width, c.head_depth, self.token_dim * out_factor, c.head_z_input)
+        self.diffloss = SimpleMLPAdaLN(
+            self.token_dim, c.width, c.head_width, c.head_depth, self.token_dim * out_factor, c.head_z_input
+        )
         for p in (self.mask_token, self.pos_embed, self.text_type):
             nn.init.normal_(p, std=0.02)
         if c.head_type == "ddpm":  # the training schedule, to convert x0 to eps at the original timestep
-            self.register_buffer("alphas_cumprod", DDPMSampler(variance=c.ddpm_variance).train_process.alphas_cumprod.float(), persistent=False)
+            self.register_buffer(
+                "alphas_cumprod",
+                DDPMSampler(variance=c.ddpm_variance).train_process.alphas_cumprod.float(),
+                persistent=False,
+            )
 
     # --- conditioning ---------------------------------------------------------------------------
     def encode_prompts(self, prompts: list[str]) -> TextCondition:
@@ -178,7 +195,9 @@ class ToyMAR(MARPolicy):
         if self.config.head_sampler == "one_step":  # noise_level is the SDE's; the one-step std is the policy's own
             return OneStepSampler(num_steps=num_steps, std=self.config.one_step_std)
         if self.head_type == "flow":
-            return FlowSDESampler(num_steps=num_steps, noise_level=noise_level, train_time_sampling=self.config.flow_train_time)
+            return FlowSDESampler(
+                num_steps=num_steps, noise_level=noise_level, train_time_sampling=self.config.flow_train_time
+            )
         return DDPMSampler(num_steps=num_steps, variance=self.config.ddpm_variance)
 
     # --- parameter groups ---------------------------------------------------------------------------
@@ -224,7 +243,9 @@ def read_folder_config(directory: str | Path, model_type: str) -> dict:
     d = Path(directory)
     missing = [n for n in (CONFIG, WEIGHTS, TOKENIZER) if not (d / n).exists()]
     if missing:
-        raise FileNotFoundError(f"{d}: not a {model_type} checkpoint; missing {', '.join(missing)} (expected {CONFIG}, {WEIGHTS}, {TOKENIZER}/)")
+        raise FileNotFoundError(
+            f"{d}: not a {model_type} checkpoint; missing {', '.join(missing)} (expected {CONFIG}, {WEIGHTS}, {TOKENIZER}/)"
+        )
     verify_checksums(d)
     raw = read_json(d / CONFIG)
     if not isinstance(raw, dict) or raw.pop("model_type", None) != model_type:
@@ -259,10 +280,14 @@ def check_state(state: dict, expected: dict, weights: Path, config: Path) -> Non
 def text_encoder(vocab_size: int, c) -> TextEncoder:
     """The toy policies' tiny prompt encoder (c: a config with text_width, text_depth, text_heads,
     max_text_len, dropout); shared by the continuous toy MAR and the discrete toy-mask policy."""
-    return TextEncoder(vocab_size, c.text_width, c.text_depth, c.text_heads, c.max_text_len, 4.0, c.dropout, post_norm=True)
+    return TextEncoder(
+        vocab_size, c.text_width, c.text_depth, c.text_heads, c.max_text_len, 4.0, c.dropout, post_norm=True
+    )
 
 
-def encode_text(encoder: TextEncoder, tokenizer: WordTokenizer, prompts: list[str], max_len: int, device) -> TextCondition:
+def encode_text(
+    encoder: TextEncoder, tokenizer: WordTokenizer, prompts: list[str], max_len: int, device
+) -> TextCondition:
     """Prompts -> TextCondition(hidden [B, Lt, text_width], key-padding mask [B, Lt])."""
     batch = tokenizer(prompts, max_length=max_len)
     ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)

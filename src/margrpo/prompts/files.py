@@ -27,15 +27,35 @@ import random
 from pathlib import Path
 
 from margrpo.infra.io import InputError
-from margrpo.prompts.suites import COMPBENCH_CATEGORIES, FILE_CATEGORIES, SOURCES, PromptRecord, prompt_problem, read_jsonl, text_lines
+from margrpo.prompts.suites import (
+    COMPBENCH_CATEGORIES,
+    FILE_CATEGORIES,
+    SOURCES,
+    PromptRecord,
+    prompt_problem,
+    read_jsonl,
+    text_lines,
+)
 
 log = logging.getLogger(__name__)
 
-__all__ = ["COMPBENCH_CATEGORIES", "FILE_CATEGORIES", "SOURCES", "TASK_TYPES", "DATA_DIR", "COMPBENCH_DIR", "RL_PROMPTS",
-           "read_prompt_file", "compbench_file", "build_file_suites"]
+__all__ = [
+    "COMPBENCH_CATEGORIES",
+    "FILE_CATEGORIES",
+    "SOURCES",
+    "TASK_TYPES",
+    "DATA_DIR",
+    "COMPBENCH_DIR",
+    "RL_PROMPTS",
+    "read_prompt_file",
+    "compbench_file",
+    "build_file_suites",
+]
 
 TASK_TYPES = {"non": "non_spatial", "object": "object"}  # T2I-R1 task_type -> our category (others map to themselves)
-DATA_DIR = Path(__file__).parents[1] / "data"  # package data (src/margrpo/data): provenance and licences in data/README.md
+DATA_DIR = (
+    Path(__file__).parents[1] / "data"
+)  # package data (src/margrpo/data): provenance and licences in data/README.md
 COMPBENCH_DIR = DATA_DIR / "t2i-compbench"  # T2I-CompBench's prompt lists (MIT)
 RL_PROMPTS = DATA_DIR / "mar-grpo" / "train_prompts.jsonl"  # MAR-GRPO's 7,223 RL prompts (Apache-2.0)
 
@@ -56,7 +76,9 @@ def _t2i_r1_record(raw, category: str | None, where: str) -> PromptRecord:
     task = raw.get("task_type", category)
     cat = TASK_TYPES.get(task, task)
     if cat not in FILE_CATEGORIES:
-        raise InputError(f"{where}: unknown task_type {task!r}; expected one of {sorted({*FILE_CATEGORIES, *TASK_TYPES})}")
+        raise InputError(
+            f"{where}: unknown task_type {task!r}; expected one of {sorted({*FILE_CATEGORIES, *TASK_TYPES})}"
+        )
     spec = {"source": "t2i-r1", **{k: v for k, v in raw.items() if k not in ("prompt", "task_type")}}
     return PromptRecord(_check_prompt(raw["prompt"], where), cat, spec)
 
@@ -67,7 +89,9 @@ def _text_records(path: Path, category: str | None):
         if not line.strip():
             continue
         if category not in FILE_CATEGORIES:
-            raise InputError(f"{path}: a .txt prompt file needs a category (one of {FILE_CATEGORIES}), got {category!r}")
+            raise InputError(
+                f"{path}: a .txt prompt file needs a category (one of {FILE_CATEGORIES}), got {category!r}"
+            )
         source = "t2i-compbench" if category in COMPBENCH_CATEGORIES else "text"
         yield PromptRecord(_check_prompt(line, f"{path}:{lineno}"), category, {"source": source})
 
@@ -98,7 +122,9 @@ def compbench_file(eval_dir: str | Path, category: str, split: str) -> Path:
         raise ValueError(f"unknown T2I-CompBench category {category!r}; expected one of {COMPBENCH_CATEGORIES}")
     path = Path(eval_dir) / f"{category}_{split}.txt"
     if not path.is_file():
-        raise FileNotFoundError(f"T2I-CompBench split {path} not found (prompts.eval_dir should hold <category>_{split}.txt)")
+        raise FileNotFoundError(
+            f"T2I-CompBench split {path} not found (prompts.eval_dir should hold <category>_{split}.txt)"
+        )
     return path
 
 
@@ -119,21 +145,29 @@ def build_file_suites(
     evaluation: list[PromptRecord] = []
     for cat in categories:
         evaluation += read_prompt_file(compbench_file(eval_dir, cat, "val"), cat)[:n_eval]
-    evaluation = list({r.prompt: r for r in reversed(evaluation)}.values())[::-1]  # a prompt in two categories: first wins
+    evaluation = list({r.prompt: r for r in reversed(evaluation)}.values())[
+        ::-1
+    ]  # a prompt in two categories: first wins
     eval_prompts = {r.prompt for r in evaluation}
     overlap = [r for r in train if r.prompt in eval_prompts]
     if overlap:
-        log.info(f"{train_file}: {len(overlap)} prompt(s) are evaluation prompts too; removed from train, e.g. {overlap[0].prompt!r}")
+        log.info(
+            f"{train_file}: {len(overlap)} prompt(s) are evaluation prompts too; removed from train, e.g. {overlap[0].prompt!r}"
+        )
         train = [r for r in train if r.prompt not in eval_prompts]
     if val_file is not None:
         val = read_prompt_file(val_file, _category_of(val_file))
         clash = sorted({r.prompt for r in val} & (eval_prompts | {r.prompt for r in train}))
         if clash:
-            raise ValueError(f"{val_file}: {len(clash)} validation prompt(s) are also training or evaluation prompts, e.g. {clash[0]!r}; "
-                             "checkpoint selection needs disjoint prompts (DESIGN 3.12)")
+            raise ValueError(
+                f"{val_file}: {len(clash)} validation prompt(s) are also training or evaluation prompts, e.g. {clash[0]!r}; "
+                "checkpoint selection needs disjoint prompts (DESIGN 3.12)"
+            )
     else:
         if len(train) <= n_val:
-            raise ValueError(f"{train_file}: {len(train)} prompts cannot spare {n_val} for validation; lower prompts.n_val")
+            raise ValueError(
+                f"{train_file}: {len(train)} prompts cannot spare {n_val} for validation; lower prompts.n_val"
+            )
         by_task: dict[str, list[PromptRecord]] = {}
         for r in train:
             by_task.setdefault(r.category, []).append(r)

@@ -52,7 +52,9 @@ def prompt_problem(prompt: str) -> str | None:
     if any(ord(c) < 32 or ord(c) == 127 for c in prompt):
         return "contains a NUL or another control character"
     if len(prompt.encode()) > NAME_MAX - 11:
-        return f"is {len(prompt.encode())} bytes; sample file names ({{prompt}}_{{index:06d}}.png) allow {NAME_MAX - 11}"
+        return (
+            f"is {len(prompt.encode())} bytes; sample file names ({{prompt}}_{{index:06d}}.png) allow {NAME_MAX - 11}"
+        )
     return None
 
 
@@ -95,7 +97,9 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, object]]:
         except json.JSONDecodeError as err:
             raise InputError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
         except _DuplicateKey as err:
-            raise InputError(f"{path}:{lineno}: key {err.args[0]!r} is given twice; JSON would keep the last silently") from None
+            raise InputError(
+                f"{path}:{lineno}: key {err.args[0]!r} is given twice; JSON would keep the last silently"
+            ) from None
         yield lineno, value
 
 
@@ -115,7 +119,10 @@ def _check_real(category, spec) -> None:
 
 
 # spec["source"] -> check of a record's category and spec (ValueError if they do not fit); None: no source.
-VALIDATORS: dict[str | None, Callable[[str, dict], None]] = {None: _check_shapesworld, **dict.fromkeys(SOURCES, _check_real)}
+VALIDATORS: dict[str | None, Callable[[str, dict], None]] = {
+    None: _check_shapesworld,
+    **dict.fromkeys(SOURCES, _check_real),
+}
 
 
 def validate_record(category, spec) -> None:

@@ -64,16 +64,21 @@ class ArtifactReport:
     confidence: float
 
     def to_markdown(self) -> str:
-        out = [f"**Background artifacts (Fig. 6).** High-frequency energy of the background (x 1e4; 0 = a clean "
-               "background), per image, on the evaluation prompts with fixed noise; differences paired by image within "
-               f"each seed, {self.confidence:.0%} interval over seeds (bootstrap over images x seeds below "
-               f"{MIN_SEEDS_FOR_T} seeds).", "",
-               "| method | reference | seeds | images | images without background | method energy | reference energy | difference | CI | verdict (method > reference) |",
-               "|:---|:---|---:|---:|---:|---:|---:|---:|:---|:---|"]
+        out = [
+            f"**Background artifacts (Fig. 6).** High-frequency energy of the background (x 1e4; 0 = a clean "
+            "background), per image, on the evaluation prompts with fixed noise; differences paired by image within "
+            f"each seed, {self.confidence:.0%} interval over seeds (bootstrap over images x seeds below "
+            f"{MIN_SEEDS_FOR_T} seeds).",
+            "",
+            "| method | reference | seeds | images | images without background | method energy | reference energy | difference | CI | verdict (method > reference) |",
+            "|:---|:---|---:|---:|---:|---:|---:|---:|:---|:---|",
+        ]
         for r in self.data.to_dict("records"):
             ci = f"[{r['lo'] * 1e4:+.3f}, {r['hi'] * 1e4:+.3f}]" if math.isfinite(r["lo"]) else "–"
-            out.append(f"| {r['method']} | {r['reference']} | {r['n_seeds']} | {r['n_images']} | {r['no_background']} | {r['energy'] * 1e4:.3f} | "
-                       f"{r['ref_energy'] * 1e4:.3f} | {r['diff'] * 1e4:+.3f} | {ci} | {r['verdict']} |")
+            out.append(
+                f"| {r['method']} | {r['reference']} | {r['n_seeds']} | {r['n_images']} | {r['no_background']} | {r['energy'] * 1e4:.3f} | "
+                f"{r['ref_energy'] * 1e4:.3f} | {r['diff'] * 1e4:+.3f} | {ci} | {r['verdict']} |"
+            )
         return "\n".join(out) + "\n"
 
     def write(self, prefix: str | os.PathLike) -> list[Path]:
@@ -100,11 +105,21 @@ def artifacts(root: str | Path, spec: dict, confidence: float = 0.95) -> Artifac
             shared = sorted(set(seeds) & set(ref))
             d = paired_summary([(seeds[s] - ref[s]).dropna().to_numpy() for s in shared], confidence)  # by file name
             decided = decide(d)
-            rows.append({"policy": policy, "method": VARIANT_LABELS.get(variant, variant), "reference": ref_label,
-                         "n_seeds": d["n_seeds"], "n_images": d["n_units"],
-                         # an image with no clean background pixel at all has no energy: counted, not compared
-                         "no_background": int(sum(seeds[s].isna().sum() for s in shared)),
-                         "energy": float(np.nanmean([seeds[s].mean() for s in shared])),
-                         "ref_energy": float(np.nanmean([ref[s].mean() for s in shared])),
-                         "diff": d["diff"], "lo": decided["lo"], "hi": decided["hi"], "verdict": decided["verdict"]})
+            rows.append(
+                {
+                    "policy": policy,
+                    "method": VARIANT_LABELS.get(variant, variant),
+                    "reference": ref_label,
+                    "n_seeds": d["n_seeds"],
+                    "n_images": d["n_units"],
+                    # an image with no clean background pixel at all has no energy: counted, not compared
+                    "no_background": int(sum(seeds[s].isna().sum() for s in shared)),
+                    "energy": float(np.nanmean([seeds[s].mean() for s in shared])),
+                    "ref_energy": float(np.nanmean([ref[s].mean() for s in shared])),
+                    "diff": d["diff"],
+                    "lo": decided["lo"],
+                    "hi": decided["hi"],
+                    "verdict": decided["verdict"],
+                }
+            )
     return ArtifactReport(pd.DataFrame(rows), confidence)

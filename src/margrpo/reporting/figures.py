@@ -66,11 +66,28 @@ __all__ = [
 ]
 
 # Okabe–Ito colour-blind-safe palette for the ladder (committed beside +Fix's blue, as its variant of it); base grey.
-VARIANT_COLORS = {"base": "#7f7f7f", "grpo": "#D55E00", "fix": "#0072B2", "mte": "#009E73", "sim": "#CC79A7",
-                  "committed": "#56B4E9", "head": "#E69F00"}
+VARIANT_COLORS = {
+    "base": "#7f7f7f",
+    "grpo": "#D55E00",
+    "fix": "#0072B2",
+    "mte": "#009E73",
+    "sim": "#CC79A7",
+    "committed": "#56B4E9",
+    "head": "#E69F00",
+}
 # for other variants, in the order a figure lists them: Okabe–Ito's black, then tab10 without its grey (the base's)
-_EXTRA_COLORS = ["#000000", "#8c564b", "#9467bd", "#bcbd22", "#17becf", "#d62728", "#e377c2", "#1f77b4", "#ff7f0e",
-                 "#2ca02c"]
+_EXTRA_COLORS = [
+    "#000000",
+    "#8c564b",
+    "#9467bd",
+    "#bcbd22",
+    "#17becf",
+    "#d62728",
+    "#e377c2",
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+]
 
 
 def variant_colors(variants: Sequence[str]) -> dict[str, str]:
@@ -116,15 +133,23 @@ def _wrap(text: str, width: int) -> str:
     return "\n".join(textwrap.wrap(str(text), width=width)) or str(text)
 
 
-def _band(ax, agg: pd.DataFrame, x: str, color: str, label: str, marker: str | None = None, floor: float | None = None):
+def _band(
+    ax, agg: pd.DataFrame, x: str, color: str, label: str, marker: str | None = None, floor: float | None = None
+):
     """Mean line with a shaded CI band (where the CI is defined), cut at `floor` for quantities that cannot go below it."""
     ax.plot(agg[x], agg["mean"], color=color, label=label, marker=marker, lw=1.6, ms=3)
     ci = agg["ci"].to_numpy(dtype=float)
     ok = np.isfinite(ci)
     if ok.any():
         low = (agg["mean"] - agg["ci"])[ok]
-        ax.fill_between(agg[x][ok], low if floor is None else low.clip(lower=floor), (agg["mean"] + agg["ci"])[ok],
-                        color=color, alpha=0.18, lw=0)
+        ax.fill_between(
+            agg[x][ok],
+            low if floor is None else low.clip(lower=floor),
+            (agg["mean"] + agg["ci"])[ok],
+            color=color,
+            alpha=0.18,
+            lw=0,
+        )
 
 
 def _no_data(ax, what: str) -> None:
@@ -176,7 +201,9 @@ def _dynamics_panel(ax, panel: tuple, series: Sequence[Series], confidence: floa
             drawn = True
     if not drawn:
         if grads == "head" and not any(s.head_grads for s in series):
-            ax.text(0.5, 0.5, "no run with\nthe AR frozen", ha="center", va="center", transform=ax.transAxes, color="0.4")
+            ax.text(
+                0.5, 0.5, "no run with\nthe AR frozen", ha="center", va="center", transform=ax.transAxes, color="0.4"
+            )
         else:
             _no_data(ax, col)
     if logy and drawn:
@@ -225,11 +252,18 @@ def plot_dynamics(blocks: Sequence[tuple[str, Sequence[Series | tuple]]], confid
         axes = fig.subplots(math.ceil((len(panels) + 1) / ncols), ncols).ravel()
         for ax, panel in zip(axes, panels):
             _dynamics_panel(ax, panel, blocks[0][1], confidence, panel[1])
-        for ax in axes[len(panels):]:
+        for ax in axes[len(panels) :]:
             ax.axis("off")
         handles, labels = _legend_entries(axes, [s.label for s in everything])
-        axes[-1].legend(handles, labels, loc="center", title=legend_title.replace(" (", "\n(", 1), frameon=False,
-                        ncols=math.ceil(len(labels) / 10), fontsize="medium" if len(labels) <= 10 else "small")
+        axes[-1].legend(
+            handles,
+            labels,
+            loc="center",
+            title=legend_title.replace(" (", "\n(", 1),
+            frameon=False,
+            ncols=math.ceil(len(labels) / 10),
+            fontsize="medium" if len(labels) <= 10 else "small",
+        )
     else:
         fig = Figure(figsize=(3.3 * len(panels), 2.7 * len(blocks) + 0.9 + 0.3 * bool(frozen)), layout="constrained")
         axes = fig.subplots(len(blocks), len(panels), squeeze=False)
@@ -248,7 +282,9 @@ def _head_grads(root: str | Path, runs: Sequence[str]) -> bool:
     ran with) freezes the AR. Runs from before freeze_ar existed trained it."""
     frozen = {bool((load_summary(root, r).get("config") or {}).get("freeze_ar", False)) for r in runs}
     if len(frozen) > 1:
-        raise ValueError(f"report dynamics: runs {list(runs)} of one variant disagree on freeze_ar; rerun the stale ones")
+        raise ValueError(
+            f"report dynamics: runs {list(runs)} of one variant disagree on freeze_ar; rerun the stale ones"
+        )
     return frozen.pop()
 
 
@@ -265,8 +301,14 @@ def dynamics(root: str | Path, spec: dict, confidence: float = 0.95) -> Figure:
         for v in variants:
             picked = [r.run for r in runs if (r.policy, r.reward, r.variant) == (policy, reward, v)]
             if picked:
-                series.append(Series(_label(v, root, picked), colors[v], [load_metrics(root, r) for r in picked],
-                                     _head_grads(root, picked)))
+                series.append(
+                    Series(
+                        _label(v, root, picked),
+                        colors[v],
+                        [load_metrics(root, r) for r in picked],
+                        _head_grads(root, picked),
+                    )
+                )
         blocks.append((f"{policy}, {reward} reward", series))
     return plot_dynamics(blocks, confidence)
 
@@ -301,9 +343,11 @@ def plot_uncertainty(maps: dict, max_trajectories: int = 4) -> Figure:
             ax.set_xticks([])
             ax.set_yticks([])
         sub.suptitle(_wrap(prompts[p], 18 * ncols), fontsize=10)
-    fig.suptitle("Per-token uncertainty of the base policy (MTE, DESIGN 3.9): each token's std over the S final latents\n"
-                 "drawn from the same z_k at the AR step k that commits it (the committed sample among them), mean over channels",
-                 fontsize=11)
+    fig.suptitle(
+        "Per-token uncertainty of the base policy (MTE, DESIGN 3.9): each token's std over the S final latents\n"
+        "drawn from the same z_k at the AR step k that commits it (the committed sample among them), mean over channels",
+        fontsize=11,
+    )
     return fig
 
 
@@ -318,7 +362,10 @@ def uncertainty(root: str | Path, spec: dict, confidence: float = 0.95) -> Figur
 
 
 def plot_sample_grid(
-    cells: Sequence[Sequence[np.ndarray]], row_labels: Sequence[str], col_labels: Sequence[str], title: str,
+    cells: Sequence[Sequence[np.ndarray]],
+    row_labels: Sequence[str],
+    col_labels: Sequence[str],
+    title: str,
     row_label_width: int = 26,
 ) -> Figure:
     """``cells[r][c]`` uint8 [H, W, 3]; tiny images are shown pixel-exact (nearest)."""
@@ -359,15 +406,17 @@ def samples(root: str | Path, spec: dict, confidence: float = 0.95) -> Figure:
         suffix = f"\n{policy} / {reward}" if len(combos) > 1 else ""
         columns.append(("Base" + suffix, f"base/{policy}"))
         for v in variants:
-            picked = sorted((r for r in runs if (r.policy, r.reward, r.variant) == (policy, reward, v)),
-                            key=lambda r: r.seed)
+            picked = sorted(
+                (r for r in runs if (r.policy, r.reward, r.variant) == (policy, reward, v)), key=lambda r: r.seed
+            )
             if picked:
                 columns.append((_label(v, root, [picked[0].run]) + suffix, picked[0].run))
     prompts, listed = _common_prompts(root, [run for _, run in columns], int(spec.get("prompts", 6)))
     cells = [[sample_image(listed[run][p]) for _, run in columns] for p in prompts]
     seed = min(r.seed for r in runs)
-    return plot_sample_grid(cells, prompts, [c for c, _ in columns],
-                            f"Samples on evaluation prompts (seed {seed}, first image per prompt)")
+    return plot_sample_grid(
+        cells, prompts, [c for c, _ in columns], f"Samples on evaluation prompts (seed {seed}, first image per prompt)"
+    )
 
 
 def _point_label(params: dict[str, float], sep: str = ", ") -> str:
@@ -383,8 +432,13 @@ def ablation_samples(root: str | Path, spec: dict, confidence: float = 0.95) -> 
     chosen = [by_point[p] for p in sorted(by_point, key=lambda p: tuple(v for _, v in p))]  # by k, then tau, S
     prompts, listed = _common_prompts(root, [r.run for r in chosen], int(spec.get("prompts", 6)))
     cells = [[sample_image(listed[r.run][p]) for p in prompts] for r in chosen]
-    return plot_sample_grid(cells, [_point_label(r.params, "\n") for r in chosen], [_wrap(p, 20) for p in prompts],
-                            "Ablation samples per masking ratio k, threshold τ and trajectories S", row_label_width=12)
+    return plot_sample_grid(
+        cells,
+        [_point_label(r.params, "\n") for r in chosen],
+        [_wrap(p, 20) for p in prompts],
+        "Ablation samples per masking ratio k, threshold τ and trajectories S",
+        row_label_width=12,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -443,8 +497,11 @@ def ablation_curves(root: str | Path, spec: dict, confidence: float = 0.95, wind
     return fig
 
 
-_AXIS_LABELS = {"top_frac": "k: fraction of most uncertain tokens (MTE)", "tau": "τ: consistency threshold (Sim)",
-                "trajectories": "S: trajectories per token (log scale)"}
+_AXIS_LABELS = {
+    "top_frac": "k: fraction of most uncertain tokens (MTE)",
+    "tau": "τ: consistency threshold (Sim)",
+    "trajectories": "S: trajectories per token (log scale)",
+}
 _METRIC_COLORS = ["#0072B2", "#D55E00", "#E69F00", "#CC79A7", "#009E73"]
 
 
@@ -483,8 +540,11 @@ def ablation_final(root: str | Path, spec: dict, confidence: float = 0.95) -> Fi
     metrics = [(("compbench", "overall"), "CompBench overall (strict)", "strict accuracy")]
     metrics += [(("pref", s), f"{s} (preference)", "mean preference score") for s in scorers]
     # one row per parameter the grid varies (with the others held): a one-point panel shows nothing
-    varied = [f for f in ("top_frac", "tau", "trajectories")
-              if len({r.params[f] for r in runs if f in r.params and _others_held(r, f, held)}) > 1]
+    varied = [
+        f
+        for f in ("top_frac", "tau", "trajectories")
+        if len({r.params[f] for r in runs if f in r.params and _others_held(r, f, held)}) > 1
+    ]
     if not varied:
         raise ValueError("report ablation-final: the grid varies none of top_frac, tau, trajectories")
     fig = Figure(figsize=(4.2 * len(metrics), 3.6 * len(varied) + 0.5), layout="constrained")
@@ -494,8 +554,12 @@ def ablation_final(root: str | Path, spec: dict, confidence: float = 0.95) -> Fi
         xs = sorted({r.params[free] for r in picked})
         axes = np.atleast_1d(sub.subplots(1, len(metrics)))
         for ax, (key, title, ylabel), color in zip(axes, metrics, _METRIC_COLORS * len(metrics)):
-            stats = [mean_ci([scores[r.run].get(key, math.nan) for r in picked if math.isclose(r.params[free], x)],
-                             confidence) for x in xs]
+            stats = [
+                mean_ci(
+                    [scores[r.run].get(key, math.nan) for r in picked if math.isclose(r.params[free], x)], confidence
+                )
+                for x in xs
+            ]
             _metric_panel(ax, xs, stats, base.get(key), color)
             if free == "trajectories":
                 ax.set_xscale("log", base=2)
@@ -507,10 +571,15 @@ def ablation_final(root: str | Path, spec: dict, confidence: float = 0.95) -> Fi
         held_txt = _point_label({k: v for k, v in held.items() if k != free})
         sub.suptitle(f"vs {ABLATION_SYMBOLS.get(free, free)} ({held_txt})", fontsize=11)
     seeds = max(Counter(tuple(sorted(r.params.items())) for r in runs).values())
-    note = (f"mean over seeds, error bars: {confidence:.0%} t-interval where a point has ≥2 seeds" if seeds > 1
-            else "one seed per point")
-    fig.suptitle(f"Final evaluation vs ablation parameter ({note}; n: seeds per point"
-                 + ("; dotted: base policy)" if base else ")"))
+    note = (
+        f"mean over seeds, error bars: {confidence:.0%} t-interval where a point has ≥2 seeds"
+        if seeds > 1
+        else "one seed per point"
+    )
+    fig.suptitle(
+        f"Final evaluation vs ablation parameter ({note}; n: seeds per point"
+        + ("; dotted: base policy)" if base else ")")
+    )
     return fig
 
 

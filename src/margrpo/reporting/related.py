@@ -48,10 +48,23 @@ from margrpo.reporting.results import (
 )
 from margrpo.reporting.tables import Table, _run_gains
 
-__all__ = ["Method", "methods_from_spec", "step_times", "wallclock_curve", "table3", "related_wallclock", "TABLE3_METRICS"]
+__all__ = [
+    "Method",
+    "methods_from_spec",
+    "step_times",
+    "wallclock_curve",
+    "table3",
+    "related_wallclock",
+    "TABLE3_METRICS",
+]
 
-TABLE3_METRICS = [("base", "val reward"), ("base", "CompBench"), ("gain", "val gain"), ("gain", "CompBench gain"),
-                  ("time", "s per step")]
+TABLE3_METRICS = [
+    ("base", "val reward"),
+    ("base", "CompBench"),
+    ("gain", "val gain"),
+    ("gain", "CompBench gain"),
+    ("time", "s per step"),
+]
 # base columns describe the reference, not the method: never bold; the fastest step is the best
 TABLE3_RANKING = {("base", "val reward"): 0, ("base", "CompBench"): 0, ("time", "s per step"): -1}
 # the colours it had before the ladder named head and committed (theirs), then the spare ones
@@ -84,8 +97,10 @@ def methods_from_spec(spec: dict) -> list[Method]:
         for run in entry["runs"]:
             r = parse_run(run)
             if r.kind != "train" or r.policy != base.policy:
-                raise ValueError(f"method {entry['label']!r}: run {run!r} is not a train/{base.policy}/... run; "
-                                 f"its gain is measured against {entry['base']}")
+                raise ValueError(
+                    f"method {entry['label']!r}: run {run!r} is not a train/{base.policy}/... run; "
+                    f"its gain is measured against {entry['base']}"
+                )
         out.append(Method(str(entry["label"]), base.run, tuple(entry["runs"])))
     labels = [m.label for m in out]
     if len(set(labels)) != len(labels):
@@ -131,20 +146,33 @@ def _method_record(root: Path, method: Method, confidence: float) -> dict:
     val = difference(scores, None, "val@selected", confidence)
     comp = difference(scores, None, "compbench", confidence, base_cb)
     if comp["n_seeds"] == 0:
-        raise ValueError(f"method {method.label!r}: no evaluation image of its runs matches one of "
-                         f"{root / 'eval' / method.base / 'compbench_per_image.csv'} (same prompt and index)")
+        raise ValueError(
+            f"method {method.label!r}: no evaluation image of its runs matches one of "
+            f"{root / 'eval' / method.base / 'compbench_per_image.csv'} (same prompt and index)"
+        )
     medians = [float(step_times(root, run).median()) for run in method.runs]
     cells = {
-        ("base", "val reward"): dict(zip(("mean", "ci", "n"), mean_ci([s.base_val.mean() for s in scores.values()], confidence))),
+        ("base", "val reward"): dict(
+            zip(("mean", "ci", "n"), mean_ci([s.base_val.mean() for s in scores.values()], confidence))
+        ),
         ("base", "CompBench"): {"mean": float(base_overall), "ci": math.nan, "n": 1},
         ("gain", "val gain"): _cells(val),
         ("gain", "CompBench gain"): _cells(comp),
-        ("time", "s per step"): {**dict(zip(("mean", "ci", "n"), mean_ci(medians, confidence))),
-                                 "min": min(medians), "max": max(medians)},
+        ("time", "s per step"): {
+            **dict(zip(("mean", "ci", "n"), mean_ci(medians, confidence))),
+            "min": min(medians),
+            "max": max(medians),
+        },
     }
-    rec = {"block": parse_run(method.base).policy, "method": method.label, "base": method.base,
-           "runs": ";".join(method.runs), "n_runs": len(method.runs), "seeds": len(scores),
-           "steps": ";".join(str(load_selection(root, r)["step"]) for r in method.runs)}
+    rec = {
+        "block": parse_run(method.base).policy,
+        "method": method.label,
+        "base": method.base,
+        "runs": ";".join(method.runs),
+        "n_runs": len(method.runs),
+        "seeds": len(scores),
+        "steps": ";".join(str(load_selection(root, r)["step"]) for r in method.runs),
+    }
     for (group, metric), stats in cells.items():
         rec.update({f"{group}/{metric}/{k}": v for k, v in stats.items()})
     return rec
@@ -158,18 +186,22 @@ def table3(root: str | Path, spec: dict, confidence: float = 0.95, digits: int =
     data = pd.DataFrame.from_records([_method_record(root, m, confidence) for m in methods])
     few = [m.label for m, n in zip(methods, data["seeds"]) if n < MIN_SEEDS_FOR_T]
     by_base = {b: [m.label for m in methods if m.base == b] for b in dict.fromkeys(m.base for m in methods)}
-    caption = ("Related methods in the toy lab, each against its own base policy ("
-               + "; ".join(f"{', '.join(labels)}: {b}" for b, labels in by_base.items()) + "). "
-               "Gains: reported checkpoint minus base, paired per validation prompt (val gain) or per evaluation "
-               "image (CompBench gain, strict accuracy) within each seed; "
-               f"mean over seeds ± half-width of the {confidence:.0%} t-interval over seeds "
-               "(the CSV adds a bootstrap interval over prompts x seeds). "
-               "s per step: median seconds of an RL step (validation excluded) per seed, mean ± t-interval over seeds. "
-               "Bold: best gain and fastest step among methods sharing a base.")
+    caption = (
+        "Related methods in the toy lab, each against its own base policy ("
+        + "; ".join(f"{', '.join(labels)}: {b}" for b, labels in by_base.items())
+        + "). "
+        "Gains: reported checkpoint minus base, paired per validation prompt (val gain) or per evaluation "
+        "image (CompBench gain, strict accuracy) within each seed; "
+        f"mean over seeds ± half-width of the {confidence:.0%} t-interval over seeds "
+        "(the CSV adds a bootstrap interval over prompts x seeds). "
+        "s per step: median seconds of an RL step (validation excluded) per seed, mean ± t-interval over seeds. "
+        "Bold: best gain and fastest step among methods sharing a base."
+    )
     if few:
         caption += f" Fewer than {MIN_SEEDS_FOR_T} seeds (interval unreliable or absent): {', '.join(few)}."
-    return Table("table3", "Table 3", caption, data, list(TABLE3_METRICS), ["method", "seeds"], digits,
-                 dict(TABLE3_RANKING))
+    return Table(
+        "table3", "Table 3", caption, data, list(TABLE3_METRICS), ["method", "seeds"], digits, dict(TABLE3_RANKING)
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -203,8 +235,14 @@ def related_wallclock(root: str | Path, spec: dict, confidence: float = 0.95) ->
         if not len(agg):
             raise MissingResultError(f"method {m.label!r}: its runs logged no validation reward after an RL step")
         n_max = max(n_max, len(curves))
-        _band(ax, agg, "cum_s", METHOD_COLORS[i % len(METHOD_COLORS)], f"{m.label} (n={len(curves)})",
-              marker=BASE_MARKERS[bases.index(m.base) % len(BASE_MARKERS)])
+        _band(
+            ax,
+            agg,
+            "cum_s",
+            METHOD_COLORS[i % len(METHOD_COLORS)],
+            f"{m.label} (n={len(curves)})",
+            marker=BASE_MARKERS[bases.index(m.base) % len(BASE_MARKERS)],
+        )
     ax.axhline(0.0, color=VARIANT_COLORS["base"], ls="--", lw=1.2, label="base policy (each method's own)")
     ax.set_xscale("log")
     # plain seconds (30, 40, 1e+03) rather than 3 x 10^1; minor ticks labelled only over a short range, as by default
@@ -217,4 +255,3 @@ def related_wallclock(root: str | Path, spec: dict, confidence: float = 0.95) ->
     ax.legend(title=f"method (marker: base policy; {band})", fontsize=8, title_fontsize=8, loc="best")
     ax.set_title("Validation gain against wall-clock of RL, each method against its own base policy")
     return fig
-

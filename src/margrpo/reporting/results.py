@@ -61,9 +61,24 @@ __all__ = [
 # The per-step training log (DESIGN 3, "Logged every step"); every column but `step` is optional
 # to the readers here, which fill a missing one with NaN.
 METRIC_COLUMNS = [
-    "step", "reward_mean", "reward_std", "adv_mean", "adv_std", "frac_zero_std", "policy_loss", "kl",
-    "clip_frac", "ratio_min", "ratio_max", "grad_norm_ar", "grad_var_ar", "lr", "wall_time_s",
-    "peak_mem_mb", "skipped", "val_reward",
+    "step",
+    "reward_mean",
+    "reward_std",
+    "adv_mean",
+    "adv_std",
+    "frac_zero_std",
+    "policy_loss",
+    "kl",
+    "clip_frac",
+    "ratio_min",
+    "ratio_max",
+    "grad_norm_ar",
+    "grad_var_ar",
+    "lr",
+    "wall_time_s",
+    "peak_mem_mb",
+    "skipped",
+    "val_reward",
 ]
 
 # Ablation parameter (Paramspace column) -> the paper's symbol in Fig. 7.
@@ -210,7 +225,9 @@ def check_csv(path: Path) -> None:
     width = len(next(reader))
     for row in reader:
         if len(row) != width:
-            raise InputError(f"{path}:{reader.line_num}: {len(row)} fields where the header has {width}; the file was edited")
+            raise InputError(
+                f"{path}:{reader.line_num}: {len(row)} fields where the header has {width}; the file was edited"
+            )
 
 
 def _read_csv(path: Path, producer: str, required: Sequence[str]) -> pd.DataFrame:
@@ -253,8 +270,10 @@ def read_summary(path: str | Path) -> dict:
     for c in summary["checkpoints"]:
         val, there = c.get("val_reward"), logged.get(int(c.get("step", -1)), math.nan)
         if isinstance(val, (int, float)) and not math.isclose(val, there, rel_tol=1e-9, abs_tol=1e-12):
-            raise InputError(f"{path}: checkpoint step {c.get('step')} has val_reward {val}, but {metrics} says {there}; "
-                             "one of the two was edited: rerun the training stage")
+            raise InputError(
+                f"{path}: checkpoint step {c.get('step')} has val_reward {val}, but {metrics} says {there}; "
+                "one of the two was edited: rerun the training stage"
+            )
     return summary
 
 
@@ -311,15 +330,22 @@ def load_preference(root: str | Path, run: str) -> pd.DataFrame:
 def _eval_entries(root: str | Path, run: str) -> dict[tuple[str, str], tuple[float, float, Path]]:
     """(value, images it averages or NaN, file) of each number a table reports for one run; a blank or non-finite
     value is an InputError naming the run and file (a table would show it as a dash, or average it away)."""
-    files = {"pref": Path(root) / "eval" / run / "preference.csv", "compbench": Path(root) / "eval" / run / "compbench.csv"}
+    files = {
+        "pref": Path(root) / "eval" / run / "preference.csv",
+        "compbench": Path(root) / "eval" / run / "compbench.csv",
+    }
     pref, comp = load_preference(root, run), load_compbench(root, run)
     out: dict[tuple[str, str], tuple[float, float, Path]] = {}
-    for group, names, values, ns in (("pref", pref["scorer"], pref["mean"], pref.get("n", pd.Series([math.nan] * len(pref)))),
-                                     ("compbench", comp["category"], comp["strict"], comp["n_images"])):
+    for group, names, values, ns in (
+        ("pref", pref["scorer"], pref["mean"], pref.get("n", pd.Series([math.nan] * len(pref)))),
+        ("compbench", comp["category"], comp["strict"], comp["n_images"]),
+    ):
         for name, value, n in zip(names.astype(str), values, ns):
             value = pd.to_numeric(value, errors="coerce")
             if not math.isfinite(value):
-                raise InputError(f"{files[group]}: run {run}: {name} has no finite value ({value}); a table cannot report it")
+                raise InputError(
+                    f"{files[group]}: run {run}: {name} has no finite value ({value}); a table cannot report it"
+                )
             if (group, name) in out:
                 raise InputError(f"{files[group]}: run {run}: {name} is listed twice")
             out[(group, name)] = (float(value), float(pd.to_numeric(n, errors="coerce")), files[group])
@@ -347,23 +373,31 @@ def comparable_scores(root: str | Path, runs: Sequence[str]) -> dict[str, dict[t
         for key, (_, n, path) in entries[ref].items():
             if key not in got:
                 file = Path(root) / "eval" / run / path.name
-                raise InputError(f"{file}: run {run} has no {key[1]!r} row, which run {ref} has ({path}); "
-                                 "a table compares every row over the same metrics")
+                raise InputError(
+                    f"{file}: run {run} has no {key[1]!r} row, which run {ref} has ({path}); "
+                    "a table compares every row over the same metrics"
+                )
             if not (math.isnan(n) and math.isnan(got[key][1])) and n != got[key][1]:
-                raise InputError(f"{got[key][2]}: run {run}: {key[1]!r} averages {got[key][1]:g} images, run {ref} {n:g} ({path}); "
-                                 "evaluations over other prompts or images per prompt are not comparable")
+                raise InputError(
+                    f"{got[key][2]}: run {run}: {key[1]!r} averages {got[key][1]:g} images, run {ref} {n:g} ({path}); "
+                    "evaluations over other prompts or images per prompt are not comparable"
+                )
         extra = [k for k in got if k not in entries[ref]]
         if extra:
-            raise InputError(f"{got[extra[0]][2]}: run {run} has a {extra[0][1]!r} row, which run {ref} has not; "
-                             "a table compares every row over the same metrics")
+            raise InputError(
+                f"{got[extra[0]][2]}: run {run} has a {extra[0][1]!r} row, which run {ref} has not; "
+                "a table compares every row over the same metrics"
+            )
     images = {run: load_compbench_per_image(root, run, required=False) for run in entries}
     if all(v is not None for v in images.values()):
         want = set(images[ref].index)
         for run, got in images.items():
             differ = sorted(set(got.index) ^ want)
             if differ:
-                raise InputError(f"{Path(root) / 'eval' / run / 'compbench_per_image.csv'}: run {run} scored other images than run "
-                                 f"{ref}, e.g. {differ[0]!r}; the runs were not evaluated on the same prompt suite")
+                raise InputError(
+                    f"{Path(root) / 'eval' / run / 'compbench_per_image.csv'}: run {run} scored other images than run "
+                    f"{ref}, e.g. {differ[0]!r}; the runs were not evaluated on the same prompt suite"
+                )
     return {run: {k: v for k, (v, _, _) in got.items()} for run, got in entries.items()}
 
 
@@ -374,7 +408,9 @@ def list_samples(root: str | Path, run: str) -> dict[str, dict[int, Path]]:
     """
     folder = Path(root) / "samples" / run / "samples"
     if not folder.is_dir():
-        raise MissingResultError(f"missing samples folder {folder} (written by `margrpo sample`); run that stage first")
+        raise MissingResultError(
+            f"missing samples folder {folder} (written by `margrpo sample`); run that stage first"
+        )
     out: dict[str, dict[int, Path]] = {}
     for path in folder.glob("*.png"):
         prompt, sep, index = path.stem.rpartition("_")
@@ -411,7 +447,9 @@ def load_uncertainty(path: str | Path) -> dict[str, Any]:
     if out["uncertainty"].ndim == 2:  # flat [P, L] token order: a square token grid, row-major
         side = math.isqrt(out["uncertainty"].shape[1])
         if side * side != out["uncertainty"].shape[1]:
-            raise ValueError(f"{path}: uncertainty {out['uncertainty'].shape} is neither [P, h, w] nor a square [P, L]")
+            raise ValueError(
+                f"{path}: uncertainty {out['uncertainty'].shape} is neither [P, h, w] nor a square [P, L]"
+            )
         out["uncertainty"] = out["uncertainty"].reshape(-1, side, side)
     p = len(out["prompts"])
     if out["images"].shape[0] != p or out["uncertainty"].shape[0] != p:

@@ -23,16 +23,46 @@ from pathlib import Path
 import pandas as pd
 
 from margrpo.infra.io import atomic_write_csv, atomic_write_text
-from margrpo.reporting.results import RunId, comparable_scores, eval_scores, load_metrics, load_selection, load_summary, mean_ci, parse_run
+from margrpo.reporting.results import (
+    RunId,
+    comparable_scores,
+    load_metrics,
+    load_selection,
+    load_summary,
+    mean_ci,
+    parse_run,
+)
 
-__all__ = ["VARIANT_LABELS", "Table", "RowSpec", "build_table", "table1", "table2", "val_gain", "write_table", "to_markdown",
-           "to_latex"]
+__all__ = [
+    "VARIANT_LABELS",
+    "Table",
+    "RowSpec",
+    "build_table",
+    "table1",
+    "table2",
+    "val_gain",
+    "write_table",
+    "to_markdown",
+    "to_latex",
+]
 
 # Variant name -> the paper's row label (Table 2). Unknown variants keep their name.
-VARIANT_LABELS = {"grpo": "GRPO", "fix": "+Fix", "mte": "+MTE", "sim": "+Sim", "committed": "+Fix (committed)", "head": "Head only"}
-METRIC_GROUPS = {"pref": "Preference (mean score)", "compbench": "T2I-CompBench (strict)",
-                 "val": "Validation reward", "gain": "Gain over the base policy", "base": "Base policy",
-                 "time": "Wall-clock"}
+VARIANT_LABELS = {
+    "grpo": "GRPO",
+    "fix": "+Fix",
+    "mte": "+MTE",
+    "sim": "+Sim",
+    "committed": "+Fix (committed)",
+    "head": "Head only",
+}
+METRIC_GROUPS = {
+    "pref": "Preference (mean score)",
+    "compbench": "T2I-CompBench (strict)",
+    "val": "Validation reward",
+    "gain": "Gain over the base policy",
+    "base": "Base policy",
+    "time": "Wall-clock",
+}
 
 
 @dataclass(frozen=True)
@@ -87,7 +117,9 @@ def build_table(
     """Read every run's evaluation files and aggregate each row over its runs."""
     if not rows:
         raise ValueError(f"{name}: no rows to build (no runs given)")
-    checked = comparable_scores(root, [r for row in rows for r in row.runs])  # one set of metrics, one suite, or an error
+    checked = comparable_scores(
+        root, [r for row in rows for r in row.runs]
+    )  # one set of metrics, one suite, or an error
     scores: list[list[dict[tuple[str, str], float]]] = [[checked[r] for r in row.runs] for row in rows]
     metrics: list[tuple[str, str]] = []
     for group in ("pref", "compbench"):
@@ -99,9 +131,16 @@ def build_table(
 
     records = []
     for row, row_scores in zip(rows, scores):
-        rec = {"policy": row.policy, "reward": row.reward or "", "method": row.method,
-               "variant": row.variant or "base", "selection": row.selection, "steps": row.steps,
-               "runs": ";".join(row.runs), "n_runs": len(row.runs)}
+        rec = {
+            "policy": row.policy,
+            "reward": row.reward or "",
+            "method": row.method,
+            "variant": row.variant or "base",
+            "selection": row.selection,
+            "steps": row.steps,
+            "runs": ";".join(row.runs),
+            "n_runs": len(row.runs),
+        }
         for m in metrics:
             mean, ci, n = mean_ci([s.get(m, math.nan) for s in row_scores], confidence)
             rec[f"{m[0]}/{m[1]}/mean"], rec[f"{m[0]}/{m[1]}/ci"], rec[f"{m[0]}/{m[1]}/n"] = mean, ci, n
@@ -126,8 +165,10 @@ def _policies_rewards(runs: Sequence[RunId]) -> tuple[list[str], list[str]]:
 
 
 def _ci_note(confidence: float) -> str:
-    return (f"Mean ± half-width of the {confidence:.0%} t-interval over seeds (no ± with one seed). "
-            "Bold: best mean in the column within each policy / reward block.")
+    return (
+        f"Mean ± half-width of the {confidence:.0%} t-interval over seeds (no ± with one seed). "
+        "Bold: best mean in the column within each policy / reward block."
+    )
 
 
 def table1(root: str | Path, spec: dict, confidence: float = 0.95, digits: int = 3) -> Table:
@@ -142,15 +183,20 @@ def table1(root: str | Path, spec: dict, confidence: float = 0.95, digits: int =
     for policy in policies:
         for reward in rewards:
             rows.append(RowSpec(policy, None, "Base", None, (f"base/{policy}",)))
-            for variant, label in ((baseline, "+GRPO" if baseline == "grpo" else VARIANT_LABELS.get(baseline, baseline)),
-                                   (ours, "Ours")):
+            for variant, label in (
+                (baseline, "+GRPO" if baseline == "grpo" else VARIANT_LABELS.get(baseline, baseline)),
+                (ours, "Ours"),
+            ):
                 picked = tuple(r.run for r in runs if (r.policy, r.reward, r.variant) == (policy, reward, variant))
                 if picked:
                     star, rule, steps = _selection_label(root, picked, required=False)
                     rows.append(RowSpec(policy, reward, label + star, variant, picked, rule, steps))
-    caption = (f"Base policies, +GRPO ({baseline}) and Ours ({ours}). "
-               "Preference: mean score per scorer; T2I-CompBench: strict accuracy per category. "
-               + _ci_note(confidence) + (" *: best checkpoint by validation reward." if any("*" in r.method for r in rows) else ""))
+    caption = (
+        f"Base policies, +GRPO ({baseline}) and Ours ({ours}). "
+        "Preference: mean score per scorer; T2I-CompBench: strict accuracy per category. "
+        + _ci_note(confidence)
+        + (" *: best checkpoint by validation reward." if any("*" in r.method for r in rows) else "")
+    )
     return build_table(root, rows, confidence, "table1", "Table 1", caption, digits)
 
 
@@ -171,11 +217,16 @@ def table2(root: str | Path, spec: dict, confidence: float = 0.95, digits: int =
                 picked = tuple(r.run for r in runs if (r.policy, r.reward, r.variant) == (policy, reward, variant))
                 if picked:
                     star, rule, steps = _selection_label(root, picked, required=True)
-                    rows.append(RowSpec(policy, reward, VARIANT_LABELS.get(variant, variant) + star, variant, picked,
-                                        rule, steps))
-    caption = ("The MAR-GRPO ladder. Preference: mean score per scorer; T2I-CompBench: strict accuracy "
-               "per category. " + _ci_note(confidence) + " *: best checkpoint by validation reward; "
-               "other variants report the step fixed in the config.")
+                    rows.append(
+                        RowSpec(
+                            policy, reward, VARIANT_LABELS.get(variant, variant) + star, variant, picked, rule, steps
+                        )
+                    )
+    caption = (
+        "The MAR-GRPO ladder. Preference: mean score per scorer; T2I-CompBench: strict accuracy "
+        "per category. " + _ci_note(confidence) + " *: best checkpoint by validation reward; "
+        "other variants report the step fixed in the config."
+    )
     return build_table(root, rows, confidence, "table2", "Table 2", caption, digits)
 
 
@@ -183,7 +234,9 @@ def _run_gains(root: str | Path, run: str) -> tuple[float, dict[int, float]]:
     """(base validation reward, {step: validation reward - base}) of one run."""
     base = load_summary(root, run).get("base_val_reward")
     if base is None or not math.isfinite(float(base)):
-        raise ValueError(f"{Path(root) / run / 'summary.json'} has no finite base_val_reward (written by `margrpo train`)")
+        raise ValueError(
+            f"{Path(root) / run / 'summary.json'} has no finite base_val_reward (written by `margrpo train`)"
+        )
     val = load_metrics(root, run)[["step", "val_reward"]].dropna()
     return float(base), {int(step): float(v) - float(base) for step, v in zip(val["step"], val["val_reward"])}
 
@@ -220,19 +273,31 @@ def val_gain(root: str | Path, spec: dict, confidence: float = 0.95, digits: int
             for variant in variants:
                 picked = [r.run for r in runs if (r.policy, r.reward, r.variant) == (policy, reward, variant)]
                 if picked:
-                    rows.append(((policy, reward, VARIANT_LABELS.get(variant, variant), variant, picked), cells(picked)))
+                    rows.append(
+                        ((policy, reward, VARIANT_LABELS.get(variant, variant), variant, picked), cells(picked))
+                    )
     records = []
     for (policy, reward, method, variant, picked), values in rows:
-        rec = {"policy": policy, "reward": reward, "method": method, "variant": variant,
-               "runs": ";".join(picked), "n_runs": len(picked)}
+        rec = {
+            "policy": policy,
+            "reward": reward,
+            "method": method,
+            "variant": variant,
+            "runs": ";".join(picked),
+            "n_runs": len(picked),
+        }
         for m in metrics:
-            rec[f"{m[0]}/{m[1]}/mean"], rec[f"{m[0]}/{m[1]}/ci"], rec[f"{m[0]}/{m[1]}/n"] = mean_ci(values.get(m, []), confidence)
+            rec[f"{m[0]}/{m[1]}/mean"], rec[f"{m[0]}/{m[1]}/ci"], rec[f"{m[0]}/{m[1]}/n"] = mean_ci(
+                values.get(m, []), confidence
+            )
         records.append(rec)
     data = pd.DataFrame.from_records(records)
     label_columns = [c for c in ("policy", "reward") if data[c].nunique() > 1] + ["method"]
-    caption = ("Validation reward of the base policy and each variant's gain over it (validation reward minus the "
-               "base policy's on the same prompts and seeds), per validation step and at the best step. "
-               + _ci_note(confidence))
+    caption = (
+        "Validation reward of the base policy and each variant's gain over it (validation reward minus the "
+        "base policy's on the same prompts and seeds), per validation step and at the best step. "
+        + _ci_note(confidence)
+    )
     for col in ("policy", "reward"):
         if data[col].nunique() == 1:
             caption += f" {col.capitalize()}: {data[col].iloc[0]}."
@@ -297,8 +362,12 @@ def to_markdown(table: Table) -> str:
     """A GitHub pipe table with the caption above it."""
     best = _best(table)
     header = table.label_columns + _headers(table)
-    lines = [f"**{table.title}.** {table.caption}", "", "| " + " | ".join(header) + " |",
-             "|" + "|".join([":---"] * len(table.label_columns) + ["---:"] * len(table.metrics)) + "|"]
+    lines = [
+        f"**{table.title}.** {table.caption}",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join([":---"] * len(table.label_columns) + ["---:"] * len(table.metrics)) + "|",
+    ]
     for i in range(len(table.data)):
         cells = [str(table.data.at[i, c]) or "–" for c in table.label_columns]
         if _one_seed_unlabelled(table, i):  # say why there is no ±
@@ -317,9 +386,20 @@ def _one_seed_unlabelled(table: Table, i: int) -> bool:
     return int(d.at[i, "n_runs"]) == 1 and ("variant" not in d or d.at[i, "variant"] != "base")
 
 
-_LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "±": r"$\pm$",
-                  "–": "--"}
+_LATEX_SPECIAL = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "±": r"$\pm$",
+    "–": "--",
+}
 
 
 def latex_escape(text: str) -> str:
@@ -344,11 +424,17 @@ def to_latex(table: Table) -> str:
         rf"\label{{tab:{table.name}}}",
         r"\begin{tabular}{" + "l" * nl + "r" * len(table.metrics) + "}",
         r"\toprule",
-        " & " * nl + " & ".join(rf"\multicolumn{{{b - a + 1}}}{{c}}{{{latex_escape(METRIC_GROUPS.get(g, g))}}}"
-                                for g, a, b in spans) + r" \\",
+        " & " * nl
+        + " & ".join(
+            rf"\multicolumn{{{b - a + 1}}}{{c}}{{{latex_escape(METRIC_GROUPS.get(g, g))}}}" for g, a, b in spans
+        )
+        + r" \\",
         "".join(rf"\cmidrule(lr){{{a}-{b}}}" for _, a, b in spans),
-        " & ".join(latex_escape(h.capitalize() if h in table.label_columns else h)
-                   for h in table.label_columns + _headers(table)) + r" \\",
+        " & ".join(
+            latex_escape(h.capitalize() if h in table.label_columns else h)
+            for h in table.label_columns + _headers(table)
+        )
+        + r" \\",
     ]
     for b, block in enumerate(_blocks(table)):
         out.append(r"\midrule")

@@ -3,6 +3,7 @@
 Layer 3 (see margrpo/__init__.py): it must not import grpo, toylab, related, evaluation, reporting, experiment, stages, cli.
 """
 
+from margrpo.rewards import real as _real  # noqa: F401,E402  (registers the real-scale scorers; imports models lazily)
 from margrpo.rewards.registry import (
     RewardFunction,
     RewardMix,
@@ -12,7 +13,6 @@ from margrpo.rewards.registry import (
     check_scores,
     register_reward,
 )
-from margrpo.rewards import real as _real  # noqa: F401,E402  (registers the real-scale scorers; imports models lazily)
 
 __all__ = [
     "RewardFunction",

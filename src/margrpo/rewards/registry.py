@@ -93,9 +93,7 @@ class RewardMix:
 
     def __init__(self, weights: Mapping[str, float], scorers: Mapping[str, RewardFunction]):
         if set(weights) != set(scorers):
-            raise ValueError(
-                f"weights {sorted(weights)} and scorers {sorted(scorers)} must name the same rewards"
-            )
+            raise ValueError(f"weights {sorted(weights)} and scorers {sorted(scorers)} must name the same rewards")
         if not weights:
             raise ValueError("a reward mix needs at least one scorer")
         for name, w in weights.items():
@@ -110,9 +108,7 @@ class RewardMix:
         """Score a batch: images [B, 3, H, W] -> (total [B], {name: component [B]}), float32."""
         batch_size = images.shape[0]
         if len(prompts) != batch_size or len(metadata) != batch_size:
-            raise ValueError(
-                f"{batch_size} images but {len(prompts)} prompts and {len(metadata)} metadata entries"
-            )
+            raise ValueError(f"{batch_size} images but {len(prompts)} prompts and {len(metadata)} metadata entries")
         components: dict[str, torch.Tensor] = {}
         total = torch.zeros(batch_size, dtype=torch.float32, device=images.device)  # [B]
         for name, scorer in self.scorers.items():

@@ -45,7 +45,10 @@ __all__ = [
 MODEL_TYPE = "toyclip"
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_DIR = "config.json", "model.safetensors", "tokenizer"
 TEXT_POOLS = ("mean", "cls")
-TEXT_POSITIONS = ("relative", "absolute")  # absolute embeddings, plus a learned relative-position attention bias or not
+TEXT_POSITIONS = (
+    "relative",
+    "absolute",
+)  # absolute embeddings, plus a learned relative-position attention bias or not
 
 
 # ============================================================================ config
@@ -141,8 +144,15 @@ class TextTower(nn.Module):
 
     def __init__(self, c: ToyClipConfig, vocab_size: int):
         super().__init__()
-        self.encoder = TextEncoder(vocab_size, c.text_width, c.text_depth, c.text_heads, c.max_text_len,
-                                   c.text_mlp_ratio, relative=c.text_positions == "relative")
+        self.encoder = TextEncoder(
+            vocab_size,
+            c.text_width,
+            c.text_depth,
+            c.text_heads,
+            c.max_text_len,
+            c.text_mlp_ratio,
+            relative=c.text_positions == "relative",
+        )
         self.pool = c.text_pool
         self.proj = nn.Linear(c.text_width, c.embed_dim)
 
@@ -173,7 +183,10 @@ class ToyClip(nn.Module):
 
     def tokenize(self, prompts: list[str]) -> dict[str, Tensor]:
         batch = self.tokenizer(prompts, max_length=self.config.max_text_len)
-        return {"input_ids": batch["input_ids"].to(self.device), "attention_mask": batch["attention_mask"].to(self.device)}
+        return {
+            "input_ids": batch["input_ids"].to(self.device),
+            "attention_mask": batch["attention_mask"].to(self.device),
+        }
 
     def encode_images(self, images: Tensor) -> Tensor:
         """[B, 3, H, W] in [0, 1] -> unit vectors [B, embed_dim]."""
@@ -211,7 +224,9 @@ class ToyClip(nn.Module):
 # ============================================================================ model folders
 
 
-def save_folder(model: nn.Module, model_type: str, config: dict, tokenizer: WordTokenizer, directory: str | Path) -> None:
+def save_folder(
+    model: nn.Module, model_type: str, config: dict, tokenizer: WordTokenizer, directory: str | Path
+) -> None:
     """A learned toy reward's folder: config.json (with `model_type`), model.safetensors, tokenizer/, checksums.json."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,15 @@ import torch
 from torch import Tensor, nn
 
 from margrpo.policy.text import WordTokenizer
-from margrpo.rewards.toyclip import ToyClip, ToyClipConfig, ToyClipReward, build_checked, load_checked, read_folder, save_folder
+from margrpo.rewards.toyclip import (
+    ToyClip,
+    ToyClipConfig,
+    ToyClipReward,
+    build_checked,
+    load_checked,
+    read_folder,
+    save_folder,
+)
 
 __all__ = ["ToyPrefConfig", "ToyPref", "ToyPrefReward"]
 
@@ -43,7 +51,7 @@ class ToyPrefConfig:
     alignment_scale_init: float = 10.0  # cos differences of a one-attribute swap are ~0.1: start them near one logit
 
     @classmethod
-    def from_dict(cls, raw: dict) -> "ToyPrefConfig":
+    def from_dict(cls, raw: dict) -> ToyPrefConfig:
         return cls(**{**raw, "clip": ToyClipConfig(**raw.get("clip", {}))})
 
 
@@ -53,7 +61,9 @@ class AestheticTower(nn.Module):
 
     def __init__(self, width: int):
         super().__init__()
-        self.net = nn.Sequential(nn.Conv2d(3, width // 2, 4, stride=4), nn.SiLU(), nn.Conv2d(width // 2, width, 4, stride=4), nn.SiLU())
+        self.net = nn.Sequential(
+            nn.Conv2d(3, width // 2, 4, stride=4), nn.SiLU(), nn.Conv2d(width // 2, width, 4, stride=4), nn.SiLU()
+        )
         self.out = nn.Linear(width, 1)
 
     def forward(self, images: Tensor) -> Tensor:
@@ -71,7 +81,7 @@ class ToyPref(nn.Module):
         self.alignment_scale = nn.Parameter(torch.tensor(float(config.alignment_scale_init)))
 
     @classmethod
-    def from_toyclip(cls, clip: ToyClip, aesthetic_width: int = 32) -> "ToyPref":
+    def from_toyclip(cls, clip: ToyClip, aesthetic_width: int = 32) -> ToyPref:
         """A preference model whose alignment term starts as `clip` (HPS starts from CLIP)."""
         model = cls(ToyPrefConfig(clip=clip.config, aesthetic_width=aesthetic_width), clip.tokenizer)
         model.clip.load_state_dict(clip.state_dict())
@@ -86,7 +96,9 @@ class ToyPref(nn.Module):
         cos = (self.clip.encode_images(images) * self.clip.encode_text(prompts)).sum(-1)
         s = self.clip.config.image_size
         if images.shape[-2:] != (s, s):
-            images = nn.functional.interpolate(images, size=(s, s), mode="bilinear", antialias=True, align_corners=False)
+            images = nn.functional.interpolate(
+                images, size=(s, s), mode="bilinear", antialias=True, align_corners=False
+            )
         return self.alignment_scale * cos, self.aesthetic(images).float()
 
     def forward(self, images: Tensor, prompts: list[str]) -> Tensor:
@@ -100,7 +112,7 @@ class ToyPref(nn.Module):
         save_folder(self, MODEL_TYPE, asdict(self.config), self.clip.tokenizer, directory)
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, device: str | torch.device = "cpu") -> "ToyPref":
+    def from_pretrained(cls, directory: str | Path, device: str | torch.device = "cpu") -> ToyPref:
         raw, tokenizer, state = read_folder(directory, MODEL_TYPE, "margrpo train-toypref")
         model = build_checked(lambda: cls(ToyPrefConfig.from_dict(raw), tokenizer), Path(directory))
         return load_checked(model, state, Path(directory)).to(device).eval()

@@ -10,7 +10,13 @@ from pathlib import Path
 
 from margrpo.infra.io import InputError
 
-DISTRIBUTED_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what torchrun / accelerate launch set
+DISTRIBUTED_ENV = (
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)  # what torchrun / accelerate launch set
 
 
 def _check_distributed_env(data_parallel: bool) -> None:
@@ -22,12 +28,16 @@ def _check_distributed_env(data_parallel: bool) -> None:
     if int(world) == 1:
         return
     if not data_parallel:
-        raise InputError(f"environment variable WORLD_SIZE={world} asks for {world} processes, but this stage runs as one "
-                         "(only `margrpo train` runs data parallel); unset WORLD_SIZE (left from torchrun or accelerate launch?)")
+        raise InputError(
+            f"environment variable WORLD_SIZE={world} asks for {world} processes, but this stage runs as one "
+            "(only `margrpo train` runs data parallel); unset WORLD_SIZE (left from torchrun or accelerate launch?)"
+        )
     missing = [k for k in DISTRIBUTED_ENV if k not in os.environ]
     if missing:
-        raise InputError(f"environment variable WORLD_SIZE={world} asks for {world} processes, but {', '.join(missing)} "
-                         "is not set: start the job with `python -m margrpo.infra.launch N margrpo train ...`, or unset WORLD_SIZE")
+        raise InputError(
+            f"environment variable WORLD_SIZE={world} asks for {world} processes, but {', '.join(missing)} "
+            "is not set: start the job with `python -m margrpo.infra.launch N margrpo train ...`, or unset WORLD_SIZE"
+        )
 
 
 def setup(threads: int | None, device: str = "auto", data_parallel: bool = False):
@@ -93,8 +103,9 @@ def sampling_config(d: dict):
 def git_revision() -> str:
     """The revision of the code that ran (the package's checkout, wherever the job's working directory is)."""
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).parent).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=Path(__file__).parent
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -112,8 +123,11 @@ def write_spec(folder: str | Path, spec: dict) -> dict:
 
 def stage_args(args) -> dict:
     """A stage's command-line arguments as a spec (paths as strings, `--*-json` values parsed)."""
-    return {k: json.loads(v) if k.endswith("_json") and isinstance(v, str) else v
-            for k, v in vars(args).items() if not k.startswith("_") and k != "stage"}
+    return {
+        k: json.loads(v) if k.endswith("_json") and isinstance(v, str) else v
+        for k, v in vars(args).items()
+        if not k.startswith("_") and k != "stage"
+    }
 
 
 def prompt_set(path: str | Path):
@@ -124,12 +138,16 @@ def prompt_set(path: str | Path):
     return PromptSet([r.prompt for r in records], [{"category": r.category, "spec": r.spec} for r in records])
 
 
-def reward_options(weights: dict, reward_models: dict, toyclip_dir: str | None, toypref_dir: str | None = None) -> dict:
+def reward_options(
+    weights: dict, reward_models: dict, toyclip_dir: str | None, toypref_dir: str | None = None
+) -> dict:
     """Per-scorer constructor options: local weight paths from the config; the toy models from the pipeline."""
     options = {name: dict(reward_models.get(name, {})) for name in weights}
     for name, path in (("toyclip", toyclip_dir), ("toypref", toypref_dir)):
         if name in weights:
             if path is None:
-                raise InputError(f"reward {name!r} is trained by the pipeline: pass --{name}-dir (the folder `margrpo train-{name}` wrote)")
+                raise InputError(
+                    f"reward {name!r} is trained by the pipeline: pass --{name}-dir (the folder `margrpo train-{name}` wrote)"
+                )
             options[name] = {"path": path, **options[name]}
     return {k: v for k, v in options.items() if v}

@@ -33,8 +33,10 @@ def teacher_sampling(teacher_dir: str | Path):
 
     path = Path(teacher_dir).parent / "spec.json"
     if not path.is_file():
-        raise InputError(f"{path}: not found; distill-marval reads the teacher's sampling from the spec.json "
-                         "that `margrpo pretrain` writes beside its policy folder")
+        raise InputError(
+            f"{path}: not found; distill-marval reads the teacher's sampling from the spec.json "
+            "that `margrpo pretrain` writes beside its policy folder"
+        )
     spec = read_json(path)
     try:
         return sampling_config(spec["policy_json"]["sampling"])

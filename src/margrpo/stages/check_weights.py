@@ -13,8 +13,19 @@ log = logging.getLogger(__name__)
 
 # Files each kind of checkpoint folder must hold (diffusers-style layout for NOVA, Harmon's release layout).
 EXPECTED = {
-    "nova": ["model_index.json", "transformer/config.json", "vae/config.json", "text_encoder/config.json", "tokenizer"],
-    "harmon": ["harmon_1.5b.pth", "kl16.ckpt", "Qwen2.5-1.5B-Instruct/config.json", "Qwen2.5-1.5B-Instruct/tokenizer.json"],
+    "nova": [
+        "model_index.json",
+        "transformer/config.json",
+        "vae/config.json",
+        "text_encoder/config.json",
+        "tokenizer",
+    ],
+    "harmon": [
+        "harmon_1.5b.pth",
+        "kl16.ckpt",
+        "Qwen2.5-1.5B-Instruct/config.json",
+        "Qwen2.5-1.5B-Instruct/tokenizer.json",
+    ],
     "toy": ["config.json", "model.safetensors", "tokenizer"],
 }
 
@@ -31,10 +42,14 @@ def check_folder(kind: str, path: str | Path) -> Path:
 
     p = Path(path).expanduser().resolve()
     if not p.is_dir():
-        raise FileNotFoundError(f"{kind} weights: folder {p} does not exist; put the checkpoint there (expected files: {', '.join(EXPECTED[kind])}) or set policies.<name>.path")
+        raise FileNotFoundError(
+            f"{kind} weights: folder {p} does not exist; put the checkpoint there (expected files: {', '.join(EXPECTED[kind])}) or set policies.<name>.path"
+        )
     missing = [f for f in EXPECTED[kind] if not (p / f).exists()]
     if missing:
-        raise FileNotFoundError(f"{kind} weights in {p}: missing {', '.join(missing)} (expected: {', '.join(EXPECTED[kind])})")
+        raise FileNotFoundError(
+            f"{kind} weights in {p}: missing {', '.join(missing)} (expected: {', '.join(EXPECTED[kind])})"
+        )
     for name in EXPECTED[kind]:
         f = p / name
         if (f.is_dir() and not any(f.iterdir())) or (f.is_file() and f.stat().st_size == 0):

@@ -32,9 +32,15 @@ ENTRY_KEYS = ("kind", "teacher", "distill", "sampling")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--teacher", required=True, help="the teacher's policy folder (a toy-nova ToyMAR: flow head predicting x0)")
-    p.add_argument("--suites-dir", required=True, help="folder with train.jsonl (distillation prompts), eval.jsonl and world.json")
-    p.add_argument("--policy-json", required=True, help="the policy's config entry (kind: toy-marval, teacher, distill, sampling)")
+    p.add_argument(
+        "--teacher", required=True, help="the teacher's policy folder (a toy-nova ToyMAR: flow head predicting x0)"
+    )
+    p.add_argument(
+        "--suites-dir", required=True, help="folder with train.jsonl (distillation prompts), eval.jsonl and world.json"
+    )
+    p.add_argument(
+        "--policy-json", required=True, help="the policy's config entry (kind: toy-marval, teacher, distill, sampling)"
+    )
     p.add_argument("--out-dir", required=True, help="the one-step policy folder; state/ and spec.json go beside it")
     p.add_argument("--quality", required=True, help="quality report JSON (exact scorer on eval.jsonl)")
     p.add_argument("--quality-images", type=int, default=2, help="images per eval prompt for the quality report")
@@ -55,8 +61,11 @@ def load_teacher(path: str, device):
 
     teacher = load_policy(path, device)
     if not isinstance(teacher, ToyMAR) or teacher.config.head_type != "flow" or teacher.config.head_prediction != "x0":
-        raise InputError(f"{path}: MARVAL distils a toy MAR with a flow head that predicts x0 (toy-nova); got "
-                         f"{type(teacher).__name__}" + (f" with head_type {teacher.config.head_type!r}" if isinstance(teacher, ToyMAR) else ""))
+        raise InputError(
+            f"{path}: MARVAL distils a toy MAR with a flow head that predicts x0 (toy-nova); got "
+            f"{type(teacher).__name__}"
+            + (f" with head_type {teacher.config.head_type!r}" if isinstance(teacher, ToyMAR) else "")
+        )
     return teacher.eval()
 
 
@@ -78,10 +87,17 @@ def run(args) -> None:
     student = distiller.student.eval()
     write_policy(student, out)
     world = load_world(suites / "world.json") if (suites / "world.json").is_file() else None
-    report, _ = quality_report(student, load_suite(suites / "eval.jsonl"), sampling, args.quality_images, world_cfg=world, precision="no")
-    report.update(teacher=teacher_name, teacher_dir=args.teacher, distill=dataclasses.asdict(config),
-                  sampling=dataclasses.asdict(sampling), teacher_sampling=dataclasses.asdict(t_sampling),
-                  distill_last=rows[-1] if rows else None)
+    report, _ = quality_report(
+        student, load_suite(suites / "eval.jsonl"), sampling, args.quality_images, world_cfg=world, precision="no"
+    )
+    report.update(
+        teacher=teacher_name,
+        teacher_dir=args.teacher,
+        distill=dataclasses.asdict(config),
+        sampling=dataclasses.asdict(sampling),
+        teacher_sampling=dataclasses.asdict(t_sampling),
+        distill_last=rows[-1] if rows else None,
+    )
     atomic_write_json(args.quality, report)
     log.info(format_report(report))
 

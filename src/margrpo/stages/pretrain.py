@@ -19,7 +19,9 @@ log = logging.getLogger(__name__)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world", required=True, help="world.json written by make-suites")
     p.add_argument("--eval-suite", required=True, help="suite for the quality report (eval.jsonl)")
-    p.add_argument("--policy-json", required=True, help="the policy's config entry (kind, head, model, pretrain, sampling)")
+    p.add_argument(
+        "--policy-json", required=True, help="the policy's config entry (kind, head, model, pretrain, sampling)"
+    )
     p.add_argument("--out-dir", required=True, help="policy folder (save_pretrained); resume state goes beside it")
     p.add_argument("--quality", required=True, help="quality report JSON (per-category scores, shuffled baseline)")
     p.add_argument("--samples-png", default=None, help="grid of quality-report samples with their prompts")
@@ -61,7 +63,9 @@ def write_quality(policy, args, sampling, path, extra: dict | None = None, world
     from margrpo.prompts.suites import load_suite
 
     records = load_suite(args.eval_suite)
-    report, images = quality_report(policy, records, sampling, args.quality_images, world_cfg=world_cfg, precision=args.precision)
+    report, images = quality_report(
+        policy, records, sampling, args.quality_images, world_cfg=world_cfg, precision=args.precision
+    )
     report.update(extra or {})
     atomic_write_json(path, report)
     if args.samples_png:
@@ -97,23 +101,47 @@ def run(args) -> None:
         raise SystemExit(f"pretrain builds toy policies only; a {spec['kind']} policy loads from its path")
     device = setup(args.threads)
     world_cfg = load_world(args.world)
-    model_cfg = ToyMARConfig(head_type=spec["head"], image_size=world_cfg.image_size, vocab=prompt_vocabulary(), **spec["model"])
+    model_cfg = ToyMARConfig(
+        head_type=spec["head"], image_size=world_cfg.image_size, vocab=prompt_vocabulary(), **spec["model"]
+    )
     pre = spec["pretrain"]
-    cfg = PretrainConfig(steps=pre["steps"], batch_size=pre["batch_size"], lr=pre["lr"], seed=pre["seed"],
-                         head_steps=pre["head_steps"], mask_ratio_min=pre["mask_ratio_min"],
-                         mask_ratio_std=pre["mask_ratio_std"], diffusion_batch_mul=pre["diffusion_batch_mul"],
-                         precision=args.precision)
+    cfg = PretrainConfig(
+        steps=pre["steps"],
+        batch_size=pre["batch_size"],
+        lr=pre["lr"],
+        seed=pre["seed"],
+        head_steps=pre["head_steps"],
+        mask_ratio_min=pre["mask_ratio_min"],
+        mask_ratio_std=pre["mask_ratio_std"],
+        diffusion_batch_mul=pre["diffusion_batch_mul"],
+        precision=args.precision,
+    )
     torch.manual_seed(cfg.seed)
     policy = ToyMAR(model_cfg).to(device)
-    log.info(f"toy MAR ({spec['head']} head): {count_parameters(policy) / 1e6:.2f}M parameters, head {count_parameters(policy.diffloss) / 1e6:.2f}M, {policy.seq_len} tokens x {policy.token_dim}")
+    log.info(
+        f"toy MAR ({spec['head']} head): {count_parameters(policy) / 1e6:.2f}M parameters, head {count_parameters(policy.diffloss) / 1e6:.2f}M, {policy.seq_len} tokens x {policy.token_dim}"
+    )
     out = Path(args.out_dir)
     state = out.parent / "state"
     write_spec(out.parent, {**stage_args(args), "policy_json": spec, "world": world_cfg.to_dict()})
-    train(policy, world_batches(world_cfg), cfg, state, log_path=state / "log.csv",
-          spec={"model": dataclasses.asdict(model_cfg), "world": world_cfg.to_dict()})
+    train(
+        policy,
+        world_batches(world_cfg),
+        cfg,
+        state,
+        log_path=state / "log.csv",
+        spec={"model": dataclasses.asdict(model_cfg), "world": world_cfg.to_dict()},
+    )
     write_policy(policy, out)
-    write_quality(policy, args, sampling_config(spec["sampling"]), args.quality, {"pretrain": dataclasses.asdict(cfg)}, world_cfg,
-                  title=f"{out.parent.name}: pre-trained ({cfg.steps} steps)")
+    write_quality(
+        policy,
+        args,
+        sampling_config(spec["sampling"]),
+        args.quality,
+        {"pretrain": dataclasses.asdict(cfg)},
+        world_cfg,
+        title=f"{out.parent.name}: pre-trained ({cfg.steps} steps)",
+    )
 
 
 if __name__ == "__main__":

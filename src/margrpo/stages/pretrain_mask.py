@@ -25,11 +25,19 @@ ENTRY_KEYS = ("kind", "model", "pretrain", "sampling")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--world", required=True, help="world.json written by make-suites (a snapped world, e.g. --preset grid4)")
+    p.add_argument(
+        "--world", required=True, help="world.json written by make-suites (a snapped world, e.g. --preset grid4)"
+    )
     p.add_argument("--eval-suite", required=True, help="suite for the quality report (eval.jsonl)")
-    p.add_argument("--policy-json", required=True, help="the policy's config entry (kind: toy-mask, model, pretrain, sampling)")
-    p.add_argument("--out-dir", required=True, help="policy folder (save_pretrained); log.csv and spec.json go beside it")
-    p.add_argument("--quality", required=True, help="quality report JSON (overall and per-category scores, shuffled baseline)")
+    p.add_argument(
+        "--policy-json", required=True, help="the policy's config entry (kind: toy-mask, model, pretrain, sampling)"
+    )
+    p.add_argument(
+        "--out-dir", required=True, help="policy folder (save_pretrained); log.csv and spec.json go beside it"
+    )
+    p.add_argument(
+        "--quality", required=True, help="quality report JSON (overall and per-category scores, shuffled baseline)"
+    )
     p.add_argument("--quality-images", type=int, default=2, help="images per eval prompt for the quality report")
     p.add_argument("--threads", type=int, default=None)
 
@@ -57,19 +65,27 @@ def run(args) -> None:
 
     model, pretrain, sampling = read_entry(args.policy_json)
     world_cfg = load_world(args.world)
-    model_cfg = dataclass_from(ToyMaskConfig, model, "--policy-json: model",
-                               fixed={"world": world_cfg.to_dict(), "vocab": prompt_vocabulary()})
+    model_cfg = dataclass_from(
+        ToyMaskConfig,
+        model,
+        "--policy-json: model",
+        fixed={"world": world_cfg.to_dict(), "vocab": prompt_vocabulary()},
+    )
     device = setup(args.threads)
     out = Path(args.out_dir)
     write_spec(out.parent, {**stage_args(args), "world": world_cfg.to_dict()})
     torch.manual_seed(pretrain.seed)
     policy = ToyMaskPolicy(model_cfg).to(device)
-    log.info(f"toy-mask: {count_parameters(policy) / 1e6:.2f}M parameters, {policy.seq_len} tokens, codebook {policy.vocab_size}")
+    log.info(
+        f"toy-mask: {count_parameters(policy) / 1e6:.2f}M parameters, {policy.seq_len} tokens, codebook {policy.vocab_size}"
+    )
     rows = pretrain_mask_policy(policy, pretrain)
     atomic_write_rows(out.parent / "state" / "log.csv", rows)
     write_policy(policy, out)
     report = compbench_accuracy(policy, load_suite(args.eval_suite), sampling, args.quality_images)
-    report.update(pretrain=dataclasses.asdict(pretrain), sampling=dataclasses.asdict(sampling), final_loss=rows[-1]["loss"])
+    report.update(
+        pretrain=dataclasses.asdict(pretrain), sampling=dataclasses.asdict(sampling), final_loss=rows[-1]["loss"]
+    )
     atomic_write_json(args.quality, report)
     log.info(format_report(report))
 

@@ -61,8 +61,12 @@ def _runs_json(text: str) -> dict:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("what", choices=list(REPORTS), help="which table or figure to render")
-    parser.add_argument("--runs-json", required=True, type=_runs_json,
-                        help='the runs to read, e.g. {"base": [...], "runs": [...], "variants": [...]}')
+    parser.add_argument(
+        "--runs-json",
+        required=True,
+        type=_runs_json,
+        help='the runs to read, e.g. {"base": [...], "runs": [...], "variants": [...]}',
+    )
     parser.add_argument("--results", required=True, type=Path, help="the results root (holds eval/, select/, ...)")
     parser.add_argument("--out-prefix", required=True, help="output path without extension")
     parser.add_argument("--formats", type=_formats, default=["png", "pdf"], help="figure formats (default png,pdf)")

@@ -15,7 +15,9 @@ log = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--policy", required=True, help="policy folder, policy.json pointer, or selection.json from `margrpo select`")
+    p.add_argument(
+        "--policy", required=True, help="policy folder, policy.json pointer, or selection.json from `margrpo select`"
+    )
     p.add_argument("--suite", required=True)
     p.add_argument("--sampling-json", required=True)
     p.add_argument("--images-per-prompt", type=int, default=1, help="at least 1")
@@ -57,13 +59,22 @@ def run(args) -> None:
     from margrpo.stages._related import load_any_policy
 
     if args.images_per_prompt < 1:
-        raise InputError(f"--images-per-prompt: {args.images_per_prompt}; expected at least 1 (the config's evaluation.images_per_prompt)")
+        raise InputError(
+            f"--images-per-prompt: {args.images_per_prompt}; expected at least 1 (the config's evaluation.images_per_prompt)"
+        )
     records = evaluated_records(load_suite(args.suite), args.max_prompts)  # --max-prompts checked like the config's
     device = setup(args.threads)
     policy = load_any_policy(resolve_policy(args.policy), device)
     prompts = [r.prompt for r in records]
-    images = sample_images(policy, prompts, policy_sampling(policy, args.sampling_json),
-                           args.images_per_prompt, args.seed, args.batch_size, args.precision)
+    images = sample_images(
+        policy,
+        prompts,
+        policy_sampling(policy, args.sampling_json),
+        args.images_per_prompt,
+        args.seed,
+        args.batch_size,
+        args.precision,
+    )
     out = Path(args.out_dir)
     with atomic_dir(out) as tmp:
         for i, img in enumerate(images):

@@ -17,7 +17,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy-dir", required=True, help="base policy folder (or policy.json pointer)")
     p.add_argument("--suites-dir", required=True, help="folder with train.jsonl and val.jsonl")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--spec-json", help="the run's resolved settings (margrpo.experiment.config.train_spec), as passed by Snakemake")
+    src.add_argument(
+        "--spec-json",
+        help="the run's resolved settings (margrpo.experiment.config.train_spec), as passed by Snakemake",
+    )
     src.add_argument("--config", help="an experiment YAML (by hand); needs --policy, --reward, --variant")
     p.add_argument("--policy"), p.add_argument("--reward"), p.add_argument("--variant")
     p.add_argument("--toyclip-dir", default=None, help="trained toyclip model (when the reward uses it)")
@@ -28,7 +31,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> None:
-    from margrpo.experiment.config import check_grpo_run, check_val_prompts, load_config, train_spec, validate_train_spec
+    from margrpo.experiment.config import (
+        check_grpo_run,
+        check_val_prompts,
+        load_config,
+        train_spec,
+        validate_train_spec,
+    )
     from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, write_outputs
     from margrpo.policy import load_policy
     from margrpo.rewards import build_reward_mix
@@ -50,9 +59,16 @@ def run(args) -> None:
     out = Path(args.out_dir)
     # the run's full spec: its settings, its seed and its inputs (whose folder names carry their own
     # settings' hashes); state/ is resumed only under the same spec
-    run_spec = {**spec, "seed": args.seed,
-                "inputs": {"policy_dir": args.policy_dir, "suites_dir": args.suites_dir, "toyclip_dir": args.toyclip_dir,
-                           "toypref_dir": args.toypref_dir}}
+    run_spec = {
+        **spec,
+        "seed": args.seed,
+        "inputs": {
+            "policy_dir": args.policy_dir,
+            "suites_dir": args.suites_dir,
+            "toyclip_dir": args.toyclip_dir,
+            "toypref_dir": args.toypref_dir,
+        },
+    }
     if int(os.environ.get("RANK", "0")) == 0:
         write_spec(out, run_spec)
     try:
@@ -61,18 +77,29 @@ def run(args) -> None:
         raise InputError(f"--spec-json: {err}") from None
     cfg.seed = args.seed
     weights = spec["reward"]["weights"]
-    reward = build_reward_mix(weights, reward_options(weights, spec.get("reward_models", {}), args.toyclip_dir, args.toypref_dir))
+    reward = build_reward_mix(
+        weights, reward_options(weights, spec.get("reward_models", {}), args.toyclip_dir, args.toypref_dir)
+    )
     trainer = GRPOTrainer(
-        load_policy(args.policy_dir, device), reward, prompt_set(suites / "train.jsonl"), val_prompts,
-        sampling_config(spec["sampling"]), cfg, out,
+        load_policy(args.policy_dir, device),
+        reward,
+        prompt_set(suites / "train.jsonl"),
+        val_prompts,
+        sampling_config(spec["sampling"]),
+        cfg,
+        out,
     )
     trainer.train(run_spec)
     if not trainer.accelerator.is_main_process:  # data parallel: one process writes the run's files
         return
     write_outputs(trainer, run_spec)
     best = max(trainer.checkpoints, key=lambda c: c["val_reward"])
-    ema = f" (EMA weights, decay {cfg.ema_decay})" if cfg.ema_decay else ""  # summary.json's config.ema_decay says the same
-    log.info(f"done: {trainer.step} steps; base val reward {trainer.checkpoints[0]['val_reward']:.4f}; best {best['val_reward']:.4f}{ema} at step {best['step']}")
+    ema = (
+        f" (EMA weights, decay {cfg.ema_decay})" if cfg.ema_decay else ""
+    )  # summary.json's config.ema_decay says the same
+    log.info(
+        f"done: {trainer.step} steps; base val reward {trainer.checkpoints[0]['val_reward']:.4f}; best {best['val_reward']:.4f}{ema} at step {best['step']}"
+    )
 
 
 if __name__ == "__main__":

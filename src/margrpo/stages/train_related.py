@@ -23,9 +23,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -41,10 +41,20 @@ SPEC_KEYS = ("method", "related", "reward", "reward_models", "sampling", "device
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", required=True, choices=sorted(METHODS))
-    p.add_argument("--policy-dir", required=True, help="base policy folder: toy-mask (grpo-mask, maskgrpo) or one-step toy-marval (marval-rl)")
+    p.add_argument(
+        "--policy-dir",
+        required=True,
+        help="base policy folder: toy-mask (grpo-mask, maskgrpo) or one-step toy-marval (marval-rl)",
+    )
     p.add_argument("--suites-dir", required=True, help="folder with train.jsonl and val.jsonl")
-    p.add_argument("--spec-json", required=True, help="the run's settings: method, related, reward, reward_models, sampling, device, mixed_precision")
-    p.add_argument("--toyclip-dir", default=None, help="trained toyclip model (when the reward uses it; marval-rl always does)")
+    p.add_argument(
+        "--spec-json",
+        required=True,
+        help="the run's settings: method, related, reward, reward_models, sampling, device, mixed_precision",
+    )
+    p.add_argument(
+        "--toyclip-dir", default=None, help="trained toyclip model (when the reward uses it; marval-rl always does)"
+    )
     p.add_argument("--toypref-dir", default=None, help="trained toypref model (when the reward uses it)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", required=True, help="run folder: metrics.csv, summary.json, state/ (checkpoints)")
@@ -80,7 +90,9 @@ def build_reward(spec: dict, toyclip_dir: str | None, toypref_dir: str | None = 
 
     weights = spec["reward"]["weights"]
     try:
-        return build_reward_mix(weights, reward_options(weights, spec.get("reward_models", {}), toyclip_dir, toypref_dir))
+        return build_reward_mix(
+            weights, reward_options(weights, spec.get("reward_models", {}), toyclip_dir, toypref_dir)
+        )
     except ValueError as err:
         raise InputError(f"--spec-json: reward: {err}") from None
 
@@ -103,13 +115,21 @@ def marval_settings(args, spec: dict):
 
     weights = spec["reward"]["weights"]
     if set(weights) - {"toyclip", "shapes"} or not weights.get("toyclip"):
-        raise InputError(f"--spec-json: reward.weights: marval-rl needs a non-zero toyclip weight (its gradient) and "
-                         f"takes toyclip and shapes only, got {weights}")
+        raise InputError(
+            f"--spec-json: reward.weights: marval-rl needs a non-zero toyclip weight (its gradient) and "
+            f"takes toyclip and shapes only, got {weights}"
+        )
     related = {**spec.get("related", {}), "seed": args.seed}
-    cfg = dataclass_from(MARVALRLConfig, related, "--spec-json: related",
-                         fixed={"toyclip_weight": float(weights["toyclip"]), "shapes_weight": float(weights.get("shapes", 0.0))})
+    cfg = dataclass_from(
+        MARVALRLConfig,
+        related,
+        "--spec-json: related",
+        fixed={"toyclip_weight": float(weights["toyclip"]), "shapes_weight": float(weights.get("shapes", 0.0))},
+    )
     if cfg.reg_weight:
-        raise InputError("--spec-json: related.reg_weight > 0 needs the teacher's distiller, which train-related does not build; set it to 0")
+        raise InputError(
+            "--spec-json: related.reg_weight > 0 needs the teacher's distiller, which train-related does not build; set it to 0"
+        )
     return cfg, sampling_config(spec.get("sampling", {}))
 
 
@@ -119,9 +139,13 @@ def mask_job(args, cfg, sampling, policy, reward, train, val) -> Job:
     from margrpo.related.maskgrpo.policy import ToyMaskPolicy
 
     if not isinstance(policy, ToyMaskPolicy):
-        raise InputError(f"{args.policy_dir}: --method {args.method} trains a toy-mask policy, got {type(policy).__name__}")
+        raise InputError(
+            f"{args.policy_dir}: --method {args.method} trains a toy-mask policy, got {type(policy).__name__}"
+        )
     if cfg.batch_prompts > len(train):
-        raise InputError(f"--spec-json: related.batch_prompts ({cfg.batch_prompts}) exceeds the {len(train)} training prompts")
+        raise InputError(
+            f"--spec-json: related.batch_prompts ({cfg.batch_prompts}) exceeds the {len(train)} training prompts"
+        )
     ref, optimizer, params = mask_grpo.prepare(policy, cfg)
     step = lambda i: mask_grpo.train_step(policy, ref, optimizer, params, reward, train, cfg, sampling, i)  # noqa: E731
     validate = lambda: mask_grpo.validate_scores(policy, reward, val, sampling, cfg.val_prompts)  # noqa: E731
@@ -134,8 +158,11 @@ def marval_job(args, cfg, sampling, policy, reward, train, val) -> Job:
     from margrpo.related.marval import MARVALRL
 
     if not isinstance(policy, ToyMAR) or policy.config.head_sampler != "one_step":
-        raise InputError(f"{args.policy_dir}: marval-rl trains a one-step policy (written by distill-marval), got "
-                         f"{type(policy).__name__}" + (f" with head_sampler {policy.config.head_sampler!r}" if isinstance(policy, ToyMAR) else ""))
+        raise InputError(
+            f"{args.policy_dir}: marval-rl trains a one-step policy (written by distill-marval), got "
+            f"{type(policy).__name__}"
+            + (f" with head_sampler {policy.config.head_sampler!r}" if isinstance(policy, ToyMAR) else "")
+        )
     rl = MARVALRL(policy, reward.scorers["toyclip"].model, reward.scorers.get("shapes"), train, val, sampling, cfg)
 
     def step(i: int) -> dict:
@@ -159,12 +186,19 @@ def state_saver(job: Job, state_dir: Path, run_hash: str):
 
     def save(path: Path, state) -> None:
         if (path.exists() or path.is_symlink()) and (path.is_symlink() or listed_files(path) is None):
-            raise InputError(f"{path}: not a checkpoint margrpo wrote (no {CHECKSUMS} in it), where this run writes its step "
-                             f"{state.step} checkpoint; the run deletes nothing it did not write: move the folder away and rerun")
+            raise InputError(
+                f"{path}: not a checkpoint margrpo wrote (no {CHECKSUMS} in it), where this run writes its step "
+                f"{state.step} checkpoint; the run deletes nothing it did not write: move the folder away and rerun"
+            )
         with atomic_dir(path) as tmp:
             job.policy.save_pretrained(tmp)
-        record = {"step": state.step, "rows": state.rows, "checkpoints": state.checkpoints,
-                  "optimizer": job.optimizer.state_dict(), "spec_hash": run_hash}
+        record = {
+            "step": state.step,
+            "rows": state.rows,
+            "checkpoints": state.checkpoints,
+            "optimizer": job.optimizer.state_dict(),
+            "spec_hash": run_hash,
+        }
         with checked_path(state_dir / "trainer.pt") as tmp:  # a resume checks it (a bit flip loads silently)
             torch.save(record, tmp)
 
@@ -188,7 +222,12 @@ def try_resume(job: Job, state_dir: Path, run_hash: str):
     except Exception as err:  # an unreadable state cannot be trusted
         record = {"spec_hash": f"unreadable ({type(err).__name__})"}
     if record.get("spec_hash") != run_hash:
-        log.info("not resuming from %s: written under %s, this run is %s; starting fresh", path, record.get("spec_hash"), run_hash)
+        log.info(
+            "not resuming from %s: written under %s, this run is %s; starting fresh",
+            path,
+            record.get("spec_hash"),
+            run_hash,
+        )
         clear_written_state(state_dir)
         return None
     weights = load_any_policy(checkpoint_path(state_dir, record["step"]), job.policy.device).state_dict()
@@ -208,9 +247,16 @@ def run(args) -> None:
     cfg, sampling = (marval_settings if args.method == "marval-rl" else mask_settings)(args, spec)
     device = setup(args.threads, spec.get("device", "auto"))
     out = Path(args.out_dir)
-    run_spec = {**spec, "seed": args.seed,
-                "inputs": {"policy_dir": args.policy_dir, "suites_dir": args.suites_dir, "toyclip_dir": args.toyclip_dir,
-                           "toypref_dir": args.toypref_dir}}
+    run_spec = {
+        **spec,
+        "seed": args.seed,
+        "inputs": {
+            "policy_dir": args.policy_dir,
+            "suites_dir": args.suites_dir,
+            "toyclip_dir": args.toyclip_dir,
+            "toypref_dir": args.toypref_dir,
+        },
+    }
     write_spec(out, run_spec)
     reward = build_reward(spec, args.toyclip_dir, args.toypref_dir)
     suites = Path(args.suites_dir)
@@ -221,12 +267,22 @@ def run(args) -> None:
     run_hash = spec_hash({"spec": run_spec, "config": config})
     state_dir = out / "state"
     state = try_resume(job, state_dir, run_hash)
-    state = train_loop(job.config.steps, job.config.val_every, job.step_fn, job.validate_fn,
-                       state_saver(job, state_dir, run_hash), state_dir, state, desc=f"{args.method}[{args.seed}]")
+    state = train_loop(
+        job.config.steps,
+        job.config.val_every,
+        job.step_fn,
+        job.validate_fn,
+        state_saver(job, state_dir, run_hash),
+        state_dir,
+        state,
+        desc=f"{args.method}[{args.seed}]",
+    )
     write_run_outputs(out, state, args.method, run_spec, config)
     best = max(state.checkpoints, key=lambda c: c["val_reward"])
-    log.info(f"done: {state.step} steps; base val reward {state.checkpoints[0]['val_reward']:.4f}; "
-             f"best {best['val_reward']:.4f} at step {best['step']}")
+    log.info(
+        f"done: {state.step} steps; base val reward {state.checkpoints[0]['val_reward']:.4f}; "
+        f"best {best['val_reward']:.4f} at step {best['step']}"
+    )
 
 
 if __name__ == "__main__":

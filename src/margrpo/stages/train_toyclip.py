@@ -26,9 +26,12 @@ CONFIG_DEFAULTS = validate_section({}, "toyclip", "toyclip")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--world", required=True, type=Path, help="world.json written by make-suites (the WorldConfig)")
     parser.add_argument(
-        "--config-json", default="{}",
+        "--world", required=True, type=Path, help="world.json written by make-suites (the WorldConfig)"
+    )
+    parser.add_argument(
+        "--config-json",
+        default="{}",
         help=f"JSON object with keys {', '.join(CONFIG_DEFAULTS)} (the config's toyclip block); missing keys take defaults",
     )
     parser.add_argument("--out-dir", required=True, type=Path, help="model folder to write (replaced atomically)")
@@ -65,8 +68,15 @@ def run(args: argparse.Namespace) -> None:
     world_cfg = load_world(args.world)
     write_spec(Path(args.out_dir).parent, {**stage_args(args), "config_json": settings})
     model, info = train_toyclip(
-        world_cfg, steps=settings["steps"], batch_size=settings["batch_size"], lr=settings["lr"],
-        width=settings["width"], seed=settings["seed"], log=log.info, precision=args.precision, device=device,
+        world_cfg,
+        steps=settings["steps"],
+        batch_size=settings["batch_size"],
+        lr=settings["lr"],
+        width=settings["width"],
+        seed=settings["seed"],
+        log=log.info,
+        precision=args.precision,
+        device=device,
     )
     ranking = evaluate_ranking(model, world_cfg, n=args.eval_n, seed=settings["seed"])
     save_atomic(model, args.out_dir)
@@ -90,8 +100,10 @@ def run(args: argparse.Namespace) -> None:
     }
     atomic_write_json(args.metrics, metrics)
     per_type = ", ".join(f"{k} {v['accuracy']:.3f}" for k, v in ranking["per_type"].items())
-    log.info(f"toyclip held-out ranking accuracy: {ranking['overall']:.4f} over {ranking['n']} triples ({per_type}); "
-          f"trained {settings['steps']} steps in {info['train_seconds']:.0f} s ({info['train_cpu_seconds']:.0f} CPU s) -> {args.out_dir}")
+    log.info(
+        f"toyclip held-out ranking accuracy: {ranking['overall']:.4f} over {ranking['n']} triples ({per_type}); "
+        f"trained {settings['steps']} steps in {info['train_seconds']:.0f} s ({info['train_cpu_seconds']:.0f} CPU s) -> {args.out_dir}"
+    )
 
 
 if __name__ == "__main__":

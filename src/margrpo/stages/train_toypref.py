@@ -26,10 +26,15 @@ CONFIG_DEFAULTS = validate_section({}, "toypref", "toypref")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--world", required=True, type=Path, help="world.json written by make-suites (the WorldConfig)")
+    parser.add_argument(
+        "--world", required=True, type=Path, help="world.json written by make-suites (the WorldConfig)"
+    )
     parser.add_argument("--toyclip-dir", required=True, type=Path, help="the trained toyclip model it starts from")
-    parser.add_argument("--config-json", default="{}",
-                        help=f"JSON object with keys {', '.join(CONFIG_DEFAULTS)} (the config's toypref block); missing keys take defaults")
+    parser.add_argument(
+        "--config-json",
+        default="{}",
+        help=f"JSON object with keys {', '.join(CONFIG_DEFAULTS)} (the config's toypref block); missing keys take defaults",
+    )
     parser.add_argument("--out-dir", required=True, type=Path, help="model folder to write (replaced atomically)")
     parser.add_argument("--metrics", required=True, type=Path, help="metrics JSON to write")
     parser.add_argument("--eval-n", type=int, default=2000, help="held-out preference pairs (half of each kind)")
@@ -52,26 +57,39 @@ def run(args: argparse.Namespace) -> None:
     world_cfg = load_world(args.world)
     clip = ToyClip.from_pretrained(args.toyclip_dir, device=device)
     write_spec(Path(args.out_dir).parent, {**stage_args(args), "config_json": settings})
-    model, info = train_toypref(clip, world_cfg, steps=settings["steps"], batch_size=settings["batch_size"], lr=settings["lr"],
-                                aesthetic_width=settings["aesthetic_width"], seed=settings["seed"], log=log.info)
+    model, info = train_toypref(
+        clip,
+        world_cfg,
+        steps=settings["steps"],
+        batch_size=settings["batch_size"],
+        lr=settings["lr"],
+        aesthetic_width=settings["aesthetic_width"],
+        seed=settings["seed"],
+        log=log.info,
+    )
     accuracy = evaluate_pairs(model, world_cfg, n=args.eval_n, seed=settings["seed"])
     save_atomic(model, args.out_dir)
-    atomic_write_json(args.metrics, {
-        "heldout_pair_accuracy": accuracy["overall"]["accuracy"],
-        "per_pair_kind": accuracy,
-        "train_seconds": info["train_seconds"],
-        "train_cpu_seconds": info["train_cpu_seconds"],
-        "final_loss": info["losses"][-1]["loss"],
-        "alignment_scale": model.alignment_scale.item(),
-        "n_parameters": sum(p.numel() for p in model.parameters()),
-        "settings": settings,
-        "device": str(device),
-        "threads": args.threads,
-    })
-    log.info(f"toypref held-out pair accuracy {accuracy['overall']['accuracy']:.4f} (alignment {accuracy['alignment']['accuracy']:.3f}, "
-             f"aesthetic {accuracy['aesthetic']['accuracy']:.3f}, alignment with the brighter loser "
-             f"{accuracy['alignment_loser_brighter']['accuracy']:.3f}); {settings['steps']} steps in "
-             f"{info['train_cpu_seconds']:.0f} CPU s -> {args.out_dir}")
+    atomic_write_json(
+        args.metrics,
+        {
+            "heldout_pair_accuracy": accuracy["overall"]["accuracy"],
+            "per_pair_kind": accuracy,
+            "train_seconds": info["train_seconds"],
+            "train_cpu_seconds": info["train_cpu_seconds"],
+            "final_loss": info["losses"][-1]["loss"],
+            "alignment_scale": model.alignment_scale.item(),
+            "n_parameters": sum(p.numel() for p in model.parameters()),
+            "settings": settings,
+            "device": str(device),
+            "threads": args.threads,
+        },
+    )
+    log.info(
+        f"toypref held-out pair accuracy {accuracy['overall']['accuracy']:.4f} (alignment {accuracy['alignment']['accuracy']:.3f}, "
+        f"aesthetic {accuracy['aesthetic']['accuracy']:.3f}, alignment with the brighter loser "
+        f"{accuracy['alignment_loser_brighter']['accuracy']:.3f}); {settings['steps']} steps in "
+        f"{info['train_cpu_seconds']:.0f} CPU s -> {args.out_dir}"
+    )
 
 
 if __name__ == "__main__":

@@ -20,7 +20,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=int, default=6, help="first N prompts of the suite")
     p.add_argument("--trajectories", type=int, default=4, help="S")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True, help=".npz: images, uncertainty [P, h, w] (at each token's committing step), prompts, trajectories, step_uncertainty [P, K, h, w]")
+    p.add_argument(
+        "--out",
+        required=True,
+        help=".npz: images, uncertainty [P, h, w] (at each token's committing step), prompts, trajectories, step_uncertainty [P, K, h, w]",
+    )
     p.add_argument("--threads", type=int, default=None)
 
 
@@ -36,8 +40,14 @@ def run(args) -> None:
     prompts = [r.prompt for r in load_suite(args.suite)[: args.prompts]]
     g = torch.Generator().manual_seed(args.seed)
     # MTE at every AR step: u^k of every token predicted at step k (Algorithm 2)
-    r = generate(policy, prompts, sampling_config(json_arg(args.sampling_json, "--sampling-json")), generator=g,
-                 trajectories=args.trajectories, mte_generator=torch.Generator().manual_seed(args.seed + 1))
+    r = generate(
+        policy,
+        prompts,
+        sampling_config(json_arg(args.sampling_json, "--sampling-json")),
+        generator=g,
+        trajectories=args.trajectories,
+        mte_generator=torch.Generator().manual_seed(args.seed + 1),
+    )
     finals = r.mte_finals()  # [K, S, P, L, D], index 0 the rollout's own sample at step k
     step_maps = token_uncertainty(finals.transpose(0, 1)) * r.mte_candidates()  # [K, P, L], DESIGN 3.9; 0 where known
     committed = r.committed.float()  # [K, P, L], one step per token
@@ -49,8 +59,14 @@ def run(args) -> None:
     trajectories = np.stack([to_uint8(policy.decode(f)) for f in per_traj], axis=1)  # [P, S, H, W, 3]
     with atomic_path(args.out) as tmp:
         with open(tmp, "wb") as f:
-            np.savez(f, images=to_uint8(r.images), uncertainty=u.view(-1, h, w).cpu().numpy(), prompts=np.array(prompts),
-                     trajectories=trajectories, step_uncertainty=step_maps.transpose(0, 1).reshape(len(prompts), -1, h, w).cpu().numpy())
+            np.savez(
+                f,
+                images=to_uint8(r.images),
+                uncertainty=u.view(-1, h, w).cpu().numpy(),
+                prompts=np.array(prompts),
+                trajectories=trajectories,
+                step_uncertainty=step_maps.transpose(0, 1).reshape(len(prompts), -1, h, w).cpu().numpy(),
+            )
     log.info(f"uncertainty maps of {len(prompts)} prompts (S = {args.trajectories}) -> {args.out}")
 
 

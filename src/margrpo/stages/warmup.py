@@ -20,7 +20,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world", required=True, help="world.json (head training data)")
     p.add_argument("--eval-suite", required=True)
     p.add_argument("--warmup-json", required=True, help='{"steps": 400, "lr": 1e-6, "batch_size": 64}')
-    p.add_argument("--sampling-json", default=None, help="sampling settings for the quality report (default: the policy's pre-training config)")
+    p.add_argument(
+        "--sampling-json",
+        default=None,
+        help="sampling settings for the quality report (default: the policy's pre-training config)",
+    )
     p.add_argument("--out-dir", required=True)
     p.add_argument("--quality", required=True)
     p.add_argument("--samples-png", default=None, help="grid of quality-report samples with their prompts")
@@ -38,22 +42,54 @@ def run(args) -> None:
 
     device = setup(args.threads)
     w = json_arg(args.warmup_json, "--warmup-json", section="policies.*.warmup")
-    sampling_json = json_arg(args.sampling_json, "--sampling-json", section="policies.*.sampling") if args.sampling_json else {}
+    sampling_json = (
+        json_arg(args.sampling_json, "--sampling-json", section="policies.*.sampling") if args.sampling_json else {}
+    )
     world_cfg = load_world(args.world)
     policy = load_policy(args.policy_dir, device)
     sampling = sampling_config(sampling_json)
     out = Path(args.out_dir)
-    write_spec(out.parent, {**stage_args(args), "warmup_json": w, "sampling_json": sampling_json, "world": world_cfg.to_dict()})
-    before, _ = quality_report(policy, load_suite(args.eval_suite), sampling, args.quality_images, world_cfg=world_cfg, precision=args.precision)
-    cfg = PretrainConfig(steps=w["steps"], lr=w["lr"], batch_size=w["batch_size"], train_ar=False,
-                         diffusion_batch_mul=w.get("diffusion_batch_mul", 4),
-                         warmup_steps=min(50, w["steps"]), seed=args.seed, precision=args.precision)
+    write_spec(
+        out.parent,
+        {**stage_args(args), "warmup_json": w, "sampling_json": sampling_json, "world": world_cfg.to_dict()},
+    )
+    before, _ = quality_report(
+        policy,
+        load_suite(args.eval_suite),
+        sampling,
+        args.quality_images,
+        world_cfg=world_cfg,
+        precision=args.precision,
+    )
+    cfg = PretrainConfig(
+        steps=w["steps"],
+        lr=w["lr"],
+        batch_size=w["batch_size"],
+        train_ar=False,
+        diffusion_batch_mul=w.get("diffusion_batch_mul", 4),
+        warmup_steps=min(50, w["steps"]),
+        seed=args.seed,
+        precision=args.precision,
+    )
     state = out.parent / "state"
-    train(policy, world_batches(world_cfg), cfg, state, log_path=state / "log.csv",
-          spec={"policy_dir": str(args.policy_dir), "world": world_cfg.to_dict()})
+    train(
+        policy,
+        world_batches(world_cfg),
+        cfg,
+        state,
+        log_path=state / "log.csv",
+        spec={"policy_dir": str(args.policy_dir), "world": world_cfg.to_dict()},
+    )
     write_policy(policy, out)
-    after = write_quality(policy, args, sampling, args.quality, {"before_warmup": before}, world_cfg,
-                          title=f"{out.parent.name}: after head warm-up ({cfg.steps} steps)")
+    after = write_quality(
+        policy,
+        args,
+        sampling,
+        args.quality,
+        {"before_warmup": before},
+        world_cfg,
+        title=f"{out.parent.name}: after head warm-up ({cfg.steps} steps)",
+    )
     log.info(f"warm-up: overall strict {before['overall']['strict']:.3f} -> {after['overall']['strict']:.3f}")
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import csv
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -53,12 +53,16 @@ class PretrainConfig:
 
     def __post_init__(self):
         if not 0 <= self.mask_ratio_min <= 1 or self.mask_ratio_std <= 0:
-            raise ValueError(f"mask_ratio_min must lie in [0, 1] and mask_ratio_std be > 0, got {self.mask_ratio_min}, {self.mask_ratio_std}")
+            raise ValueError(
+                f"mask_ratio_min must lie in [0, 1] and mask_ratio_std be > 0, got {self.mask_ratio_min}, {self.mask_ratio_std}"
+            )
         if self.precision not in PRECISIONS:
             raise ValueError(f"Unknown precision: {self.precision!r}; expected 'no', 'bf16' or 'fp16'")
 
 
-def mar_loss(policy: MARPolicy, sampler, images: Tensor, prompts: list[str], generator: torch.Generator, mul: int, ratio: float) -> Tensor:
+def mar_loss(
+    policy: MARPolicy, sampler, images: Tensor, prompts: list[str], generator: torch.Generator, mul: int, ratio: float
+) -> Tensor:
     """MAR's masked diffusion loss on one batch (mean over masked tokens and noise draws)."""
     tokens = policy.encode(images)  # [B, L, D]
     B, L, D = tokens.shape
@@ -77,8 +81,14 @@ def mar_loss(policy: MARPolicy, sampler, images: Tensor, prompts: list[str], gen
     return sampler.training_loss(out.float(), x0, noise, x_t, t, mse_weight=weight).mean()  # [n] -> mean
 
 
-def train(policy: MARPolicy, batch_fn: BatchFn, cfg: PretrainConfig, state_dir: str | Path, log_path: str | Path | None = None,
-          spec: dict | None = None) -> MARPolicy:
+def train(
+    policy: MARPolicy,
+    batch_fn: BatchFn,
+    cfg: PretrainConfig,
+    state_dir: str | Path,
+    log_path: str | Path | None = None,
+    spec: dict | None = None,
+) -> MARPolicy:
     """Train in place and return the EMA policy.
 
     Resumes from `state_dir/last.pt` only if it was written under the same spec: `cfg`, the
@@ -98,13 +108,21 @@ def train(policy: MARPolicy, batch_fn: BatchFn, cfg: PretrainConfig, state_dir: 
     ema = EMA(policy, cfg.ema_decay)
     generator = torch.Generator().manual_seed(cfg.seed)
     ckpt = state_dir / "last.pt"
-    key = spec_hash({"config": asdict(cfg), "shapes": {k: list(v.shape) for k, v in policy.state_dict().items()}, "spec": spec})
+    key = spec_hash(
+        {"config": asdict(cfg), "shapes": {k: list(v.shape) for k, v in policy.state_dict().items()}, "spec": spec}
+    )
     start = _resume(ckpt, key, policy, optimizer, ema, generator, cfg.steps)
     _trim_log(log_path, start)
     log_rows = []
     policy.train()
     t0 = time.time()
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc="pretrain" if cfg.train_ar else "warmup", mininterval=5)
+    bar = tqdm(
+        range(start, cfg.steps),
+        initial=start,
+        total=cfg.steps,
+        desc="pretrain" if cfg.train_ar else "warmup",
+        mininterval=5,
+    )
     for step in bar:
         if cfg.head_steps is not None and step == cfg.head_steps and cfg.train_ar:
             for p in policy.head_parameters():
@@ -113,14 +131,32 @@ def train(policy: MARPolicy, batch_fn: BatchFn, cfg: PretrainConfig, state_dir: 
             group["lr"] = cfg.lr * warmup_cosine(step, cfg.steps, cfg.warmup_steps, floor=0.1)
         loss, grad_norm = _step(policy, sampler, batch_fn, cfg, optimizer, params, generator, step)
         ema.update(policy)
-        log_rows.append({"step": step + 1, "loss": loss.item(), "grad_norm": float(grad_norm), "lr": optimizer.param_groups[0]["lr"], "wall_time_s": time.time() - t0})
+        log_rows.append(
+            {
+                "step": step + 1,
+                "loss": loss.item(),
+                "grad_norm": float(grad_norm),
+                "lr": optimizer.param_groups[0]["lr"],
+                "wall_time_s": time.time() - t0,
+            }
+        )
         bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
             _append_log(log_path, log_rows)
             log_rows = []
             with checked_path(ckpt) as tmp:
-                torch.save({"model": policy.state_dict(), "optimizer": optimizer.state_dict(), "ema": ema.shadow,
-                            "generator": generator.get_state(), "step": step + 1, "config": asdict(cfg), "spec_hash": key}, tmp)
+                torch.save(
+                    {
+                        "model": policy.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "ema": ema.shadow,
+                        "generator": generator.get_state(),
+                        "step": step + 1,
+                        "config": asdict(cfg),
+                        "spec_hash": key,
+                    },
+                    tmp,
+                )
     ema.copy_to(policy)
     for p in policy.parameters():
         p.requires_grad_(True)
@@ -128,7 +164,9 @@ def train(policy: MARPolicy, batch_fn: BatchFn, cfg: PretrainConfig, state_dir: 
     return policy
 
 
-def _resume(ckpt: Path, key: str, policy: MARPolicy, optimizer, ema: EMA, generator: torch.Generator, steps: int) -> int:
+def _resume(
+    ckpt: Path, key: str, policy: MARPolicy, optimizer, ema: EMA, generator: torch.Generator, steps: int
+) -> int:
     """Load `ckpt` into the training objects if it was written under spec `key`, else delete it: the step to start from."""
     if not ckpt.exists():
         return 0
@@ -150,8 +188,16 @@ def _resume(ckpt: Path, key: str, policy: MARPolicy, optimizer, ema: EMA, genera
     return int(state["step"])
 
 
-def _step(policy: MARPolicy, sampler, batch_fn: BatchFn, cfg: PretrainConfig, optimizer, params: list, generator: torch.Generator,
-          step: int) -> tuple[Tensor, Tensor]:
+def _step(
+    policy: MARPolicy,
+    sampler,
+    batch_fn: BatchFn,
+    cfg: PretrainConfig,
+    optimizer,
+    params: list,
+    generator: torch.Generator,
+    step: int,
+) -> tuple[Tensor, Tensor]:
     """One optimizer step on a fresh batch (prompts dropped for CFG, one mask ratio): (loss, grad norm)."""
     images, prompts = batch_fn(cfg.batch_size, generator)
     prompts = [("" if torch.rand((), generator=generator).item() < cfg.text_dropout else p) for p in prompts]

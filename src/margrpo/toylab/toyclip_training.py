@@ -28,9 +28,24 @@ from margrpo.infra.runtime import warmup_cosine
 from margrpo.rewards.toyclip import ToyClip, ToyClipConfig
 from margrpo.world import prompt_for_spec, prompt_vocabulary, render, scene_for_spec
 from margrpo.world.captions import sample_captioned
-from margrpo.world.negatives import COMPOSITIONAL_SWAPS, SWAP_TYPES, hard_negatives, one_negative, scene_objects, spec_is_true
+from margrpo.world.negatives import (
+    COMPOSITIONAL_SWAPS,
+    SWAP_TYPES,
+    hard_negatives,
+    one_negative,
+    scene_objects,
+    spec_is_true,
+)
 
-__all__ = ["Batch", "sample_batch", "contrastive_loss", "default_vocabulary", "train_toyclip", "save_atomic", "evaluate_ranking"]
+__all__ = [
+    "Batch",
+    "sample_batch",
+    "contrastive_loss",
+    "default_vocabulary",
+    "train_toyclip",
+    "save_atomic",
+    "evaluate_ranking",
+]
 
 
 @dataclass
@@ -115,8 +130,12 @@ def contrastive_loss(model: ToyClip, batch: Batch, hard_weight: float = 1.0) -> 
             neg_pad[i, : len(negs)] = neg[start : start + len(negs)]
             valid[i, : len(negs)] = True
             start += len(negs)
-        sims = torch.cat([(img * pos).sum(-1, keepdim=True), torch.einsum("be,bke->bk", img, neg_pad)], dim=1)  # [B, 1 + K]
-        sims = (scale * sims).masked_fill(~torch.cat([torch.ones(B, 1, dtype=torch.bool, device=neg.device), valid], 1), float("-inf"))
+        sims = torch.cat(
+            [(img * pos).sum(-1, keepdim=True), torch.einsum("be,bke->bk", img, neg_pad)], dim=1
+        )  # [B, 1 + K]
+        sims = (scale * sims).masked_fill(
+            ~torch.cat([torch.ones(B, 1, dtype=torch.bool, device=neg.device), valid], 1), float("-inf")
+        )
         hard = F.cross_entropy(sims, torch.zeros(B, dtype=torch.long, device=neg.device))
     loss = nce + hard_weight * hard
     return loss, {"loss": loss.item(), "nce": nce.item(), "hard": hard.item(), "scale": scale.item()}
@@ -162,7 +181,9 @@ def train_toyclip(
     _check_settings(steps, batch_size, precision)
     torch.manual_seed(seed)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0]))
-    cfg = ToyClipConfig(image_size=world_cfg.image_size, width=width, vocab=default_vocabulary(world_cfg), **(model_config or {}))
+    cfg = ToyClipConfig(
+        image_size=world_cfg.image_size, width=width, vocab=default_vocabulary(world_cfg), **(model_config or {})
+    )
     model = ToyClip(cfg).to(device).train()
     opt = _optimizer(model, lr, weight_decay)
     warmup = max(1, steps // 20)
@@ -196,10 +217,14 @@ def _optimizer(model: ToyClip, lr: float, weight_decay: float) -> torch.optim.Ad
     """AdamW, weight decay on weight matrices and kernels only (not on biases, norms, the logit scale or embeddings)."""
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embeddings" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embeddings" not in n)]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr)
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr
+    )
 
 
-def _update(model: ToyClip, opt: torch.optim.Optimizer, batch: Batch, hard_weight: float, precision: str, device) -> dict[str, float]:
+def _update(
+    model: ToyClip, opt: torch.optim.Optimizer, batch: Batch, hard_weight: float, precision: str, device
+) -> dict[str, float]:
     """One optimiser step on `batch` (moved to `device`), grad-norm clipped to 1; returns the loss terms."""
     batch.images = batch.images.to(device)
     with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16"):
@@ -216,7 +241,9 @@ def _report(bar, log: Callable[[str], None], step: int, steps: int, stats: dict[
     if step % 50 == 0 or step == steps - 1:
         bar.set_postfix(loss=f"{stats['loss']:.3f}", hard=f"{stats['hard']:.3f}", refresh=False)
     if step % max(1, steps // 10) == 0 or step == steps - 1:
-        log(f"toyclip step {step}/{steps}: loss {stats['loss']:.4f} (nce {stats['nce']:.4f}, hard {stats['hard']:.4f}), scale {stats['scale']:.1f}")
+        log(
+            f"toyclip step {step}/{steps}: loss {stats['loss']:.4f} (nce {stats['nce']:.4f}, hard {stats['hard']:.4f}), scale {stats['scale']:.1f}"
+        )
 
 
 def save_atomic(model, out_dir: str | Path) -> Path:

@@ -58,7 +58,7 @@ def degrade(images: Tensor, rng: np.random.Generator, token: int = 16, p_clean: 
         if sigma > 0.05:
             r = np.arange(-2, 3)
             k = torch.tensor(np.exp(-(r**2) / (2 * sigma**2)), dtype=x.dtype)
-            k = (k / k.sum())
+            k = k / k.sum()
             x = F.conv2d(F.pad(x, (2, 2, 0, 0), mode="replicate"), k.view(1, 1, 1, 5).expand(3, 1, 1, 5), groups=3)
             x = F.conv2d(F.pad(x, (0, 0, 2, 2), mode="replicate"), k.view(1, 1, 5, 1).expand(3, 1, 5, 1), groups=3)
         n = s // token
@@ -74,8 +74,10 @@ def sample_pairs(rng: np.random.Generator, world_cfg, n: int, min_gap: float = 0
     toyclip's training): {"winners", "losers": [n, 3, s, s], "prompts": n, "kinds": n, "backdrops": [(w, l)]}."""
     lo, hi = world_cfg.backdrop_range
     if hi - lo < 2 * min_gap:
-        raise ValueError(f"backdrop_range={world_cfg.backdrop_range} leaves no aesthetic to prefer: it needs a width of "
-                         f">= {2 * min_gap} (the world's backdrop_max); toypref needs a world whose scenes vary in it")
+        raise ValueError(
+            f"backdrop_range={world_cfg.backdrop_range} leaves no aesthetic to prefer: it needs a width of "
+            f">= {2 * min_gap} (the world's backdrop_max); toypref needs a world whose scenes vary in it"
+        )
     winners, losers, prompts, kinds, backdrops = [], [], [], [], []
     while len(prompts) < n:
         kind = PAIR_KINDS[len(prompts) % 2]
@@ -92,14 +94,22 @@ def sample_pairs(rng: np.random.Generator, world_cfg, n: int, min_gap: float = 0
             a, b = sample_backdrop(rng, world_cfg), sample_backdrop(rng, world_cfg)
             if abs(a - b) < min_gap:
                 continue
-            scene, loser = (dataclasses.replace(scene, backdrop=max(a, b)), dataclasses.replace(scene, backdrop=min(a, b)))
+            scene, loser = (
+                dataclasses.replace(scene, backdrop=max(a, b)),
+                dataclasses.replace(scene, backdrop=min(a, b)),
+            )
         winners.append(render(scene, world_cfg))
         losers.append(render(loser, world_cfg))
         prompts.append(prompt)
         kinds.append(kind)
         backdrops.append((scene.backdrop, loser.backdrop))
-    return {"winners": degrade(_pixels(winners), rng), "losers": degrade(_pixels(losers), rng), "prompts": prompts, "kinds": kinds,
-            "backdrops": backdrops}
+    return {
+        "winners": degrade(_pixels(winners), rng),
+        "losers": degrade(_pixels(losers), rng),
+        "prompts": prompts,
+        "kinds": kinds,
+        "backdrops": backdrops,
+    }
 
 
 def preference_loss(model: ToyPref, pairs: dict) -> tuple[Tensor, dict[str, float]]:
@@ -137,7 +147,9 @@ def train_toypref(
     model = ToyPref.from_toyclip(clip, aesthetic_width).train()
     fresh = [*model.aesthetic.parameters(), model.alignment_scale]
     base = list(model.clip.parameters())
-    opt = torch.optim.AdamW([{"params": base, "lr_scale": 1.0}, {"params": fresh, "lr_scale": 10.0, "weight_decay": 0.0}], lr=lr)
+    opt = torch.optim.AdamW(
+        [{"params": base, "lr_scale": 1.0}, {"params": fresh, "lr_scale": 10.0, "weight_decay": 0.0}], lr=lr
+    )
     warmup = max(1, steps // 20)
     losses = []
     start, start_cpu = time.perf_counter(), time.process_time()
@@ -154,10 +166,16 @@ def train_toypref(
         if step % 50 == 0 or step == steps - 1:
             bar.set_postfix(loss=f"{stats['loss']:.3f}", refresh=False)
         if step % max(1, steps // 10) == 0 or step == steps - 1:
-            log(f"toypref step {step}/{steps}: loss {stats['loss']:.4f}, accuracy alignment {stats['acc_alignment']:.3f} "
-                f"aesthetic {stats['acc_aesthetic']:.3f}, alignment scale {stats['scale']:.2f}")
+            log(
+                f"toypref step {step}/{steps}: loss {stats['loss']:.4f}, accuracy alignment {stats['acc_alignment']:.3f} "
+                f"aesthetic {stats['acc_aesthetic']:.3f}, alignment scale {stats['scale']:.2f}"
+            )
     model.eval()
-    return model, {"losses": losses, "train_seconds": time.perf_counter() - start, "train_cpu_seconds": time.process_time() - start_cpu}
+    return model, {
+        "losses": losses,
+        "train_seconds": time.perf_counter() - start,
+        "train_cpu_seconds": time.process_time() - start_cpu,
+    }
 
 
 @torch.no_grad()
@@ -170,14 +188,30 @@ def evaluate_pairs(model: ToyPref, world_cfg, n: int = 1000, seed: int = 0, batc
     for start in range(0, n, batch_size):
         pairs = sample_pairs(rng, world_cfg, min(batch_size, n - start))
         k = len(pairs["prompts"])
-        align, aes = model.components(torch.cat([pairs["winners"], pairs["losers"]]).to(model.device), pairs["prompts"] * 2)
+        align, aes = model.components(
+            torch.cat([pairs["winners"], pairs["losers"]]).to(model.device), pairs["prompts"] * 2
+        )
         for i in range(k):
-            rows.append((pairs["kinds"][i], pairs["backdrops"][i][1] > pairs["backdrops"][i][0],
-                         (align[i] - align[k + i]).item(), (aes[i] - aes[k + i]).item()))
+            rows.append(
+                (
+                    pairs["kinds"][i],
+                    pairs["backdrops"][i][1] > pairs["backdrops"][i][0],
+                    (align[i] - align[k + i]).item(),
+                    (aes[i] - aes[k + i]).item(),
+                )
+            )
+
     def accuracy(select) -> dict:
         picked = [r for r in rows if select(r)]
-        return {"accuracy": float(np.mean([(r[2] + r[3]) > 0 for r in picked])) if picked else float("nan"), "n": len(picked),
-                "alignment_margin": float(np.mean([r[2] for r in picked])) if picked else float("nan"),
-                "aesthetic_margin": float(np.mean([r[3] for r in picked])) if picked else float("nan")}
-    return {"overall": accuracy(lambda r: True), **{kind: accuracy(lambda r, kind=kind: r[0] == kind) for kind in PAIR_KINDS},
-            "alignment_loser_brighter": accuracy(lambda r: r[0] == "alignment" and r[1])}
+        return {
+            "accuracy": float(np.mean([(r[2] + r[3]) > 0 for r in picked])) if picked else float("nan"),
+            "n": len(picked),
+            "alignment_margin": float(np.mean([r[2] for r in picked])) if picked else float("nan"),
+            "aesthetic_margin": float(np.mean([r[3] for r in picked])) if picked else float("nan"),
+        }
+
+    return {
+        "overall": accuracy(lambda r: True),
+        **{kind: accuracy(lambda r, kind=kind: r[0] == kind) for kind in PAIR_KINDS},
+        "alignment_loser_brighter": accuracy(lambda r: r[0] == "alignment" and r[1]),
+    }

@@ -35,17 +35,30 @@ import json
 import numpy as np
 
 from margrpo.world.config import CATEGORIES, PALETTE, RELATIONS, SHAPES, TEXTURES, WorldConfig
-from margrpo.world.scene import ObjectSpec, Scene, clear_relations, place, sample_attributes, sample_backdrop, sample_scene
+from margrpo.world.scene import (
+    ObjectSpec,
+    Scene,
+    clear_relations,
+    place,
+    sample_attributes,
+    sample_backdrop,
+    sample_scene,
+)
 
 ATTRS = ("color", "shape", "texture")
 NUMBERS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 RELATION_PHRASES = {
-    "left of": "on the left of", "right of": "on the right of", "above": "above", "below": "below", "next to": "next to",
+    "left of": "on the left of",
+    "right of": "on the right of",
+    "above": "above",
+    "below": "below",
+    "next to": "next to",
 }
 _MIRROR = {"right of": "left of", "below": "above"}  # canonical direction of each mirrored relation
 
 
 # ---------------------------------------------------------------- validation and text
+
 
 def validate_spec(spec, cfg: WorldConfig | None = None) -> None:
     """Raise ValueError saying what is wrong with `spec` (vocabulary from `cfg`, else every known value)."""
@@ -64,7 +77,9 @@ def validate_spec(spec, cfg: WorldConfig | None = None) -> None:
             raise ValueError(f"spec object {i} must have keys color, shape, texture, count; got {obj!r}")
         for attr in ATTRS:
             if obj[attr] is not None and obj[attr] not in vocab[attr]:
-                raise ValueError(f"spec object {i}: unknown {attr} {obj[attr]!r}; expected one of {vocab[attr]} or null")
+                raise ValueError(
+                    f"spec object {i}: unknown {attr} {obj[attr]!r}; expected one of {vocab[attr]} or null"
+                )
         if not isinstance(obj["count"], int) or isinstance(obj["count"], bool) or not 1 <= obj["count"] < len(NUMBERS):
             raise ValueError(f"spec object {i}: count must be an int in 1..{len(NUMBERS) - 1}, got {obj['count']!r}")
     total = sum(o["count"] for o in objects)
@@ -86,7 +101,9 @@ def validate_spec(spec, cfg: WorldConfig | None = None) -> None:
         if len(objects) != 2 or {rel["a"], rel["b"]} != {0, 1} or any(o["count"] != 1 for o in objects):
             raise ValueError("a spec relation must join objects 0 and 1, the only two objects, each of count 1")
         if _descriptor(objects[0]) == _descriptor(objects[1]):
-            raise ValueError("the two objects of a relation must differ in some attribute, or the relation is ambiguous")
+            raise ValueError(
+                "the two objects of a relation must differ in some attribute, or the relation is ambiguous"
+            )
 
 
 def _descriptor(obj: dict) -> tuple:
@@ -151,11 +168,14 @@ def prompt_vocabulary(cfg: WorldConfig | None = None) -> list[str]:
 
 # ---------------------------------------------------------------- captions of random scenes
 
+
 def _phrase(obj: ObjectSpec, attrs) -> dict:
     return {a: (getattr(obj, a) if a in attrs else None) for a in ATTRS} | {"count": 1}
 
 
-def _describe(objs, rng, required: tuple[str, ...], optional: tuple[str, ...] = (), p: float = 0.5) -> list[dict] | None:
+def _describe(
+    objs, rng, required: tuple[str, ...], optional: tuple[str, ...] = (), p: float = 0.5
+) -> list[dict] | None:
     """One phrase per object: the required attributes plus each optional one with probability p;
     objects that would read alike get all optional attributes. None if two still read alike."""
     chosen = [set(required) | {a for a in optional if rng.random() < p} for _ in objs]
@@ -249,6 +269,7 @@ def caption_scene(scene: Scene, rng: np.random.Generator, category: str | None =
 
 # ---------------------------------------------------------------- scenes for a spec
 
+
 def _cells_for_relation(rng, cfg: WorldConfig, kind: str, n: int) -> list[int]:
     """Grid cells for objects a, b (first two) in relation `kind`, then n - 2 other free cells."""
     g = cfg.grid
@@ -294,18 +315,25 @@ def scene_for_spec(spec: dict, rng: np.random.Generator, cfg: WorldConfig) -> Sc
     else:  # free placement: redraw until the relation holds with slack, between centres of mass
 
         def accept(pos):
-            a, b = (ObjectSpec(**attrs[k], size=sizes[k], cx=pos[k][0], cy=pos[k][1]).centroid for k in (rel["a"], rel["b"]))
+            a, b = (
+                ObjectSpec(**attrs[k], size=sizes[k], cx=pos[k][0], cy=pos[k][1]).centroid
+                for k in (rel["a"], rel["b"])
+            )
             return rel["type"] in clear_relations(a, b, max(sizes) / 2)
 
         centres = place(rng, cfg, sizes, accept=accept)
-    objects = tuple(ObjectSpec(a["color"], a["shape"], a["texture"], int(s), x, y) for a, s, (x, y) in zip(attrs, sizes, centres))
+    objects = tuple(
+        ObjectSpec(a["color"], a["shape"], a["texture"], int(s), x, y) for a, s, (x, y) in zip(attrs, sizes, centres)
+    )
     return Scene(objects, sample_backdrop(rng, cfg))
 
 
 MAX_TRIES = 5000  # consecutive draws without a new caption (or prompt) before giving up
 
 
-def sample_captioned(rng: np.random.Generator, cfg: WorldConfig, category: str | None = None, allow_heldout: bool = False):
+def sample_captioned(
+    rng: np.random.Generator, cfg: WorldConfig, category: str | None = None, allow_heldout: bool = False
+):
     """(scene, prompt, category, spec): a random scene and a caption of `category` (uniform if None).
 
     Draws the number of objects the category needs (spatial: 2; complex: >= 2), so categories stay

@@ -74,7 +74,9 @@ class WorldConfig:
         for name in ("size_range", "palette", "shapes", "textures", "backdrop_range"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         if not 32 <= self.image_size <= 64:
-            raise ValueError(f"image_size={self.image_size} is outside 32..64; the toy policy and parser are tuned for that range")
+            raise ValueError(
+                f"image_size={self.image_size} is outside 32..64; the toy policy and parser are tuned for that range"
+            )
         if self.grid < 1:
             raise ValueError(f"grid={self.grid} must be >= 1")
         lo, hi = self.size_range
@@ -94,7 +96,9 @@ class WorldConfig:
                     f"lower size_range max to {int(cell) - self.min_gap_px}, lower grid, or raise image_size"
                 )
             if self.max_objects > self.grid**2:
-                raise ValueError(f"max_objects={self.max_objects} exceeds the {self.grid**2} cells; raise grid or set snap=False")
+                raise ValueError(
+                    f"max_objects={self.max_objects} exceeds the {self.grid**2} cells; raise grid or set snap=False"
+                )
         elif self.max_objects * (hi + self.min_gap_px) ** 2 > 0.5 * self.image_size**2:
             raise ValueError(
                 f"snap=False cannot place {self.max_objects} objects of {hi} px with {self.min_gap_px}-px gaps in "
@@ -112,8 +116,10 @@ class WorldConfig:
                 raise ValueError(f"{name}={values} must be distinct, non-empty values from {tuple(vocab)}")
         blo, bhi = self.backdrop_range
         if not 0.0 <= blo <= bhi <= MAX_BACKDROP:
-            raise ValueError(f"backdrop_range={self.backdrop_range} must satisfy 0 <= min <= max <= {MAX_BACKDROP} (brighter "
-                             "backdrops come too near the parser's foreground threshold of 0.5)")
+            raise ValueError(
+                f"backdrop_range={self.backdrop_range} must satisfy 0 <= min <= max <= {MAX_BACKDROP} (brighter "
+                "backdrops come too near the parser's foreground threshold of 0.5)"
+            )
         if self.line_px < 1 or self.stripe_period_px < 2:
             raise ValueError("line_px must be >= 1 and stripe_period_px >= 2")
         if self.supersample < 1:
@@ -146,10 +152,12 @@ class WorldConfig:
         return frozenset(pairs)
 
     def to_dict(self) -> dict:
-        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in dataclasses.fields(self)}
+        return {
+            f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in dataclasses.fields(self)
+        }
 
     @classmethod
-    def from_dict(cls, data: dict) -> "WorldConfig":
+    def from_dict(cls, data: dict) -> WorldConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

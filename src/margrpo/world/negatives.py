@@ -16,11 +16,25 @@ from margrpo.world.config import WorldConfig
 from margrpo.world.scene import Scene, relation_holds
 from margrpo.world.scoring import RELATION_MARGIN
 
-__all__ = ["SWAP_TYPES", "COMPOSITIONAL_SWAPS", "swap_candidates", "scene_objects", "spec_is_true", "hard_negatives", "one_negative"]
+__all__ = [
+    "SWAP_TYPES",
+    "COMPOSITIONAL_SWAPS",
+    "swap_candidates",
+    "scene_objects",
+    "spec_is_true",
+    "hard_negatives",
+    "one_negative",
+]
 
 SWAP_TYPES: tuple[str, ...] = ("color", "shape", "texture", "relation", "number", "binding")
 COMPOSITIONAL_SWAPS = ("binding", "relation", "texture")  # the words stay in the scene, only who-has-what changes
-_RELATION_SWAPS = {"left of": ("right of",), "right of": ("left of",), "above": ("below",), "below": ("above",), "next to": ("above", "below")}
+_RELATION_SWAPS = {
+    "left of": ("right of",),
+    "right of": ("left of",),
+    "above": ("below",),
+    "below": ("above",),
+    "next to": ("above", "below"),
+}
 _ATTR_VOCAB = {"color": "palette", "shape": "shapes", "texture": "textures"}  # spec attribute -> WorldConfig field
 _MAX_COUNT = 9  # prompts spell counts one..nine
 
@@ -43,7 +57,13 @@ def swap_candidates(spec: dict, kind: str, world_cfg: WorldConfig) -> list[dict]
     objects = spec["objects"]
     if kind in _ATTR_VOCAB:
         values = getattr(world_cfg, _ATTR_VOCAB[kind])
-        return [_with_phrase(spec, i, **{kind: v}) for i, o in enumerate(objects) if o[kind] is not None for v in values if v != o[kind]]
+        return [
+            _with_phrase(spec, i, **{kind: v})
+            for i, o in enumerate(objects)
+            if o[kind] is not None
+            for v in values
+            if v != o[kind]
+        ]
     if kind == "relation":
         rel = spec["relation"]
         return [] if rel is None else [{**spec, "relation": {**rel, "type": t}} for t in _RELATION_SWAPS[rel["type"]]]
@@ -51,7 +71,9 @@ def swap_candidates(spec: dict, kind: str, world_cfg: WorldConfig) -> list[dict]
         out = []
         for i, o in enumerate(objects):
             if spec["exact_count"] or o["count"] > 1:  # the caption spells this count
-                out += [_with_phrase(spec, i, count=n) for n in (o["count"] - 1, o["count"] + 1) if 1 <= n <= _MAX_COUNT]
+                out += [
+                    _with_phrase(spec, i, count=n) for n in (o["count"] - 1, o["count"] + 1) if 1 <= n <= _MAX_COUNT
+                ]
         return out
     if kind == "binding":
         out = []
@@ -81,7 +103,9 @@ def spec_is_true(spec: dict, objects: list[dict], image_size: int) -> bool:
     3. exact counts: exactly `count` objects fully match each phrase.
     """
     phrases = spec["objects"]
-    fits = [[all(p[a] is None or o[a] == p[a] for a in _ATTR_VOCAB) for o in objects] for p in phrases]  # (phrases, objects)
+    fits = [
+        [all(p[a] is None or o[a] == p[a] for a in _ATTR_VOCAB) for o in objects] for p in phrases
+    ]  # (phrases, objects)
     if spec["exact_count"] and any(sum(row) != p["count"] for row, p in zip(fits, phrases)):
         return False
     slots = [fits[i] for i, p in enumerate(phrases) for _ in range(p["count"])]
@@ -92,9 +116,12 @@ def spec_is_true(spec: dict, objects: list[dict], image_size: int) -> bool:
         return True
     margin = RELATION_MARGIN * image_size
     return any(
-        i != j and fits[rel["a"]][i] and fits[rel["b"]][j]
+        i != j
+        and fits[rel["a"]][i]
+        and fits[rel["b"]][j]
         and relation_holds(objects[i]["centroid"], objects[j]["centroid"], rel["type"], margin)
-        for i in range(len(objects)) for j in range(len(objects))
+        for i in range(len(objects))
+        for j in range(len(objects))
     )
 
 
@@ -114,7 +141,9 @@ def _perfect_matching(slots: list[list[bool]]) -> bool:
     return all(place(slot, set()) for slot in range(len(slots)))
 
 
-def hard_negatives(scene: Scene, spec: dict, rng: np.random.Generator, world_cfg: WorldConfig, k: int) -> list[tuple[str, dict]]:
+def hard_negatives(
+    scene: Scene, spec: dict, rng: np.random.Generator, world_cfg: WorldConfig, k: int
+) -> list[tuple[str, dict]]:
     """Up to `k` (swap type, spec) pairs false of `scene`, with distinct captions, types round-robin.
 
     The round starts with the compositional swaps (`COMPOSITIONAL_SWAPS`, random order), then the

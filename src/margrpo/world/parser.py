@@ -41,9 +41,13 @@ def check_image(image) -> None:
     if not isinstance(image, np.ndarray):
         raise TypeError(f"parse expects a numpy array of shape (H, W, 3) and dtype uint8, got {type(image).__name__}")
     if image.dtype != np.uint8:
-        raise TypeError(f"parse expects dtype uint8 (0..255), got {image.dtype}; convert with (x * 255).round().astype(np.uint8)")
+        raise TypeError(
+            f"parse expects dtype uint8 (0..255), got {image.dtype}; convert with (x * 255).round().astype(np.uint8)"
+        )
     if image.ndim != 3 or image.shape[2] != 3:
-        raise ValueError(f"parse expects shape (H, W, 3) RGB, got {image.shape}; channels-first arrays need .transpose(1, 2, 0)")
+        raise ValueError(
+            f"parse expects shape (H, W, 3) RGB, got {image.shape}; channels-first arrays need .transpose(1, 2, 0)"
+        )
     if min(image.shape[:2]) < 8:
         raise ValueError(f"image of shape {image.shape} is too small to parse (need >= 8 x 8)")
 
@@ -121,7 +125,9 @@ def classify_texture(fill: float, walls: float, textures: tuple[str, ...]) -> st
     return "striped"
 
 
-def parse(image: np.ndarray, cfg: WorldConfig | None = None, *, return_fragments: bool = False, features: bool = False):
+def parse(
+    image: np.ndarray, cfg: WorldConfig | None = None, *, return_fragments: bool = False, features: bool = False
+):
     """Objects in `image` ((H, W, 3) uint8), sorted by centroid (y, x); each a dict with keys
     color (None: no palette colour), shape, texture, bbox (x0, y0, x1, y1: pixel edges, x1 / y1 exclusive),
     centroid (x, y): centre of mass of the filled shape in pixel coordinates, area: painted pixels.

@@ -38,10 +38,14 @@ class ShapesReward:
         """Every score term per image (strict, lenient, binding, relation, count, extras, ...)."""
         arr = to_uint8_images(images)
         if not len(arr) == len(prompts) == len(metadata):
-            raise ValueError(f"got {len(arr)} images, {len(prompts)} prompts and {len(metadata)} metadata entries; they must match")
+            raise ValueError(
+                f"got {len(arr)} images, {len(prompts)} prompts and {len(metadata)} metadata entries; they must match"
+            )
         missing = [i for i, m in enumerate(metadata) if not {"spec", "category"} <= set(m)]
         if missing:
-            raise ValueError(f"metadata entries {missing} lack 'spec' / 'category'; ShapesReward needs ShapesWorld suite prompts")
+            raise ValueError(
+                f"metadata entries {missing} lack 'spec' / 'category'; ShapesReward needs ShapesWorld suite prompts"
+            )
         return [score(m["spec"], img, m["category"], self.cfg) for img, m in zip(arr, metadata)]
 
     def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> torch.Tensor:

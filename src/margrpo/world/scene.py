@@ -58,6 +58,7 @@ def sample_backdrop(rng: np.random.Generator, cfg: WorldConfig) -> float:
 
 # ---------------------------------------------------------------- spatial relations
 
+
 def relation_holds(a: tuple[float, float], b: tuple[float, float], relation: str, margin: float = 0.0) -> bool:
     """Does `a <relation> b` hold between two centroids? The relation's axis must dominate.
 
@@ -91,6 +92,7 @@ def clear_relations(a: tuple[float, float], b: tuple[float, float], slack: float
 
 # ---------------------------------------------------------------- placement
 
+
 def _snap_position(rng: np.random.Generator, cfg: WorldConfig, cell_index: int, size: int) -> tuple[float, float]:
     """Cell centre plus integer jitter, kept min_gap_px / 2 inside the cell edges (so neighbours
     stay min_gap_px apart). Centres are whole pixels, so a striped object's centre band is
@@ -101,12 +103,21 @@ def _snap_position(rng: np.random.Generator, cfg: WorldConfig, cell_index: int, 
     for start in (col * cell, row * cell):
         lo, hi = start + (size + cfg.min_gap_px) / 2, start + cell - (size + cfg.min_gap_px) / 2  # allowed centres
         target = round(start + cell / 2) + int(rng.integers(-cfg.jitter_px, cfg.jitter_px + 1))
-        centre.append(float(np.clip(target, np.ceil(lo), np.floor(hi))) if np.ceil(lo) <= np.floor(hi) else float(round((lo + hi) / 2)))
+        centre.append(
+            float(np.clip(target, np.ceil(lo), np.floor(hi)))
+            if np.ceil(lo) <= np.floor(hi)
+            else float(round((lo + hi) / 2))
+        )
     return centre[0], centre[1]
 
 
 def _separated(box_a, box_b, gap: float) -> bool:
-    return box_a[0] >= box_b[2] + gap or box_b[0] >= box_a[2] + gap or box_a[1] >= box_b[3] + gap or box_b[1] >= box_a[3] + gap
+    return (
+        box_a[0] >= box_b[2] + gap
+        or box_b[0] >= box_a[2] + gap
+        or box_a[1] >= box_b[3] + gap
+        or box_b[1] >= box_a[3] + gap
+    )
 
 
 def _free_positions(rng, cfg: WorldConfig, sizes, accept=None, tries: int = 2000) -> list[tuple[float, float]]:
@@ -123,7 +134,9 @@ def _free_positions(rng, cfg: WorldConfig, sizes, accept=None, tries: int = 2000
             boxes.append(box)
         if len(positions) == len(sizes) and (accept is None or accept(positions)):
             return positions
-    raise RuntimeError(f"could not place objects of sizes {list(sizes)} in {tries} tries; use snap=True or smaller objects")
+    raise RuntimeError(
+        f"could not place objects of sizes {list(sizes)} in {tries} tries; use snap=True or smaller objects"
+    )
 
 
 def place(
@@ -140,6 +153,7 @@ def place(
 
 # ---------------------------------------------------------------- random scenes
 
+
 def sample_attributes(rng: np.random.Generator, cfg: WorldConfig, allow_heldout: bool = False) -> tuple[str, str, str]:
     """Random (colour, shape, texture); held-out (colour, shape) pairs are redrawn unless allowed."""
     heldout = set() if allow_heldout else cfg.heldout_pairs()
@@ -149,7 +163,9 @@ def sample_attributes(rng: np.random.Generator, cfg: WorldConfig, allow_heldout:
             return color, shape, cfg.textures[rng.integers(len(cfg.textures))]
 
 
-def sample_scene(rng: np.random.Generator, cfg: WorldConfig, n_objects: int | None = None, allow_heldout: bool = False) -> Scene:
+def sample_scene(
+    rng: np.random.Generator, cfg: WorldConfig, n_objects: int | None = None, allow_heldout: bool = False
+) -> Scene:
     """A random scene of 1..max_objects objects.
 
     By default no object takes a held-out (colour, shape) pair, so pre-training pairs drawn with
@@ -166,6 +182,7 @@ def sample_scene(rng: np.random.Generator, cfg: WorldConfig, n_objects: int | No
 
 
 # ---------------------------------------------------------------- rendering
+
 
 def _signed_distance(shape: str, x: np.ndarray, y: np.ndarray, obj: ObjectSpec) -> np.ndarray:
     """Distance to the outline, positive inside (exact for circle and square, per-edge for triangle)."""
@@ -214,6 +231,7 @@ def render(scene: Scene, cfg: WorldConfig) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- the aesthetic, measured exactly
+
 
 def backdrop_level(images: np.ndarray) -> np.ndarray:
     """The aesthetic read from pixels: per image, the median brightest channel of its background pixels (those under

@@ -48,7 +48,9 @@ def score_objects(spec: dict, objects: list[dict], n_fragments: int, width: int)
 
     phrases = spec["objects"]
     slots = [p for p in phrases for _ in range(p["count"])]
-    credit = np.array([[_credit(s, o) for o in objects] for s in slots]).reshape(len(slots), len(objects))  # (slots, objects)
+    credit = np.array([[_credit(s, o) for o in objects] for s in slots]).reshape(
+        len(slots), len(objects)
+    )  # (slots, objects)
     rows, cols = linear_sum_assignment(credit, maximize=True)
     binding = float(credit[rows, cols].sum()) / len(slots)
     terms = {"binding": binding, "relation": math.nan, "count": math.nan}

@@ -87,7 +87,9 @@ class MARVALConfig:
     seed: int = 0
     regression_weight: float = 1.0  # DMD's regression term on teacher ODE pairs (module docstring); 0 = off
     warm_start: int = 100  # first iterations with the regression term alone (needs regression_weight > 0)
-    regression_rows: int = 128  # of the iteration's rows, how many get a teacher ODE target (20 guided head calls each)
+    regression_rows: int = (
+        128  # of the iteration's rows, how many get a teacher ODE target (20 guided head calls each)
+    )
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -99,7 +101,9 @@ class MARVALConfig:
         if not (self.huber_c > 0 and self.lr > 0 and self.fake_lr > 0 and self.std > 0):
             raise ValueError("huber_c, lr, fake_lr and std must be > 0")
         if self.regression_weight < 0 or self.warm_start < 0 or (self.warm_start and not self.regression_weight):
-            raise ValueError("regression_weight and warm_start must be >= 0, and a warm start needs regression_weight > 0")
+            raise ValueError(
+                "regression_weight and warm_start must be >= 0, and a warm start needs regression_weight > 0"
+            )
 
 
 @dataclass
@@ -143,8 +147,9 @@ def fake_score_loss(fake, x: Tensor, t: Tensor, z_c: Tensor, generator=None) -> 
     return ((x0_prediction(fake, noised(x, t, generator), t, z_c) - x) ** 2).mean()
 
 
-def generator_loss(objective: str, teacher, fake, x: Tensor, t: Tensor, rows: Rows, huber_c: float,
-                   generator=None) -> Tensor:
+def generator_loss(
+    objective: str, teacher, fake, x: Tensor, t: Tensor, rows: Rows, huber_c: float, generator=None
+) -> Tensor:
     """The student's variational loss at its tokens x [R, D] (with gradients): see the module docstring."""
     x_t = noised(x, t, generator)
     with torch.no_grad():
@@ -189,7 +194,9 @@ def teacher_samples(teacher_head, rows: Rows, draws: int, steps: int = 20, gener
 
 
 @torch.no_grad()
-def teacher_distance(teacher_head, student: ToyMAR, rows: Rows, draws: int = 8, steps: int = 20, seed: int = 0) -> dict:
+def teacher_distance(
+    teacher_head, student: ToyMAR, rows: Rows, draws: int = 8, steps: int = 20, seed: int = 0
+) -> dict:
     """How far the one-step student's token distribution is from the teacher's at the same z: the per-channel
     mean squared gaps of the per-row means and stds over `draws` samples each (a moment distance), and
     `paired`: the per-channel MSE between g(eps_0, z) and the teacher's ODE sample from the same eps_0."""
@@ -230,7 +237,9 @@ class MARVALDistiller:
     def contexts(self, prompts: list[str]) -> Rows:
         """Step 1: a student generation without gradients; its (AR step, unknown token) rows."""
         with torch.no_grad():
-            rollout = generate_one_step(self.student.eval(), prompts, self.sampling, generator=self.generator, with_uncond=True)
+            rollout = generate_one_step(
+                self.student.eval(), prompts, self.sampling, generator=self.generator, with_uncond=True
+            )
         return draw_rows(rollout, self.cfg.rows, self.generator)
 
     def sample(self, rows: Rows) -> Tensor:
@@ -240,7 +249,9 @@ class MARVALDistiller:
         return student_tokens(self.student, noise, rows.z_c) + self.cfg.std * eps
 
     def times(self, n: int, device) -> Tensor:
-        return (self.cfg.t_min + (self.cfg.t_max - self.cfg.t_min) * torch.rand(n, generator=self.generator)).to(device)
+        return (self.cfg.t_min + (self.cfg.t_max - self.cfg.t_min) * torch.rand(n, generator=self.generator)).to(
+            device
+        )
 
     def fake_update(self, rows: Rows) -> float:
         """Step 2: one denoising update of the fake head on fresh student tokens."""
@@ -256,8 +267,16 @@ class MARVALDistiller:
     def student_loss(self, rows: Rows) -> Tensor:
         """Step 3's variational loss (also MARVAL-RL's regulariser)."""
         x = self.sample(rows)
-        return generator_loss(self.cfg.objective, self.teacher_head, self.fake, x, self.times(len(x), x.device),
-                              rows, self.cfg.huber_c, self.generator)
+        return generator_loss(
+            self.cfg.objective,
+            self.teacher_head,
+            self.fake,
+            x,
+            self.times(len(x), x.device),
+            rows,
+            self.cfg.huber_c,
+            self.generator,
+        )
 
     def regression_loss(self, rows: Rows) -> Tensor:
         """DMD's regression term: 0.5 |g(eps_0, z) - ODE(eps_0)|^2 per token (the scale of the "dmd" loss), mean
@@ -282,9 +301,16 @@ class MARVALDistiller:
         if math.isfinite(loss.item()) and math.isfinite(grad_norm):
             self.opt.step()
         self.step += 1
-        return {"step": self.step, "student_loss": loss.item(), "var_loss": _item(var), "reg_loss": _item(reg),
-                "fake_loss": sum(fake_losses) / len(fake_losses), "grad_norm": grad_norm, "rows": len(rows.cfg),
-                "step_time_s": time.time() - t0}
+        return {
+            "step": self.step,
+            "student_loss": loss.item(),
+            "var_loss": _item(var),
+            "reg_loss": _item(reg),
+            "fake_loss": sum(fake_losses) / len(fake_losses),
+            "grad_norm": grad_norm,
+            "rows": len(rows.cfg),
+            "step_time_s": time.time() - t0,
+        }
 
     def train(self, prompts: PromptSet, out_dir: str | Path | None = None) -> list[dict]:
         """Distil for `cfg.steps` iterations; writes `policy/` (the one-step policy) and metrics.csv atomically."""
@@ -307,5 +333,7 @@ class MARVALDistiller:
         with atomic_dir(out / "policy") as tmp:
             self.student.save_pretrained(tmp)
         atomic_write_rows(out / "metrics.csv", self.rows)
-        atomic_write_json(out / "marval.json", {"step": self.step, "config": asdict(self.cfg), "sampling": asdict(self.sampling)})
+        atomic_write_json(
+            out / "marval.json", {"step": self.step, "config": asdict(self.cfg), "sampling": asdict(self.sampling)}
+        )
         log.info("MARVAL step %d: one-step policy written to %s", self.step, out / "policy")

@@ -29,8 +29,10 @@ from margrpo.policy.toy import ToyMAR
 def one_step_policy(teacher: ToyMAR, std: float = 0.05) -> ToyMAR:
     """A copy of `teacher` (same AR transformer, text encoder and head weights) with a one-step head."""
     if teacher.config.head_type != "flow" or teacher.config.head_prediction != "x0":
-        raise ValueError("MARVAL distils a flow head that predicts x0 (toy-nova); got head_type="
-                         f"{teacher.config.head_type!r}, head_prediction={teacher.config.head_prediction!r}")
+        raise ValueError(
+            "MARVAL distils a flow head that predicts x0 (toy-nova); got head_type="
+            f"{teacher.config.head_type!r}, head_prediction={teacher.config.head_prediction!r}"
+        )
     config = dataclasses.replace(teacher.config, head_sampler="one_step", one_step_std=std)
     student = ToyMAR(config, teacher.tokenizer)
     student.load_state_dict(teacher.state_dict())
@@ -72,8 +74,15 @@ def _z(policy: ToyMAR, tokens: Tensor, known: Tensor, cond: TextCondition, uncon
     return z.chunk(2)
 
 
-def generate_one_step(policy: ToyMAR, prompts: list[str], sampling: SamplingConfig, *, group_size: int = 1,
-                      generator: torch.Generator | None = None, with_uncond: bool = False) -> OneStepRollout:
+def generate_one_step(
+    policy: ToyMAR,
+    prompts: list[str],
+    sampling: SamplingConfig,
+    *,
+    group_size: int = 1,
+    generator: torch.Generator | None = None,
+    with_uncond: bool = False,
+) -> OneStepRollout:
     """MAR's AR loop with one generator call per AR step; differentiable under torch.enable_grad().
 
     The guidance is distilled into the student, so the student runs its conditional branch alone;
@@ -99,14 +108,28 @@ def generate_one_step(policy: ToyMAR, prompts: list[str], sampling: SamplingConf
         g = torch.zeros(N, L, D, device=device).index_put(rows, student_tokens(policy, noise[k][rows], z_c[rows]))
         x = g + std * eps[k]  # [N, L, D] reparametrised Gaussian step
         tokens = torch.where(committed[..., None], x, tokens)
-        for name, value in (("known", known), ("committed", committed), ("samples", x.detach()), ("z_c", z_c.detach()),
-                            ("z_u", None if z_u is None else z_u.detach())):
+        for name, value in (
+            ("known", known),
+            ("committed", committed),
+            ("samples", x.detach()),
+            ("z_c", z_c.detach()),
+            ("z_u", None if z_u is None else z_u.detach()),
+        ):
             out[name].append(value)
         known = known | committed
     stack = lambda v: None if v[0] is None else torch.stack(v)  # noqa: E731
-    return OneStepRollout(prompts=[p for p in prompts for _ in range(group_size)], tokens=tokens, images=policy.decode(tokens),
-                          known=stack(out["known"]), committed=stack(out["committed"]), noise=noise, samples=stack(out["samples"]),
-                          z_c=stack(out["z_c"]), z_u=stack(out["z_u"]), cfg=torch.tensor(cfg_scales(sampling, L, schedule)))
+    return OneStepRollout(
+        prompts=[p for p in prompts for _ in range(group_size)],
+        tokens=tokens,
+        images=policy.decode(tokens),
+        known=stack(out["known"]),
+        committed=stack(out["committed"]),
+        noise=noise,
+        samples=stack(out["samples"]),
+        z_c=stack(out["z_c"]),
+        z_u=stack(out["z_u"]),
+        cfg=torch.tensor(cfg_scales(sampling, L, schedule)),
+    )
 
 
 def committed_log_prob(policy: ToyMAR, rollout: OneStepRollout, temperature: float = 1.0) -> Tensor:

@@ -67,8 +67,13 @@ class MARVALRLConfig:
         if self.trained not in TRAINED:
             raise ValueError(f"Unknown trained: {self.trained!r}; expected one of {TRAINED}")
         if self.group_size < 2 and self.shapes_grad == "reinforce" and self.shapes_weight:
-            raise ValueError("group_size must be >= 2 for the REINFORCE term's group baseline; or set shapes_grad: none")
-        if min(self.steps, self.batch_prompts, self.group_size, self.val_every, self.val_prompts) < 1 or not self.lr > 0:
+            raise ValueError(
+                "group_size must be >= 2 for the REINFORCE term's group baseline; or set shapes_grad: none"
+            )
+        if (
+            min(self.steps, self.batch_prompts, self.group_size, self.val_every, self.val_prompts) < 1
+            or not self.lr > 0
+        ):
             raise ValueError("steps, batch_prompts, group_size, val_every and val_prompts must be >= 1, and lr > 0")
 
 
@@ -82,13 +87,29 @@ def clip_scores(clip, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
 class MARVALRL:
     """Reward-gradient fine-tuning of a one-step policy. `clip`: a ToyClip model; `shapes`: a ShapesReward or None."""
 
-    def __init__(self, policy: ToyMAR, clip, shapes, train_prompts: PromptSet, val_prompts: PromptSet,
-                 sampling: SamplingConfig, config: MARVALRLConfig, distiller: MARVALDistiller | None = None):
+    def __init__(
+        self,
+        policy: ToyMAR,
+        clip,
+        shapes,
+        train_prompts: PromptSet,
+        val_prompts: PromptSet,
+        sampling: SamplingConfig,
+        config: MARVALRLConfig,
+        distiller: MARVALDistiller | None = None,
+    ):
         if policy.config.head_sampler != "one_step":
-            raise ValueError("MARVAL-RL trains a one-step policy (head_sampler: one_step); distil one with MARVALDistiller")
+            raise ValueError(
+                "MARVAL-RL trains a one-step policy (head_sampler: one_step); distil one with MARVALDistiller"
+            )
         if config.reg_weight and (distiller is None or distiller.student is not policy):
             raise ValueError("reg_weight > 0 needs a MARVALDistiller whose student is this policy")
-        self.policy, self.clip, self.shapes, self.distiller = policy, clip.requires_grad_(False).eval(), shapes, distiller
+        self.policy, self.clip, self.shapes, self.distiller = (
+            policy,
+            clip.requires_grad_(False).eval(),
+            shapes,
+            distiller,
+        )
         self.train_prompts, self.val_prompts, self.sampling, self.cfg = train_prompts, val_prompts, sampling, config
         policy.requires_grad_(False)
         params = list(policy.head_parameters()) + (list(policy.ar_parameters()) if config.trained == "all" else [])
@@ -129,8 +150,14 @@ class MARVALRL:
         prompts = [self.train_prompts.prompts[i] for i in idx]
         meta = [self.train_prompts.metadata[i] for i in idx for _ in range(cfg.group_size)]
         self.policy.eval()  # dropout off: the loss is that of the sampling policy
-        rollout = generate_one_step(self.policy, prompts, self.sampling, group_size=cfg.group_size, generator=g,
-                                    with_uncond=bool(cfg.reg_weight))
+        rollout = generate_one_step(
+            self.policy,
+            prompts,
+            self.sampling,
+            group_size=cfg.group_size,
+            generator=g,
+            with_uncond=bool(cfg.reg_weight),
+        )
         terms = self.rewards(rollout.images, rollout.prompts, meta)
         loss, parts = self.loss(rollout, terms)
         self.optimizer.zero_grad(set_to_none=True)
@@ -141,17 +168,27 @@ class MARVALRL:
             self.optimizer.step()
         self.step += 1
         total = terms["total"]
-        return {"step": self.step, "reward_mean": total.mean().item(), "reward_std": total.std().item(),
-                **{f"reward/{k}": v.detach().mean().item() for k, v in terms.items() if k != "total"},
-                "loss": loss.item(), **parts, "grad_norm": grad_norm, "skipped": int(skipped),
-                "lr": self.optimizer.param_groups[0]["lr"], "step_time_s": time.time() - t0}
+        return {
+            "step": self.step,
+            "reward_mean": total.mean().item(),
+            "reward_std": total.std().item(),
+            **{f"reward/{k}": v.detach().mean().item() for k, v in terms.items() if k != "total"},
+            "loss": loss.item(),
+            **parts,
+            "grad_norm": grad_norm,
+            "skipped": int(skipped),
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "step_time_s": time.time() - t0,
+        }
 
     @torch.no_grad()
     def validate(self) -> float:
         """Mean mixed reward over the first `val_prompts` validation prompts, from fixed noise (paired across runs)."""
         n = min(self.cfg.val_prompts, len(self.val_prompts))
         prompts, meta = self.val_prompts.prompts[:n], self.val_prompts.metadata[:n]
-        rollout = generate_one_step(self.policy, prompts, self.sampling, generator=torch.Generator().manual_seed(VAL_SEED))
+        rollout = generate_one_step(
+            self.policy, prompts, self.sampling, generator=torch.Generator().manual_seed(VAL_SEED)
+        )
         return self.rewards(rollout.images, prompts, meta)["total"].mean().item()
 
     def train(self) -> list[dict]:

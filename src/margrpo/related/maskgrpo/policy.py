@@ -18,9 +18,9 @@ policies' live in `margrpo.grpo.rollout`.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -38,7 +38,9 @@ MODEL_TYPE = "toy-mask"
 
 @dataclass
 class ToyMaskConfig:
-    world: dict = field(default_factory=lambda: PRESETS["grid4"].to_dict())  # the pipeline's default world: 4 x 4 cells of 16 px
+    world: dict = field(
+        default_factory=lambda: PRESETS["grid4"].to_dict()
+    )  # the pipeline's default world: 4 x 4 cells of 16 px
     width: int = 192  # transformer width
     depth: int = 4
     heads: int = 6
@@ -55,7 +57,9 @@ class ToyMaskConfig:
             raise ValueError("width must be divisible by heads and text_width by text_heads")
         world = WorldConfig.from_dict(self.world)
         if not world.snap or world.image_size % world.grid:
-            raise ValueError("toy-mask needs a snapped world (snap: true) whose image_size is a multiple of grid: one token per cell")
+            raise ValueError(
+                "toy-mask needs a snapped world (snap: true) whose image_size is a multiple of grid: one token per cell"
+            )
 
 
 class CellCodebook:
@@ -64,7 +68,10 @@ class CellCodebook:
     def __init__(self, world: WorldConfig):
         self.world, self.grid = world, world.grid
         self.cell, self.size = world.image_size // world.grid, world.size_range[1]
-        self.entries: list[tuple[str, str, str] | None] = [None, *itertools.product(world.palette, world.shapes, world.textures)]
+        self.entries: list[tuple[str, str, str] | None] = [
+            None,
+            *itertools.product(world.palette, world.shapes, world.textures),
+        ]
         self.index = {e: i for i, e in enumerate(self.entries)}
 
     def __len__(self) -> int:
@@ -98,8 +105,10 @@ class CellCodebook:
         for t in range(len(self)):
             image = render(self.scene([t] + [0] * (self.grid**2 - 1)), self.world)  # (H, W, 3) uint8
             if image[self.cell :].any() or image[:, self.cell :].any():
-                raise ValueError(f"{self.entries[t]} of {self.size} px spills out of its {self.cell}-px cell; "
-                                 "pasting patches would differ from the renderer: lower size_range or raise image_size")
+                raise ValueError(
+                    f"{self.entries[t]} of {self.size} px spills out of its {self.cell}-px cell; "
+                    "pasting patches would differ from the renderer: lower size_range or raise image_size"
+                )
             out.append(torch.from_numpy(np.ascontiguousarray(image[: self.cell, : self.cell])).permute(2, 0, 1))
         return torch.stack(out).float() / 255
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
@@ -68,7 +68,9 @@ def masked_token_loss(policy: ToyMaskPolicy, tokens: Tensor, prompts: list[str],
     return F.cross_entropy(logits[masked], tokens[masked])
 
 
-def pretrain_mask_policy(policy: ToyMaskPolicy, cfg: MaskPretrainConfig, batch_fn: TokenBatchFn | None = None) -> list[dict]:
+def pretrain_mask_policy(
+    policy: ToyMaskPolicy, cfg: MaskPretrainConfig, batch_fn: TokenBatchFn | None = None
+) -> list[dict]:
     """Train in place; one row per step (step, loss, grad_norm, lr, wall_time_s). Leaves the policy in eval mode."""
     batch_fn = batch_fn or world_token_batches(policy)
     params = [p for p in policy.parameters() if p.requires_grad]
@@ -90,15 +92,29 @@ def pretrain_mask_policy(policy: ToyMaskPolicy, cfg: MaskPretrainConfig, batch_f
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         optimizer.step()
-        rows.append({"step": step + 1, "loss": loss.item(), "grad_norm": float(grad_norm), "lr": lr, "wall_time_s": time.time() - t0})
+        rows.append(
+            {
+                "step": step + 1,
+                "loss": loss.item(),
+                "grad_norm": float(grad_norm),
+                "lr": lr,
+                "wall_time_s": time.time() - t0,
+            }
+        )
         bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
     policy.eval()
     return rows
 
 
 @torch.no_grad()
-def compbench_accuracy(policy: ToyMaskPolicy, records, sampling: MaskSamplingConfig, images_per_prompt: int = 1,
-                       seed: int = 0, batch_prompts: int = 32) -> dict:
+def compbench_accuracy(
+    policy: ToyMaskPolicy,
+    records,
+    sampling: MaskSamplingConfig,
+    images_per_prompt: int = 1,
+    seed: int = 0,
+    batch_prompts: int = 32,
+) -> dict:
     """The world's exact CompBench-style score of generated images against their suite records:
     {"overall": {strict, lenient, shuffled_strict}, "per_category": {cat: {...}}, "n_images"}. The
     shuffled baseline scores the same images against a derangement of the records (a policy that ignores
@@ -117,10 +133,15 @@ def compbench_accuracy(policy: ToyMaskPolicy, records, sampling: MaskSamplingCon
     for i, img in enumerate(images):
         rec, other = records[i // images_per_prompt], records[perm[i // images_per_prompt]]
         s, b = score(rec.spec, img, rec.category, policy.world), score(other.spec, img, other.category, policy.world)
-        rows.append({"category": rec.category, "strict": s["strict"], "lenient": s["lenient"], "shuffled_strict": b["strict"]})
+        rows.append(
+            {"category": rec.category, "strict": s["strict"], "lenient": s["lenient"], "shuffled_strict": b["strict"]}
+        )
     import pandas as pd
 
     df = pd.DataFrame(rows)
     keys = ["strict", "lenient", "shuffled_strict"]
-    return {"n_images": len(df), "overall": df[keys].mean().to_dict(),
-            "per_category": df.groupby("category")[keys].mean().to_dict(orient="index")}
+    return {
+        "n_images": len(df),
+        "overall": df[keys].mean().to_dict(),
+        "per_category": df.groupby("category")[keys].mean().to_dict(orient="index"),
+    }

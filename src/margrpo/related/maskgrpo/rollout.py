@@ -41,7 +41,9 @@ class MaskSamplingConfig:
 
     def __post_init__(self):
         if self.selection not in SELECTIONS:
-            raise ValueError(f"Unknown selection: {self.selection!r}; expected one of {', '.join(map(repr, SELECTIONS))}")
+            raise ValueError(
+                f"Unknown selection: {self.selection!r}; expected one of {', '.join(map(repr, SELECTIONS))}"
+            )
         if self.steps < 1 or not self.temperature > 0:
             raise ValueError(f"steps must be >= 1 and temperature > 0, got {self.steps}, {self.temperature}")
 
@@ -65,11 +67,15 @@ class MaskGITSampler:
         """The step's categorical as log-probs [..., V] (float32): logits over the temperature."""
         return torch.log_softmax(logits.float() / self.config.temperature, dim=-1)
 
-    def step(self, k: int, logits: Tensor, tokens: Tensor, mask_id: int, generator: torch.Generator | None = None) -> MaskStepOutput:
+    def step(
+        self, k: int, logits: Tensor, tokens: Tensor, mask_id: int, generator: torch.Generator | None = None
+    ) -> MaskStepOutput:
         B, L, V = logits.shape
         # 1. the categorical at every position, and one draw from it
         logp = self.log_probs(logits)  # [B, L, V]
-        sampled = torch.multinomial(logp.exp().reshape(B * L, V).cpu(), 1, generator=generator).view(B, L).to(tokens.device)
+        sampled = (
+            torch.multinomial(logp.exp().reshape(B * L, V).cpu(), 1, generator=generator).view(B, L).to(tokens.device)
+        )
         lp = logp.gather(-1, sampled[..., None]).squeeze(-1)  # [B, L]
         # 2. which masked positions to commit: n = (masked now) - (masked after this step), same for every row
         masked = tokens == mask_id
@@ -106,8 +112,13 @@ def conditions(policy: ToyMaskPolicy, prompts: list[str], sampling: MaskSampling
 
 
 @torch.no_grad()
-def generate(policy: ToyMaskPolicy, prompts: list[str], sampling: MaskSamplingConfig, group_size: int = 1,
-             generator: torch.Generator | None = None) -> MaskRollout:
+def generate(
+    policy: ToyMaskPolicy,
+    prompts: list[str],
+    sampling: MaskSamplingConfig,
+    group_size: int = 1,
+    generator: torch.Generator | None = None,
+) -> MaskRollout:
     """Generate `group_size` images per prompt (prompt-major) and record the trajectory."""
     with deterministic(policy):
         prompts = [p for p in prompts for _ in range(group_size)]
@@ -117,8 +128,18 @@ def generate(policy: ToyMaskPolicy, prompts: list[str], sampling: MaskSamplingCo
         masked, committed, sampled, log_probs = [], [], [], []
         for k in range(sampling.steps):
             masked.append(tokens == policy.mask_id)
-            out = sampler.step(k, policy.guided_logits(tokens, cond, uncond, sampling.cfg_scale), tokens, policy.mask_id, generator)
+            out = sampler.step(
+                k, policy.guided_logits(tokens, cond, uncond, sampling.cfg_scale), tokens, policy.mask_id, generator
+            )
             tokens = out.tokens
             committed.append(out.committed), sampled.append(out.sampled), log_probs.append(out.log_prob)
-        return MaskRollout(prompts, tokens, policy.decode(tokens), torch.stack(masked), torch.stack(committed),
-                           torch.stack(sampled), torch.stack(log_probs), sampling)
+        return MaskRollout(
+            prompts,
+            tokens,
+            policy.decode(tokens),
+            torch.stack(masked),
+            torch.stack(committed),
+            torch.stack(sampled),
+            torch.stack(log_probs),
+            sampling,
+        )

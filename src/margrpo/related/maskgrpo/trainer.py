@@ -92,10 +92,15 @@ class MaskGRPOConfig:
     def __post_init__(self):
         for name, allowed in (("method", METHODS), ("kl", KLS), ("logprob_cfg", LOGPROB_CFGS)):
             if getattr(self, name) not in allowed:
-                raise ValueError(f"Unknown {name}: {getattr(self, name)!r}; expected one of {', '.join(map(repr, allowed))}")
+                raise ValueError(
+                    f"Unknown {name}: {getattr(self, name)!r}; expected one of {', '.join(map(repr, allowed))}"
+                )
         if self.group_size < 2:
             raise ValueError(f"group_size (G) must be >= 2, got {self.group_size}: a group of one has zero advantage")
-        if min(self.steps, self.batch_prompts, self.iterations, self.val_every, self.val_prompts) < 1 or not self.lr > 0:
+        if (
+            min(self.steps, self.batch_prompts, self.iterations, self.val_every, self.val_prompts) < 1
+            or not self.lr > 0
+        ):
             raise ValueError("steps, batch_prompts, iterations, val_every and val_prompts must be >= 1 and lr > 0")
         if not 0 <= self.min_mask_ratio < 1 or self.clip_eps < 0 or self.beta < 0:
             raise ValueError("min_mask_ratio must lie in [0, 1), clip_eps and beta be >= 0")
@@ -108,8 +113,14 @@ class MaskGRPOConfig:
 # --------------------------------------------------------------------------------------------
 
 
-def token_log_probs(policy: ToyMaskPolicy, prompts: list[str], tokens: Tensor, masked: Tensor,
-                    sampling: MaskSamplingConfig, logprob_cfg: str = "exact") -> tuple[Tensor, Tensor]:
+def token_log_probs(
+    policy: ToyMaskPolicy,
+    prompts: list[str],
+    tokens: Tensor,
+    masked: Tensor,
+    sampling: MaskSamplingConfig,
+    logprob_cfg: str = "exact",
+) -> tuple[Tensor, Tensor]:
     """log p(tokens_j | state) at every position j for M states at once, in one pass (two with CFG).
 
     tokens [N, L] finished images; masked [M, N, L] bool: state m shows `tokens` where False and
@@ -123,7 +134,9 @@ def token_log_probs(policy: ToyMaskPolicy, prompts: list[str], tokens: Tensor, m
     states = torch.where(masked, policy.mask_id, tokens).reshape(M * N, L)  # [M*N, L]
     with deterministic(policy):
         cond, uncond = conditions(policy, prompts, sampling)
-        logits = policy.guided_logits(states, cond.tile(M), None if uncond is None else uncond.tile(M), sampling.cfg_scale)
+        logits = policy.guided_logits(
+            states, cond.tile(M), None if uncond is None else uncond.tile(M), sampling.cfg_scale
+        )
     logp = MaskGITSampler(policy.seq_len, sampling).log_probs(logits)  # [M*N, L, V]
     lp = logp.gather(-1, tokens.repeat(M, 1)[..., None]).squeeze(-1)  # [M*N, L]
     return lp.view(M, N, L), logp.view(M, N, L, -1)
@@ -179,8 +192,15 @@ def kl_terms(lp: Tensor, logp: Tensor, ref_lp: Tensor, ref_logp: Tensor, kind: s
     return (logp.exp() * (logp - ref_logp)).sum(-1)
 
 
-def surrogate_loss(cfg: MaskGRPOConfig, lp: Tensor, logp: Tensor, old: Tensor, ref: tuple[Tensor, Tensor] | None,
-                   adv: Tensor, weights: Tensor) -> tuple[Tensor, dict]:
+def surrogate_loss(
+    cfg: MaskGRPOConfig,
+    lp: Tensor,
+    logp: Tensor,
+    old: Tensor,
+    ref: tuple[Tensor, Tensor] | None,
+    adv: Tensor,
+    weights: Tensor,
+) -> tuple[Tensor, dict]:
     """-(token mean of the clipped surrogate) + beta * (token mean of the KL), over the scored tokens."""
     obj = per_token_policy_objective(lp, old, adv, cfg.clip_eps)  # [M, N, L]
     policy_term = -masked_mean(obj, weights)
@@ -204,8 +224,14 @@ class ScoredBatch:
     frac_zero: float
 
 
-def rollout_and_score(policy: ToyMaskPolicy, reward_fn: RewardFn, prompts: PromptSet, cfg: MaskGRPOConfig,
-                      sampling: MaskSamplingConfig, step: int) -> ScoredBatch:
+def rollout_and_score(
+    policy: ToyMaskPolicy,
+    reward_fn: RewardFn,
+    prompts: PromptSet,
+    cfg: MaskGRPOConfig,
+    sampling: MaskSamplingConfig,
+    step: int,
+) -> ScoredBatch:
     """Sample prompts, generate their groups, score them, and normalise the rewards within each group."""
     g_prompts, g_roll = step_generator(cfg.seed, step, 0), step_generator(cfg.seed, step, 1)
     idx = torch.randperm(len(prompts), generator=g_prompts)[: cfg.batch_prompts].tolist()
@@ -216,8 +242,16 @@ def rollout_and_score(policy: ToyMaskPolicy, reward_fn: RewardFn, prompts: Promp
     return ScoredBatch(rollout, rewards, components, adv, frac_zero)
 
 
-def update(policy: ToyMaskPolicy, ref: ToyMaskPolicy | None, optimizer, params: list, cfg: MaskGRPOConfig,
-           batch: ScoredBatch, target: Target, old: Tensor | None) -> dict:
+def update(
+    policy: ToyMaskPolicy,
+    ref: ToyMaskPolicy | None,
+    optimizer,
+    params: list,
+    cfg: MaskGRPOConfig,
+    batch: ScoredBatch,
+    target: Target,
+    old: Tensor | None,
+) -> dict:
     """One optimizer step on one target; `old` None: the parameters are still the rollout's, so this
     pass's own log-probs (detached) are log_prob_old. A non-finite loss or gradient skips the step."""
     r = batch.rollout
@@ -226,7 +260,9 @@ def update(policy: ToyMaskPolicy, ref: ToyMaskPolicy | None, optimizer, params: 
     if ref is not None:
         with torch.no_grad():
             ref_terms = token_log_probs(ref, r.prompts, r.tokens, target.masked, r.sampling, cfg.logprob_cfg)
-    loss, stats = surrogate_loss(cfg, lp, logp, lp.detach() if old is None else old, ref_terms, batch.adv, target.weights)
+    loss, stats = surrogate_loss(
+        cfg, lp, logp, lp.detach() if old is None else old, ref_terms, batch.adv, target.weights
+    )
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
@@ -237,30 +273,50 @@ def update(policy: ToyMaskPolicy, ref: ToyMaskPolicy | None, optimizer, params: 
     return stats
 
 
-def train_step(policy: ToyMaskPolicy, ref: ToyMaskPolicy | None, optimizer, params: list, reward_fn: RewardFn,
-               prompts: PromptSet, cfg: MaskGRPOConfig, sampling: MaskSamplingConfig, step: int) -> dict:
+def train_step(
+    policy: ToyMaskPolicy,
+    ref: ToyMaskPolicy | None,
+    optimizer,
+    params: list,
+    reward_fn: RewardFn,
+    prompts: PromptSet,
+    cfg: MaskGRPOConfig,
+    sampling: MaskSamplingConfig,
+    step: int,
+) -> dict:
     """Rollout -> rewards -> advantages -> mu updates (log_prob_old of all taken before the first) -> a metrics row."""
     t0 = time.time()
     batch = rollout_and_score(policy, reward_fn, prompts, cfg, sampling, step)
     r = batch.rollout
     targets = plan_targets(cfg, r, step_generator(cfg.seed, step, 2))
     with torch.no_grad():  # the first update reads log_prob_old off its own pass
-        olds = [None] + [token_log_probs(policy, r.prompts, r.tokens, t.masked, sampling, cfg.logprob_cfg)[0]
-                         for t in targets[1:]]
+        olds = [None] + [
+            token_log_probs(policy, r.prompts, r.tokens, t.masked, sampling, cfg.logprob_cfg)[0] for t in targets[1:]
+        ]
     logs = [update(policy, ref, optimizer, params, cfg, batch, t, old) for t, old in zip(targets, olds)]
     mean = lambda k: sum(s[k] for s in logs) / len(logs)  # noqa: E731
-    return {"step": step + 1, "reward_mean": batch.rewards.mean().item(), "reward_std": batch.rewards.std().item(),
-            **{f"reward/{k}": v.mean().item() for k, v in batch.components.items()},
-            "adv_mean": batch.adv.mean().item(), "adv_std": batch.adv.std().item(), "frac_zero_std": batch.frac_zero,
-            **{k: mean(k) for k in ("policy_loss", "kl", "clip_frac", "ratio_mean", "grad_norm_ar", "mask_frac")},
-            "ratio_min": min(s["ratio_min"] for s in logs), "ratio_max": max(s["ratio_max"] for s in logs),
-            "skipped": sum(s["skipped"] for s in logs), "lr": optimizer.param_groups[0]["lr"],
-            "step_time_s": time.time() - t0, "peak_mem_mb": peak_memory_mb()}
+    return {
+        "step": step + 1,
+        "reward_mean": batch.rewards.mean().item(),
+        "reward_std": batch.rewards.std().item(),
+        **{f"reward/{k}": v.mean().item() for k, v in batch.components.items()},
+        "adv_mean": batch.adv.mean().item(),
+        "adv_std": batch.adv.std().item(),
+        "frac_zero_std": batch.frac_zero,
+        **{k: mean(k) for k in ("policy_loss", "kl", "clip_frac", "ratio_mean", "grad_norm_ar", "mask_frac")},
+        "ratio_min": min(s["ratio_min"] for s in logs),
+        "ratio_max": max(s["ratio_max"] for s in logs),
+        "skipped": sum(s["skipped"] for s in logs),
+        "lr": optimizer.param_groups[0]["lr"],
+        "step_time_s": time.time() - t0,
+        "peak_mem_mb": peak_memory_mb(),
+    }
 
 
 @torch.no_grad()
-def validate_scores(policy: ToyMaskPolicy, reward_fn: RewardFn, prompts: PromptSet, sampling: MaskSamplingConfig,
-                    n: int) -> list[float]:
+def validate_scores(
+    policy: ToyMaskPolicy, reward_fn: RewardFn, prompts: PromptSet, sampling: MaskSamplingConfig, n: int
+) -> list[float]:
     """Reward of one image for each of the first `n` prompts, from fixed noise (VAL_SEED: the same draw for
     every run, method and step, so differences between them are paired)."""
     n = min(n, len(prompts))
@@ -268,7 +324,9 @@ def validate_scores(policy: ToyMaskPolicy, reward_fn: RewardFn, prompts: PromptS
     return reward_fn(r.images, r.prompts, prompts.metadata[:n])[0].tolist()
 
 
-def validate(policy: ToyMaskPolicy, reward_fn: RewardFn, prompts: PromptSet, sampling: MaskSamplingConfig, n: int) -> float:
+def validate(
+    policy: ToyMaskPolicy, reward_fn: RewardFn, prompts: PromptSet, sampling: MaskSamplingConfig, n: int
+) -> float:
     """Mean reward of one image for each of the first `n` prompts, from fixed noise (paired across runs and steps)."""
     scores = validate_scores(policy, reward_fn, prompts, sampling, n)
     return sum(scores) / len(scores)
@@ -285,8 +343,14 @@ def prepare(policy: ToyMaskPolicy, config: MaskGRPOConfig) -> tuple[ToyMaskPolic
     return ref, optimizer, params
 
 
-def train_mask_grpo(policy: ToyMaskPolicy, reward_fn: RewardFn, prompts: PromptSet, config: MaskGRPOConfig,
-                    val_prompts: PromptSet | None = None, sampling: MaskSamplingConfig | None = None) -> list[dict]:
+def train_mask_grpo(
+    policy: ToyMaskPolicy,
+    reward_fn: RewardFn,
+    prompts: PromptSet,
+    config: MaskGRPOConfig,
+    val_prompts: PromptSet | None = None,
+    sampling: MaskSamplingConfig | None = None,
+) -> list[dict]:
     """Train `policy` in place with plain GRPO or MaskGRPO (`config.method`); one metrics row per step,
     with the MAR trainer's column names where they apply (val_reward NaN between validations).
 
@@ -300,7 +364,9 @@ def train_mask_grpo(policy: ToyMaskPolicy, reward_fn: RewardFn, prompts: PromptS
     for step in bar:
         row = train_step(policy, ref, optimizer, params, reward_fn, prompts, config, sampling, step)
         due = val_prompts is not None and ((step + 1) % config.val_every == 0 or step + 1 == config.steps)
-        row["val_reward"] = validate(policy, reward_fn, val_prompts, sampling, config.val_prompts) if due else float("nan")
+        row["val_reward"] = (
+            validate(policy, reward_fn, val_prompts, sampling, config.val_prompts) if due else float("nan")
+        )
         rows.append(row)
         bar.set_postfix(reward=f"{row['reward_mean']:.3f}", val=f"{row['val_reward']:.3f}", refresh=False)
         if row["skipped"]:

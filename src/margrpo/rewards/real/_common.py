@@ -13,7 +13,12 @@ import torch
 from torch import Tensor
 
 EVALUATOR_HINT = "install the evaluator stack: make evaluators (or envs/evaluators.yaml)"
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 PROCESSOR_FILES = ("preprocessor_config.json",)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json")
 
@@ -34,9 +39,7 @@ def _require_file(path: str | Path | None, reward: str, option: str, expected: s
     return p
 
 
-def _require_pretrained(
-    path: str | Path | None, reward: str, option: str, source: str, kind: str = "model"
-) -> Path:
+def _require_pretrained(path: str | Path | None, reward: str, option: str, source: str, kind: str = "model") -> Path:
     """A folder written by `save_pretrained`: config.json + weights ("model") or processor files."""
     if path is None:
         raise ValueError(f"{reward}: option {option!r} is required (a local {kind} folder; from {source})")
@@ -55,11 +58,18 @@ def _require_pretrained(
     return p
 
 
-def _model_and_processor(path, processor_path, reward: str, source: str, processor_source: str | None = None) -> tuple[Path, Path]:
+def _model_and_processor(
+    path, processor_path, reward: str, source: str, processor_source: str | None = None
+) -> tuple[Path, Path]:
     """The model folder (`path`) and its processor folder (`processor_path`, default: the model's)."""
     model_dir = _require_pretrained(path, reward, "path", source)
-    proc_dir = _require_pretrained(processor_path or path, reward, "processor_path" if processor_path else "path",
-                                   processor_source or source, kind="processor")
+    proc_dir = _require_pretrained(
+        processor_path or path,
+        reward,
+        "processor_path" if processor_path else "path",
+        processor_source or source,
+        kind="processor",
+    )
     return model_dir, proc_dir
 
 

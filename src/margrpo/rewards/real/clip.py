@@ -25,8 +25,17 @@ from margrpo.rewards.registry import register_reward
 class _HFClip:
     """A transformers CLIPModel + processor: unit image and text embeddings, batched."""
 
-    def __init__(self, reward: str, path, processor_path, source: str, processor_source: str, device, batch_size: int,
-                 dtype: str = "float32"):
+    def __init__(
+        self,
+        reward: str,
+        path,
+        processor_path,
+        source: str,
+        processor_source: str,
+        device,
+        batch_size: int,
+        dtype: str = "float32",
+    ):
         _prepare_transformers()
         from transformers import AutoProcessor, CLIPModel
 
@@ -35,7 +44,9 @@ class _HFClip:
         self.batch_size, self.dtype = _check_batch_size(batch_size), _dtype(dtype, reward)
         self.model = CLIPModel.from_pretrained(model_dir, local_files_only=True).eval().to(self.device, self.dtype)
         self.processor = AutoProcessor.from_pretrained(proc_dir, local_files_only=True)
-        self.max_length = _text_max_length(self.processor.tokenizer, self.model.config.text_config.max_position_embeddings)
+        self.max_length = _text_max_length(
+            self.processor.tokenizer, self.model.config.text_config.max_position_embeddings
+        )
 
     def image_embeds(self, pil_images: list) -> Tensor:
         pixels = self.processor(images=pil_images, return_tensors="pt")["pixel_values"].to(self.device, self.dtype)
@@ -51,8 +62,12 @@ class _HFClip:
     @torch.no_grad()
     def cosine(self, images: Tensor, prompts: list[str]) -> Tensor:
         """cos(image_i, prompt_i) for each pair: [B] float32 on the CPU."""
-        return _score_in_chunks(images, prompts, self.batch_size,
-                                lambda pil, text: (self.image_embeds(pil) * self.text_embeds(text)).sum(-1))
+        return _score_in_chunks(
+            images,
+            prompts,
+            self.batch_size,
+            lambda pil, text: (self.image_embeds(pil) * self.text_embeds(text)).sum(-1),
+        )
 
 
 @register_reward("pickscore")
@@ -63,10 +78,24 @@ class PickScoreReward:
     (laion/CLIP-ViT-H-14-laion2B-s32B-b79K), default `path`.
     """
 
-    def __init__(self, path: str, processor_path: str | None = None, device: str = "cpu", batch_size: int = 16,
-                 dtype: str = "float32"):
-        self.clip = _HFClip("pickscore", path, processor_path, "https://huggingface.co/yuvalkirstain/PickScore_v1",
-                            "https://huggingface.co/laion/CLIP-ViT-H-14-laion2B-s32B-b79K", device, batch_size, dtype)
+    def __init__(
+        self,
+        path: str,
+        processor_path: str | None = None,
+        device: str = "cpu",
+        batch_size: int = 16,
+        dtype: str = "float32",
+    ):
+        self.clip = _HFClip(
+            "pickscore",
+            path,
+            processor_path,
+            "https://huggingface.co/yuvalkirstain/PickScore_v1",
+            "https://huggingface.co/laion/CLIP-ViT-H-14-laion2B-s32B-b79K",
+            device,
+            batch_size,
+            dtype,
+        )
         self.scale = float(self.clip.model.logit_scale.detach().float().exp())
 
     def __call__(self, images: Tensor, prompts: list[str], metadata: list[dict]) -> Tensor:
@@ -85,13 +114,28 @@ class ClipScoreReward:
     form "clipscore_100": 100 * max(cos, 0) (the torchmetrics CLIPScore convention).
     """
 
-    def __init__(self, path: str, processor_path: str | None = None, form: str = "cosine", device: str = "cpu",
-                 batch_size: int = 32, dtype: str = "float32"):
+    def __init__(
+        self,
+        path: str,
+        processor_path: str | None = None,
+        form: str = "cosine",
+        device: str = "cpu",
+        batch_size: int = 32,
+        dtype: str = "float32",
+    ):
         if form not in CLIP_SCORE_FORMS:
             raise ValueError(f"Unknown form: {form!r}; expected one of {CLIP_SCORE_FORMS}")
         self.form = form
-        self.clip = _HFClip("clipscore", path, processor_path, "https://huggingface.co/openai/clip-vit-base-patch32",
-                            "https://huggingface.co/openai/clip-vit-base-patch32", device, batch_size, dtype)
+        self.clip = _HFClip(
+            "clipscore",
+            path,
+            processor_path,
+            "https://huggingface.co/openai/clip-vit-base-patch32",
+            "https://huggingface.co/openai/clip-vit-base-patch32",
+            device,
+            batch_size,
+            dtype,
+        )
 
     def __call__(self, images: Tensor, prompts: list[str], metadata: list[dict]) -> Tensor:
         _check_batch(images, prompts, metadata)
@@ -114,8 +158,14 @@ class AestheticMLP(nn.Module):
         h1, h2, h3, h4 = self.HIDDEN
         self.input_size = input_size
         self.layers = nn.Sequential(
-            nn.Linear(input_size, h1), nn.Dropout(0.2), nn.Linear(h1, h2), nn.Dropout(0.2),
-            nn.Linear(h2, h3), nn.Dropout(0.1), nn.Linear(h3, h4), nn.Linear(h4, 1),
+            nn.Linear(input_size, h1),
+            nn.Dropout(0.2),
+            nn.Linear(h1, h2),
+            nn.Dropout(0.2),
+            nn.Linear(h2, h3),
+            nn.Dropout(0.1),
+            nn.Linear(h3, h4),
+            nn.Linear(h4, 1),
         )
 
     def forward(self, embeds: Tensor) -> Tensor:
@@ -133,8 +183,10 @@ class AestheticMLP(nn.Module):
             state = torch.load(p, map_location="cpu", weights_only=True)
             state = state.get("state_dict", state)
         if "layers.0.weight" not in state:
-            raise ValueError(f"aesthetic: {p} is not an improved-aesthetic-predictor state dict "
-                             f"(no 'layers.0.weight'; keys: {sorted(state)[:6]}...)")
+            raise ValueError(
+                f"aesthetic: {p} is not an improved-aesthetic-predictor state dict "
+                f"(no 'layers.0.weight'; keys: {sorted(state)[:6]}...)"
+            )
         mlp = cls(int(state["layers.0.weight"].shape[1]))
         mlp.load_state_dict(state, strict=True)
         return mlp.eval()
@@ -152,27 +204,39 @@ class AestheticReward:
         _prepare_transformers()
         from transformers import AutoConfig, AutoImageProcessor, CLIPVisionModelWithProjection
 
-        mlp_file = _require_file(path, "aesthetic", "path", "the improved-aesthetic-predictor MLP weights "
-                                 "(sac+logos+ava1-l14-linearMSE.pth or .safetensors)",
-                                 "https://github.com/christophschuhmann/improved-aesthetic-predictor")
-        clip_dir = _require_pretrained(clip_path, "aesthetic", "clip_path", "https://huggingface.co/openai/clip-vit-large-patch14")
+        mlp_file = _require_file(
+            path,
+            "aesthetic",
+            "path",
+            "the improved-aesthetic-predictor MLP weights (sac+logos+ava1-l14-linearMSE.pth or .safetensors)",
+            "https://github.com/christophschuhmann/improved-aesthetic-predictor",
+        )
+        clip_dir = _require_pretrained(
+            clip_path, "aesthetic", "clip_path", "https://huggingface.co/openai/clip-vit-large-patch14"
+        )
         if not (clip_dir / "preprocessor_config.json").is_file():
-            raise FileNotFoundError(f"aesthetic: {clip_dir}/preprocessor_config.json not found (the CLIP image "
-                                    "processor); download openai/clip-vit-large-patch14 completely")
+            raise FileNotFoundError(
+                f"aesthetic: {clip_dir}/preprocessor_config.json not found (the CLIP image "
+                "processor); download openai/clip-vit-large-patch14 completely"
+            )
         self.device = torch.device(device)
         self.batch_size, self.dtype = _check_batch_size(batch_size), _dtype(dtype, "aesthetic")
         config = AutoConfig.from_pretrained(clip_dir, local_files_only=True)
         vision_config = getattr(config, "vision_config", config)
         # a full CLIP checkpoint keeps projection_dim at the top level; the vision tower needs it
         vision_config.projection_dim = getattr(config, "projection_dim", vision_config.projection_dim)
-        self.vision = CLIPVisionModelWithProjection.from_pretrained(
-            clip_dir, config=vision_config, local_files_only=True
-        ).eval().to(self.device, self.dtype)
+        self.vision = (
+            CLIPVisionModelWithProjection.from_pretrained(clip_dir, config=vision_config, local_files_only=True)
+            .eval()
+            .to(self.device, self.dtype)
+        )
         self.image_processor = AutoImageProcessor.from_pretrained(clip_dir, local_files_only=True)
         self.mlp = AestheticMLP.load(mlp_file).to(self.device, self.dtype)
         if self.mlp.input_size != self.vision.config.projection_dim:
-            raise ValueError(f"aesthetic: the MLP takes {self.mlp.input_size}-d embeddings but the CLIP at "
-                             f"{clip_dir} projects to {self.vision.config.projection_dim}")
+            raise ValueError(
+                f"aesthetic: the MLP takes {self.mlp.input_size}-d embeddings but the CLIP at "
+                f"{clip_dir} projects to {self.vision.config.projection_dim}"
+            )
 
     @torch.no_grad()
     def __call__(self, images: Tensor, prompts: list[str], metadata: list[dict]) -> Tensor:

@@ -53,7 +53,11 @@ def nms(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
 
 
 def relation_score(
-    relation: str, box1: Sequence[float], box2: Sequence[float], iou_threshold: float = 0.1, near_threshold: float = 0.3
+    relation: str,
+    box1: Sequence[float],
+    box2: Sequence[float],
+    iou_threshold: float = 0.1,
+    near_threshold: float = 0.3,
 ) -> float:
     """Soft score in [0, 1] that xyxy box1 (obj1) stands in `relation` to box2 (obj2).
 
@@ -79,8 +83,12 @@ def relation_score(
     union = (x1 - x0) * (y1 - y0) + (u1 - u0) * (v1 - v0) - inter
     iou = inter / union if union > 0 else 0.0
     horizontal, vertical = abs(dx) > abs(dy), abs(dy) > abs(dx)
-    correct = {"left": dx > 0 and horizontal, "right": dx < 0 and horizontal,
-               "above": dy > 0 and vertical, "below": dy < 0 and vertical}[relation]
+    correct = {
+        "left": dx > 0 and horizontal,
+        "right": dx < 0 and horizontal,
+        "above": dy > 0 and vertical,
+        "below": dy < 0 and vertical,
+    }[relation]
     if not correct:
         return 0.0
     return 1.0 if iou < iou_threshold else iou_threshold / iou
@@ -123,7 +131,9 @@ def t2i_r1_spatial_score(
     return score
 
 
-def count_match_score(dets: dict[str, Detections], counts: Sequence[tuple[str, int]], nms_iou: float, wrong: float) -> float:
+def count_match_score(
+    dets: dict[str, Detections], counts: Sequence[tuple[str, int]], nms_iou: float, wrong: float
+) -> float:
     """Mean over the asked (name, count) of 1 if the NMS count is right, `wrong` if detected with another
     count, 0 if absent. The shared form of T2I-R1's reward and T2I-CompBench's numeracy metric."""
     total = 0.0
@@ -134,7 +144,9 @@ def count_match_score(dets: dict[str, Detections], counts: Sequence[tuple[str, i
     return total / len(counts)
 
 
-def t2i_r1_numeracy_score(dets: dict[str, Detections], counts: Sequence[tuple[str, int]], nms_iou: float = 0.5) -> float:
+def t2i_r1_numeracy_score(
+    dets: dict[str, Detections], counts: Sequence[tuple[str, int]], nms_iou: float = 0.5
+) -> float:
     """T2I-R1: mean over objects of 1 if the NMS count equals the asked number, 0.2 if wrong, 0 if absent."""
     return count_match_score(dets, counts, nms_iou, wrong=0.2) if counts else 1.0
 
@@ -167,9 +179,18 @@ class GroundingDinoReward:
     to `path`.
     """
 
-    def __init__(self, path: str, processor_path: str | None = None, box_threshold: float = 0.3,
-                 nms_iou: float = 0.5, iou_threshold: float = 0.1, near_threshold: float = 0.3,
-                 device: str = "cpu", batch_size: int = 8, dtype: str = "float32"):
+    def __init__(
+        self,
+        path: str,
+        processor_path: str | None = None,
+        box_threshold: float = 0.3,
+        nms_iou: float = 0.5,
+        iou_threshold: float = 0.1,
+        near_threshold: float = 0.3,
+        device: str = "cpu",
+        batch_size: int = 8,
+        dtype: str = "float32",
+    ):
         _prepare_transformers()
         from transformers import AutoModelForZeroShotObjectDetection, AutoProcessor
 
@@ -178,10 +199,16 @@ class GroundingDinoReward:
         self.device = torch.device(device)
         self.batch_size, self.dtype = _check_batch_size(batch_size), _dtype(dtype, "grounding_dino")
         if self.dtype != torch.float32:  # transformers' Grounding DINO builds float32 tensors inside its forward
-            raise ValueError(f"grounding_dino: dtype {dtype!r} is not supported (transformers' model mixes in float32); use float32")
+            raise ValueError(
+                f"grounding_dino: dtype {dtype!r} is not supported (transformers' model mixes in float32); use float32"
+            )
         self.box_threshold, self.nms_iou = float(box_threshold), float(nms_iou)
         self.iou_threshold, self.near_threshold = float(iou_threshold), float(near_threshold)
-        self.model = AutoModelForZeroShotObjectDetection.from_pretrained(model_dir, local_files_only=True).eval().to(self.device)
+        self.model = (
+            AutoModelForZeroShotObjectDetection.from_pretrained(model_dir, local_files_only=True)
+            .eval()
+            .to(self.device)
+        )
         self.processor = AutoProcessor.from_pretrained(proc_dir, local_files_only=True)
 
     @staticmethod
@@ -204,8 +231,9 @@ class GroundingDinoReward:
             idx = todo[s]
             queries = [self.query([n.lower() for n in names[i]]) for i in idx]
             texts = [q for q, _ in queries]
-            inputs = self.processor(images=[pil[i] for i in idx], text=texts, padding="longest",
-                                    return_tensors="pt").to(self.device)
+            inputs = self.processor(
+                images=[pil[i] for i in idx], text=texts, padding="longest", return_tensors="pt"
+            ).to(self.device)
             out = self.model(**inputs)
             probs = out.logits.float().sigmoid()  # [b, Q, max_text_len]
             boxes = out.pred_boxes.float()  # [b, Q, 4] cx, cy, w, h in [0, 1]

@@ -35,7 +35,9 @@ def _load_open_clip_config(clip_path: str | Path, model_name: str) -> dict:
             cfg = json.loads(c.read_text())
             cfg = cfg.get("model_cfg", cfg)
             if not all(k in cfg for k in ("embed_dim", "vision_cfg", "text_cfg")):
-                raise ValueError(f"hpsv2: {c} is not an open_clip model config (needs embed_dim, vision_cfg, text_cfg)")
+                raise ValueError(
+                    f"hpsv2: {c} is not an open_clip model config (needs embed_dim, vision_cfg, text_cfg)"
+                )
             return cfg
     raise FileNotFoundError(
         f"hpsv2: {p} not found (expected an open_clip model config: a JSON file, or a folder with "
@@ -56,10 +58,22 @@ class HPSv2Reward:
     side, pad, normalise).
     """
 
-    def __init__(self, path: str, clip_path: str | None = None, model_name: str = "ViT-H-14",
-                 device: str = "cpu", batch_size: int = 16, dtype: str = "float32"):
-        ckpt = _require_file(path, "hpsv2", "path", "the HPS v2.1 checkpoint HPS_v2.1_compressed.pt",
-                             "https://huggingface.co/xswu/HPSv2")
+    def __init__(
+        self,
+        path: str,
+        clip_path: str | None = None,
+        model_name: str = "ViT-H-14",
+        device: str = "cpu",
+        batch_size: int = 16,
+        dtype: str = "float32",
+    ):
+        ckpt = _require_file(
+            path,
+            "hpsv2",
+            "path",
+            "the HPS v2.1 checkpoint HPS_v2.1_compressed.pt",
+            "https://huggingface.co/xswu/HPSv2",
+        )
         cfg = _load_open_clip_config(clip_path, model_name) if clip_path is not None else None
         _import_evaluator_package("hpsv2", "hpsv2.src.open_clip", "hpsv2")
         from hpsv2.src.open_clip import create_model_and_transforms, factory, get_tokenizer
@@ -72,15 +86,28 @@ class HPSv2Reward:
         self.device = torch.device(device)
         self.batch_size = _check_batch_size(batch_size)
         self.model, _, self.preprocess = create_model_and_transforms(
-            model_name, pretrained=None, precision="fp32", device=self.device, jit=False,
-            force_quick_gelu=False, force_custom_text=False, force_patch_dropout=False, force_image_size=None,
-            pretrained_image=False, image_mean=None, image_std=None, light_augmentation=True, aug_cfg={},
-            output_dict=True, with_score_predictor=False, with_region_predictor=False,
+            model_name,
+            pretrained=None,
+            precision="fp32",
+            device=self.device,
+            jit=False,
+            force_quick_gelu=False,
+            force_custom_text=False,
+            force_patch_dropout=False,
+            force_image_size=None,
+            pretrained_image=False,
+            image_mean=None,
+            image_std=None,
+            light_augmentation=True,
+            aug_cfg={},
+            output_dict=True,
+            with_score_predictor=False,
+            with_region_predictor=False,
         )
         state = torch.load(ckpt, map_location="cpu", weights_only=True)
         state = state.get("state_dict", state)
         if next(iter(state)).startswith("module."):
-            state = {k[len("module."):]: v for k, v in state.items()}
+            state = {k[len("module.") :]: v for k, v in state.items()}
         self.model.load_state_dict(state, strict=True)
         self.dtype = _dtype(dtype, "hpsv2")
         self.model.eval().to(self.dtype)
@@ -132,14 +159,26 @@ class ImageRewardReward:
     (prompt tokens padded to 35, as `score`).
     """
 
-    def __init__(self, path: str, med_config: str, device: str = "cpu", batch_size: int = 16,
-                 tokenizer_path: str | None = None, dtype: str = "float32"):
+    def __init__(
+        self,
+        path: str,
+        med_config: str,
+        device: str = "cpu",
+        batch_size: int = 16,
+        tokenizer_path: str | None = None,
+        dtype: str = "float32",
+    ):
         source = "https://huggingface.co/THUDM/ImageReward"
         ckpt = _require_file(path, "imagereward", "path", "the ImageReward checkpoint ImageReward.pt", source)
         med = _require_file(med_config, "imagereward", "med_config", "the BLIP text config med_config.json", source)
         if tokenizer_path is not None:
-            _require_file(Path(tokenizer_path) / "vocab.txt", "imagereward", "tokenizer_path",
-                          "the vocab.txt of a bert-base-uncased tokenizer folder", "https://huggingface.co/bert-base-uncased")
+            _require_file(
+                Path(tokenizer_path) / "vocab.txt",
+                "imagereward",
+                "tokenizer_path",
+                "the vocab.txt of a bert-base-uncased tokenizer folder",
+                "https://huggingface.co/bert-base-uncased",
+            )
         _import_evaluator_package("imagereward", "ImageReward", "image-reward")
         import ImageReward as RM
 
@@ -157,6 +196,7 @@ class ImageRewardReward:
 
     def _score(self, pil: list, prompts: list[str]) -> Tensor:
         pixels = torch.stack([self.model.preprocess(im) for im in pil]).to(self.device, self.dtype)
-        text = self.model.blip.tokenizer(prompts, padding="max_length", truncation=True, max_length=35,
-                                         return_tensors="pt").to(self.device)
+        text = self.model.blip.tokenizer(
+            prompts, padding="max_length", truncation=True, max_length=35, return_tensors="pt"
+        ).to(self.device)
         return self.model.score_gard(text.input_ids, text.attention_mask, pixels).squeeze(-1)  # [b]

@@ -30,8 +30,9 @@ class _PhraseVQA:
 
     reward = "vqa"
 
-    def __init__(self, reduce: str, skip_tasks: Sequence[str], max_phrases: int, device, batch_size: int,
-                 dtype: str = "float32"):
+    def __init__(
+        self, reduce: str, skip_tasks: Sequence[str], max_phrases: int, device, batch_size: int, dtype: str = "float32"
+    ):
         if reduce not in VQA_REDUCTIONS:
             raise ValueError(f"Unknown reduce: {reduce!r}; expected one of {VQA_REDUCTIONS}")
         if max_phrases < 1:
@@ -90,16 +91,28 @@ class BlipVQAReward(_PhraseVQA):
 
     reward = "vqa"
 
-    def __init__(self, path: str, processor_path: str | None = None, reduce: str = "product",
-                 skip_tasks: Sequence[str] = (), max_phrases: int = 8, device: str = "cpu", batch_size: int = 16,
-                 dtype: str = "float32"):
+    def __init__(
+        self,
+        path: str,
+        processor_path: str | None = None,
+        reduce: str = "product",
+        skip_tasks: Sequence[str] = (),
+        max_phrases: int = 8,
+        device: str = "cpu",
+        batch_size: int = 16,
+        dtype: str = "float32",
+    ):
         super().__init__(reduce, skip_tasks, max_phrases, device, batch_size, dtype)
         _prepare_transformers()
         from transformers import AutoProcessor, BlipForQuestionAnswering
 
         source = "https://huggingface.co/Salesforce/blip-vqa-capfilt-large"
         model_dir, proc_dir = _model_and_processor(path, processor_path, self.reward, source)
-        self.model = BlipForQuestionAnswering.from_pretrained(model_dir, local_files_only=True).eval().to(self.device, self.dtype)
+        self.model = (
+            BlipForQuestionAnswering.from_pretrained(model_dir, local_files_only=True)
+            .eval()
+            .to(self.device, self.dtype)
+        )
         self.processor = AutoProcessor.from_pretrained(proc_dir, local_files_only=True)
         self.yes_id = self._token_id(self.processor.tokenizer, "yes")
         self.no_id = self._token_id(self.processor.tokenizer, "no")
@@ -108,7 +121,9 @@ class BlipVQAReward(_PhraseVQA):
         m = self.model
         image_embeds = []
         for s in _chunks(len(pil), self.batch_size):
-            pixels = self.processor.image_processor(images=pil[s], return_tensors="pt")["pixel_values"].to(self.device, self.dtype)
+            pixels = self.processor.image_processor(images=pil[s], return_tensors="pt")["pixel_values"].to(
+                self.device, self.dtype
+            )
             image_embeds.append(m.vision_model(pixel_values=pixels)[0])  # [b, N, D]
         image_embeds = torch.cat(image_embeds)  # [B, N, D]
         # Questions are batched by token length, never padded: transformers' BLIP text decoder
@@ -125,12 +140,20 @@ class BlipVQAReward(_PhraseVQA):
                 input_ids = torch.tensor([ids[k] for k in rows], device=self.device)  # [q, L]
                 img = image_embeds[torch.tensor([owners[k] for k in rows], device=self.device)]  # [q, N, D]
                 img_mask = torch.ones(img.shape[:-1], dtype=torch.long, device=self.device)
-                q_states = m.text_encoder(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                                          encoder_hidden_states=img, encoder_attention_mask=img_mask,
-                                          return_dict=True)[0]  # [q, L, D]
+                q_states = m.text_encoder(
+                    input_ids=input_ids,
+                    attention_mask=torch.ones_like(input_ids),
+                    encoder_hidden_states=img,
+                    encoder_attention_mask=img_mask,
+                    return_dict=True,
+                )[0]  # [q, L, D]
                 bos = torch.full((len(rows), 1), m.decoder_start_token_id, dtype=torch.long, device=self.device)
-                logits = m.text_decoder(input_ids=bos, encoder_hidden_states=q_states,
-                                        encoder_attention_mask=torch.ones_like(input_ids), return_dict=True).logits[:, 0]
+                logits = m.text_decoder(
+                    input_ids=bos,
+                    encoder_hidden_states=q_states,
+                    encoder_attention_mask=torch.ones_like(input_ids),
+                    return_dict=True,
+                ).logits[:, 0]
                 prob = logits.float().softmax(-1)  # [q, V]
                 out[rows] = (prob[:, self.yes_id] / (prob[:, self.yes_id] + prob[:, self.no_id])).cpu()
         return out
@@ -149,16 +172,26 @@ class GitVQAReward(_PhraseVQA):
 
     reward = "git_vqa"
 
-    def __init__(self, path: str, processor_path: str | None = None, reduce: str = "mean",
-                 skip_tasks: Sequence[str] = ("spatial", "numeracy"), max_phrases: int = 8, device: str = "cpu",
-                 batch_size: int = 16, dtype: str = "float32"):
+    def __init__(
+        self,
+        path: str,
+        processor_path: str | None = None,
+        reduce: str = "mean",
+        skip_tasks: Sequence[str] = ("spatial", "numeracy"),
+        max_phrases: int = 8,
+        device: str = "cpu",
+        batch_size: int = 16,
+        dtype: str = "float32",
+    ):
         super().__init__(reduce, skip_tasks, max_phrases, device, batch_size, dtype)
         _prepare_transformers()
         from transformers import AutoModelForCausalLM, AutoProcessor
 
         source = "https://huggingface.co/microsoft/git-large-vqav2"
         model_dir, proc_dir = _model_and_processor(path, processor_path, self.reward, source)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).eval().to(self.device, self.dtype)
+        self.model = (
+            AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).eval().to(self.device, self.dtype)
+        )
         if type(self.model).__name__ != "GitForCausalLM":
             raise ValueError(f"git_vqa: {model_dir} holds a {type(self.model).__name__}, expected GitForCausalLM")
         self.processor = AutoProcessor.from_pretrained(proc_dir, local_files_only=True)
@@ -168,8 +201,12 @@ class GitVQAReward(_PhraseVQA):
 
     def _yes_probability(self, pil: list, owners: list[int], questions: list[str]) -> Tensor:
         tok = self.processor.tokenizer
-        pixels = torch.cat([self.processor.image_processor(images=pil[s], return_tensors="pt")["pixel_values"]
-                            for s in _chunks(len(pil), self.batch_size)])  # [B, 3, h, w]
+        pixels = torch.cat(
+            [
+                self.processor.image_processor(images=pil[s], return_tensors="pt")["pixel_values"]
+                for s in _chunks(len(pil), self.batch_size)
+            ]
+        )  # [B, 3, h, w]
         ids = [[self.cls_id, *tok(q, add_special_tokens=False)["input_ids"]] for q in questions]
         out = []
         for s in _chunks(len(questions), self.batch_size):
