@@ -158,6 +158,29 @@ def test_frame_condition_is_computed_once_per_rollout_and_changes_nothing(monkey
     torch.testing.assert_close(cached.log_probs, per_step.log_probs, rtol=1e-5, atol=1e-5)
 
 
+def novas_time_grid(num_steps: int, shift: float, num_train_timesteps: int = 1000) -> np.ndarray:
+    """NOVA's FlowMatchEulerDiscreteScheduler (diffnext/schedulers/scheduling_cfm.py), step by step in float32:
+    the constructor shifts the training sigmas 1..1/1000 and keeps their ends; set_timesteps spans
+    linspace(t_max, t_min, T) between those ends and shifts the result again, then appends 0."""
+    shifted = lambda s: shift * s / (1 + (shift - 1) * s)  # noqa: E731
+    train = shifted(np.arange(1, num_train_timesteps + 1, dtype="float32")[::-1] / num_train_timesteps)
+    t_max, t_min = float(train[0]) * num_train_timesteps, float(train[-1]) * num_train_timesteps
+    sigmas = np.linspace(t_max, t_min, num_steps, dtype="float32") / num_train_timesteps
+    return np.append(shifted(sigmas), 0.0)
+
+
+@pytest.mark.parametrize("shift", [1.0, 3.0])
+def test_time_grid_is_novas_at_every_shift(shift):
+    """Equal to NOVA's scheduler at shift 1 and at shift 3, where its last step is the minimum shifted twice."""
+    policy = tiny_nova()
+    policy.config.flow_shift = shift
+    sigmas = policy.make_sampler(25).sigmas.numpy()
+    np.testing.assert_allclose(sigmas, novas_time_grid(25, shift), rtol=1e-6, atol=0)
+    twice = 3 * (3e-3 / 1.002) / (1 + 2 * (3e-3 / 1.002))  # w(w(0.001)) at s = 3
+    assert sigmas[-2] == pytest.approx(0.001 if shift == 1 else twice, rel=1e-9)
+    assert shift == 1 or sigmas[-2] == pytest.approx(0.00893, abs=5e-6)
+
+
 def test_sampling_schedule_is_novas():
     """NOVA's pipeline: per-step token counts from np.round of the cosine mask lengths, and its Euler
     scheduler's time grid (set_timesteps: linspace(1000, 1, T) / 1000, shifted, then 0)."""
@@ -170,11 +193,10 @@ def test_sampling_schedule_is_novas():
     for L, K, steps in ((1024, 64, 63), (4096, 64, 64), (256, 16, 16), (64, 8, 8), (16, 16, 13)):
         left = unknown_after_steps(L, K, policy.mask_rounding)
         assert [a - b for a, b in zip([L] + left[:-1], left)] == novas(L, K) and len(left) == steps, (L, K)
-    T, shift = 25, policy.config.flow_shift
-    sigmas = np.linspace(1000.0, 1.0, T) / 1000
-    sigmas = np.append(shift * sigmas / (1 + (shift - 1) * sigmas), 0.0)
+    T = 25
+    sigmas = novas_time_grid(T, policy.config.flow_shift)
     sampler = policy.make_sampler(T)
-    np.testing.assert_allclose(sampler.sigmas.numpy(), sigmas, rtol=1e-12)
+    np.testing.assert_allclose(sampler.sigmas.numpy(), sigmas, rtol=1e-6)
     np.testing.assert_allclose(sampler.model_time(torch.arange(T)).numpy(), sigmas[:-1] * 1000, rtol=1e-6)
     r = generate(
         policy,

@@ -54,8 +54,8 @@ class FlowConfig:
     # gradient; for a head that predicts x0 that step *is* the token (x_0 = x0_hat(x_{t_{T-1}})), and
     # the likelihood-ratio estimate then pointed against the true gradient of E[R] (measured: docs/findings.md).
     stochastic_final: bool = False
-    # The last grid time before 0. 0: the grid is linspace(1, 0, T + 1). NOVA's Euler scheduler uses
-    # 1 / num_train_timesteps = 0.001: linspace(1, t_min, T), then 0, so its last step is a tiny one.
+    # The smallest training time of the scheduler, before shifting. 0: the grid is linspace(1, 0, T + 1), shifted.
+    # NOVA's Euler scheduler uses 1 / num_train_timesteps = 0.001; see `shifted_time_grid` for its grid.
     t_min: float = 0.0
 
     def __post_init__(self) -> None:
@@ -76,17 +76,27 @@ class FlowConfig:
 
 
 def shifted_time_grid(num_steps: int, shift: float, t_min: float = 0.0) -> Tensor:
-    """t_0 = 1 > t_1 > ... > t_T = 0: a linear grid mapped by t' = s t / (1 + (s - 1) t). [T+1] float64.
+    """t_0 = 1 > t_1 > ... > t_T = 0 under the time shift w(t) = s t / (1 + (s - 1) t) (SD3). [T+1] float64.
 
-    t_min = 0: linspace(1, 0, T + 1). t_min > 0: linspace(1, t_min, T) followed by 0 (NOVA's scheduler).
+    t_min = 0: w(linspace(1, 0, T + 1)).
+    t_min > 0: NOVA's FlowMatchEulerDiscreteScheduler (baaivision/NOVA diffnext/schedulers/scheduling_cfm.py).
+    Its constructor shifts the training times 1/1000 ... 1, so its smallest one is w(t_min); `set_timesteps`
+    spans linspace(1, w(t_min), T) and shifts that again, then appends 0. So the grid is
+    w(linspace(1, w(t_min), T)) followed by 0: its last time before 0 is t_min shifted twice (0.00893 at s = 3,
+    t_min = 0.001), and every interior time moves with it; at s = 1 both shifts are the identity.
     """
+
+    def warp(t: Tensor) -> Tensor:
+        return shift * t / (1 + (shift - 1) * t)
+
     if t_min > 0:
+        end = warp(torch.tensor(t_min, dtype=torch.float64))  # the scheduler's sigma_min, shifted once
         t = torch.cat(
-            [torch.linspace(1.0, t_min, num_steps, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)]
+            [torch.linspace(1.0, float(end), num_steps, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)]
         )
     else:
         t = torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float64)
-    return shift * t / (1 + (shift - 1) * t)
+    return warp(t)
 
 
 class FlowSDESampler:
