@@ -17,7 +17,6 @@ The text encoder (Phi-2, `transformers.PhiModel`) and the VAE (`diffusers.Autoen
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,11 +24,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from margrpo.diffusion import FlowSDESampler, Sampler
-from margrpo.infra.io import read_json, record_checksums, save_safetensors, state_mismatch, verify_outside
 from margrpo.policy.base import MARPolicy, TextCondition
 from margrpo.policy.layers import Attention, timestep_embedding
 from margrpo.policy.memory import run_blocks
@@ -538,120 +535,30 @@ class NovaPolicy(MARPolicy):
         self.gradient_checkpointing = self.transformer.gradient_checkpointing = enabled
         self.transformer.image_decoder.gradient_checkpointing = enabled
 
-    # --- diffusers-style folder -----------------------------------------------------------------------
+    # --- diffusers-style folder (margrpo.policy.nova_files) ------------------------------------------
     def save_pretrained(self, directory: str | Path, copy_frozen: bool = False) -> None:
-        """Write the diffusers layout NOVA is published in (tiny test models round-trip through it).
+        """Write the diffusers layout NOVA is published in (`nova_files.save_nova`)."""
+        from margrpo.policy.nova_files import save_nova
 
-        The frozen vae/, text_encoder/ and tokenizer/ never change, so for a policy loaded from a folder
-        they become symlinks to that folder's (Phi-2 alone is 5-11 GB per GRPO checkpoint otherwise);
-        `copy_frozen=True`, or a policy built in memory, writes them out.
-        """
-        d = Path(directory)
-        (d / "transformer").mkdir(parents=True, exist_ok=True)
-        (d / "scheduler").mkdir(exist_ok=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.transformer.state_dict().items()}
-        save_safetensors(state, d / "transformer" / TRANSFORMER_WEIGHTS)
-        _write_json(d / "transformer" / "config.json", self.config.to_nova_json())
-        _write_json(
-            d / "scheduler" / "scheduler_config.json",
-            {
-                "_class_name": "FlowMatchEulerDiscreteScheduler",
-                "num_train_timesteps": 1000,
-                "shift": self.config.flow_shift,
-            },
-        )
-        for name, part in (("vae", self.vae), ("text_encoder", self.text_encoder), ("tokenizer", self.tokenizer)):
-            target = d / name
-            if target.is_symlink():
-                target.unlink()
-            if self.source_dir is not None and not copy_frozen and not target.exists():
-                target.symlink_to(self.source_dir / name, target_is_directory=True)
-            else:
-                part.save_pretrained(str(target))
-        _write_json(
-            d / "model_index.json",
-            {
-                "_class_name": "NOVAPipeline",
-                "_margrpo_model_type": self.model_type,
-                "transformer": ["margrpo", "NovaTransformer"],
-                "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-                "vae": ["diffusers", "AutoencoderKL"],
-                "text_encoder": ["transformers", "PhiModel"],
-                "tokenizer": ["transformers", type(self.tokenizer).__name__],
-            },
-        )
-        record_checksums(d)  # what this folder itself holds (not the linked frozen parts); checked on load
+        save_nova(self, directory, copy_frozen)
 
     @staticmethod
     def is_checkpoint(directory: str | Path) -> bool:
-        """True for a NOVA pipeline folder (published or written by save_pretrained)."""
-        index = Path(directory) / "model_index.json"
-        return index.is_file() and read_json(index).get("_class_name") == "NOVAPipeline"
+        """True for a NOVA pipeline folder (published or written by save_pretrained), or a repository id of one
+        in the Hugging Face cache."""
+        from margrpo.policy.nova_files import is_nova_folder
+
+        return is_nova_folder(directory)
 
     @classmethod
     def from_pretrained(
         cls, directory: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
     ) -> NovaPolicy:
-        """Load a local diffusers-style NOVA folder (never downloads, never runs checkpoint code).
+        """Load a local diffusers-style NOVA folder or a repository id from the Hugging Face cache
+        (`nova_files.load_nova`; never downloads, never runs checkpoint code)."""
+        from margrpo.policy.nova_files import load_nova
 
-        Missing files raise FileNotFoundError naming every expected path; a corrupt or mismatching
-        transformer checkpoint raises ValueError naming the file. dtype defaults to float32.
-        """
-        from diffusers import AutoencoderKL
-        from transformers import AutoTokenizer, PhiModel
-
-        d = Path(directory)
-        _require(d)
-        verify_outside(d, "NOVA")  # released weights carry no manifest; margrpo's checkpoints do
-        shift = 1.0
-        if (d / "scheduler" / "scheduler_config.json").is_file():
-            shift = float(read_json(d / "scheduler" / "scheduler_config.json").get("shift", 1.0))
-        config = NovaConfig.from_nova_json(read_json(d / "transformer" / "config.json"), flow_shift=shift)
-        dtype = dtype or torch.float32
-        text_encoder = PhiModel.from_pretrained(
-            str(d / "text_encoder"), torch_dtype=dtype, attn_implementation="sdpa", local_files_only=True
-        )
-        vae = AutoencoderKL.from_pretrained(str(d / "vae"), torch_dtype=dtype, local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(str(d / "tokenizer"), local_files_only=True)
-        policy = cls(config, text_encoder, vae, tokenizer)
-        _load_strict(policy.transformer, d / "transformer" / TRANSFORMER_WEIGHTS)
-        policy.source_dir = d.resolve()
-        return policy.to(device=device, dtype=dtype)
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    path.write_text(json.dumps(obj, indent=2) + "\n")
-
-
-def _require(d: Path) -> None:
-    """Every file the loader needs, each alternative group satisfied by any one of its names."""
-    groups = [
-        ["model_index.json"],
-        ["transformer/config.json"],
-        [f"transformer/{TRANSFORMER_WEIGHTS}"],
-        ["vae/config.json"],
-        ["vae/diffusion_pytorch_model.safetensors", "vae/diffusion_pytorch_model.bin"],
-        ["text_encoder/config.json"],
-        [
-            "text_encoder/model.safetensors",
-            "text_encoder/model.safetensors.index.json",
-            "text_encoder/pytorch_model.bin",
-        ],
-        ["tokenizer/tokenizer_config.json", "tokenizer/tokenizer.json"],
-    ]
-    missing = [" or ".join(str(d / n) for n in g) for g in groups if not any((d / n).is_file() for n in g)]
-    if missing:
-        raise FileNotFoundError(f"{d}: not a NOVA pipeline folder; missing {'; '.join(missing)}")
-
-
-def _load_strict(module: nn.Module, path: Path) -> None:
-    try:
-        state = load_file(str(path))
-    except Exception as err:  # safetensors raises its own error types for truncated or junk files
-        raise ValueError(f"{path}: corrupt or unreadable safetensors file ({err})") from err
-    if mismatch := state_mismatch(state, module.state_dict()):
-        raise ValueError(f"{path}: does not match transformer/config.json; {mismatch}")
-    module.load_state_dict(state, strict=True)
+        return load_nova(cls, directory, device, dtype)
 
 
 __all__ = ["NovaConfig", "NovaPolicy", "NovaTransformer", "sincos_2d"]
