@@ -1,5 +1,6 @@
-"""Config checks that read the settings as their stages do (margrpo.experiment.config.validate_config calls them), and the
-check of the config files a `make run` / `make report` command line names, before Snakemake renders them.
+"""Config checks that read the settings as their stages do (margrpo.experiment.config.validate_config calls
+them), and the check of the config files a `make run` / `make report` command line names, before Snakemake
+renders them.
 
 The world a config describes must build, and its suites must fit in it (`check_world`); Table 3's related
 entries are read into the dataclasses of the stages that take them (`check_related`). Errors name the key path.
@@ -7,7 +8,7 @@ entries are read into the dataclasses of the stages that take them (`check_relat
 
 from __future__ import annotations
 
-from margrpo.experiment.config import ConfigError, _errors, read_config_file, schema_section
+from margrpo.experiment.schema import ConfigError, check_schema, read_config_file, schema_section
 from margrpo.infra.io import InputError
 
 
@@ -88,7 +89,7 @@ def check_related(config: dict, source: str) -> None:
     read(MaskPretrainConfig, "mask.pretrain")
     read(MaskSamplingConfig, "mask.sampling")
     read(MARVALConfig, "marval.distill")
-    _errors(
+    check_schema(
         schema_section("policies.*.sampling"),
         related["marval"]["sampling"],
         source,
@@ -98,7 +99,7 @@ def check_related(config: dict, source: str) -> None:
     for method in ("grpo-mask", "maskgrpo"):
         read(MaskGRPOConfig, f"settings.{method}", {"method": "grpo" if method == "grpo-mask" else "mask_grpo"})
     read(MARVALRLConfig, "settings.marval-rl", {"toyclip_weight": 1.0, "shapes_weight": 0.0})
-    _errors(
+    check_schema(
         schema_section("grpo"),
         related["settings"]["grpo-onestep"],
         source,
@@ -123,8 +124,9 @@ def snakemake_config_files(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m margrpo.experiment.config_checks <snakemake arguments>` (make run / make report): read the config files they name
-    with margrpo's own reader before Snakemake starts, which renders a YTE template (running its code) at load."""
+    """`python -m margrpo.experiment.config_checks <snakemake arguments>` (make run / make report): read the
+    config files they name with margrpo's own reader before Snakemake starts, which renders a YTE template
+    (running its code) at load."""
     import sys
 
     for path in snakemake_config_files(sys.argv[1:] if argv is None else argv):

@@ -68,8 +68,9 @@ def check_experiment(config: dict, results: str | Path = "results", source: str 
     if diff:
         shown = ", ".join(diff[:6]) + (f" and {len(diff) - 6} more" if len(diff) > 6 else "")
         raise ConfigError(
-            f"{source}: key 'name': {config['name']!r} already holds runs made with other settings ({path}; differing: "
-            f"{shown}); give this config a name of its own, or delete {path} to rerun that experiment with these settings"
+            f"{source}: key 'name': {config['name']!r} already holds runs made with other settings "
+            f"({path}; differing: {shown}); give this config a name of its own, or delete {path} to rerun "
+            "that experiment with these settings"
         )
 
 
