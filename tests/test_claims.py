@@ -14,7 +14,9 @@ from margrpo.grpo.rollout import SamplingConfig
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.infra.io import atomic_write_json
 from margrpo.prompts.suites import PromptSet
-from margrpo.reporting.claims import claims, margin_verdict, paired_bootstrap, paired_t, power, to_markdown, verdict
+from margrpo.reporting.claims import claims
+from margrpo.reporting.claims_markdown import to_markdown
+from margrpo.reporting.paired import margin_verdict, paired_bootstrap, paired_t, power, verdict
 
 
 def test_paired_t_matches_scipy_on_fixed_numbers():

@@ -15,6 +15,7 @@ from margrpo.reporting import figures, tables
 from margrpo.reporting.results import (
     MissingResultError,
     aggregate_seeds,
+    eval_scores,
     list_samples,
     load_compbench,
     load_metrics,
@@ -178,7 +179,7 @@ def test_loaders(tree):
     samples = list_samples(root, f"base/{POLICY}")
     assert set(samples) == set(PROMPTS) and set(samples["a green_striped triangle"]) == {0, 1}
     with pytest.raises(MissingResultError, match=r"eval/base/nope/preference\.csv"):
-        tables.eval_scores(root, "base/nope")
+        eval_scores(root, "base/nope")
 
 
 def test_overall_row_is_used_when_present(tmp_path):
@@ -638,6 +639,9 @@ def test_table1_refuses_rows_over_unlike_evaluations(tmp_path):
         )
     with pytest.raises(
         InputError,
-        match=rf"compbench_per_image.csv: run {runs[0]} scored other images than run base/toy-nova, e.g. 'b_000000.png'",
+        match=(
+            rf"compbench_per_image.csv: run {runs[0]} scored other images than run base/toy-nova, "
+            r"e.g. 'b_000000.png'"
+        ),
     ):
         tables.table1(tmp_path, spec)

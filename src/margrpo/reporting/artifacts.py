@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from margrpo.infra.io import atomic_write_csv, atomic_write_text, read_json
-from margrpo.reporting.claims import MIN_SEEDS_FOR_T, decide, paired_summary
+from margrpo.reporting.paired import MIN_SEEDS_FOR_T, decide, paired_summary
 from margrpo.reporting.results import parse_run
 from margrpo.reporting.tables import VARIANT_LABELS
 from margrpo.world import WorldConfig
@@ -70,14 +70,16 @@ class ArtifactReport:
             f"each seed, {self.confidence:.0%} interval over seeds (bootstrap over images x seeds below "
             f"{MIN_SEEDS_FOR_T} seeds).",
             "",
-            "| method | reference | seeds | images | images without background | method energy | reference energy | difference | CI | verdict (method > reference) |",
+            "| method | reference | seeds | images | images without background | method energy | reference energy "
+            "| difference | CI | verdict (method > reference) |",
             "|:---|:---|---:|---:|---:|---:|---:|---:|:---|:---|",
         ]
         for r in self.data.to_dict("records"):
             ci = f"[{r['lo'] * 1e4:+.3f}, {r['hi'] * 1e4:+.3f}]" if math.isfinite(r["lo"]) else "–"
             out.append(
-                f"| {r['method']} | {r['reference']} | {r['n_seeds']} | {r['n_images']} | {r['no_background']} | {r['energy'] * 1e4:.3f} | "
-                f"{r['ref_energy'] * 1e4:.3f} | {r['diff'] * 1e4:+.3f} | {ci} | {r['verdict']} |"
+                f"| {r['method']} | {r['reference']} | {r['n_seeds']} | {r['n_images']} | {r['no_background']} | "
+                f"{r['energy'] * 1e4:.3f} | {r['ref_energy'] * 1e4:.3f} | {r['diff'] * 1e4:+.3f} | {ci} | "
+                f"{r['verdict']} |"
             )
         return "\n".join(out) + "\n"
 

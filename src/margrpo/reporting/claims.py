@@ -1,18 +1,9 @@
 """The paper's claims as paired comparisons: one row per claim with its effect, 95% CI and verdict.
 
-Within a seed every variant sees the same training prompts, generation orders and noise at each step,
-and every validation and evaluation uses the same prompts and fixed noise (common random numbers),
-so a variant's effect is measured as a *paired* difference against its reference run of the same
-seed. Two intervals are reported for each difference:
-
-- ``t``: the t-interval over seeds of the per-seed differences (the seed is the unit that repeats
-  the whole experiment); used for the verdict when there are >= 3 seeds.
-- ``bootstrap``: a paired bootstrap over seeds and, within each drawn seed, over prompts (or
-  images): both methods keep the same draws. It also covers the measurement noise of the finite
-  prompt set, and it is the only interval with one or two seeds, where it decides the verdict.
-
-A verdict is ``reproduced`` when the interval lies entirely on the claimed side, ``refuted`` when it
-lies entirely on the other side, and ``not settled`` otherwise. The metrics:
+Each claim is a paired difference of two methods' runs (`margrpo.reporting.paired`: the intervals, the
+verdict, the power), decided per (policy, reward) block of the ladder, and for the ablation grid; a
+second seed set decides the ladder's claims again. Writing them out is `margrpo.reporting.claims_markdown`.
+The metrics:
 
 - ``val@best``: validation reward of each run's best validation step (the same rule for every
   variant; biased upwards by the maximum, equally for all);
@@ -25,41 +16,29 @@ lies entirely on the other side, and ``not settled`` otherwise. The metrics:
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from margrpo.infra.io import atomic_write_csv, atomic_write_text
-from margrpo.reporting.results import (
-    MissingResultError,
-    load_compbench_per_image,
-    load_metrics,
-    load_selection,
-    load_summary,
-    mean_ci,
-    parse_run,
+from margrpo.reporting.paired import (
+    MIN_SEEDS_FOR_T,
+    RunScores,
+    decide,
+    difference,
+    load_run,
+    margin_verdict,
+    paired_ratio,
+    power,
+    verdict,
 )
+from margrpo.reporting.results import MissingResultError, load_compbench_per_image, parse_run
 from margrpo.reporting.tables import VARIANT_LABELS
 
-__all__ = [
-    "paired_t",
-    "paired_bootstrap",
-    "paired_summary",
-    "decide",
-    "power",
-    "Claims",
-    "claims",
-    "write_claims",
-    "POWER_TARGET",
-]
+__all__ = ["Claims", "claims", "POWER_TARGET"]
 
 POWER_TARGET = 0.02  # the CI half-width the default design aims at for variant - GRPO* on val@best
-MIN_SEEDS_FOR_T = 3
-TIE = 1e-9  # differences this small are float round-off of identical runs, not effects
 METRIC_TEXT = {
     "val@best": "validation reward, best step",
     "val@final": "validation reward, last step",
@@ -71,147 +50,7 @@ METRIC_TEXT = {
 
 
 # --------------------------------------------------------------------------------------------
-# Paired statistics
-# --------------------------------------------------------------------------------------------
-
-
-def paired_t(diffs: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float, int]:
-    """(mean, lower, upper, n) of the t-interval of the mean of per-seed paired differences (`mean_ci`'s interval)."""
-    mean, half, n = mean_ci(diffs, confidence)
-    return mean, mean - half, mean + half, n
-
-
-def paired_bootstrap(
-    diffs: Sequence[np.ndarray], confidence: float = 0.95, n_boot: int = 2000, seed: int = 0
-) -> tuple[float, float]:
-    """Percentile interval of the mean paired difference, resampling seeds, then prompts within each
-    drawn seed. ``diffs[s]`` holds seed s's per-prompt differences (method - reference, same prompts)."""
-    d = [np.asarray(x, dtype=np.float64) for x in diffs if len(x)]
-    if not d:
-        return math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    sizes = np.array([len(x) for x in d])
-    estimates = np.empty(n_boot)
-    for b in range(n_boot):
-        picked = rng.integers(len(d), size=len(d))
-        estimates[b] = np.mean([d[s][rng.integers(sizes[s], size=sizes[s])].mean() for s in picked])
-    alpha = (1 - confidence) / 2
-    lo, hi = np.quantile(estimates, [alpha, 1 - alpha])
-    return float(lo), float(hi)
-
-
-def power(diff: float, t_half: float, n: int, confidence: float = 0.95, target: float = 0.8) -> dict:
-    """What a paired t design of `n` seeds can detect, from the half-width it achieved.
-
-    ``mde80``: the smallest true effect a two-sided test at 1 - confidence rejects with probability
-    `target`, (t_{1-alpha/2} + t_{target}) * s / sqrt(n) on n - 1 degrees of freedom, s the per-seed
-    differences' std recovered from the half-width. ``seeds_needed``: seeds at which that smallest effect
-    falls to |diff|, the observed effect (normal quantiles; at least 2): what would settle the claim if the
-    effect is as large as measured. NaN where the interval is (one seed, no spread)."""
-    from scipy import stats
-
-    if n < 2 or not math.isfinite(t_half):
-        return {"mde80": math.nan, "seeds_needed": math.nan}
-    t_a = stats.t.ppf(0.5 + confidence / 2, df=n - 1)
-    sd = t_half * math.sqrt(n) / t_a
-    mde = (t_a + stats.t.ppf(target, df=n - 1)) * sd / math.sqrt(n)
-    z = stats.norm.ppf(0.5 + confidence / 2) + stats.norm.ppf(target)
-    needed = math.inf if abs(diff) <= TIE else max(2, math.ceil((z * sd / abs(diff)) ** 2))
-    return {"mde80": float(mde), "seeds_needed": needed}
-
-
-def verdict(lo: float, hi: float, direction: int = 1) -> str:
-    """`reproduced` if [lo, hi] lies on the claimed side of 0 (direction +1: above), `refuted` if on the other."""
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        return "not settled"
-    lo, hi = (lo, hi) if direction > 0 else (-hi, -lo)
-    return "reproduced" if lo > TIE else "refuted" if hi < -TIE else "not settled"
-
-
-def margin_verdict(lo: float, hi: float, margin: float, gain: bool) -> str:
-    """Equivalence-style verdict for "changes it by less than `margin`": with gain=True the claim is
-    that the effect stays below +margin (reproduced if hi < margin, refuted if lo > margin); with
-    gain=False that it stays above -margin (reproduced if lo > -margin, refuted if hi < -margin)."""
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        return "not settled"
-    if gain:
-        return "reproduced" if hi < margin else "refuted" if lo > margin else "not settled"
-    return "reproduced" if lo > -margin else "refuted" if hi < -margin else "not settled"
-
-
-# --------------------------------------------------------------------------------------------
-# What each run contributes
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class RunScores:
-    """One run's paired measurements: per-prompt validation rewards and per-image CompBench scores."""
-
-    run: str
-    seed: int
-    base_val: np.ndarray  # the base policy's per-prompt validation reward (same prompts and noise)
-    best: np.ndarray  # per-prompt validation reward at the best trained step
-    final: np.ndarray  # ... at the last step
-    early: np.ndarray  # ... at the first validated step after the base (the rise of claim f)
-    best_step: int
-    compbench: pd.Series | None  # strict score per image file, at the reported checkpoint
-    dynamics: pd.DataFrame = field(repr=False, default=None)  # step, grad_norm_ar, grad_var_ar
-    selected: np.ndarray | None = None  # per-prompt validation reward at the reported checkpoint (selection.json)
-
-
-def _val_scores(entry: dict, where: str) -> np.ndarray:
-    scores = entry.get("val_scores")
-    if not scores:
-        raise ValueError(
-            f"{where} has no per-prompt val_scores (written by `margrpo train` since the paired "
-            "report); retrain the run"
-        )
-    return np.asarray(scores, dtype=np.float64)
-
-
-def _compbench(root: Path, run: str) -> pd.Series | None:
-    return load_compbench_per_image(root, run, required=False)
-
-
-def load_run(root: str | Path, run: str) -> RunScores:
-    root = Path(root)
-    summary = load_summary(root, run)
-    where = f"{root / run / 'summary.json'}"
-    ckpts = [c for c in summary["checkpoints"] if c.get("val_reward") is not None]
-    if not ckpts:
-        raise ValueError(f"{where} has no validated checkpoint")
-    best = max(ckpts, key=lambda c: c["val_reward"])
-    final = max(ckpts, key=lambda c: c["step"])
-    early = min((c for c in ckpts if c["step"] > 0), key=lambda c: c["step"], default=final)
-    base = _val_scores({"val_scores": summary.get("base_val_scores")}, f"{where} (base_val_scores)")
-    best_scores, final_scores, early_scores = (
-        _val_scores(best, where),
-        _val_scores(final, where),
-        _val_scores(early, where),
-    )
-    metrics = load_metrics(root, run)[["step", "grad_norm_ar", "grad_var_ar"]]
-    selected = load_selection(root, run, required=False)
-    at_selected = None
-    if selected is not None:
-        match = [c for c in ckpts if int(c["step"]) == int(selected["step"])]
-        at_selected = _val_scores(match[0], where) if match else None
-    return RunScores(
-        run,
-        parse_run(run).seed,
-        base,
-        best_scores,
-        final_scores,
-        early_scores,
-        int(best["step"]),
-        _compbench(root, run) if selected is not None else None,
-        metrics,
-        at_selected,
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Differences and claims
+# Claims
 # --------------------------------------------------------------------------------------------
 
 
@@ -223,96 +62,25 @@ class Claims:
     notes: list[str]
 
 
-def _per_prompt(a: RunScores, b: RunScores | None, metric: str, base_compbench: pd.Series | None) -> np.ndarray:
-    """a - b per prompt (val) or per image (compbench); b None = the base policy."""
-    if metric == "compbench":
-        x = a.compbench
-        y = base_compbench if b is None else b.compbench
-        if x is None or y is None:
-            return np.array([])
-        joined = pd.concat([x, y], axis=1, join="inner")
-        return (joined.iloc[:, 0] - joined.iloc[:, 1]).to_numpy()
-    if metric == "val@final-early":  # a run against itself: from its first validated step to its last
-        return a.final - a.early
-    pick = {"val@best": "best", "val@final": "final", "val@early": "early", "val@selected": "selected"}[metric]
-    x = getattr(a, pick)
-    y = a.base_val if b is None else getattr(b, pick)
-    if x is None or y is None:
-        raise ValueError(
-            f"{a.run}{'' if b is None else ' or ' + b.run}: no validated checkpoint at the step its "
-            "selection.json reports (written by `margrpo select`)"
-        )
-    if x.shape != y.shape:
-        raise ValueError(
-            f"{a.run} and {b.run if b else 'its base'} were validated on different prompts ({x.shape} vs {y.shape})"
-        )
-    return x - y
-
-
-def difference(
-    runs: dict[int, RunScores],
-    refs: dict[int, RunScores] | None,
-    metric: str,
-    confidence: float,
-    base_compbench: pd.Series | None = None,
+def _claim_row(
+    block: str, cid: str, statement: str, metric: str, comparison: str, d: dict, confidence: float, direction: int
 ) -> dict:
-    """The paired difference of one method against a reference (None = base) over the seeds both have."""
-    seeds = sorted(runs if refs is None else set(runs) & set(refs))
-    return paired_summary(
-        [_per_prompt(runs[s], None if refs is None else refs[s], metric, base_compbench) for s in seeds], confidence
-    )
-
-
-def paired_summary(per_seed: Sequence[np.ndarray], confidence: float) -> dict:
-    """Both intervals of a paired difference from each seed's per-unit differences (prompts, images);
-    seeds without a unit are left out."""
-    kept = [d for d in per_seed if d.size]
-    mean, lo, hi, n = paired_t([d.mean() for d in kept], confidence)
-    b_lo, b_hi = paired_bootstrap(kept, confidence)
+    """A claim's row: the paired difference `d` (a `paired_summary`) that tests it, its verdict and its power."""
     return {
-        "n_seeds": n,
-        "n_units": int(sum(d.size for d in kept)),
-        "diff": mean,
-        "t_lo": lo,
-        "t_hi": hi,
-        "t_half": (hi - lo) / 2 if n > 1 else math.nan,
-        "boot_lo": b_lo,
-        "boot_hi": b_hi,
-        "per_seed": ";".join(f"{d.mean():+.4f}" for d in kept),
-    }
-
-
-def decide(d: dict, direction: int = 1) -> dict:
-    """The interval that decides a `paired_summary` (t over seeds from MIN_SEEDS_FOR_T seeds, else the bootstrap)
-    and its verdict."""
-    use_t = d["n_seeds"] >= MIN_SEEDS_FOR_T
-    lo, hi = (d["t_lo"], d["t_hi"]) if use_t else (d["boot_lo"], d["boot_hi"])
-    return {
-        "ci": "t over seeds" if use_t else "bootstrap prompts x seeds",
-        "lo": lo,
-        "hi": hi,
-        "verdict": verdict(lo, hi, direction),
-    }
-
-
-def _ratio(runs: dict[int, RunScores], refs: dict[int, RunScores], column: str, confidence: float) -> dict:
-    """Paired ratio of a per-step statistic over the run: per seed, exp(mean over shared steps of
-    log(method / reference)); the t-interval is taken on the log scale over seeds."""
-    logs = []
-    for s in sorted(set(runs) & set(refs)):
-        a = runs[s].dynamics.set_index("step")[column]
-        b = refs[s].dynamics.set_index("step")[column]
-        joined = pd.concat([a, b], axis=1, join="inner").dropna()
-        joined = joined[(joined > 0).all(axis=1)]
-        if len(joined):
-            logs.append(float(np.log(joined.iloc[:, 0] / joined.iloc[:, 1]).mean()))
-    mean, lo, hi, n = paired_t(logs, confidence)
-    return {
-        "n_seeds": n,
-        "diff": math.exp(mean) if n else math.nan,
-        "t_lo": math.exp(lo) if n > 1 else math.nan,
-        "t_hi": math.exp(hi) if n > 1 else math.nan,
-        "per_seed": ";".join(f"{math.exp(x):.3f}" for x in logs),
+        "block": block,
+        "claim": cid,
+        "statement": statement,
+        "metric": metric,
+        "comparison": comparison,
+        "n_seeds": d["n_seeds"],
+        "diff": d["diff"],
+        **decide(d, direction),
+        "t_lo": d["t_lo"],
+        "t_hi": d["t_hi"],
+        "boot_lo": d["boot_lo"],
+        "boot_hi": d["boot_hi"],
+        "per_seed": d["per_seed"],
+        **power(d["diff"], d["t_half"], d["n_seeds"], confidence),
     }
 
 
@@ -328,7 +96,7 @@ class _Block:
         for r in runs:
             if (r.policy, r.reward) == (policy, reward):
                 self.by_variant.setdefault(r.variant, {})[r.seed] = load_run(root, r.run)
-        self.base_cb = _compbench(root, f"base/{policy}")
+        self.base_cb = load_compbench_per_image(root, f"base/{policy}", required=False)
         self.present = [v for v in variants or self.by_variant if v in self.by_variant]
         self.diffs: dict[tuple, dict | None] = {}
         self.paired: list[dict] = []
@@ -371,24 +139,9 @@ class _Block:
         d = self.pair(metric, method, ref)
         if d is None:
             return
+        comparison = f"{self.label(method)} - {'base' if ref is None else self.label(ref)}"
         self.rows.append(
-            {
-                "block": self.name,
-                "claim": cid,
-                "statement": text,
-                "metric": metric,
-                "comparison": f"{self.label(method)} - {'base' if ref is None else self.label(ref)}",
-                "n_seeds": d["n_seeds"],
-                "diff": d["diff"],
-                **decide(d, direction),
-                "t_lo": d["t_lo"],
-                "t_hi": d["t_hi"],
-                "boot_lo": d["boot_lo"],
-                "boot_hi": d["boot_hi"],
-                "per_seed": d["per_seed"],
-                **power(d["diff"], d["t_half"], d["n_seeds"], self.confidence),
-                **extra,
-            }
+            {**_claim_row(self.name, cid, text, metric, comparison, d, self.confidence, direction), **extra}
         )
 
     def all_pairs(self) -> None:
@@ -433,7 +186,7 @@ class _Block:
         if not self.has("fix", "grpo"):
             return
         for column, what in (("grad_norm_ar", "AR gradient norm"), ("grad_var_ar", "AR gradient variance")):
-            r = _ratio(self.by_variant["fix"], self.by_variant["grpo"], column, self.confidence)
+            r = paired_ratio(self.by_variant["fix"], self.by_variant["grpo"], column, self.confidence)
             lo, hi = r["t_lo"], r["t_hi"]
             self.rows.append(
                 {
@@ -484,8 +237,8 @@ class _Block:
         )
 
     def lift(self) -> None:
-        """(g) Table 1: RL lifts the reward above the base policy. At the last step, fixed before the runs (the best step
-        is above the base by selection alone, being chosen on the same validation prompts)."""
+        """(g) Table 1: RL lifts the reward above the base policy. At the last step, fixed before the runs (the
+        best step is above the base by selection alone, being chosen on the same validation prompts)."""
         for v in ("fix", "sim"):
             if self.has(v):
                 self.claim(
@@ -592,13 +345,7 @@ def _ablation_claims(root: Path, runs: Sequence[str], confidence: float, notes: 
     if not runs:
         return []
     ids = [parse_run(r) for r in runs]
-    scores: dict[tuple, dict[int, RunScores]] = {}
-    for r in ids:
-        key = tuple(sorted(r.params.items()))
-        try:
-            scores.setdefault(key, {})[r.seed] = load_run(root, r.run)
-        except MissingResultError:
-            continue
+    scores = _ablation_scores(root, ids)
     S_values = [dict(k).get("trajectories") for k in scores]
     center = {
         "top_frac": 0.3,
@@ -614,23 +361,8 @@ def _ablation_claims(root: Path, runs: Sequence[str], confidence: float, notes: 
     rows = []
     block = f"{ids[0].policy} / {ids[0].reward} (ablation, {ids[0].variant or 'sim'})"
 
-    def row(statement: str, d: dict, comparison: str, direction: int = 1) -> dict:
-        return {
-            "block": block,
-            "claim": "d",
-            "statement": statement,
-            "metric": "val@best",
-            "comparison": comparison,
-            "n_seeds": d["n_seeds"],
-            "diff": d["diff"],
-            **decide(d, direction),
-            "t_lo": d["t_lo"],
-            "t_hi": d["t_hi"],
-            "boot_lo": d["boot_lo"],
-            "boot_hi": d["boot_hi"],
-            "per_seed": d["per_seed"],
-            **power(d["diff"], d["t_half"], d["n_seeds"], confidence),
-        }
+    def row(statement: str, d: dict, comparison: str) -> dict:
+        return _claim_row(block, "d", statement, "val@best", comparison, d, confidence, direction=1)
 
     for free, sym, fmt in (("top_frac", "k", "{:g}"), ("tau", "tau", "{:g}")):
         for key in scores:
@@ -660,101 +392,13 @@ def _ablation_claims(root: Path, runs: Sequence[str], confidence: float, notes: 
     return rows
 
 
-# --------------------------------------------------------------------------------------------
-# Writing
-# --------------------------------------------------------------------------------------------
-
-
-def _fmt(x: float, digits: int = 3) -> str:
-    return "–" if x is None or not math.isfinite(x) else f"{x:+.{digits}f}"
-
-
-def _abs(x: float) -> str:
-    return "–" if x is None or not math.isfinite(x) else f"{x:.3f}"
-
-
-def to_markdown(c: Claims) -> str:
-    out = [
-        "**Claims.** Each row: a claim of the paper (a-d, f) or beyond it (e), the paired difference that tests it "
-        "(mean over seeds), the 95% interval that decides it and the verdict. " + " ".join(c.notes),
-        "",
-        "Power: `half` is the 95% interval's half-width (t over seeds), `MDE80` the smallest effect this many seeds "
-        "detect with 80% power, `seeds to settle` the seeds at which MDE80 falls to the measured effect.",
-        "",
-        "| block | claim | statement | comparison | metric | seeds | effect | 95% CI | CI | verdict | half | MDE80 | seeds to settle |"
-        + (" second set: seeds | effect | 95% CI | verdict | MDE80 | **both** |" if "both" in c.claims else ""),
-        "|:---|:---|:---|:---|:---|---:|---:|:---|:---|:---|---:|---:|---:|"
-        + ("---:|---:|:---|:---|---:|:---|" if "both" in c.claims else ""),
-    ]
-    for r in c.claims.to_dict("records"):
-        ratio = r["claim"] == "b"
-        eff = f"{r['diff']:.3f}x" if ratio and math.isfinite(r["diff"]) else _fmt(r["diff"])
-        ci = (
-            (f"[{r['lo']:.3f}, {r['hi']:.3f}]" if ratio else f"[{_fmt(r['lo'])}, {_fmt(r['hi'])}]")
-            if math.isfinite(r["lo"])
-            else "–"
-        )
-        half = (r["t_hi"] - r["t_lo"]) / 2 if not ratio and math.isfinite(r["t_lo"]) else math.nan
-        mde, need = r.get("mde80", math.nan), r.get("seeds_needed", math.nan)
-        settle = (
-            "–"
-            if ratio or not isinstance(need, (int, float)) or not math.isfinite(need) or r["verdict"] != "not settled"
-            else f"{need:g}"
-        )
-        out.append(
-            f"| {r['block']} | {r['claim']} | {r['statement']} | {r['comparison']} | {r['metric']} | "
-            f"{r['n_seeds']} | {eff} | {ci} | {r['ci']} | **{r['verdict']}** | {_abs(half)} | {_abs(np.nan if ratio else mde)} | {settle} |"
-            + (_replicate_cells(r, ratio) if "both" in r else "")
-        )
-    if len(c.power):
-        out += [
-            "",
-            f"**Power.** 95% CI half-width of variant - GRPO* on the validation reward at the best step "
-            f"(target <= {POWER_TARGET}) and the smallest effect detected with 80% power:",
-            "",
-            "| block | method | seeds | difference | half-width (t) | half-width (bootstrap) | MDE80 | target met |",
-            "|:---|:---|---:|---:|---:|---:|---:|:---|",
-        ]
-        for r in c.power.to_dict("records"):
-            out.append(
-                f"| {r['block']} | {r['method']} - {r['reference']} | {r['n_seeds']} | {_fmt(r['diff'])} | "
-                f"{r['t_half']:.3f} | {r['boot_half']:.3f} | {_abs(r['mde80'])} | {'yes' if r['met'] else 'no'} |"
-            )
-    if len(c.paired):
-        out += [
-            "",
-            "**Every paired difference** (t: over seeds; bootstrap: prompts x seeds):",
-            "",
-            "| block | metric | method - reference | seeds | difference | t 95% CI | bootstrap 95% CI |",
-            "|:---|:---|:---|---:|---:|:---|:---|",
-        ]
-        for r in c.paired.to_dict("records"):
-            t = f"[{_fmt(r['t_lo'])}, {_fmt(r['t_hi'])}]" if math.isfinite(r["t_lo"]) else "–"
-            out.append(
-                f"| {r['block']} | {r['metric']} | {r['method']} - {r['reference']} | {r['n_seeds']} | "
-                f"{_fmt(r['diff'])} | {t} | [{_fmt(r['boot_lo'])}, {_fmt(r['boot_hi'])}] |"
-            )
-    return "\n".join(out) + "\n"
-
-
-def _replicate_cells(r: dict, ratio: bool) -> str:
-    """A claim's second-seed-set cells: seeds, effect, interval, verdict, MDE80, and the verdict of both sets."""
-    if not isinstance(r["replicate_verdict"], str):
-        return " – | – | – | – | – | – |"
-    eff = f"{r['replicate_diff']:.3f}x" if ratio else _fmt(r["replicate_diff"])
-    lo, hi = r["replicate_lo"], r["replicate_hi"]
-    ci = "–" if not math.isfinite(lo) else f"[{lo:.3f}, {hi:.3f}]" if ratio else f"[{_fmt(lo)}, {_fmt(hi)}]"
-    return (
-        f" {int(r['replicate_n_seeds'])} | {eff} | {ci} | {r['replicate_verdict']} | "
-        f"{_abs(np.nan if ratio else r['replicate_mde80'])} | **{r['both']}** |"
-    )
-
-
-def write_claims(c: Claims, prefix: str | os.PathLike) -> list[Path]:
-    """``<prefix>.csv`` (the claims), ``<prefix>_paired.csv`` (every difference), ``<prefix>.md`` (both, readable)."""
-    prefix = os.fspath(prefix)
-    return [
-        atomic_write_csv(c.claims, f"{prefix}.csv"),
-        atomic_write_csv(c.paired, f"{prefix}_paired.csv"),
-        atomic_write_text(f"{prefix}.md", to_markdown(c)),
-    ]
+def _ablation_scores(root: Path, ids: list) -> dict[tuple, dict[int, RunScores]]:
+    """The ablation runs' scores by grid point (its sorted switches) and seed; a run without results is left out."""
+    scores: dict[tuple, dict[int, RunScores]] = {}
+    for r in ids:
+        key = tuple(sorted(r.params.items()))
+        try:
+            scores.setdefault(key, {})[r.seed] = load_run(root, r.run)
+        except MissingResultError:
+            continue
+    return scores

@@ -136,7 +136,8 @@ def _wrap(text: str, width: int) -> str:
 def _band(
     ax, agg: pd.DataFrame, x: str, color: str, label: str, marker: str | None = None, floor: float | None = None
 ):
-    """Mean line with a shaded CI band (where the CI is defined), cut at `floor` for quantities that cannot go below it."""
+    """Mean line with a shaded CI band (where the CI is defined), cut at `floor` for quantities that cannot go
+    below it."""
     ax.plot(agg[x], agg["mean"], color=color, label=label, marker=marker, lw=1.6, ms=3)
     ci = agg["ci"].to_numpy(dtype=float)
     ok = np.isfinite(ci)
@@ -345,7 +346,8 @@ def plot_uncertainty(maps: dict, max_trajectories: int = 4) -> Figure:
         sub.suptitle(_wrap(prompts[p], 18 * ncols), fontsize=10)
     fig.suptitle(
         "Per-token uncertainty of the base policy (MTE, DESIGN 3.9): each token's std over the S final latents\n"
-        "drawn from the same z_k at the AR step k that commits it (the committed sample among them), mean over channels",
+        "drawn from the same z_k at the AR step k that commits it (the committed sample among them), "
+        "mean over channels",
         fontsize=11,
     )
     return fig

@@ -15,7 +15,7 @@ Per method, Table 3 reports (columns ``<group>/<metric>/{mean,ci,n}`` as Tables 
 - ``base/val reward``: the base policy's validation reward (mean over the runs' ``base_val_scores``);
 - ``base/CompBench``: the base policy's CompBench-style overall strict score (``eval/base/<policy>``);
 - ``gain/val gain``: validation reward at the reported checkpoint (``selection.json``) minus the
-  base's on the same prompts and noise, paired per prompt within each seed (``claims.difference``,
+  base's on the same prompts and noise, paired per prompt within each seed (``paired.difference``,
   metric ``val@selected``); mean over seeds, t-interval over seeds, bootstrap interval over
   prompts x seeds in the ``boot_lo`` / ``boot_hi`` columns;
 - ``gain/CompBench gain``: the same for CompBench-style strict accuracy, paired per evaluation
@@ -34,8 +34,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogFormatter
 
-from margrpo.reporting.claims import MIN_SEEDS_FOR_T, RunScores, difference, load_run
 from margrpo.reporting.figures import _EXTRA_COLORS, VARIANT_COLORS, _band
+from margrpo.reporting.paired import MIN_SEEDS_FOR_T, RunScores, difference, load_run
 from margrpo.reporting.results import (
     MissingResultError,
     aggregate_seeds,

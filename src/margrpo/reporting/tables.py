@@ -241,6 +241,26 @@ def _run_gains(root: str | Path, run: str) -> tuple[float, dict[int, float]]:
     return float(base), {int(step): float(v) - float(base) for step, v in zip(val["step"], val["val_reward"])}
 
 
+def _gain_records(rows: list[tuple], metrics: list[tuple[str, str]], confidence: float) -> list[dict]:
+    """val_gain's table rows: a row's labels and runs, then mean, CI half-width and n of each metric's values."""
+    records = []
+    for (policy, reward, method, variant, picked), values in rows:
+        rec = {
+            "policy": policy,
+            "reward": reward,
+            "method": method,
+            "variant": variant,
+            "runs": ";".join(picked),
+            "n_runs": len(picked),
+        }
+        for m in metrics:
+            rec[f"{m[0]}/{m[1]}/mean"], rec[f"{m[0]}/{m[1]}/ci"], rec[f"{m[0]}/{m[1]}/n"] = mean_ci(
+                values.get(m, []), confidence
+            )
+        records.append(rec)
+    return records
+
+
 def val_gain(root: str | Path, spec: dict, confidence: float = 0.95, digits: int = 3) -> Table:
     """Did RL lift the validation reward? Each variant's gain over the base policy at every validation step.
 
@@ -276,22 +296,7 @@ def val_gain(root: str | Path, spec: dict, confidence: float = 0.95, digits: int
                     rows.append(
                         ((policy, reward, VARIANT_LABELS.get(variant, variant), variant, picked), cells(picked))
                     )
-    records = []
-    for (policy, reward, method, variant, picked), values in rows:
-        rec = {
-            "policy": policy,
-            "reward": reward,
-            "method": method,
-            "variant": variant,
-            "runs": ";".join(picked),
-            "n_runs": len(picked),
-        }
-        for m in metrics:
-            rec[f"{m[0]}/{m[1]}/mean"], rec[f"{m[0]}/{m[1]}/ci"], rec[f"{m[0]}/{m[1]}/n"] = mean_ci(
-                values.get(m, []), confidence
-            )
-        records.append(rec)
-    data = pd.DataFrame.from_records(records)
+    data = pd.DataFrame.from_records(_gain_records(rows, metrics, confidence))
     label_columns = [c for c in ("policy", "reward") if data[c].nunique() > 1] + ["method"]
     caption = (
         "Validation reward of the base policy and each variant's gain over it (validation reward minus the "
@@ -436,7 +441,7 @@ def to_latex(table: Table) -> str:
         )
         + r" \\",
     ]
-    for b, block in enumerate(_blocks(table)):
+    for block in _blocks(table):
         out.append(r"\midrule")
         for i in block:
             cells = [latex_escape(table.data.at[i, c] or "–") for c in table.label_columns]

@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> None:
 
         paths = write_table(result, args.out_prefix)
     elif kind == "claims":
-        from margrpo.reporting.claims import write_claims
+        from margrpo.reporting.claims_markdown import write_claims
 
         paths = write_claims(result, args.out_prefix)
     elif kind == "report":  # writes its own files
