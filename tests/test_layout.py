@@ -185,11 +185,19 @@ def test_nothing_loose_at_the_package_root():
     "package", sorted(m.split(".")[1] for m, (_, is_pkg) in _modules().items() if m.count(".") == 1 and is_pkg)
 )
 def test_each_package_says_what_it_must_not_import(package):
-    """Its docstring's "Layer" line names the packages above it, as LAYERS does."""
+    """Its docstring's "Layer" sentence names the packages above it, as LAYERS does. The sentence starts a
+    line and may wrap onto the lines after it, up to a blank line."""
     n = LAYER[package]
     doc = ast.get_docstring(ast.parse((SRC / "margrpo" / package / "__init__.py").read_text())) or ""
-    line = next((ln for ln in doc.splitlines() if ln.startswith(f"Layer {n} ")), None)
-    assert line, f"margrpo.{package}: no 'Layer {n} ...' line in its docstring"
+    lines = doc.splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith(f"Layer {n} ")), None)
+    assert start is not None, f"margrpo.{package}: no 'Layer {n} ...' line in its docstring"
+    wrapped = []
+    for ln in lines[start:]:
+        if not ln.strip():
+            break
+        wrapped.append(ln.strip())
+    line = " ".join(wrapped)
     higher = [p for pkgs in LAYERS[n + 1 :] for p in pkgs]
     if higher and n:
         assert line.endswith(f"it must not import {', '.join(higher)}."), line

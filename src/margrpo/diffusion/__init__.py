@@ -2,8 +2,10 @@
 
 Two processes behind one interface (`Sampler`): `DDPMSampler` (MAR / Harmon: eps or v prediction,
 fixed or learned-range variance, respaced) and `FlowSDESampler` (NOVA: flow matching with the
-Flow-GRPO SDE step), plus `OneStepSampler` for one-step generator heads (MARVAL students). Build one by name with `build_sampler("ddpm", num_steps=25)`.
-Layer 1 (see margrpo/__init__.py): it must not import prompts, policy, rewards, grpo, toylab, related, evaluation, reporting, experiment, stages, cli.
+Flow-GRPO SDE step), plus `OneStepSampler` for one-step generator heads (MARVAL students). Build one by
+name with `build_sampler("ddpm", num_steps=25)`.
+Layer 1 (see margrpo/__init__.py): it must not import prompts, policy, rewards, grpo, toylab, related,
+evaluation, reporting, experiment, stages, cli.
 """
 
 from __future__ import annotations

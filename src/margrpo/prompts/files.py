@@ -152,7 +152,8 @@ def build_file_suites(
     overlap = [r for r in train if r.prompt in eval_prompts]
     if overlap:
         log.info(
-            f"{train_file}: {len(overlap)} prompt(s) are evaluation prompts too; removed from train, e.g. {overlap[0].prompt!r}"
+            f"{train_file}: {len(overlap)} prompt(s) are evaluation prompts too; removed from train, "
+            f"e.g. {overlap[0].prompt!r}"
         )
         train = [r for r in train if r.prompt not in eval_prompts]
     if val_file is not None:
@@ -160,7 +161,8 @@ def build_file_suites(
         clash = sorted({r.prompt for r in val} & (eval_prompts | {r.prompt for r in train}))
         if clash:
             raise ValueError(
-                f"{val_file}: {len(clash)} validation prompt(s) are also training or evaluation prompts, e.g. {clash[0]!r}; "
+                f"{val_file}: {len(clash)} validation prompt(s) are also training or evaluation prompts, "
+                f"e.g. {clash[0]!r}; "
                 "checkpoint selection needs disjoint prompts (DESIGN 3.12)"
             )
     else:

@@ -48,7 +48,10 @@ class PromptSet:
 def prompt_problem(prompt: str) -> str | None:
     """Why a prompt cannot name its sample files ({prompt}_{index:06d}.png), or None if it can."""
     if "_" in prompt or "/" in prompt:
-        return "contains '_' or '/': a prompt must be without '_' and '/' (sample file names are {prompt}_{index:06d}.png)"
+        return (
+            "contains '_' or '/': a prompt must be without '_' and '/' "
+            "(sample file names are {prompt}_{index:06d}.png)"
+        )
     if any(ord(c) < 32 or ord(c) == 127 for c in prompt):
         return "contains a NUL or another control character"
     if len(prompt.encode()) > NAME_MAX - 11:
@@ -110,7 +113,10 @@ def _check_shapesworld(category, spec) -> None:
 
 
 def _source_problem(source, category) -> str:
-    return f"spec source {source!r} / category {category!r}; expected a source in {SOURCES} and a category in {FILE_CATEGORIES}"
+    return (
+        f"spec source {source!r} / category {category!r}; "
+        f"expected a source in {SOURCES} and a category in {FILE_CATEGORIES}"
+    )
 
 
 def _check_real(category, spec) -> None:

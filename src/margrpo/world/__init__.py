@@ -7,7 +7,8 @@ scenes are `margrpo.prompts.shapesworld`. Typical use:
     scene, prompt, category, spec = sample_captioned(rng, cfg)      # a pre-training pair (world.captions)
     image = render(scene, cfg)                                      # (32, 32, 3) uint8
     score(spec, image, category, cfg)["strict"]                     # 1.0 for a faithful render
-Layer 1 (see margrpo/__init__.py): it must not import prompts, policy, rewards, grpo, toylab, related, evaluation, reporting, experiment, stages, cli.
+Layer 1 (see margrpo/__init__.py): it must not import prompts, policy, rewards, grpo, toylab, related,
+evaluation, reporting, experiment, stages, cli.
 """
 
 from margrpo.world.captions import (
