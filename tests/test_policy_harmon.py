@@ -296,3 +296,152 @@ def test_full_size_matches_the_checked_in_parameter_table():
     want = dict(rows)
     assert len(want) == len(rows) and got == want
     assert (policy.seq_len, policy.token_dim, policy.z_dim, policy.token_grid) == (1024, 16, 1280, (32, 32))
+
+
+# --- the transformers-format Harmon-1_5B folder (AMAP-ML/mar-grpo's HarmonModel.from_pretrained) ----------------
+def write_transformers_folder(policy: HarmonPolicy, d: Path, shards: int = 1) -> dict:
+    """The folder HarmonModel.save_pretrained writes (AMAP-ML/mar-grpo src/grpo/src/harmon/): config.json with
+    model_type "harmon", `llm` (a Qwen2 config) and `mar` (mar.py's preset name + MAR's keyword arguments, as
+    wusize/Harmon's configs/models/qwen2_5_1_5b_kl16_mar_h.py); the state dict of modeling_harmon.HarmonModel
+    (submodules vae, llm, mar, proj_in, proj_out; vae.* under vae.py's LDM names), the tied lm_head left out;
+    the tokenizer beside it."""
+    from safetensors.torch import save_file
+
+    c = policy.config
+    d.mkdir(parents=True, exist_ok=True)
+    mar = dict(
+        type="mar_tiny",
+        img_size=c.pos_embed_size,
+        vae_stride=c.vae_stride,
+        patch_size=c.patch_size,
+        vae_embed_dim=c.vae_latent_channels,
+        mask_ratio_min=0.7,
+        label_drop_prob=0.1,
+        class_num=c.num_classes,
+        attn_dropout=c.dropout,
+        proj_dropout=c.dropout,
+        buffer_size=c.buffer_size,
+        diffloss_d=c.head_depth,
+        diffloss_w=c.head_width,
+        num_sampling_steps="100",
+        diffusion_batch_mul=4,
+        grad_checkpointing=True,
+    )
+    raw = dict(model_type="harmon", architectures=["HarmonModel"], llm=dict(c.llm), mar=mar)
+    raw["auto_map"] = {"AutoConfig": "configuration_harmon.HarmonConfig", "AutoModel": "modeling_harmon.HarmonModel"}
+    (d / "config.json").write_text(__import__("json").dumps(raw))
+    state = {k: v.contiguous() for k, v in policy.harmon_state_dict().items() if k != "llm.lm_head.weight"}
+    state |= {f"vae.{k}": v.contiguous() for k, v in policy.vae_state_dict_ldm().items()}
+    names = sorted(state)
+    if shards == 1:
+        save_file(state, str(d / "model.safetensors"))
+    else:
+        weight_map = {}
+        for i in range(shards):
+            part = names[i::shards]
+            file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+            save_file({k: state[k] for k in part}, str(d / file))
+            weight_map |= dict.fromkeys(part, file)
+        (d / "model.safetensors.index.json").write_text(__import__("json").dumps({"weight_map": weight_map}))
+    policy.tokenizer.save_pretrained(str(d))
+    return state
+
+
+@pytest.fixture
+def tiny_presets(monkeypatch):
+    """mar.py's presets, modeling_harmon.py's fixed VAE and the generation size, shrunk to the tiny test config."""
+    from margrpo.policy import harmon_files
+
+    c = tiny_config()
+    monkeypatch.setitem(
+        harmon_files.MAR_PRESETS,
+        "mar_tiny",
+        dict(
+            encoder_width=c.encoder_width,
+            encoder_depth=c.encoder_depth,
+            encoder_heads=c.encoder_heads,
+            decoder_width=c.decoder_width,
+            decoder_depth=c.decoder_depth,
+            decoder_heads=c.decoder_heads,
+            mlp_ratio=c.mlp_ratio,
+        ),
+    )
+    monkeypatch.setattr(harmon_files, "HF_FIXED", {k: getattr(c, k) for k in harmon_files.HF_FIXED})
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_transformers_format_folder_gives_the_same_rollout_log_probs(tmp_path, tiny_presets, shards):
+    policy = tiny_harmon(attn_implementation="sdpa")
+    policy.save_pretrained(tmp_path / "ours")
+    state = write_transformers_folder(policy, tmp_path / "Harmon-1_5B", shards)
+    assert {"vae.encoder.down.0.block.0.norm1.weight", "vae.quant_conv.weight", "mar.fake_latent"} <= set(state)
+    assert HarmonPolicy.is_checkpoint(tmp_path / "Harmon-1_5B")
+    ours, theirs = load_policy(tmp_path / "ours"), load_policy(tmp_path / "Harmon-1_5B")
+    assert theirs.config.encoder_width == policy.config.encoder_width and theirs.config.llm["hidden_size"] == 32
+    a, b = rollout(ours), rollout(theirs)
+    assert torch.equal(a.log_probs, b.log_probs) and torch.equal(a.images, b.images)
+
+
+def test_transformers_format_checks_keys_strictly(tmp_path, tiny_presets):
+    from safetensors.torch import save_file
+
+    policy = tiny_harmon()
+    state = write_transformers_folder(policy, tmp_path)
+    state["mar.extra"] = state.pop("proj_out.2.bias")
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(
+        ValueError, match=r"model\.safetensors.*missing: \['proj_out\.2\.bias'\].*unexpected: \['mar\.extra'\]"
+    ):
+        HarmonPolicy.from_pretrained(tmp_path)
+    state["proj_out.2.bias"] = state.pop("mar.extra")
+    state["vae.quant_conv.weight"] = state["vae.quant_conv.weight"][:1]
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"wrong shapes.*vae\.quant_conv\.weight"):
+        HarmonPolicy.from_pretrained(tmp_path)
+
+
+def test_transformers_format_refuses_an_unknown_preset(tmp_path, tiny_presets):
+    import json
+
+    write_transformers_folder(tiny_harmon(), tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    raw["mar"]["type"] = "mar_giant"
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match="mar.type is 'mar_giant'.*mar_huge"):
+        HarmonPolicy.from_pretrained(tmp_path)
+
+
+def test_full_size_transformers_config_maps_to_harmon_1_5b():
+    """configs/models/qwen2_5_1_5b_kl16_mar_h.py's `mar` entry gives HarmonConfig's Harmon-1.5B sizes."""
+    from margrpo.policy.harmon_files import config_from_transformers
+
+    mar = dict(type="mar_huge", img_size=256, vae_stride=16, patch_size=1, vae_embed_dim=16, mask_ratio_min=0.7)
+    mar |= dict(label_drop_prob=0.1, class_num=1000, attn_dropout=0.1, proj_dropout=0.1, buffer_size=64)
+    mar |= dict(
+        diffloss_d=12, diffloss_w=1536, num_sampling_steps="100", diffusion_batch_mul=4, grad_checkpointing=True
+    )
+    full = HarmonConfig.full_size()
+    got = config_from_transformers({"model_type": "harmon", "llm": full.llm, "mar": mar}, Path("config.json"))
+    assert got == full
+
+
+def test_a_pickle_holding_more_than_tensors_is_refused_with_a_way_forward(tmp_path):
+    import argparse
+
+    policy = tiny_harmon()
+    policy.save_pretrained(tmp_path)
+    torch.save(
+        {"state_dict": policy.harmon_state_dict(), "args": argparse.Namespace(lr=1e-4)}, tmp_path / "harmon_1.5b.pth"
+    )
+    (tmp_path / "checksums.json").unlink()
+    with pytest.raises(ValueError) as err:
+        HarmonPolicy.from_pretrained(tmp_path)
+    message = str(err.value)
+    assert str(tmp_path / "harmon_1.5b.pth") in message and "argparse.Namespace" in message
+    assert "weights_only=True" in message and "safe_globals([argparse.Namespace])" in message
+    assert "corrupt" not in message
+    # the recipe in the message works and stays within weights_only
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        ckpt = torch.load(tmp_path / "harmon_1.5b.pth", weights_only=True, map_location="cpu")
+    torch.save({k: v for k, v in ckpt.items() if isinstance(v, (dict, torch.Tensor))}, tmp_path / "harmon_1.5b.pth")
+    assert torch.equal(rollout(HarmonPolicy.from_pretrained(tmp_path)).images, rollout(policy).images)

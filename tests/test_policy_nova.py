@@ -273,8 +273,8 @@ def test_missing_and_corrupt_checkpoints_fail_clearly(tmp_path, caplog):
     with pytest.raises(ValueError, match=r"missing \(1\): mask_embed\.bos_token.*unexpected \(1\): extra\.weight"):
         NovaPolicy.from_pretrained(d)
     assert (
-        f"{d}: no checksums.json (not written by margrpo): loading the NOVA weights with strict key and shape checks only"
-        in caplog.text
+        f"{d}: no checksums.json (not written by margrpo): "
+        "loading the NOVA weights with strict key and shape checks only" in caplog.text
     )
 
 

@@ -44,30 +44,31 @@ Checkpoint folder (the published files of huggingface.co/wusize/harmon plus the 
 
 `save_pretrained` writes exactly this layout (config.json included). Weights load with
 `torch.load(weights_only=True)`, strictly; the VAE runs as `diffusers.AutoencoderKL` with the
-LDM key names mapped on load and save.
+LDM key names mapped on load and save. `from_pretrained` also reads the transformers-format
+`wusize/Harmon-1_5B` folder MAR-GRPO loads (config.json with `llm` and `mar`, model.safetensors, the
+tokenizer), without its remote code, and either layout by repository id from the Hugging Face cache
+(`margrpo.policy.harmon_files`).
 """
 
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 
 from margrpo.diffusion import DDPMConfig, DDPMSampler, Sampler
-from margrpo.infra.io import atomic_path, atomic_write_json, record_checksums, verify_outside
+from margrpo.infra.io import atomic_path, atomic_write_json, record_checksums
 from margrpo.policy.base import MARPolicy, TextCondition
 from margrpo.policy.harmon_config import QWEN2_5_1_5B_INSTRUCT, HarmonConfig
 from margrpo.policy.mar_h import MAR, build_mlp, build_vae, vae_key_to_ldm
 from margrpo.policy.memory import forward_mode, hf_checkpointing
 
 CONFIG = "config.json"
-LLM_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
 
 # MAR's DiffLoss: 1000-step cosine process, eps prediction, learned-range variance (learn_sigma=True)
 HEAD_PROCESS = DDPMConfig(num_train_steps=1000, noise_schedule="cosine", variance="learned_range", prediction="eps")
@@ -242,127 +243,20 @@ class HarmonPolicy(MARPolicy):
 
     @staticmethod
     def is_checkpoint(path: str | Path) -> bool:
-        """A Harmon folder: our config.json with model_type "harmon", or (none) the published weight files."""
-        d = Path(path)
-        if (d / CONFIG).is_file():
-            try:
-                raw = json.loads((d / CONFIG).read_text())
-            except ValueError:
-                return False
-            return isinstance(raw, dict) and raw.get("model_type") == "harmon"
-        return any((d / name).is_file() for name in (HarmonConfig.weights_name, HarmonConfig.vae_name))
+        """A Harmon folder (`harmon_files.is_harmon_folder`): ours, the release files, or the transformers format."""
+        from margrpo.policy.harmon_files import is_harmon_folder
+
+        return is_harmon_folder(path)
 
     @classmethod
     def from_pretrained(
         cls, local_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
     ) -> HarmonPolicy:
-        """Load the checkpoint folder described in the module docstring; nothing is downloaded.
+        """Load the `.pth` release layout above or the transformers-format Harmon-1_5B folder, from a path or a
+        repository id in the Hugging Face cache (`harmon_files.load_harmon`); nothing is downloaded."""
+        from margrpo.policy.harmon_files import load_harmon
 
-        Missing files raise FileNotFoundError naming every expected path; unreadable files and
-        key mismatches raise ValueError naming the file. dtype None keeps float32.
-        """
-        # 1. the folder: our config.json (or Harmon-1.5B defaults), every expected file, the LLM's config
-        d = Path(local_dir)
-        verify_outside(d, "Harmon")  # released weights carry no manifest; margrpo's checkpoints do
-        config = _read_config(d)
-        expected = [d / config.weights_name, d / config.vae_name] + [d / config.llm_dir / f for f in LLM_FILES]
-        missing = [str(p) for p in expected if not p.is_file()]
-        if missing:
-            raise FileNotFoundError(
-                f"{d}: not a complete Harmon checkpoint folder; missing {', '.join(missing)} "
-                f"(expected {config.weights_name}, {config.vae_name} and {config.llm_dir}/{{{', '.join(LLM_FILES)}}})"
-            )
-        llm_config = d / config.llm_dir / "config.json"
-        config.llm = _read_json(llm_config)
-        if config.llm.get("model_type") != "qwen2":
-            raise ValueError(
-                f"{llm_config}: model_type is {config.llm.get('model_type')!r}, expected 'qwen2' (Qwen2.5)"
-            )
-        # 2. tokenizer and the randomly initialised model
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(d / config.llm_dir), trust_remote_code=False)
-        except Exception as err:
-            raise ValueError(f"{d / config.llm_dir}: unreadable tokenizer ({err})") from err
-        with torch.device(device):
-            model = cls(config, tokenizer)
-        # 3. Harmon's weights; a tied lm_head may be stored once (as embed_tokens)
-        harmon = _torch_load(d / config.weights_name)
-        if isinstance(harmon.get("state_dict"), dict):  # a training checkpoint wrapping the weights
-            harmon = harmon["state_dict"]
-        if model.llm.config.tie_word_embeddings and "llm.model.embed_tokens.weight" in harmon:
-            harmon.setdefault("llm.lm_head.weight", harmon["llm.model.embed_tokens.weight"])
-        _check_keys(d / config.weights_name, harmon, model.harmon_state_dict())
-        # 4. the VAE under its LDM names, mapped to diffusers' (1x1 conv attention weights -> linear)
-        ldm = _torch_load(d / config.vae_name)
-        ldm = ldm["model"] if isinstance(ldm.get("model"), dict) else ldm
-        _check_keys(d / config.vae_name, ldm, model.vae_state_dict_ldm())
-        own = model.vae.state_dict()
-        name = {vae_key_to_ldm(k, len(config.vae_channels)): k for k in own}
-        vae = {f"vae.{name[k]}": v.reshape(own[name[k]].shape) for k, v in ldm.items()}
-        model.load_state_dict({**harmon, **vae}, strict=True)
-        return model.to(dtype=dtype).eval() if dtype is not None else model.eval()
-
-
-def _read_json(path: Path) -> dict:
-    from margrpo.infra.io import InputError
-
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise InputError(f"{path}: unreadable JSON ({err})") from err
-
-
-def _read_config(d: Path) -> HarmonConfig:
-    """config.json if present (ours), else the Harmon-1.5B defaults (a folder of the published files)."""
-    if not d.is_dir():
-        raise FileNotFoundError(
-            f"{d}: no such checkpoint folder (expected harmon_1.5b.pth, kl16.ckpt, Qwen2.5-1.5B-Instruct/)"
-        )
-    if not (d / CONFIG).exists():
-        return HarmonConfig()
-    raw = _read_json(d / CONFIG)
-    if raw.pop("model_type", None) != "harmon":
-        raise ValueError(f"{d / CONFIG}: model_type is not 'harmon'")
-    if "mar" in raw and "auto_map" in raw:
-        raise ValueError(
-            f"{d}: this is the transformers-format wusize/Harmon-1_5B folder (remote code), which is not "
-            "supported; use the files of huggingface.co/wusize/harmon in the layout of margrpo.policy.harmon"
-        )
-    known = {f.name for f in fields(HarmonConfig)} - {"llm"}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ValueError(f"{d / CONFIG}: unknown HarmonConfig fields {unknown}")
-    return HarmonConfig(**raw)
-
-
-def _torch_load(path: Path) -> dict:
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # zip / pickle errors of a truncated or foreign file
-        raise ValueError(f"{path}: corrupt or unreadable weights ({type(err).__name__}: {err})") from err
-    if not isinstance(obj, dict):
-        raise ValueError(f"{path}: expected a state dict, got {type(obj).__name__}")
-    return obj
-
-
-def _check_keys(path: Path, found: dict, expected: dict[str, Tensor], show: int = 5) -> None:
-    """Strict key and shape check with a readable message (the first few offenders of each kind)."""
-    missing = sorted(set(expected) - set(found))
-    unexpected = sorted(set(found) - set(expected))
-    shapes = [
-        f"{k}: {tuple(getattr(found[k], 'shape', ()))} instead of {tuple(expected[k].shape)}"
-        for k in sorted(set(found) & set(expected))
-        if not isinstance(found[k], Tensor) or found[k].shape != expected[k].shape
-    ]
-    if missing or unexpected or shapes:
-        parts = [
-            f"{len(v)} {name}: {v[:show]}"
-            for name, v in (("missing", missing), ("unexpected", unexpected), ("with wrong shapes", shapes))
-            if v
-        ]
-        raise ValueError(
-            f"{path}: does not match the model ({'; '.join(parts)}); is the HarmonConfig right for this checkpoint?"
-        )
+        return load_harmon(cls, local_dir, device, dtype)
 
 
 __all__ = ["HarmonConfig", "HarmonPolicy", "QWEN2_5_1_5B_INSTRUCT", "build_vae", "vae_key_to_ldm"]
