@@ -20,6 +20,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "train-toypref": ("train_toypref", "fine-tune toyclip into the toy preference reward (the HPS analogue)"),
     "pretrain": ("pretrain", "train a toy MAR base policy on ShapesWorld from scratch"),
     "check-weights": ("check_weights", "check a local real-scale weights folder and write a pointer to it"),
+    "weights": ("weights", "list the released models a config needs: found, or the `hf download` command"),
     "warmup": ("warmup", "fine-tune only the diffusion head (Harmon warm-up, DESIGN 3.11)"),
     "train": ("train", "GRPO training: grpo / fix / mte / sim variants"),
     "pretrain-mask": ("pretrain_mask", "train the discrete toy-mask base policy (MaskGIT-style) on ShapesWorld"),
@@ -38,7 +39,9 @@ def build_parser(stage: str | None = None) -> argparse.ArgumentParser:
     """The CLI parser; with `stage` given, only that stage's module is imported (jobs start fast)."""
     parser = argparse.ArgumentParser(
         prog="margrpo",
-        description="MAR-GRPO pipeline stages. Normally driven by `snakemake --cores all`; each stage also runs by hand.",
+        description=(
+            "MAR-GRPO pipeline stages. Normally driven by `snakemake --cores all`; each stage also runs by hand."
+        ),
     )
     sub = parser.add_subparsers(dest="stage", metavar="<stage>", required=True)
     for name, (module, help_text) in STAGES.items():

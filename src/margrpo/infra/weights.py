@@ -203,7 +203,12 @@ SOURCES: dict[str, Source] = {
         "google-bert/bert-base-uncased", ("config.json", "tokenizer_config.json", "vocab.txt"), layout="bert"
     ),
     "reward_models.pickscore.path": Source("yuvalkirstain/PickScore_v1", layout="transformers"),
-    "reward_models.pickscore.processor_path": Source("laion/CLIP-ViT-H-14-laion2B-s32B-b79K", layout="processor"),
+    "reward_models.pickscore.processor_path": Source(
+        "laion/CLIP-ViT-H-14-laion2B-s32B-b79K",
+        ("preprocessor_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"),
+        layout="processor",
+        note="its processor files only",
+    ),
     "reward_models.clipscore.path": Source("openai/clip-vit-large-patch14", layout="transformers+processor"),
     "reward_models.aesthetic.clip_path": Source("openai/clip-vit-large-patch14", layout="transformers+processor"),
     "evaluation.compbench_models.vqa.path": Source(
@@ -213,6 +218,11 @@ SOURCES: dict[str, Source] = {
         "IDEA-Research/grounding-dino-base", layout="transformers+processor"
     ),
     "evaluation.compbench_models.clip.path": Source("openai/clip-vit-base-patch32", layout="transformers+processor"),
+}
+# Keys whose weights are not on the Hugging Face hub: where to get them.
+ELSEWHERE = {
+    "reward_models.aesthetic.path": "github.com/christophschuhmann/improved-aesthetic-predictor "
+    "(sac+logos+ava1-l14-linearMSE.pth)",
 }
 LAYOUTS.update({"open_clip": ((("open_clip_config.json", "ViT-H-14.json"),),), "bert": ((("vocab.txt",),),)})
 
@@ -322,11 +332,12 @@ def _command(need: Need, local: Path, ref: RepoRef | None) -> str:
     """`hf download` of the repository the value names (into the cache), or of the key's known source into the
     local path (--local-dir)."""
     source = need.source
-    if ref is not None and (source is None or ref.repo == source.repo or not local.parent.exists()):
+    # `weights/x` is both a relative path and a repository id: with a known source, an id other than it is a path
+    if ref is not None and (source is None or ref.repo == source.repo):
         return ref.download_command(source.files if source and ref.repo == source.repo else ())
     if source is None:
         return ""
-    if source.layout is None or source.layout in ("open_clip", "bert"):  # files: into the folder that holds them
+    if source.layout is None or source.files:  # named files: into the folder (or, for a file key, its parent)
         folder = local if source.layout else local.parent
         command = RepoRef(source.repo).download_command(source.files, folder)
         if source.layout is None and local.name != source.files[0]:
@@ -341,6 +352,8 @@ def report(findings: Sequence[Finding]) -> str:
     for f in findings:
         status = "found" if f.ok else "MISSING"
         lines.append(f"{f.need.key} = {f.need.value}: {status}")
+        if f.need.key in ELSEWHERE:
+            lines.append(f"  from: {ELSEWHERE[f.need.key]}")
         if f.need.source is not None:
             lines.append(f"  from: {f.need.source.repo}" + (f" ({f.need.source.note})" if f.need.source.note else ""))
         lines += [f"  looked: {place}" for place in f.looked]

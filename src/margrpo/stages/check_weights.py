@@ -1,6 +1,8 @@
 """`margrpo check-weights`: a real-scale weights folder exists and has the expected files.
 
-Writes a small pointer (policy.json) instead of copying gigabytes; stages load through it.
+The folder is a local path or a Hugging Face repository id (`owner/name[@revision]`) resolved offline from the
+local Hugging Face cache, by the same code the loaders and `margrpo weights` use (`margrpo.infra.weights`).
+Writes a small pointer (policy.json, naming the resolved folder) instead of copying gigabytes; stages load through it.
 """
 
 from __future__ import annotations
@@ -32,19 +34,25 @@ EXPECTED = {
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kind", required=True, choices=sorted(EXPECTED))
-    p.add_argument("--path", required=True)
+    p.add_argument("--path", required=True, help="a local folder or a Hugging Face repository id (owner/name[@rev])")
     p.add_argument("--out", required=True)
 
 
 def check_folder(kind: str, path: str | Path) -> Path:
     """The folder, if it holds every expected file: non-empty, `.json` ones valid JSON objects."""
     from margrpo.infra.io import InputError, read_json
+    from margrpo.infra.weights import HARMON_HF_LAYOUT, missing_files, resolve_weights
 
-    p = Path(path).expanduser().resolve()
+    p = resolve_weights(path).expanduser().resolve()
     if not p.is_dir():
         raise FileNotFoundError(
-            f"{kind} weights: folder {p} does not exist; put the checkpoint there (expected files: {', '.join(EXPECTED[kind])}) or set policies.<name>.path"
+            f"{kind} weights: folder {p} does not exist; put the checkpoint there (expected files: "
+            f"{', '.join(EXPECTED[kind])}) or set policies.<name>.path (`margrpo weights --config ...` lists them)"
         )
+    if kind == "harmon" and _is_transformers_format(p):  # the wusize/Harmon-1_5B folder (policy.harmon_files)
+        if missing := missing_files(p, HARMON_HF_LAYOUT):
+            raise FileNotFoundError(f"{kind} weights in {p}: missing {', '.join(missing)}")
+        return p
     missing = [f for f in EXPECTED[kind] if not (p / f).exists()]
     if missing:
         raise FileNotFoundError(
@@ -57,6 +65,16 @@ def check_folder(kind: str, path: str | Path) -> Path:
         if f.suffix == ".json" and not isinstance(read_json(f), dict):
             raise InputError(f"{kind} weights: {f} is not a JSON object")
     return p
+
+
+def _is_transformers_format(p: Path) -> bool:
+    import json
+
+    try:
+        raw = json.loads((p / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(raw, dict) and "mar" in raw and "llm" in raw
 
 
 def run(args) -> None:

@@ -30,36 +30,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None)
 
 
-def run(args) -> None:
-    from margrpo.experiment.config import (
-        check_grpo_run,
-        check_val_prompts,
-        load_config,
-        train_spec,
-        validate_train_spec,
-    )
-    from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, write_outputs
-    from margrpo.policy import load_policy
-    from margrpo.rewards import build_reward_mix
+def _read_spec(args) -> dict:
+    """The run's settings: the `--spec-json` Snakemake passes, or the train spec of --policy, --reward and
+    --variant in the `--config` given by hand."""
+    from margrpo.experiment.config import load_config, train_spec, validate_train_spec
 
     if args.spec_json:
-        spec = validate_train_spec(json_arg(args.spec_json, "--spec-json"))
-    else:
-        if not (args.policy and args.reward and args.variant):
-            raise SystemExit("--config needs --policy, --reward and --variant")
-        spec = train_spec(load_config(args.config), args.policy, args.reward, args.variant)
-    device = setup(args.threads, spec.get("device", "auto"), data_parallel=True)  # names a stray WORLD_SIZE first
-    # the dry run's checks of a variant, here on the spec itself: a run by hand passes the same ones
-    what = "--spec-json" if args.spec_json else args.config
-    key = (lambda k: f"grpo.{k}") if args.spec_json else (lambda k: f"grpo.{k} (variant {args.variant!r})")  # noqa: E731
-    check_grpo_run(spec["grpo"], {"sampling": spec["sampling"]}, int(os.environ.get("WORLD_SIZE", "1")), what, key)
-    suites = Path(args.suites_dir)
-    val_prompts = prompt_set(suites / "val.jsonl")
-    check_val_prompts(spec["grpo"]["val_prompts"], len(val_prompts), suites / "val.jsonl", what, key("val_prompts"))
-    out = Path(args.out_dir)
-    # the run's full spec: its settings, its seed and its inputs (whose folder names carry their own
-    # settings' hashes); state/ is resumed only under the same spec
-    run_spec = {
+        return validate_train_spec(json_arg(args.spec_json, "--spec-json"))
+    if not (args.policy and args.reward and args.variant):
+        raise SystemExit("--config needs --policy, --reward and --variant")
+    return train_spec(load_config(args.config), args.policy, args.reward, args.variant)
+
+
+def _run_spec(spec: dict, args) -> dict:
+    """The run's full spec: its settings, its seed and its inputs (whose folder names carry their own
+    settings' hashes); state/ is resumed only under the same spec."""
+    return {
         **spec,
         "seed": args.seed,
         "inputs": {
@@ -69,6 +55,25 @@ def run(args) -> None:
             "toypref_dir": args.toypref_dir,
         },
     }
+
+
+def run(args) -> None:
+    from margrpo.experiment.config import check_grpo_run, check_val_prompts
+    from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, write_outputs
+    from margrpo.policy import load_policy
+    from margrpo.rewards import build_reward_mix
+
+    spec = _read_spec(args)
+    device = setup(args.threads, spec.get("device", "auto"), data_parallel=True)  # names a stray WORLD_SIZE first
+    # the dry run's checks of a variant, here on the spec itself: a run by hand passes the same ones
+    what = "--spec-json" if args.spec_json else args.config
+    key = (lambda k: f"grpo.{k}") if args.spec_json else (lambda k: f"grpo.{k} (variant {args.variant!r})")  # noqa: E731
+    check_grpo_run(spec["grpo"], {"sampling": spec["sampling"]}, int(os.environ.get("WORLD_SIZE", "1")), what, key)
+    suites = Path(args.suites_dir)
+    val_prompts = prompt_set(suites / "val.jsonl")
+    check_val_prompts(spec["grpo"]["val_prompts"], len(val_prompts), suites / "val.jsonl", what, key("val_prompts"))
+    out = Path(args.out_dir)
+    run_spec = _run_spec(spec, args)
     if int(os.environ.get("RANK", "0")) == 0:
         write_spec(out, run_spec)
     try:
@@ -98,7 +103,8 @@ def run(args) -> None:
         f" (EMA weights, decay {cfg.ema_decay})" if cfg.ema_decay else ""
     )  # summary.json's config.ema_decay says the same
     log.info(
-        f"done: {trainer.step} steps; base val reward {trainer.checkpoints[0]['val_reward']:.4f}; best {best['val_reward']:.4f}{ema} at step {best['step']}"
+        f"done: {trainer.step} steps; base val reward {trainer.checkpoints[0]['val_reward']:.4f}; "
+        f"best {best['val_reward']:.4f}{ema} at step {best['step']}"
     )
 
 
