@@ -91,7 +91,8 @@ def test_check_lists_found_files_with_sizes(hub):
 def test_a_local_path_missing_gets_the_known_repository_into_that_path(hub):
     config = {"reward_models": {"imagereward": {"path": "weights/rewards/ImageReward.pt"}}}
     finding = check(needs(config)[0])
-    assert not finding.ok and finding.command == "hf download THUDM/ImageReward ImageReward.pt --local-dir weights/rewards"
+    assert not finding.ok
+    assert finding.command == "hf download THUDM/ImageReward ImageReward.pt --local-dir weights/rewards"
     Path("weights/rewards").mkdir(parents=True)
     Path("weights/rewards/ImageReward.pt").write_bytes(b"pt")
     assert check(needs(config)[0]).ok
