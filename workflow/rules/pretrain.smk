@@ -75,7 +75,8 @@ rule pretrain:
 
 
 rule check_weights:
-    """Real-scale weights load from a local folder: fail early, naming the files expected there."""
+    """Real-scale weights load from a local folder or a Hugging Face repository id in the local cache (margrpo.infra.weights,
+    as `margrpo weights`): fail early, naming the files expected there; policy.json points at the resolved folder."""
     output:
         f"{RESULTS}/weights/{{weights}}/policy.json",
     params:
