@@ -236,13 +236,7 @@ class DDPMSampler:
         mean = rows(p.posterior_coef_x0) * pred_x0 + rows(p.posterior_coef_xt) * x_t  # [N, D]
 
         # 5. Log-variance of the step, std = exp(log_var / 2) * temperature; 0 on a deterministic final step.
-        log_var = self._log_variance(
-            var_values, rows(p.posterior_log_variance_clipped), rows(p.log_betas_large), rows(p.log_betas)
-        )
-        stochastic = self.is_stochastic(step_index).to(x_t.device)  # 0-dim or [N]
-        row_stochastic = stochastic.view(-1, *([1] * (x_t.dim() - 1)))
-        std = torch.where(row_stochastic, torch.exp(0.5 * log_var) * temperature, 0.0)
-        std = expand_std(std, x_t)  # [N, 1], or [N, D] for learned_range
+        std, stochastic = self._step_std(var_values, step_index, j, x_t, temperature)
 
         # 6. Draw (or score the given) x_{t-1} and its log-probability (paper Eq. 12).
         return gaussian_step(
@@ -256,6 +250,25 @@ class DDPMSampler:
             prev_sample=prev_sample,
             variance_noise=variance_noise,
         )
+
+    def _step_std(
+        self, var_values: Tensor, step_index: StepIndex, j: StepIndex, x_t: Tensor, temperature: float
+    ) -> tuple[Tensor, Tensor]:
+        """(std, stochastic) of step `step_index` (process index `j`): std = exp(log_var / 2) * temperature, 0 where
+        the step is deterministic (a noiseless final step); [N, 1], or [N, D] for learned_range. stochastic: 0-dim or
+        [N] bool."""
+        p = self.process
+
+        def rows(table: Tensor) -> Tensor:
+            return gather_rows(table, j, x_t.dim(), x_t.device)
+
+        log_var = self._log_variance(
+            var_values, rows(p.posterior_log_variance_clipped), rows(p.log_betas_large), rows(p.log_betas)
+        )
+        stochastic = self.is_stochastic(step_index).to(x_t.device)  # 0-dim or [N]
+        row_stochastic = stochastic.view(-1, *([1] * (x_t.dim() - 1)))
+        std = torch.where(row_stochastic, torch.exp(0.5 * log_var) * temperature, 0.0)
+        return expand_std(std, x_t), stochastic
 
     def _pred_x0(self, pred: Tensor, x_t: Tensor, process: _Process, index: StepIndex) -> Tensor:
         """x0_hat = (x_t - sqrt(1-abar) eps) / sqrt(abar) (Ho et al. Eq. 15), or sqrt(abar) x_t - sqrt(1-abar) v.

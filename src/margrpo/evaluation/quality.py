@@ -29,7 +29,8 @@ def sample_images(
     desc: str = "sample",
 ) -> np.ndarray:
     """uint8 images [len(prompts) * images_per_prompt, H, W, 3], prompt-major, deterministic per seed.
-    A toy-mask policy (`ToyMaskPolicy`, with a `MaskSamplingConfig`) samples through `related.maskgrpo.rollout.generate`."""
+    A toy-mask policy (`ToyMaskPolicy`, with a `MaskSamplingConfig`) samples through
+    `related.maskgrpo.rollout.generate`."""
     from margrpo.related.maskgrpo.policy import ToyMaskPolicy
 
     out = []
@@ -107,18 +108,24 @@ def quality_report(
         "per_category": per_cat.to_dict(orient="index"),
     }
     if "single_color_shape" in df:
-        single = df.dropna(subset=["single_color_shape"])
-        entry = {"accuracy": float(single["single_color_shape"].mean()), "n_images": int(len(single))}
-        for name, part in (
-            ("seen_pairs", single[~single["single_heldout"].astype(bool)]),
-            ("heldout_pairs", single[single["single_heldout"].astype(bool)]),
-        ):
-            entry[name] = {
-                "accuracy": float(part["single_color_shape"].mean()) if len(part) else float("nan"),
-                "n_images": int(len(part)),
-            }
-        report["single_object_color_and_shape"] = entry
+        report["single_object_color_and_shape"] = _single_object_accuracy(df)
     return report, images
+
+
+def _single_object_accuracy(df) -> dict:
+    """How often a single-object prompt's image holds an object of its colour and shape: over all such
+    images, and apart for the colour-shape pairs seen in training and those held out of it."""
+    single = df.dropna(subset=["single_color_shape"])
+    entry = {"accuracy": float(single["single_color_shape"].mean()), "n_images": int(len(single))}
+    for name, part in (
+        ("seen_pairs", single[~single["single_heldout"].astype(bool)]),
+        ("heldout_pairs", single[single["single_heldout"].astype(bool)]),
+    ):
+        entry[name] = {
+            "accuracy": float(part["single_color_shape"].mean()) if len(part) else float("nan"),
+            "n_images": int(len(part)),
+        }
+    return entry
 
 
 def format_report(report: dict) -> str:

@@ -117,22 +117,11 @@ class GRPOConfig:
             raise ValueError("trajectories (S) must be >= 1; S = 1 turns MTE off")
         if not 0 <= self.top_frac <= 1:
             raise ValueError("top_frac (k) must be in [0, 1]")
-        if self.reinforce and self.clip_eps is not None:
-            self.clip_eps = None  # the official form has no clipping; say so in the resolved config
-        if self.reinforce and self.updates_per_rollout != 1:
-            raise ValueError(
-                f"reinforce: true takes one optimizer step per rollout (the official update; without a ratio "
-                f"later steps would be off-policy), got updates_per_rollout {self.updates_per_rollout}; set it to 1"
-            )
-        if self.old_logprob == "recorded" and self.logprob_cfg == "cond_only" and not self.reinforce:
-            raise ValueError(
-                "old_logprob: recorded with logprob_cfg: cond_only gives ratio != 1 from the first update "
-                "(the rollout was guided, the replay is not), so the clip acts on a mismatch, not on "
-                "policy change; set old_logprob: recomputed, or reinforce: true (no ratio)"
-            )
+        self._check_update_rule()
         if self.micro_batches < 1 or (self.batch_prompts * self.group_size) % self.micro_batches:
             raise ValueError(
-                f"micro_batches ({self.micro_batches}) must divide the {self.batch_prompts * self.group_size} images of a batch"
+                f"micro_batches ({self.micro_batches}) must divide the {self.batch_prompts * self.group_size} "
+                "images of a batch"
             )
         if self.replay_chunk is not None and (isinstance(self.replay_chunk, bool) or self.replay_chunk < 1):
             raise ValueError(
@@ -157,6 +146,23 @@ class GRPOConfig:
         ):
             raise ValueError(
                 "save_every, val_every, val_prompts, val_images, mask_steps and diffusion_steps must be >= 1"
+            )
+
+    def _check_update_rule(self) -> None:
+        """The update's form: REINFORCE (no ratio, no clip, one step per rollout) or the clipped ratio against
+        old log-probabilities that must match the replay's."""
+        if self.reinforce and self.clip_eps is not None:
+            self.clip_eps = None  # the official form has no clipping; say so in the resolved config
+        if self.reinforce and self.updates_per_rollout != 1:
+            raise ValueError(
+                f"reinforce: true takes one optimizer step per rollout (the official update; without a ratio "
+                f"later steps would be off-policy), got updates_per_rollout {self.updates_per_rollout}; set it to 1"
+            )
+        if self.old_logprob == "recorded" and self.logprob_cfg == "cond_only" and not self.reinforce:
+            raise ValueError(
+                "old_logprob: recorded with logprob_cfg: cond_only gives ratio != 1 from the first update "
+                "(the rollout was guided, the replay is not), so the clip acts on a mismatch, not on "
+                "policy change; set old_logprob: recomputed, or reinforce: true (no ratio)"
             )
 
     @classmethod

@@ -54,7 +54,8 @@ class PretrainConfig:
     def __post_init__(self):
         if not 0 <= self.mask_ratio_min <= 1 or self.mask_ratio_std <= 0:
             raise ValueError(
-                f"mask_ratio_min must lie in [0, 1] and mask_ratio_std be > 0, got {self.mask_ratio_min}, {self.mask_ratio_std}"
+                f"mask_ratio_min must lie in [0, 1] and mask_ratio_std be > 0, "
+                f"got {self.mask_ratio_min}, {self.mask_ratio_std}"
             )
         if self.precision not in PRECISIONS:
             raise ValueError(f"Unknown precision: {self.precision!r}; expected 'no', 'bf16' or 'fp16'")
@@ -99,18 +100,12 @@ def train(
     state_dir = Path(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
     sampler = policy.make_sampler(num_steps=25)  # only the training-time methods are used
-    params = list(policy.head_parameters()) if not cfg.train_ar else list(policy.parameters())
-    if not cfg.train_ar:  # head warm-up: everything else frozen
-        head = set(map(id, params))
-        for p in policy.parameters():
-            p.requires_grad_(id(p) in head)
+    params = _trainable(policy, cfg)
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     ema = EMA(policy, cfg.ema_decay)
     generator = torch.Generator().manual_seed(cfg.seed)
     ckpt = state_dir / "last.pt"
-    key = spec_hash(
-        {"config": asdict(cfg), "shapes": {k: list(v.shape) for k, v in policy.state_dict().items()}, "spec": spec}
-    )
+    key = _spec_key(cfg, policy, spec)
     start = _resume(ckpt, key, policy, optimizer, ema, generator, cfg.steps)
     _trim_log(log_path, start)
     log_rows = []
@@ -124,11 +119,7 @@ def train(
         mininterval=5,
     )
     for step in bar:
-        if cfg.head_steps is not None and step == cfg.head_steps and cfg.train_ar:
-            for p in policy.head_parameters():
-                p.requires_grad_(False)
-        for group in optimizer.param_groups:
-            group["lr"] = cfg.lr * warmup_cosine(step, cfg.steps, cfg.warmup_steps, floor=0.1)
+        _schedule(policy, optimizer, cfg, step)
         loss, grad_norm = _step(policy, sampler, batch_fn, cfg, optimizer, params, generator, step)
         ema.update(policy)
         log_rows.append(
@@ -144,19 +135,7 @@ def train(
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
             _append_log(log_path, log_rows)
             log_rows = []
-            with checked_path(ckpt) as tmp:
-                torch.save(
-                    {
-                        "model": policy.state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "ema": ema.shadow,
-                        "generator": generator.get_state(),
-                        "step": step + 1,
-                        "config": asdict(cfg),
-                        "spec_hash": key,
-                    },
-                    tmp,
-                )
+            _save(ckpt, key, policy, optimizer, ema, generator, step + 1, cfg)
     ema.copy_to(policy)
     for p in policy.parameters():
         p.requires_grad_(True)
@@ -164,10 +143,65 @@ def train(
     return policy
 
 
+def _spec_key(cfg: PretrainConfig, policy: MARPolicy, spec: dict | None) -> str:
+    """The hash a checkpoint is written and resumed under: the config, the policy's parameter shapes and the
+    stage's spec."""
+    shapes = {k: list(v.shape) for k, v in policy.state_dict().items()}
+    return spec_hash({"config": asdict(cfg), "shapes": shapes, "spec": spec})
+
+
+def _trainable(policy: MARPolicy, cfg: PretrainConfig) -> list:
+    """The parameters the optimizer steps: all of them, or for a head warm-up (train_ar off) the head's alone,
+    everything else frozen."""
+    params = list(policy.head_parameters()) if not cfg.train_ar else list(policy.parameters())
+    if not cfg.train_ar:
+        head = set(map(id, params))
+        for p in policy.parameters():
+            p.requires_grad_(id(p) in head)
+    return params
+
+
+def _schedule(policy: MARPolicy, optimizer, cfg: PretrainConfig, step: int) -> None:
+    """What changes with the step: the learning rate (warm-up, then cosine to 10%) and, at head_steps, the
+    head frozen for the rest of pre-training."""
+    if cfg.head_steps is not None and step == cfg.head_steps and cfg.train_ar:
+        for p in policy.head_parameters():
+            p.requires_grad_(False)
+    for group in optimizer.param_groups:
+        group["lr"] = cfg.lr * warmup_cosine(step, cfg.steps, cfg.warmup_steps, floor=0.1)
+
+
+def _save(
+    ckpt: Path,
+    key: str,
+    policy: MARPolicy,
+    optimizer,
+    ema: EMA,
+    generator: torch.Generator,
+    step: int,
+    cfg: PretrainConfig,
+) -> None:
+    """Write the training state after `step` steps under spec `key`, checksummed (what `_resume` reads)."""
+    with checked_path(ckpt) as tmp:
+        torch.save(
+            {
+                "model": policy.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "ema": ema.shadow,
+                "generator": generator.get_state(),
+                "step": step,
+                "config": asdict(cfg),
+                "spec_hash": key,
+            },
+            tmp,
+        )
+
+
 def _resume(
     ckpt: Path, key: str, policy: MARPolicy, optimizer, ema: EMA, generator: torch.Generator, steps: int
 ) -> int:
-    """Load `ckpt` into the training objects if it was written under spec `key`, else delete it: the step to start from."""
+    """Load `ckpt` into the training objects if it was written under spec `key`, else delete it: the step to
+    start from."""
     if not ckpt.exists():
         return 0
     try:
