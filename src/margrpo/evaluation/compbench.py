@@ -5,13 +5,16 @@ from the file name) and a category. Per category, the metric of the official scr
 (Karine-Huang/T2I-CompBench; formulas with file and line in docs/compbench.md), with Grounding
 DINO standing in for its UniDet detector:
 
-| category | metric | per-image score |
-|---|---|---|
-| color, shape, texture | BLIP-VQA | product over the prompt's noun phrases (at most 8) of P(yes \\| "{phrase}?"), each answer and the product kept to 4 decimals |
-| spatial (2-D) | detection | 0.25 conf(obj1) + 0.25 conf(obj2) + position / 2, set to 0 below 0.5; position from the boxes in UniDet's 479-px frame |
-| numeracy | detection | mean over objects of 0.5 (detected) + 0.5 (count == asked), duplicates merged as the script merges them |
-| non_spatial | CLIP | cosine(image, prompt) |
-| complex | 3-in-1 | mean of the attribute (BLIP-VQA), spatial and non-spatial scores |
+Each category, its metric, and its per-image score:
+
+- color, shape, texture: BLIP-VQA; product over the prompt's noun phrases (at most 8) of
+  P(yes | "{phrase}?"), each answer and the product kept to 4 decimals.
+- spatial (2-D): detection; 0.25 conf(obj1) + 0.25 conf(obj2) + position / 2, set to 0 below 0.5; position
+  from the boxes in UniDet's 479-px frame.
+- numeracy: detection; mean over objects of 0.5 (detected) + 0.5 (count == asked), duplicates merged as the
+  script merges them.
+- non_spatial: CLIP; cosine(image, prompt).
+- complex: 3-in-1; mean of the attribute (BLIP-VQA), spatial and non-spatial scores.
 
 For complex, T2I-CompBench averages only two of the three for its "spatial" and "action"
 sub-splits (attribute + spatial, attribute + non-spatial); `prompts_dir` (default: the shipped
@@ -212,7 +215,8 @@ def compbench_spatial_score(
 
 
 def _duplicates(a: Sequence[float], b: Sequence[float]) -> bool:
-    """numeracy_eval.py's test of two pixel boxes (inclusive pixel extents): IoU > 0.9, or over 0.9 of either inside the other."""
+    """numeracy_eval.py's test of two pixel boxes (inclusive pixel extents): IoU > 0.9, or over 0.9 of either
+    inside the other."""
     inter = max(0.0, min(a[2], b[2]) - max(a[0], b[0]) + 1) * max(0.0, min(a[3], b[3]) - max(a[1], b[1]) + 1)
     area_a, area_b = (a[2] - a[0] + 1) * (a[3] - a[1] + 1), (b[2] - b[0] + 1) * (b[3] - b[1] + 1)
     return inter / (area_a + area_b - inter) > 0.9 or inter / area_a > 0.9 or inter / area_b > 0.9

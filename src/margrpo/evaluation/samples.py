@@ -73,10 +73,14 @@ def complete_samples(
                 why = (
                     f"prompt {s.prompt!r} is not in the suite {suite}"
                     if s.prompt not in suite_prompts
-                    else f"prompt {s.prompt!r} is not among the {len(prompts)} evaluated prompts of {suite} (--max-prompts)"
+                    else f"prompt {s.prompt!r} is not among the {len(prompts)} evaluated prompts of {suite} "
+                    "(--max-prompts)"
                 )
             else:
-                why = f"index {s.index} is past --images-per-prompt {images_per_prompt} (indices 0 to {images_per_prompt - 1})"
+                why = (
+                    f"index {s.index} is past --images-per-prompt {images_per_prompt} "
+                    f"(indices 0 to {images_per_prompt - 1})"
+                )
             raise InputError(f"{s.path}: extra sample: {why}; the evaluation reads each prompt's images exactly once")
     for prompt in prompts:
         for index in range(images_per_prompt):
@@ -84,6 +88,7 @@ def complete_samples(
             if name not in by_name:
                 raise InputError(
                     f"{root / name}: missing; the evaluation needs {images_per_prompt} image(s) of each of "
-                    f"the {len(prompts)} prompts of {suite} ({len(samples)} of {len(prompts) * images_per_prompt} found)"
+                    f"the {len(prompts)} prompts of {suite} "
+                    f"({len(samples)} of {len(prompts) * images_per_prompt} found)"
                 )
     return samples

@@ -402,7 +402,8 @@ def save_safetensors(tensors: dict, path: str | os.PathLike) -> None:
 
 
 def refuse_symlink(path: str | os.PathLike, what: str = "folder") -> Path:
-    """`path` itself, unless it is a symbolic link: a stage that clears or rewrites a folder never does so through one."""
+    """`path` itself, unless it is a symbolic link: a stage that clears or rewrites a folder never does so
+    through one."""
     path = Path(path)
     if path.is_symlink():
         raise InputError(

@@ -19,7 +19,8 @@ def check_keys(value, allowed: tuple[str, ...], where: str) -> dict:
 
 
 def dataclass_from(cls, value, where: str, fixed: dict | None = None):
-    """`cls(**value, **fixed)`: unknown keys, keys the stage sets itself (`fixed`) and bad values are one-line errors."""
+    """`cls(**value, **fixed)`: unknown keys, keys the stage sets itself (`fixed`) and bad values are one-line
+    errors."""
     fixed = fixed or {}
     value = {} if value is None else value
     names = tuple(f.name for f in dataclasses.fields(cls) if f.name not in fixed)

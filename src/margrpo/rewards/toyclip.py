@@ -211,7 +211,8 @@ class ToyClip(nn.Module):
     # --------------------------------------------------------------------- persistence
 
     def save_pretrained(self, directory: str | Path) -> None:
-        """Write config.json (model_type "toyclip"), model.safetensors, tokenizer/ and their checksums.json into `directory`."""
+        """Write config.json (model_type "toyclip"), model.safetensors, tokenizer/ and their checksums.json
+        into `directory`."""
         save_folder(self, MODEL_TYPE, asdict(self.config), self.tokenizer, directory)
 
     @classmethod
@@ -227,7 +228,8 @@ class ToyClip(nn.Module):
 def save_folder(
     model: nn.Module, model_type: str, config: dict, tokenizer: WordTokenizer, directory: str | Path
 ) -> None:
-    """A learned toy reward's folder: config.json (with `model_type`), model.safetensors, tokenizer/, checksums.json."""
+    """A learned toy reward's folder: config.json (with `model_type`), model.safetensors, tokenizer/,
+    checksums.json."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     save_safetensors({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, d / WEIGHTS_FILE)

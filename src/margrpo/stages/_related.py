@@ -27,7 +27,8 @@ def mask_sampling(value, where: str):
 
 
 def teacher_sampling(teacher_dir: str | Path):
-    """The teacher's own sampling (K, CFG scale and schedule), from the spec.json `margrpo pretrain` wrote beside it."""
+    """The teacher's own sampling (K, CFG scale and schedule), from the spec.json `margrpo pretrain` wrote
+    beside it."""
     from margrpo.infra.io import read_json
     from margrpo.stages._common import sampling_config
 

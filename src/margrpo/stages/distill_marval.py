@@ -1,4 +1,5 @@
-"""`margrpo distill-marval`: distil a toy-nova teacher's diffusion head into a one-step policy (MARVAL), with its quality report.
+"""`margrpo distill-marval`: distil a toy-nova teacher's diffusion head into a one-step policy (MARVAL), with
+its quality report.
 
     margrpo distill-marval --teacher results/pretrain/toy-nova-<hash8>/policy --suites-dir results/data/<...> \
         --policy-json '{"kind": "toy-marval", "teacher": "toy-nova", "distill": {...}, "sampling": {...}}' \

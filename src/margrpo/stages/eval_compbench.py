@@ -37,7 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--models-json",
         default="{}",
-        help="t2i-compbench: {vqa: {path, ...}, detector: {path, ...}, clip: {path, ...}, prompts_dir, device, batch_size}",
+        help=(
+            "t2i-compbench: {vqa: {path, ...}, detector: {path, ...}, clip: {path, ...}, prompts_dir, device, "
+            "batch_size}"
+        ),
     )
 
 

@@ -119,7 +119,8 @@ def run(args) -> None:
     torch.manual_seed(cfg.seed)
     policy = ToyMAR(model_cfg).to(device)
     log.info(
-        f"toy MAR ({spec['head']} head): {count_parameters(policy) / 1e6:.2f}M parameters, head {count_parameters(policy.diffloss) / 1e6:.2f}M, {policy.seq_len} tokens x {policy.token_dim}"
+        f"toy MAR ({spec['head']} head): {count_parameters(policy) / 1e6:.2f}M parameters, "
+        f"head {count_parameters(policy.diffloss) / 1e6:.2f}M, {policy.seq_len} tokens x {policy.token_dim}"
     )
     out = Path(args.out_dir)
     state = out.parent / "state"

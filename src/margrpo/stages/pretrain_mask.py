@@ -1,4 +1,5 @@
-"""`margrpo pretrain-mask`: the discrete toy-mask base policy (MaskGIT-style) trained on ShapesWorld, with its quality report.
+"""`margrpo pretrain-mask`: the discrete toy-mask base policy (MaskGIT-style) trained on ShapesWorld, with its
+quality report.
 
     margrpo pretrain-mask --world world.json --eval-suite eval.jsonl --out-dir DIR/policy --quality DIR/quality.json \
         --policy-json '{"kind": "toy-mask", "model": {...}, "pretrain": {...}, "sampling": {...}}'
@@ -77,7 +78,8 @@ def run(args) -> None:
     torch.manual_seed(pretrain.seed)
     policy = ToyMaskPolicy(model_cfg).to(device)
     log.info(
-        f"toy-mask: {count_parameters(policy) / 1e6:.2f}M parameters, {policy.seq_len} tokens, codebook {policy.vocab_size}"
+        f"toy-mask: {count_parameters(policy) / 1e6:.2f}M parameters, {policy.seq_len} tokens, "
+        f"codebook {policy.vocab_size}"
     )
     rows = pretrain_mask_policy(policy, pretrain)
     atomic_write_rows(out.parent / "state" / "log.csv", rows)

@@ -60,7 +60,8 @@ def run(args) -> None:
 
     if args.images_per_prompt < 1:
         raise InputError(
-            f"--images-per-prompt: {args.images_per_prompt}; expected at least 1 (the config's evaluation.images_per_prompt)"
+            f"--images-per-prompt: {args.images_per_prompt}; expected at least 1 "
+            "(the config's evaluation.images_per_prompt)"
         )
     records = evaluated_records(load_suite(args.suite), args.max_prompts)  # --max-prompts checked like the config's
     device = setup(args.threads)

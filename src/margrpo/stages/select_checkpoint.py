@@ -1,6 +1,7 @@
 """`margrpo select`: write the checkpoint a run reports (DESIGN 3.12).
 
-    margrpo select --summary results/toy/train/.../seed0/summary.json --step best --out results/toy/select/.../selection.json
+    margrpo select --summary results/toy/train/.../seed0/summary.json --step best \\
+        --out results/toy/select/.../selection.json
 
 ``--step best`` (baselines, marked * in the tables) takes the best validation reward, ties to the
 earliest step; ``--step <int>`` (the full method) takes the step fixed in the config in advance.
@@ -33,7 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--step",
         required=True,
         type=_step,
-        help="'best' = best validation reward (baselines, *); 'last' = the last checkpoint; an integer = that checkpoint step (fixed in advance)",
+        help=(
+            "'best' = best validation reward (baselines, *); 'last' = the last checkpoint; "
+            "an integer = that checkpoint step (fixed in advance)"
+        ),
     )
     parser.add_argument("--out", required=True, type=Path, help="selection.json to write")
 

@@ -128,7 +128,8 @@ def marval_settings(args, spec: dict):
     )
     if cfg.reg_weight:
         raise InputError(
-            "--spec-json: related.reg_weight > 0 needs the teacher's distiller, which train-related does not build; set it to 0"
+            "--spec-json: related.reg_weight > 0 needs the teacher's distiller, which train-related does not build; "
+            "set it to 0"
         )
     return cfg, sampling_config(spec.get("sampling", {}))
 
@@ -180,8 +181,9 @@ def marval_job(args, cfg, sampling, policy, reward, train, val) -> Job:
 
 def state_saver(job: Job, state_dir: Path, run_hash: str):
     """save_fn of the loop: the checkpoint's policy folder, then state/trainer.pt (what a resume reads). The policy
-    folder is replaced whole (atomic_dir), so a folder already there that margrpo did not write (no checksums.json:
-    atomic_dir only ever renames a finished folder in) is refused, not replaced: a run deletes nothing it did not write."""
+    folder is replaced whole (atomic_dir), so a folder already there that margrpo did not write (no
+    checksums.json: atomic_dir only ever renames a finished folder in) is refused, not replaced: a run deletes
+    nothing it did not write."""
     from margrpo.infra.io import CHECKSUMS, atomic_dir, checked_path, listed_files
 
     def save(path: Path, state) -> None:
@@ -206,7 +208,8 @@ def state_saver(job: Job, state_dir: Path, run_hash: str):
 
 
 def try_resume(job: Job, state_dir: Path, run_hash: str):
-    """The loop's state from state/trainer.pt when written under this run's hash (policy and optimizer restored); else None."""
+    """The loop's state from state/trainer.pt when written under this run's hash (policy and optimizer
+    restored); else None."""
     from margrpo.grpo.run_loop import RunState, checkpoint_path, clear_written_state
     from margrpo.infra.io import InputError, refuse_symlink, verify_checksums
     from margrpo.stages._related import load_any_policy

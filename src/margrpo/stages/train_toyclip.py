@@ -32,7 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config-json",
         default="{}",
-        help=f"JSON object with keys {', '.join(CONFIG_DEFAULTS)} (the config's toyclip block); missing keys take defaults",
+        help=(
+            f"JSON object with keys {', '.join(CONFIG_DEFAULTS)} (the config's toyclip block); "
+            "missing keys take defaults"
+        ),
     )
     parser.add_argument("--out-dir", required=True, type=Path, help="model folder to write (replaced atomically)")
     parser.add_argument("--metrics", required=True, type=Path, help="metrics JSON to write")
@@ -102,7 +105,8 @@ def run(args: argparse.Namespace) -> None:
     per_type = ", ".join(f"{k} {v['accuracy']:.3f}" for k, v in ranking["per_type"].items())
     log.info(
         f"toyclip held-out ranking accuracy: {ranking['overall']:.4f} over {ranking['n']} triples ({per_type}); "
-        f"trained {settings['steps']} steps in {info['train_seconds']:.0f} s ({info['train_cpu_seconds']:.0f} CPU s) -> {args.out_dir}"
+        f"trained {settings['steps']} steps in {info['train_seconds']:.0f} s "
+        f"({info['train_cpu_seconds']:.0f} CPU s) -> {args.out_dir}"
     )
 
 

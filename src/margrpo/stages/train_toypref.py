@@ -33,7 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config-json",
         default="{}",
-        help=f"JSON object with keys {', '.join(CONFIG_DEFAULTS)} (the config's toypref block); missing keys take defaults",
+        help=(
+            f"JSON object with keys {', '.join(CONFIG_DEFAULTS)} (the config's toypref block); "
+            "missing keys take defaults"
+        ),
     )
     parser.add_argument("--out-dir", required=True, type=Path, help="model folder to write (replaced atomically)")
     parser.add_argument("--metrics", required=True, type=Path, help="metrics JSON to write")
@@ -85,7 +88,8 @@ def run(args: argparse.Namespace) -> None:
         },
     )
     log.info(
-        f"toypref held-out pair accuracy {accuracy['overall']['accuracy']:.4f} (alignment {accuracy['alignment']['accuracy']:.3f}, "
+        f"toypref held-out pair accuracy {accuracy['overall']['accuracy']:.4f} "
+        f"(alignment {accuracy['alignment']['accuracy']:.3f}, "
         f"aesthetic {accuracy['aesthetic']['accuracy']:.3f}, alignment with the brighter loser "
         f"{accuracy['alignment_loser_brighter']['accuracy']:.3f}); {settings['steps']} steps in "
         f"{info['train_cpu_seconds']:.0f} CPU s -> {args.out_dir}"

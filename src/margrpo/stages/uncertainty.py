@@ -23,7 +23,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out",
         required=True,
-        help=".npz: images, uncertainty [P, h, w] (at each token's committing step), prompts, trajectories, step_uncertainty [P, K, h, w]",
+        help=(
+            ".npz: images, uncertainty [P, h, w] (at each token's committing step), prompts, trajectories, "
+            "step_uncertainty [P, K, h, w]"
+        ),
     )
     p.add_argument("--threads", type=int, default=None)
 

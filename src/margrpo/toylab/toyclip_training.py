@@ -214,7 +214,8 @@ def _check_settings(steps: int, batch_size: int, precision: str) -> None:
 
 
 def _optimizer(model: ToyClip, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW, weight decay on weight matrices and kernels only (not on biases, norms, the logit scale or embeddings)."""
+    """AdamW, weight decay on weight matrices and kernels only (not on biases, norms, the logit scale or
+    embeddings)."""
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embeddings" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embeddings" not in n)]
     return torch.optim.AdamW(
@@ -242,7 +243,8 @@ def _report(bar, log: Callable[[str], None], step: int, steps: int, stats: dict[
         bar.set_postfix(loss=f"{stats['loss']:.3f}", hard=f"{stats['hard']:.3f}", refresh=False)
     if step % max(1, steps // 10) == 0 or step == steps - 1:
         log(
-            f"toyclip step {step}/{steps}: loss {stats['loss']:.4f} (nce {stats['nce']:.4f}, hard {stats['hard']:.4f}), scale {stats['scale']:.1f}"
+            f"toyclip step {step}/{steps}: loss {stats['loss']:.4f} (nce {stats['nce']:.4f}, "
+            f"hard {stats['hard']:.4f}), scale {stats['scale']:.1f}"
         )
 
 

@@ -167,7 +167,8 @@ def train_toypref(
             bar.set_postfix(loss=f"{stats['loss']:.3f}", refresh=False)
         if step % max(1, steps // 10) == 0 or step == steps - 1:
             log(
-                f"toypref step {step}/{steps}: loss {stats['loss']:.4f}, accuracy alignment {stats['acc_alignment']:.3f} "
+                f"toypref step {step}/{steps}: loss {stats['loss']:.4f}, "
+                f"accuracy alignment {stats['acc_alignment']:.3f} "
                 f"aesthetic {stats['acc_aesthetic']:.3f}, alignment scale {stats['scale']:.2f}"
             )
     model.eval()

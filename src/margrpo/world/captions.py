@@ -92,7 +92,8 @@ def validate_spec(spec, cfg: WorldConfig | None = None) -> None:
             for j in range(i):
                 if not _disjoint(objects[i], objects[j]):
                     raise ValueError(
-                        f"spec objects {j} and {i} overlap, so exact counts are ambiguous; make them differ in an attribute both set"
+                        f"spec objects {j} and {i} overlap, so exact counts are ambiguous; "
+                        "make them differ in an attribute both set"
                     )
     rel = spec["relation"]
     if rel is not None:

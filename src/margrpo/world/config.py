@@ -84,7 +84,8 @@ class WorldConfig:
             raise ValueError(f"size_range={self.size_range} must satisfy 4 <= min <= max")
         if hi < 2 * self.line_px + 3:
             raise ValueError(
-                f"size_range max {hi} leaves no interior inside a {self.line_px}-px outline; raise it to >= {2 * self.line_px + 3}"
+                f"size_range max {hi} leaves no interior inside a {self.line_px}-px outline; "
+                f"raise it to >= {2 * self.line_px + 3}"
             )
         if not 1 <= self.max_objects <= 9:
             raise ValueError(f"max_objects={self.max_objects} must be in 1..9 (prompts spell counts as words)")
@@ -106,7 +107,8 @@ class WorldConfig:
             )
         if self.min_gap_px < 2 * self.bridge_px + 2:
             raise ValueError(
-                f"min_gap_px={self.min_gap_px} lets the parser merge neighbours across its {self.bridge_px}-px crack bridge; "
+                f"min_gap_px={self.min_gap_px} lets the parser merge neighbours across its "
+                f"{self.bridge_px}-px crack bridge; "
                 f"set min_gap_px >= {2 * self.bridge_px + 2}"
             )
         for name, vocab in (("palette", PALETTE), ("shapes", SHAPES), ("textures", TEXTURES)):
@@ -126,7 +128,8 @@ class WorldConfig:
             raise ValueError(f"supersample={self.supersample} must be >= 1")
         if not 0 <= self.n_heldout_pairs <= len(self.palette) or (self.n_heldout_pairs and len(self.shapes) < 2):
             raise ValueError(
-                f"n_heldout_pairs={self.n_heldout_pairs} must be in 0..{len(self.palette)} (one per colour) and needs >= 2 shapes, "
+                f"n_heldout_pairs={self.n_heldout_pairs} must be in 0..{len(self.palette)} (one per colour) "
+                "and needs >= 2 shapes, "
                 "so that every colour and shape still appears in training"
             )
 
@@ -183,7 +186,8 @@ PRESETS: dict[str, WorldConfig] = {
     "toy32": WorldConfig(),
     # the pipeline's default world (workflow schema): 64 px, 4 x 4 cells of 16 px, one toy-MAR token each
     "grid4": WorldConfig(image_size=64, grid=4),
-    # the pipeline's world since toy revision 3: grid4 on a backdrop that varies per scene, the preference reward's aesthetic
+    # the pipeline's world since toy revision 3: grid4 on a backdrop that varies per scene, the preference
+    # reward's aesthetic
     "grid4-lit": WorldConfig(image_size=64, grid=4, backdrop_range=(0.0, 0.2)),
     "toy64": WorldConfig(
         image_size=64, size_range=(20, 24), min_gap_px=6, jitter_px=2, line_px=4, stripe_period_px=8, textures=TEXTURES

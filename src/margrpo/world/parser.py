@@ -91,7 +91,11 @@ def object_features(mask: np.ndarray) -> dict:
     v = pts[hull.vertices]  # (k, 2), counter-clockwise
     cross = v[:, 0] * np.roll(v[:, 1], -1) - np.roll(v[:, 0], -1) * v[:, 1]  # shoelace terms, (k,)
     centroid = ((v + np.roll(v, -1, axis=0)) * cross[:, None]).sum(0) / (3 * cross.sum())  # polygon centre of mass
-    reach = lambda dirs: ((v - centroid) @ dirs.T).max(0)  # support function, (n_dirs,)
+
+    def reach(dirs: np.ndarray) -> np.ndarray:
+        """The support function of the polygon about its centroid along each direction: (n_dirs,)."""
+        return ((v - centroid) @ dirs.T).max(0)
+
     r_axes = np.maximum(reach(_AXES), 0.5)
     # pixel centres of the crop inside the hull (hull normals are unit and point outwards)
     gy, gx = np.mgrid[0 : mask.shape[0], 0 : mask.shape[1]]

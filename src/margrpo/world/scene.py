@@ -43,7 +43,8 @@ class ObjectSpec:
 
 @dataclass(frozen=True)
 class Scene:
-    """Objects on a grey backdrop of brightness `backdrop` (0: black): the scene's aesthetic, which no caption names."""
+    """Objects on a grey backdrop of brightness `backdrop` (0: black): the scene's aesthetic, which no caption
+    names."""
 
     objects: tuple[ObjectSpec, ...]
     backdrop: float = 0.0

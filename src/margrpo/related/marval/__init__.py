@@ -2,8 +2,9 @@
 
 `one_step`: the one-step policy and its differentiable generation loop; `distill`: the score-based
 variational distillation against the teacher's CFG predictions; `rl`: MARVAL-RL, reward
-gradients through the one-step generator. Its sampler is `margrpo.diffusion.OneStepSampler`, beside the others. The one-step policy is a plain `ToyMAR` folder
-(`head_sampler: one_step`), so the GRPO trainer and rollout run on it unchanged.
+gradients through the one-step generator. Its sampler is `margrpo.diffusion.OneStepSampler`, beside the
+others. The one-step policy is a plain `ToyMAR` folder (`head_sampler: one_step`), so the GRPO trainer and
+rollout run on it unchanged.
 Layer 5 (see margrpo/__init__.py): it must not import evaluation, reporting, experiment, stages, cli.
 """
 

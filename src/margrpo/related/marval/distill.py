@@ -69,7 +69,8 @@ OBJECTIVES = ("sim", "dmd")
 
 @dataclass
 class MARVALConfig:
-    """The distillation's settings. The teacher's sampling (K, CFG scale and schedule) comes from its SamplingConfig."""
+    """The distillation's settings. The teacher's sampling (K, CFG scale and schedule) comes from its
+    SamplingConfig."""
 
     steps: int = 300  # student updates
     batch_prompts: int = 8  # prompts per iteration (one student generation each)

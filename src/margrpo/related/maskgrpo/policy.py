@@ -58,7 +58,8 @@ class ToyMaskConfig:
         world = WorldConfig.from_dict(self.world)
         if not world.snap or world.image_size % world.grid:
             raise ValueError(
-                "toy-mask needs a snapped world (snap: true) whose image_size is a multiple of grid: one token per cell"
+                "toy-mask needs a snapped world (snap: true) whose image_size is a multiple of grid: "
+                "one token per cell"
             )
 
 
@@ -78,7 +79,8 @@ class CellCodebook:
         return len(self.entries)
 
     def centre(self, cell: int) -> tuple[float, float]:
-        """Where the world snaps an object of this cell (its centre, jitter clamped away: world.scene._snap_position)."""
+        """Where the world snaps an object of this cell (its centre, jitter clamped away:
+        world.scene._snap_position)."""
         row, col = divmod(cell, self.grid)
         return float(round(col * self.cell + self.cell / 2)), float(round(row * self.cell + self.cell / 2))
 

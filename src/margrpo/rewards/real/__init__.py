@@ -7,16 +7,21 @@ batches internally (`batch_size=`) under `torch.no_grad()` on the `device=` opti
 "cpu"); images are quantised to 8-bit RGB and go through each model's reference preprocessing
 (its Hugging Face processor or its package's transform), as a saved PNG would.
 
-| name | model | score per image |
-|---|---|---|
-| `pickscore` | PickScore_v1 (transformers CLIPModel) | exp(logit_scale) * cos(img, txt), raw (about 18-24) |
-| `clipscore` | CLIP (transformers CLIPModel) | `form="cosine"`: cos(img, txt) (T2I-CompBench); `"clipscore_100"`: 100 * max(cos, 0) |
-| `aesthetic` | CLIP ViT-L/14 image embedding, L2-normalised, -> LAION improved-aesthetic MLP | MLP output (about 1-10) |
-| `vqa` | BLIP-VQA (transformers BlipForQuestionAnswering) | prod over noun phrases of P(yes | "{phrase}?") (T2I-CompBench) |
-| `git_vqa` | GIT (transformers GitForCausalLM, e.g. git-large-vqav2) | mean over noun phrases of P(yes | "{phrase}?") (T2I-R1) |
-| `grounding_dino` | Grounding DINO (transformers AutoModelForZeroShotObjectDetection) | T2I-R1 detection reward: relation / count / presence |
-| `hpsv2` | HPS v2.1 (hpsv2's open_clip ViT-H-14) | cos(img, txt) (hpsv2's `score`) |
-| `imagereward` | ImageReward-v1.0 (image-reward package) | (MLP(BLIP cross-attended [CLS]) - mean) / std |
+Each scorer by name, its model, and its score per image:
+
+- `pickscore`: PickScore_v1 (transformers CLIPModel); exp(logit_scale) * cos(img, txt), raw (about 18-24).
+- `clipscore`: CLIP (transformers CLIPModel); `form="cosine"`: cos(img, txt) (T2I-CompBench),
+  `"clipscore_100"`: 100 * max(cos, 0).
+- `aesthetic`: CLIP ViT-L/14 image embedding, L2-normalised, -> LAION improved-aesthetic MLP; MLP output
+  (about 1-10).
+- `vqa`: BLIP-VQA (transformers BlipForQuestionAnswering); prod over noun phrases of P(yes | "{phrase}?")
+  (T2I-CompBench).
+- `git_vqa`: GIT (transformers GitForCausalLM, e.g. git-large-vqav2); mean over noun phrases of
+  P(yes | "{phrase}?") (T2I-R1).
+- `grounding_dino`: Grounding DINO (transformers AutoModelForZeroShotObjectDetection); T2I-R1 detection
+  reward: relation / count / presence.
+- `hpsv2`: HPS v2.1 (hpsv2's open_clip ViT-H-14); cos(img, txt) (hpsv2's `score`).
+- `imagereward`: ImageReward-v1.0 (image-reward package); (MLP(BLIP cross-attended [CLS]) - mean) / std.
 
 P(yes) is p_yes / (p_yes + p_no) of the answer's first token, as T2I-CompBench (BLIP) and T2I-R1
 (GIT) compute it. hpsv2 and imagereward need packages that live only in the evaluator
@@ -30,7 +35,8 @@ Prompt analysis (noun phrases, spatial relations, object counts) is rule-based a
 One module per family: `clip`, `vqa`, `detection`, `evaluator_stack` (shared file and batch
 helpers in `_common`). Each scorer class is registered where it is defined (`@register_reward`),
 so importing this package registers them all; the model packages are imported in the constructors.
-Layer 3 (see margrpo/__init__.py): it must not import grpo, toylab, related, evaluation, reporting, experiment, stages, cli.
+Layer 3 (see margrpo/__init__.py): it must not import grpo, toylab, related, evaluation, reporting, experiment,
+stages, cli.
 """
 
 from margrpo.prompts.analysis import (
