@@ -20,7 +20,8 @@ def _no_wait_for_an_absent_slurm_controller(request, tmp_path_factory):
     """Every `snakemake` call loads the SLURM executor plugin, which (2.8.0) runs `scontrol show config` for its help
     text when `sinfo` is on PATH. Where SLURM is installed but no controller runs (a CI machine after the slurm test
     installed it), each call waits out the plugin's 10 s timeout: 11 of CI's 18 test minutes. Outside a session that
-    runs the slurm-marked test, a `scontrol` that fails at once gives the plugin the same answer (none) without the wait."""
+    runs the slurm-marked test, a `scontrol` that fails at once gives the plugin the same answer (none) without the
+    wait."""
     if shutil.which("sinfo") is None or any(item.get_closest_marker("slurm") for item in request.session.items):
         yield
         return

@@ -39,7 +39,8 @@ def flip_last_byte(path) -> None:
 
 
 def replayed_ratios(policy, r):
-    """Replay every (AR step, diffusion step) that rollout `r` recorded in full (all, unless generated with `full_steps`):
+    """Replay every (AR step, diffusion step) that rollout `r` recorded in full (all, unless generated with
+    `full_steps`):
     (the replay, the PPO ratios of the committed trajectory's replayed tokens, those of every extra trajectory of every
     token predicted at an MTE step, or None without MTE)."""
     from margrpo.grpo.rollout import recorded, replay, stochastic_steps

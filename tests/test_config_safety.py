@@ -237,7 +237,8 @@ def test_every_value_in_a_shell_command_is_quoted():
 
 
 def test_a_path_holding_a_payload_reaches_its_command_as_one_argument(tmp_path):
-    """A weights path is any string: quoted, `$(...)` and `;` stay characters of the path (the job runs, fails, creates nothing)."""
+    """A weights path is any string: quoted, `$(...)` and `;` stay characters of the path (the job runs, fails,
+    creates nothing)."""
     weights = tmp_path / f"w{PAYLOAD};touch pwned2"
     weights.mkdir()
     cfg = yaml.safe_load(SMOKE)
@@ -293,7 +294,8 @@ def test_the_settings_record_compares_what_reruns_runs(tmp_path):
 
 def test_stage_arguments_pass_the_dry_runs_checks(tmp_path):
     """Issue #31.4: `margrpo train` with val_prompts above the validation suite validated on fewer prompts (the dry
-    run refuses the key); `sample --max-prompts -5` sampled 7 of 12 prompts, `--images-per-prompt 0` divided by zero."""
+    run refuses the key); `sample --max-prompts -5` sampled 7 of 12 prompts, `--images-per-prompt 0` divided by
+    zero."""
     import json
 
     from margrpo.cli import main

@@ -77,8 +77,8 @@ def reference_loss(lp, old, adv, mask, eps):
                 continue
             r = math.exp(float(lp[b, j]) - float(old[b, j]))
             a = float(adv[b])
-            l = min(r * a, min(max(r, 1 - eps), 1 + eps) * a)
-            num += l * m
+            objective = min(r * a, min(max(r, 1 - eps), 1 + eps) * a)
+            num += objective * m
             den += m
     return -num / den
 

@@ -236,13 +236,14 @@ def test_lora_unknown_targets_are_an_error():
 
 # --- reward-model dtype -------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["clipscore", "pickscore", "aesthetic", "vqa", "git_vqa"])
-def test_reward_model_dtype(tiny, name):
+def test_reward_model_dtype(request, name):
+    scorers = request.getfixturevalue("tiny")  # the imported fixture, by name: no argument shadows the import
     from margrpo.rewards import build_reward
 
     images = torch.rand(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     prompts = ["a red circle", "two blue squares", "a green triangle on the left of a red circle"]
-    full = build_reward(name, **tiny[name])(images, prompts, [{}] * 3)
-    half = build_reward(name, **tiny[name], dtype="bfloat16")
+    full = build_reward(name, **scorers[name])(images, prompts, [{}] * 3)
+    half = build_reward(name, **scorers[name], dtype="bfloat16")
     model = {
         "clipscore": lambda: half.clip.model,
         "pickscore": lambda: half.clip.model,
@@ -253,14 +254,15 @@ def test_reward_model_dtype(tiny, name):
     assert scores.dtype == torch.float32 and torch.isfinite(scores).all()
     assert torch.allclose(scores, full, rtol=0.05, atol=0.05 * max(full.abs().max().item(), 1e-3)), (scores, full)
     with pytest.raises(ValueError, match="dtype"):
-        build_reward(name, **tiny[name], dtype="int8")
+        build_reward(name, **scorers[name], dtype="int8")
 
 
-def test_grounding_dino_is_float32_only(tiny):
+def test_grounding_dino_is_float32_only(request):
+    scorers = request.getfixturevalue("tiny")
     from margrpo.rewards import build_reward
 
     with pytest.raises(ValueError, match="not supported"):
-        build_reward("grounding_dino", **tiny["grounding_dino"], dtype="bfloat16")
+        build_reward("grounding_dino", **scorers["grounding_dino"], dtype="bfloat16")
 
 
 @pytest.mark.parametrize("kind", ["toy", "nova", "harmon"])

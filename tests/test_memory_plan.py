@@ -103,7 +103,8 @@ def test_per_gpu_composition(plan):
     assert (zero3["trained"], zero3["grads"], zero3["optimizer"], zero3["reference"]) == (100, 100, 200, 100)
     assert zero3["frozen"] == 1008  # the encoders outside the AR and head, and buffers, stay whole
     assert zero3["activations"] == 5000  # no autocast copies: FSDP gathers bf16 parameters
-    # replay: the root and two block groups gathered in bf16, the reference's as well, one group's gradient (bf16 + fp32),
+    # replay: the root and two block groups gathered in bf16, the reference's as well, one group's gradient
+    # (bf16 + fp32),
     # and the gradient statistic's fp32 sum of this process's local gradient (grpo.parallel.LocalSquares)
     assert zero3["gathered"] == (20 + 2 * 40) * 2 + 80 * 6 // 4 + 300
     zero2 = plan.per_gpu(step, 4, "shard_grad_op", rewards=50)

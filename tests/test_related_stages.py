@@ -266,8 +266,9 @@ class Interrupted(Exception):
 
 
 def test_train_related_deletes_nothing_it_did_not_write(mask_policy, data, tmp_path, monkeypatch, logged):
-    """Issue #36, as for `margrpo train` (tests/test_resume.py): a user's files in the run folder outlive a fresh start,
-    a resume that continues and a restart under another spec; the restart still removes what the trainer wrote."""
+    """Issue #36, as for `margrpo train` (tests/test_resume.py): a user's files in the run folder outlive a fresh
+    start, a resume that continues and a restart under another spec; the restart still removes what the trainer
+    wrote."""
     import margrpo.stages.train_related as stage
 
     run, spec = tmp_path / "run", related_spec("grpo-mask", data, {"shapes": 1.0}, MASK_SAMPLING, iterations=2)
@@ -303,7 +304,8 @@ def test_train_related_deletes_nothing_it_did_not_write(mask_policy, data, tmp_p
 
 
 def test_train_related_refuses_to_replace_a_checkpoint_folder_it_did_not_write(mask_policy, data, tmp_path):
-    """Issue #36: a checkpoint's policy folder is replaced whole (atomic_dir); one there that no run wrote is refused."""
+    """Issue #36: a checkpoint's policy folder is replaced whole (atomic_dir); one there that no run wrote is
+    refused."""
     run, spec = (
         tmp_path / "run",
         related_spec("grpo-mask", data, {"shapes": 1.0}, MASK_SAMPLING, iterations=2, steps=1),

@@ -56,7 +56,8 @@ def test_an_edited_config_json_names_the_file(tmp_path, key, value):
 
 
 def test_a_config_json_that_does_not_match_its_weights_names_both(tmp_path):
-    """Past the checksums (a config re-recorded with its edit), the weights are still checked against the config: one line."""
+    """Past the checksums (a config re-recorded with its edit), the weights are still checked against the config:
+    one line."""
     from margrpo.infra.io import record_checksums
 
     tiny_policy().save_pretrained(tmp_path)
@@ -214,7 +215,8 @@ def test_an_untouched_run_loads(run):
 
 @pytest.mark.parametrize("killed_at", ["before the move", "after the move"])
 def test_state_rewritten_in_place_verifies_at_any_kill_instant(tmp_path, monkeypatch, killed_at):
-    """checked_path: a kill between the file's move and its checksum's record left a run that started over (CI saw it)."""
+    """checked_path: a kill between the file's move and its checksum's record left a run that started over (CI
+    saw it)."""
     import margrpo.infra.io as mio
 
     state = tmp_path / "trainer.pt"

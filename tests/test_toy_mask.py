@@ -63,7 +63,8 @@ def test_rollout_record_is_consistent(selection):
 
 
 def test_log_probs_equal_categorical():
-    """token_log_probs (batched over steps, CFG in one pass) = Categorical(guided logits / T).log_prob, computed apart."""
+    """token_log_probs (batched over steps, CFG in one pass) = Categorical(guided logits / T).log_prob, computed
+    apart."""
     policy = tiny()
     perturb(policy)  # non-trivial logits
     sampling = MaskSamplingConfig(cfg_scale=2.5, temperature=0.7)

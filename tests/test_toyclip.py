@@ -133,7 +133,10 @@ def brute_force_true(spec: dict, scene) -> bool:
     """Independent truth of a spec on a scene: some injective assignment of slots to objects
     matches every asked attribute (and the relation, centroids, no margin); exact counts exact."""
     objects, phrases = scene.objects, spec["objects"]
-    match = lambda p, o: all(p[a] is None or getattr(o, a) == p[a] for a in ("color", "shape", "texture"))
+
+    def match(p, o) -> bool:
+        return all(p[a] is None or getattr(o, a) == p[a] for a in ("color", "shape", "texture"))
+
     if spec["exact_count"] and any(sum(match(p, o) for o in objects) != p["count"] for p in phrases):
         return False
     slots = [i for i, p in enumerate(phrases) for _ in range(p["count"])]
@@ -228,9 +231,11 @@ def test_tiny_training_decreases_loss_and_evaluates():
 
 
 def test_training_is_seeded():
-    run = lambda: train_toyclip(WORLD, steps=2, batch_size=4, width=8, seed=3, log=lambda _: None, progress=False)[1][
-        "losses"
-    ]
+    def run():
+        return train_toyclip(WORLD, steps=2, batch_size=4, width=8, seed=3, log=lambda _: None, progress=False)[1][
+            "losses"
+        ]
+
     assert [r["loss"] for r in run()] == [r["loss"] for r in run()]
 
 

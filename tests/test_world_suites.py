@@ -264,7 +264,8 @@ def sampled(tmp_path):
 
 @pytest.mark.parametrize("stage", ["eval-compbench", "eval-preference"])
 def test_evaluation_reads_a_complete_sample_set_or_refuses(sampled, tmp_path, stage):
-    """Issue #31.1: a deleted PNG, or an extra index at fewer images per prompt, gave a mean over other images (exit 0)."""
+    """Issue #31.1: a deleted PNG, or an extra index at fewer images per prompt, gave a mean over other images
+    (exit 0)."""
     from margrpo.cli import main
 
     suite, samples, prompts = sampled
