@@ -102,7 +102,8 @@ def main() -> None:
     grpo = dict(config["grpo"], precision=config["mixed_precision"], **json.loads(args.grpo))
     print(
         f"config {args.config}: policy {policy_name}, K={sampling.ar_steps}, T={sampling.diffusion_steps}, "
-        f"|M|={grpo['mask_steps']}, |T|={grpo['diffusion_steps']}, {grpo['batch_prompts']}x{grpo['group_size']} images, {args.threads} thread(s)"
+        f"|M|={grpo['mask_steps']}, |T|={grpo['diffusion_steps']}, {grpo['batch_prompts']}x{grpo['group_size']} "
+        f"images, {args.threads} thread(s)"
     )
 
     fix, mte = interleaved_step_times(
@@ -117,7 +118,8 @@ def main() -> None:
     f, m = statistics.median(fix), statistics.median(mte)
     ratios = [b / a for a, b in zip(fix, mte)]
     print(
-        f"step CPU time fix: {f:.3f} s, mte (S=4, k=0.3): {m:.3f} s (medians of {args.steps}, steps taken in turn) -> ratio {m / f:.3f} "
+        f"step CPU time fix: {f:.3f} s, mte (S=4, k=0.3): {m:.3f} s (medians of {args.steps}, steps taken in turn) "
+        f"-> ratio {m / f:.3f} "
         f"(per-step ratios {min(ratios):.2f}-{max(ratios):.2f}; target <= 1.15 at the paper's schedule)"
     )
 
@@ -154,8 +156,9 @@ def main() -> None:
     main_rows = L + share * (sum(unknown) - L)  # committed tokens everywhere, every unknown one at the chosen steps
     extra_rows = 3 * share * sum(unknown)
     print(
-        f"rollout CPU time alone (MTE at |M| = {grpo['mask_steps']} of {K} steps): S=1 {t1:.3f} s, S=4 {t4:.3f} s -> {t4 / t1:.2f}x "
-        f"(head = {100 * head_share:.0f}% of the parameters; head rows per image: {main_rows:.0f} committed trajectory "
+        f"rollout CPU time alone (MTE at |M| = {grpo['mask_steps']} of {K} steps): S=1 {t1:.3f} s, S=4 {t4:.3f} s "
+        f"-> {t4 / t1:.2f}x (head = {100 * head_share:.0f}% of the parameters; head rows per image: "
+        f"{main_rows:.0f} committed trajectory "
         f"+ {extra_rows:.0f} extra on average = +{100 * extra_rows / main_rows:.0f}%)"
     )
     with autocast(torch.device("cpu"), grpo["precision"]):

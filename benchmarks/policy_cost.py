@@ -208,8 +208,9 @@ def report(c: Costs, grpo: dict, S: int, top_frac: float) -> dict:
         "step_gflop": (fix_ar + fix_head) / 1e9,
     }
     print(
-        f"{c.name:>12}: head {c.head_params / 1e6:7.2f}M of {(c.ar_params + c.head_params) / 1e6:8.2f}M AR + head parameters "
-        f"({row['param_share']:.1%}); K={row['K']}, T={c.T}, |M|={M}, |T|={U}; head share of a rollout's FLOPs {row['rollout_head_share']:.1%}, "
+        f"{c.name:>12}: head {c.head_params / 1e6:7.2f}M of {(c.ar_params + c.head_params) / 1e6:8.2f}M AR + head "
+        f"parameters ({row['param_share']:.1%}); K={row['K']}, T={c.T}, |M|={M}, |T|={U}; head share of a rollout's "
+        f"FLOPs {row['rollout_head_share']:.1%}, "
         f"of a +Fix step's {h_step:.1%}; MTE/Fix FLOPs (S={S}, k={top_frac}) {row['ratio_model']:.3f}; "
         f"per image: rollout {row['rollout_gflop']:.2f}, "
         f"+Fix step {row['step_gflop']:.2f} GFLOP"
@@ -266,7 +267,8 @@ def main() -> None:
     mte = config["variants"]["mte"]
     S, top_frac = mte.get("trajectories", 4), mte.get("top_frac", 0.3)
     print(
-        f"config {args.config}: GRPO |M| = {grpo['mask_steps']}, |T| = {grpo['diffusion_steps']}, {grpo['batch_prompts']} x {grpo['group_size']} images; "
+        f"config {args.config}: GRPO |M| = {grpo['mask_steps']}, |T| = {grpo['diffusion_steps']}, "
+        f"{grpo['batch_prompts']} x {grpo['group_size']} images; "
         f"MTE S = {S}, k = {top_frac}; FLOPs per image, CFG branches included"
     )
     toys = {}
@@ -288,10 +290,12 @@ def main() -> None:
     m = toy_steps(cfg, sampling, grpo, args.steps, {"trajectories": S, "top_frac": top_frac})
     print(
         f"{ladder} GRPO step, counted on the real code path (one step; model in brackets): +Fix {m['fix_gflop']:.2f} "
-        f"[{row['step_gflop']:.2f}] GFLOP per image, MTE/Fix FLOPs {m['mte_gflop'] / m['fix_gflop']:.3f} [{row['ratio_model']:.3f}]"
+        f"[{row['step_gflop']:.2f}] GFLOP per image, MTE/Fix FLOPs {m['mte_gflop'] / m['fix_gflop']:.3f} "
+        f"[{row['ratio_model']:.3f}]"
     )
     print(
-        f"{ladder} GRPO step CPU time (median of {args.steps}, {args.threads} thread): +Fix {m['fix_cpu']:.3f} s, +MTE {m['mte_cpu']:.3f} s "
+        f"{ladder} GRPO step CPU time (median of {args.steps}, {args.threads} thread): +Fix {m['fix_cpu']:.3f} s, "
+        f"+MTE {m['mte_cpu']:.3f} s "
         f"-> MTE/Fix {m['mte_cpu'] / m['fix_cpu']:.3f}"
     )
 

@@ -80,7 +80,9 @@ def main() -> None:
         rows.append(row)
         cats = " ".join(f"{c}={v:.2f}" for c, v in row["per_category"].items())
         print(
-            f"steps={steps:5d} train={train_s:7.1f}s single={row['single_object']:.3f} (seen pairs {row['single_object_seen_pairs']:.3f}, held-out {row['single_object_heldout_pairs']:.3f}) strict={row['strict']:.3f} "
+            f"steps={steps:5d} train={train_s:7.1f}s single={row['single_object']:.3f} "
+            f"(seen pairs {row['single_object_seen_pairs']:.3f}, held-out {row['single_object_heldout_pairs']:.3f}) "
+            f"strict={row['strict']:.3f} "
             f"(shuffled {row['shuffled_strict']:.3f}) {cats}",
             flush=True,
         )

@@ -54,7 +54,8 @@ def load_or_pretrain(args):
     torch.manual_seed(0)
     policy = ToyMaskPolicy(ToyMaskConfig(vocab=prompt_vocabulary()))
     print(
-        f"toy-mask: {count_parameters(policy) / 1e6:.2f}M parameters, {policy.seq_len} tokens, codebook {policy.vocab_size}"
+        f"toy-mask: {count_parameters(policy) / 1e6:.2f}M parameters, {policy.seq_len} tokens, "
+        f"codebook {policy.vocab_size}"
     )
     t0 = time.time()
     rows = pretrain_mask_policy(policy, MaskPretrainConfig(steps=args.steps, batch_size=args.batch_size))
@@ -63,7 +64,8 @@ def load_or_pretrain(args):
         print(f"  step {r['step']:5d}  loss {r['loss']:.4f}")
     last = sum(r["loss"] for r in rows[-20:]) / len(rows[-20:])
     print(
-        f"pre-training: {args.steps} steps x {args.batch_size} in {minutes:.1f} min; loss (mean of the last 20 steps) {last:.4f}"
+        f"pre-training: {args.steps} steps x {args.batch_size} in {minutes:.1f} min; "
+        f"loss (mean of the last 20 steps) {last:.4f}"
     )
     if args.out:
         policy.save_pretrained(args.out)

@@ -62,7 +62,8 @@ def main() -> None:
         f"{1e3 * (tb - plain):+.2f} ms ({100 * (tb / plain - 1):+.1f}%), validation every {args.val_every} steps"
     )
     print(
-        f"the tracker's own calls: {1e3 * own / args.steps:.2f} ms per step ({100 * own / args.steps / plain:.2f}% of a step)"
+        f"the tracker's own calls: {1e3 * own / args.steps:.2f} ms per step "
+        f"({100 * own / args.steps / plain:.2f}% of a step)"
     )
 
 
