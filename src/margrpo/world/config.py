@@ -89,6 +89,31 @@ class WorldConfig:
             )
         if not 1 <= self.max_objects <= 9:
             raise ValueError(f"max_objects={self.max_objects} must be in 1..9 (prompts spell counts as words)")
+        self._check_placement(hi)
+        for name, vocab in (("palette", PALETTE), ("shapes", SHAPES), ("textures", TEXTURES)):
+            values = getattr(self, name)
+            unknown = [v for v in values if v not in vocab]
+            if unknown or not values or len(set(values)) != len(values):
+                raise ValueError(f"{name}={values} must be distinct, non-empty values from {tuple(vocab)}")
+        blo, bhi = self.backdrop_range
+        if not 0.0 <= blo <= bhi <= MAX_BACKDROP:
+            raise ValueError(
+                f"backdrop_range={self.backdrop_range} must satisfy 0 <= min <= max <= {MAX_BACKDROP} (brighter "
+                "backdrops come too near the parser's foreground threshold of 0.5)"
+            )
+        if self.line_px < 1 or self.stripe_period_px < 2:
+            raise ValueError("line_px must be >= 1 and stripe_period_px >= 2")
+        if self.supersample < 1:
+            raise ValueError(f"supersample={self.supersample} must be >= 1")
+        if not 0 <= self.n_heldout_pairs <= len(self.palette) or (self.n_heldout_pairs and len(self.shapes) < 2):
+            raise ValueError(
+                f"n_heldout_pairs={self.n_heldout_pairs} must be in 0..{len(self.palette)} (one per colour) "
+                "and needs >= 2 shapes, so that every colour and shape still appears in training"
+            )
+
+    def _check_placement(self, hi: int) -> None:
+        """Objects up to `hi` px must fit where the scene places them (one per grid cell with snap, else anywhere
+        without overlap), with gaps the parser does not bridge."""
         if self.snap:
             cell = self.image_size / self.grid
             if hi + self.min_gap_px > cell:
@@ -108,29 +133,7 @@ class WorldConfig:
         if self.min_gap_px < 2 * self.bridge_px + 2:
             raise ValueError(
                 f"min_gap_px={self.min_gap_px} lets the parser merge neighbours across its "
-                f"{self.bridge_px}-px crack bridge; "
-                f"set min_gap_px >= {2 * self.bridge_px + 2}"
-            )
-        for name, vocab in (("palette", PALETTE), ("shapes", SHAPES), ("textures", TEXTURES)):
-            values = getattr(self, name)
-            unknown = [v for v in values if v not in vocab]
-            if unknown or not values or len(set(values)) != len(values):
-                raise ValueError(f"{name}={values} must be distinct, non-empty values from {tuple(vocab)}")
-        blo, bhi = self.backdrop_range
-        if not 0.0 <= blo <= bhi <= MAX_BACKDROP:
-            raise ValueError(
-                f"backdrop_range={self.backdrop_range} must satisfy 0 <= min <= max <= {MAX_BACKDROP} (brighter "
-                "backdrops come too near the parser's foreground threshold of 0.5)"
-            )
-        if self.line_px < 1 or self.stripe_period_px < 2:
-            raise ValueError("line_px must be >= 1 and stripe_period_px >= 2")
-        if self.supersample < 1:
-            raise ValueError(f"supersample={self.supersample} must be >= 1")
-        if not 0 <= self.n_heldout_pairs <= len(self.palette) or (self.n_heldout_pairs and len(self.shapes) < 2):
-            raise ValueError(
-                f"n_heldout_pairs={self.n_heldout_pairs} must be in 0..{len(self.palette)} (one per colour) "
-                "and needs >= 2 shapes, "
-                "so that every colour and shape still appears in training"
+                f"{self.bridge_px}-px crack bridge; set min_gap_px >= {2 * self.bridge_px + 2}"
             )
 
     @property
