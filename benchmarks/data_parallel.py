@@ -55,7 +55,7 @@ def worker(args) -> None:
         t0 = time.perf_counter()
         trainer.train_step()
         times.append(time.perf_counter() - t0)
-    if trainer.accelerator.is_main_process:
+    if trainer.engine.is_main:
         print(
             "RESULT "
             + json.dumps(

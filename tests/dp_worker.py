@@ -75,7 +75,7 @@ def first_update(out: Path) -> None:
             "grads": list(grads.values()),
             "row": {k: v for k, v in row.items() if isinstance(v, float)},
         }
-    if trainer.accelerator.is_main_process:
+    if trainer.engine.is_main:
         torch.save(results, out / "first_update.pt")
 
 
@@ -122,7 +122,7 @@ def train(out: Path) -> None:
         sharding=SHARDING,
         ema_decay=ema,
     )
-    rank = trainer.accelerator.process_index
+    rank = trainer.engine.rank
     if kill_at and rank == 1:
         step = trainer.train_step
 
@@ -134,7 +134,7 @@ def train(out: Path) -> None:
         trainer.train_step = dying_step
     writes = record_writes(rank)
     trainer.train({"seed": 0})
-    if trainer.accelerator.is_main_process:
+    if trainer.engine.is_main:
         write_outputs(trainer, {"variant": {"name": "grpo"}})
     recorded = list(writes)
     torch.save(

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from margrpo.grpo.data_parallel import shard
+from margrpo.grpo.engine import shard
 from margrpo.grpo.streams import group_generators
 
 WORKER = Path(__file__).parent / "dp_worker.py"
@@ -109,7 +109,7 @@ def test_two_processes_take_the_one_process_first_update(tmp_path, one_process_u
 def test_the_statistic_adds_an_fsdp_groups_parts_and_refuses_other_layouts():
     """FSDP may reduce a group in parts: parts of one layout are summed before squaring (not squared apart);
     a part of another layout makes the micro-batch inexact (the variance is then NaN, never a wrong number)."""
-    from margrpo.grpo.parallel import LocalSquares
+    from margrpo.grpo.engine import LocalSquares
 
     squares = LocalSquares()
     squares.add_later(0, torch.tensor([1.0, 2.0]))
@@ -177,7 +177,11 @@ def test_two_nodes_rendezvous_through_torchrun_and_take_the_one_process_update(t
     from margrpo.infra.launch import multi_node_command
 
     command = multi_node_command(
-        2, 1, f"127.0.0.1:{free_port()}", "test-two-nodes", [str(WORKER), "first-update", str(tmp_path)]
+        2,
+        1,
+        f"127.0.0.1:{free_port()}",
+        "test-two-nodes",
+        [sys.executable, str(WORKER), "first-update", str(tmp_path)],
     )
     env = {
         **os.environ,

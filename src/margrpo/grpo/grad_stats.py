@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
-
-from margrpo.grpo.data_parallel import all_sum
 
 
 class MicroBatchGradStats:
@@ -18,13 +17,15 @@ class MicroBatchGradStats:
     snapshot of the previous gradient (in the parameters' dtype), not one flat copy per micro-batch,
     which matters at 0.6-2.3B AR parameters.
 
-    With several processes the engines report the local squares (grpo.parallel) and the gradients may be
-    shards (DTensors): ||G|| is then summed over the shards. `exact` False (an FSDP group reduced twice in one
+    With several processes the engines report the local squares (grpo.engine) and the gradients may be
+    shards (DTensors): ||G|| is then summed over the shards by `reduce` (the engine's sum over processes). `exact` False (an FSDP group reduced twice in one
     micro-batch) makes the variance NaN rather than wrong.
     """
 
-    def __init__(self, params: list[torch.nn.Parameter], n_micro: int):
-        self.params, self.n = params, n_micro
+    def __init__(
+        self, params: list[torch.nn.Parameter], n_micro: int, reduce: Callable[[torch.Tensor], torch.Tensor] = None
+    ):
+        self.params, self.n, self.reduce = params, n_micro, reduce or (lambda x: x)
         self.prev: list[torch.Tensor | None] = [None] * len(params)
         self.sq_sum = torch.zeros((), dtype=torch.float64)
         self.exact = True
@@ -53,7 +54,7 @@ class MicroBatchGradStats:
         ]
         total = torch.stack(squares).sum() if squares else torch.zeros((), dtype=torch.float64)
         if any(_local(p) is not p for p in self.params):  # shards: each element lives on one process
-            total = all_sum(total.cpu())
+            total = self.reduce(total.cpu())
         total = float(total)
         count = sum(p.numel() for p in self.params)
         if self.n < 2 or not self.exact:

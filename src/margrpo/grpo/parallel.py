@@ -1,7 +1,7 @@
 """Data parallelism through torch's engines: the one place that wraps a plain policy (the policy never knows).
 
-`parallelize` takes a policy whose trained parameters are already chosen (`requires_grad`) and returns an
-`Engine` that the trainer drives the same way whatever the sharding (`policies.<name>.sharding`):
+`parallelize` takes a policy whose trained parameters are already chosen (`requires_grad`) and returns the
+`Engine` (grpo.engine) that the trainer drives the same way whatever the sharding (`policies.<name>.sharding`):
 
 - `replicate`: DistributedDataParallel. DDP synchronises gradients only for passes through its wrapper's
   `forward`, while a MAR policy is driven through its methods (`ar_forward`, `head`, ...), so DDP wraps a thin
@@ -25,13 +25,15 @@ the statistic NaN rather than wrong (docs/real-scale.md, "What the engines canno
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from margrpo.grpo.engine import Engine, distributed
 
 SHARDINGS = ("replicate", "full_shard", "shard_grad_op")
 # the interface methods that use the policy's own (root) parameters: FSDP must all-gather around each
@@ -49,112 +51,17 @@ class LossModule(nn.Module):
         return self.loss_fn(*args, **kwargs)
 
 
-@dataclass
-class LocalSquares:
-    """Squared norms of each micro-batch's local gradient of the statistic's parameters, filled by the engines'
-    hooks, and whether every one was exact.
-
-    FSDP reduces a group once per post-backward, and a group runs several (a module used twice in one backward,
-    the root whose methods' inputs carry gradients back mid-backward, a chunk's accumulated gradient and the
-    next's): each part's input is summed per group (the parts share one layout: the same parameters) and the sum
-    is squared when the micro-batch ends. A part of another layout cannot be added element by element: the
-    micro-batch is then inexact and the variance NaN. The sums cost one fp32 copy of this process's local gradient
-    of the statistic's groups during a micro-batch's backward."""
-
-    total: torch.Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.float64))
-    exact: bool = True
-    pending: dict[int, torch.Tensor] = field(default_factory=dict)  # FSDP: each group's local gradient so far
-
-    def add(self, sq: torch.Tensor) -> None:
-        self.total += sq.detach().double().cpu()
-
-    def add_later(self, key: int, grad: torch.Tensor) -> None:
-        if key not in self.pending:
-            self.pending[key] = grad.detach().float().clone()
-        elif self.pending[key].shape == grad.shape:
-            self.pending[key] += grad.detach().float()
-        else:
-            self.exact = False
-
-    def end_micro_batch(self) -> None:
-        for g in self.pending.values():
-            self.add(g.square().sum(dtype=torch.float64))
-        self.pending.clear()
-
-
-class Engine:
-    """How the trainer runs a micro-batch's loss and backward, synchronises, saves and loads (one process)."""
-
-    sharding: str | None = None
-    world = 1
-
-    def __init__(self, policy: nn.Module):
-        self.policy = policy
-        self.squares: LocalSquares | None = None  # set by the gradient statistic for one optimizer step
-
-    def loss(self, fn: Callable, *args, **kwargs):
-        return fn(*args, **kwargs)
-
-    def sync(self, enabled: bool):
-        """Gradients are reduced over processes in the backward passes run inside this block only when `enabled`."""
-        return nullcontext()
-
-    @property
-    def reads_local_grads(self) -> bool:
-        """Whether each micro-batch's local gradient is in `.grad` after its backward (else the engine reports
-        its square through `squares`)."""
-        return True
-
-    def full_state(self, module: nn.Module) -> dict[str, torch.Tensor]:
-        """Every parameter and buffer of `module`, whole and on the CPU (on every process; collective when sharded)."""
-        return {k: v.detach().cpu() for k, v in _named_tensors(module).items()}
-
-    @torch.no_grad()
-    def load_full_state(self, module: nn.Module, state: dict[str, torch.Tensor]) -> None:
-        """Write whole tensors (by name) into `module`'s parameters and buffers, each process keeping its share."""
-        tensors = _named_tensors(module)
-        for k, v in state.items():
-            tensors[k].copy_(_shard_like(v, tensors[k]))
-
-    def full_tensors(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Whole CPU copies of tensors that may be shards (collective when sharded)."""
-        return {k: _full(v).cpu() for k, v in values.items()}
-
-    def shard_like(self, values: dict[str, torch.Tensor], like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {k: _shard_like(v.to(_local(like[k]).device), like[k]) for k, v in values.items()}
-
-    def optimizer_state(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> dict:
-        """The optimizer's state keyed by parameter name, whole: it loads under any number of processes."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-        return get_optimizer_state_dict(
-            model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-        )
-
-    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, model: nn.Module, state: dict) -> None:
-        """A state of `optimizer_state` (names), or an older one keyed by parameter index (one process)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-        if all(isinstance(i, int) for g in state.get("param_groups", []) for i in g["params"]):
-            optimizer.load_state_dict(state)
-            return
-        set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
-
-
 class DDPEngine(Engine):
-    sharding = "replicate"
-
     def __init__(self, policy: nn.Module, loss_fn: Callable, stat_params: list[nn.Parameter], device: torch.device):
-        super().__init__(policy)
+        super().__init__(policy, device)
         from torch.nn.parallel import DistributedDataParallel
 
-        self.world = dist.get_world_size()
         self.module = LossModule(policy, loss_fn)
         ids = None if device.type == "cpu" else [device.index]
-        # broadcast_buffers off: the policies' buffers are constants, and a broadcast per forward costs time
-        self.ddp = DistributedDataParallel(self.module, device_ids=ids, broadcast_buffers=False)
+        # broadcast_buffers off: the policies' buffers are constants, and a broadcast per forward costs time;
+        # init_sync off: `parallelize` has broadcast the weights once already
+        self.ddp = DistributedDataParallel(self.module, device_ids=ids, broadcast_buffers=False, init_sync=False)
         self.stat_ids = {id(p) for p in stat_params}
-        self.prev: dict[int, torch.Tensor] = {}  # the statistic's snapshot of .grad before the last micro-batch
         self.ddp.register_comm_hook(None, self._sum_hook)
 
     def loss(self, fn: Callable, *args, **kwargs):
@@ -176,6 +83,8 @@ class DDPEngine(Engine):
 
 
 class FSDPEngine(Engine):
+    collective_forward = True
+
     def __init__(
         self,
         policy: nn.Module,
@@ -185,11 +94,12 @@ class FSDPEngine(Engine):
         mixed_precision: str,
         device: torch.device,
     ):
-        super().__init__(policy)
+        super().__init__(policy, device)
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
-        self.sharding, self.world = sharding, dist.get_world_size()
+        # the main process's plain twin of the policy on the meta device, for writing checkpoints (`save_policy`)
+        self.skeleton = meta_twin(policy) if self.is_main else None
         self.mesh = init_device_mesh(device.type, (self.world,))
         bf16 = mixed_precision == "bf16" and device.type == "cuda"  # on CPU the toy runs in fp32
         self.kwargs = dict(
@@ -239,8 +149,23 @@ class FSDPEngine(Engine):
     def reads_local_grads(self) -> bool:
         return False
 
-    def full_state(self, module: nn.Module) -> dict[str, torch.Tensor]:
-        return {k: _full(v).cpu() for k, v in _named_tensors(module).items()}
+    def save_policy(self, module: nn.Module, write: Callable[[nn.Module], None]) -> None:
+        """torch's full state dict (gathered group by group into the main process's CPU memory), assigned to the
+        meta twin that `write` then saves; the twin goes back to the meta device after."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if not self.is_main:
+            return
+        buffers = {k: v.detach().cpu() for k, v in module.named_buffers() if k not in state}  # non-persistent
+        self.skeleton.load_state_dict(state, assign=True)
+        for name, value in buffers.items():
+            owner, _, leaf = name.rpartition(".")
+            self.skeleton.get_submodule(owner)._buffers[leaf] = value
+        try:
+            write(self.skeleton)
+        finally:
+            self.skeleton.to("meta")
 
 
 class _CountingReduceScatter:
@@ -263,28 +188,35 @@ class _CountingReduceScatter:
 
 
 def _register_reduce_scatter_type() -> None:
-    """FSDP checks custom comms against its ReduceScatter interface."""
-    from torch.distributed.fsdp._fully_shard import _fsdp_api
-
-    _fsdp_api.ReduceScatter.register(_CountingReduceScatter)
+    """FSDP checks custom comms against its ReduceScatter interface, which torch keeps in a private module: the
+    one private name margrpo uses, checked here so that a torch that moved it fails with a message."""
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+    except ImportError as err:
+        raise RuntimeError(
+            f"torch {torch.__version__} has no torch.distributed.fsdp._fully_shard._fsdp_api.ReduceScatter, which "
+            "the FSDP gradient statistic registers its reduce-scatter with (set_custom_reduce_scatter); margrpo is "
+            "tested on torch 2.13 (constraints.txt)"
+        ) from err
+    ReduceScatter.register(_CountingReduceScatter)
 
 
 def parallelize(
     policy: nn.Module,
-    sharding: str,
+    config,
     loss_fn: Callable,
     stat_params: list[nn.Parameter],
     head_params: list[nn.Parameter],
-    mixed_precision: str,
     device: torch.device,
 ) -> Engine:
     """The engine for this process: plain with one process, else DDP (`replicate`) or FSDP2 (the shardings).
     Every process must start from the same weights (rank 0's are broadcast first)."""
+    sharding, mixed_precision = config.sharding, config.precision  # a GRPOConfig (grpo.config)
     if sharding not in SHARDINGS:
         raise ValueError(f"sharding {sharding!r}: expected one of {', '.join(SHARDINGS)}")
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return Engine(policy)
-    for t in [*policy.parameters(), *policy.buffers()]:  # LoRA adapters start at random on each process
+    if not distributed():
+        return Engine(policy, device)
+    for t in [*policy.parameters(), *policy.buffers()]:  # the one broadcast: LoRA adapters start at random
         dist.broadcast(t.data, src=0)
     if sharding == "replicate":
         return DDPEngine(policy, loss_fn, stat_params, device)
@@ -294,7 +226,7 @@ def parallelize(
 
 def shard_reference(ref: nn.Module, engine: Engine) -> None:
     """The KL reference sharded as the policy is (resharded after each no-grad forward); replicated otherwise."""
-    if not isinstance(engine, FSDPEngine):
+    if not isinstance(engine, FSDPEngine):  # one process or DDP: the reference stays whole
         return
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
@@ -377,27 +309,11 @@ def _counts_for_statistic(module: nn.Module, others: list[nn.Module], trained: s
     return bool(hits)
 
 
-def _named_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
-    return {**dict(module.named_buffers()), **dict(module.named_parameters())}
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return t.full_tensor() if isinstance(t, DTensor) else t
-
-
-def _shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """`full` cut as `like` is (this process's share of a DTensor, else whole), on like's device, in its own dtype."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    full = full.to(_local(like).device)
-    if isinstance(like, DTensor):
-        return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None)
-    return full
+def meta_twin(module: nn.Module) -> nn.Module:
+    """A copy of `module` whose parameters and buffers are on the meta device: its structure and settings
+    (tokenizers, configs) without a byte of its weights."""
+    memo = {}
+    for t in [*module.parameters(), *module.buffers()]:
+        empty = torch.empty_like(t, device="meta")
+        memo[id(t)] = nn.Parameter(empty, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else empty
+    return copy.deepcopy(module, memo)

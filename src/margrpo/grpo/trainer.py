@@ -22,7 +22,7 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 from margrpo.grpo.config import GRPOConfig
-from margrpo.grpo.data_parallel import all_cat, all_objects, all_sum, barrier, broadcast_parameters, shard
+from margrpo.grpo.engine import Engine
 from margrpo.grpo.functions import (
     consistency_mask,
     group_advantages,
@@ -35,7 +35,7 @@ from margrpo.grpo.functions import (
     uncertainty_mask,
 )
 from margrpo.grpo.grad_stats import MicroBatchGradStats
-from margrpo.grpo.parallel import Engine, LocalSquares, parallelize, shard_reference
+from margrpo.grpo.parallel import parallelize, shard_reference
 from margrpo.grpo.rollout import (
     Rollout,
     SamplingConfig,
@@ -138,21 +138,14 @@ class GRPOTrainer:
         accelerator: Accelerator | None = None,
     ):
         self.cfg, self.sampling = config, sampling
+        # accelerate for the trackers alone: processes, devices and state are the engine's (grpo.engine)
         self.accelerator = accelerator or Accelerator(
             cpu=policy.device.type == "cpu", log_with=list(config.trackers) or None, project_dir=Path(out_dir) / "tb"
         )
-        self.policy = policy.to(self.accelerator.device)
-        # data parallel: this process rolls out these prompt groups of every step's batch (grpo.data_parallel)
-        self.world, self.rank = self.accelerator.num_processes, self.accelerator.process_index
-        self.groups = shard(config.batch_prompts, self.rank, self.world)
+        self.policy, self.device = policy, policy.device
         if config.batch_prompts > len(train_prompts):
             raise ValueError(
                 f"grpo.batch_prompts ({config.batch_prompts}) exceeds the {len(train_prompts)} training prompts"
-            )
-        if (len(self.groups) * config.group_size) % config.micro_batches:
-            raise ValueError(
-                f"micro_batches ({config.micro_batches}) must divide the {len(self.groups) * config.group_size} "
-                f"images each of the {self.world} processes rolls out"
             )
         self.reward_fn, self.train_prompts, self.val_prompts = reward_fn, train_prompts, val_prompts
         self.out_dir = Path(out_dir)
@@ -165,7 +158,8 @@ class GRPOTrainer:
             )
         if config.diffusion_steps > stochastic_steps(sampling):
             raise ValueError(
-                f"diffusion_steps |T| = {config.diffusion_steps} exceeds the {stochastic_steps(sampling)} stochastic steps; lower grpo.diffusion_steps"
+                f"diffusion_steps |T| = {config.diffusion_steps} exceeds the {stochastic_steps(sampling)} "
+                "stochastic steps; lower grpo.diffusion_steps"
             )
         if config.gradient_checkpointing:
             self.policy.set_gradient_checkpointing(True)
@@ -190,9 +184,16 @@ class GRPOTrainer:
         ) in self.policy.parameters():  # frozen encoders (text, VAE) and, under +Fix, the head (the AR under `head`):
             if id(p) not in trained:  # no gradient computed and no optimizer state
                 p.requires_grad_(False)
-        broadcast_parameters(self.policy)  # every process from the same weights (LoRA's are random)
         self._parallelize()
-        # the gradient statistics of Fig. 2a / 5 (logged as grad_*_ar) are the AR's; with the AR frozen (`head`), the head's
+        # data parallel: this process rolls out these prompt groups of every step's batch
+        self.groups = self.engine.prompt_groups(config.batch_prompts)
+        if (len(self.groups) * config.group_size) % config.micro_batches:
+            raise ValueError(
+                f"micro_batches ({config.micro_batches}) must divide the {len(self.groups) * config.group_size} "
+                "images each process rolls out"
+            )
+        # the gradient statistics of Fig. 2a / 5 (logged as grad_*_ar) are the AR's; with the AR frozen (`head`),
+        # the head's
         self.stat_params = list(self._stat_params())  # read again: FSDP replaces the parameters by shards
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
@@ -202,8 +203,8 @@ class GRPOTrainer:
         self.spec_hash = self.run_hash(None)
 
     def _parallelize(self) -> None:
-        """The KL reference, then torch's engine around the plain policy and the reference (grpo.parallel: the only
-        place that knows about processes)."""
+        """The KL reference, then the engine around the plain policy and the reference (grpo.engine: the only
+        object that knows about processes)."""
         config = self.cfg
         self.ref = None
         if config.beta > 0 and config.lora:  # the same model: micro_loss replays it with the adapters disabled
@@ -211,17 +212,13 @@ class GRPOTrainer:
         elif config.beta > 0:  # the frozen pre-RL policy; what RL never changes is shared, not copied
             shared = {id(p): p for p in self.policy.parameters() if not p.requires_grad}  # deepcopy's memo
             self.ref = copy.deepcopy(self.policy, shared).requires_grad_(False).eval()
-        self.saver = None  # a whole copy of a sharded policy on the main process's CPU, for writing checkpoints
-        if config.sharding != "replicate" and self.world > 1 and self.accelerator.is_main_process:
-            self.saver = copy.deepcopy(self.policy).cpu()
         self.engine: Engine = parallelize(
             self.policy,
-            config.sharding,
+            config,
             self.micro_loss,
             list(self._stat_params()),
             list(self.policy.head_parameters()),
-            config.precision,
-            self.accelerator.device,
+            self.device,
         )
         if self.ref is not None and self.ref is not self.policy:
             shard_reference(self.ref, self.engine)
@@ -236,9 +233,10 @@ class GRPOTrainer:
         replay_chunk) change none either: none counts, so states written before those switches existed still resume
         (and a run resumes under another sharding)."""
         off = {"ema_decay": None, "lora": None, "gradient_checkpointing": False, "replay_chunk": None}
-        quiet = lambda g: {
-            k: v for k, v in g.items() if k not in ("trackers", "sharding") and not (k in off and v == off[k])
-        }  # noqa: E731
+
+        def quiet(g: dict) -> dict:
+            return {k: v for k, v in g.items() if k not in ("trackers", "sharding") and not (k in off and v == off[k])}
+
         spec = {**spec, "grpo": quiet(spec["grpo"])} if spec and "grpo" in spec else spec
         return spec_hash({"grpo": quiet(asdict(self.cfg)), "sampling": asdict(self.sampling), "spec": spec})
 
@@ -304,7 +302,7 @@ class GRPOTrainer:
         the training replay (the same arithmetic as the update's own pass)."""
         if self.cfg.old_logprob == "recorded":
             return recorded(rollout, ar, diff)
-        with autocast(self.accelerator.device, self.cfg.precision):
+        with autocast(self.device, self.cfg.precision):
             rp = replay(
                 self.policy,
                 rollout,
@@ -340,7 +338,7 @@ class GRPOTrainer:
         tokens, weight = self.loss_weights(rollout, ar, diff, sim_keep)  # [M, U, n, L]
         if counts is None:
             counts = (weight.sum((1, 2, 3)), tokens.sum((1, 2, 3)))
-        with autocast(self.accelerator.device, cfg.precision):
+        with autocast(self.device, cfg.precision):
             # the extra trajectories are replayed only where Eq. 10 uses them: the uncertainty mask
             rp = replay(
                 self.policy,
@@ -362,7 +360,7 @@ class GRPOTrainer:
         obj = per_token_policy_objective(rp.log_prob, old, adv, cfg.clip_eps)  # [M, U, n, L]
         kl = None
         if self.ref is not None:
-            with torch.no_grad(), autocast(self.accelerator.device, cfg.precision), adapters_disabled(self.ref):
+            with torch.no_grad(), autocast(self.device, cfg.precision), adapters_disabled(self.ref):
                 ref = replay(self.ref, rollout, ar, diff, logprob_cfg=cfg.logprob_cfg)
             kl = kl_paper(rp.mean, ref.mean) if cfg.kl == "paper" else kl_gaussian(rp.mean, ref.mean, rp.std, ref.std)
         losses, kls = [], []
@@ -405,7 +403,7 @@ class GRPOTrainer:
                 loss, stats = self.engine.loss(
                     self.micro_loss, rollout, adv, ar, diff, mte_mask, sim_keep, old, counts
                 )
-                self.accelerator.backward(loss)
+                self.engine.backward(loss)
             return loss.item(), stats
         tokens, parts = self.loss_weights(rollout, ar, diff, sim_keep)[0], []  # [M, U, n, L]: each chunk's token count
         for a in range(0, len(ar), size):
@@ -424,7 +422,7 @@ class GRPOTrainer:
                     part_old,
                     (counts[0][part], counts[1][part]),
                 )
-                self.accelerator.backward(loss * share)
+                self.engine.backward(loss * share)
             parts.append((share, tokens[part].count_nonzero().item(), loss.item(), stats))
         return sum(sh * v for sh, _, v, _ in parts), combine_chunk_stats(parts)
 
@@ -435,11 +433,10 @@ class GRPOTrainer:
         updates = self.plan_updates(batch)
         for update in updates:
             log = self.update(batch, update)
+        all_cat = self.engine.all_cat
         rewards, adv = all_cat(batch.rewards), all_cat(batch.adv)  # every process's groups
         components = {k: all_cat(v) for k, v in batch.components.items()}
-        frac_zero = (
-            all_cat(torch.tensor([batch.frac_zero], device=batch.adv.device)).mean().item()
-        )  # equal shares of groups
+        frac_zero = all_cat(torch.tensor([batch.frac_zero], device=batch.adv.device)).mean().item()  # equal shares
         row = {
             "step": self.step + 1,
             "reward_mean": rewards.mean().item(),
@@ -468,7 +465,7 @@ class GRPOTrainer:
         meta = [self.train_prompts.metadata[i] for i in idx for _ in range(cfg.group_size)]
         # the |M| AR steps are chosen before the rollout: MTE draws its S - 1 extra trajectories there (Algorithm 2)
         ar, diff = self.choose_steps(g_steps)
-        with autocast(self.accelerator.device, cfg.precision):
+        with autocast(self.device, cfg.precision):
             rollout = generate(
                 self.policy,
                 prompts,
@@ -529,41 +526,28 @@ class GRPOTrainer:
         tokens, weight = self.loss_weights(
             batch.rollout, update.ar, update.diff, batch.sim_keep
         )  # the whole batch's token counts
-        counts = (all_sum(weight.sum((1, 2, 3))), all_sum(tokens.sum((1, 2, 3))))  # over every process's images
-        self.optimizer.zero_grad(set_to_none=True)
-        grad_stats, stats, total = MicroBatchGradStats(self.stat_params, len(batch.rows) * self.world), [], 0.0
         engine, n = self.engine, len(batch.rows)
-        engine.squares = LocalSquares() if self.world > 1 else None
+        counts = (engine.all_sum(weight.sum((1, 2, 3))), engine.all_sum(tokens.sum((1, 2, 3))))  # every process's
+        self.optimizer.zero_grad(set_to_none=True)
+        grad_stats, stats, total = engine.start_statistic(self.stat_params, n), [], 0.0
         for c, rows in enumerate(batch.rows):
-            last = c == n - 1
-            if last and engine.sharding == "replicate":  # DDP reads the last local gradient against this snapshot
-                engine.prev = grad_stats.snapshot()
-            # each process's loss is its share of the batch loss: the gradients' sum over processes is the batch
-            # gradient. DDP reduces once, after the last micro-batch; FSDP reduces each micro-batch into the shards
-            loss, s = self.micro_backward(
-                batch.subs[c],
-                batch.adv[rows],
-                update.ar,
-                update.diff,
-                batch.pick(batch.mte_mask, c),
-                batch.pick(batch.sim_keep, c),
-                update.old[c],
-                counts,
-                sync=last or not engine.reads_local_grads,
-            )
-            if engine.reads_local_grads and not (last and engine.squares is not None):
-                grad_stats.after_backward(last=last)
-            if engine.squares is not None:
-                engine.squares.end_micro_batch()
+            with engine.micro_batch(grad_stats, last=c == n - 1) as sync:
+                loss, s = self.micro_backward(
+                    batch.subs[c],
+                    batch.adv[rows],
+                    update.ar,
+                    update.diff,
+                    batch.pick(batch.mte_mask, c),
+                    batch.pick(batch.sim_keep, c),
+                    update.old[c],
+                    counts,
+                    sync=sync,
+                )
             stats.append(s)
             total += loss
-        if engine.squares is not None:
-            grad_stats.sq_sum += engine.squares.total
-            grad_stats.exact = engine.squares.exact
-            engine.squares, engine.prev = None, {}
-        grad_stats.sq_sum = all_sum(grad_stats.sq_sum)
-        total = float(all_sum(torch.tensor(total, dtype=torch.float64)))
-        return [s for part in all_objects(stats) for s in part], total, grad_stats, tokens
+        engine.end_statistic(grad_stats)
+        total = float(engine.all_sum(torch.tensor(total, dtype=torch.float64)))
+        return [s for part in engine.all_objects(stats) for s in part], total, grad_stats, tokens
 
     def update(self, batch: StepBatch, update: Update) -> dict:
         """One optimizer step on the batch gradient (`backward`): clip and step, or skip a non-finite update
@@ -588,7 +572,9 @@ class GRPOTrainer:
         log.update(ratio_min=min(s["ratio_min"] for s in stats), ratio_max=max(s["ratio_max"] for s in stats))
         log.update(grad_norm_ar=grad_norm_ar, grad_var_ar=grad_var, skipped=int(not finite))
         if batch.mte_mask is not None:  # the share of the loss tokens that Eq. 10 averages over S trajectories
-            share = all_sum(torch.stack([(batch.mte_mask[update.ar][:, None] * tokens).sum(), tokens.sum()]))
+            share = self.engine.all_sum(
+                torch.stack([(batch.mte_mask[update.ar][:, None] * tokens).sum(), tokens.sum()])
+            )
             log["mte_frac"] = float(share[0] / share[1].clamp(min=1))
         return log
 
@@ -601,9 +587,7 @@ class GRPOTrainer:
         n, G = min(self.cfg.val_prompts, len(self.val_prompts)), self.cfg.val_images
         scores = []  # (first prompt, scores) of this process's batches; batch a goes to process (a / 8) mod W
         starts = list(range(0, n, 8))
-        mine = starts[self.rank :: self.world]
-        # a sharded policy's every forward is collective: each process runs as many batches (repeats discarded)
-        rounds = -(-len(starts) // self.world) if self.engine.sharding not in (None, "replicate") else len(mine)
+        mine, rounds = self.engine.validation_share(starts)
         with self.ema.applied(self.policy) if self.ema else contextlib.nullcontext():  # the EMA weights, when on
             for i in range(rounds):
                 a = mine[i] if i < len(mine) else starts[0]
@@ -615,103 +599,102 @@ class GRPOTrainer:
                 scores.append((a, batch))
                 if a == 0 and self.accelerator.trackers:  # the first image of the first (up to 8) prompts
                     log_image_grid(self.accelerator, "val/samples", images[::G], self.step)
-        return [x for _, part in sorted(b for shares in all_objects(scores) for b in shares) for x in part]
+        return [x for _, part in sorted(b for shares in self.engine.all_objects(scores) for b in shares) for x in part]
 
     def save(self) -> None:
         """Checkpoint (policy folder) + resumable trainer state, written atomically by the main process. Both hold
-        whole tensors (a sharded policy is gathered first, by every process), so a run resumes under any number of
-        processes and any sharding."""
+        whole tensors (gathered through torch's state-dict API), so a run resumes under any number of processes
+        and any sharding."""
         ckpt = self.state_dir / f"ckpt-{self.step:06d}" / "policy"
-        policy, engine = self.policy, self.engine
-        whole = None
-        if self.saver is not None or engine.sharding not in (
-            None,
-            "replicate",
-        ):  # FSDP: gather, then write a plain copy
-            with (
-                self.ema.applied(policy) if self.ema else contextlib.nullcontext()
-            ):  # selection and evaluation read the EMA
-                whole = engine.full_state(policy)
+        engine = self.engine
         # tensors and primitives only (loads with weights_only=True); the policy is the ckpt folder beside it
         state = {
             "step": self.step,
-            "optimizer": engine.optimizer_state(self.optimizer, policy),
+            "optimizer": engine.optimizer_state(self.optimizer, self.policy),
             "rows": self.rows,
             "checkpoints": self.checkpoints,
             "nonfinite_run": self.nonfinite_run,
             "spec_hash": self.spec_hash,
         }
         if self.ema:  # the raw trained weights RL goes on from, and their average
-            state.update(raw=engine.full_tensors(self.ema.tracked(policy)), ema=engine.full_tensors(self.ema.shadow))
-        if self.accelerator.is_main_process:
-            with space_named(ckpt.parent):  # a full disk says so, naming the checkpoint (torch: "basic_ios::clear")
-                self._save_main(ckpt, state, whole)
-        # no rank goes on before the checkpoint is on disk: a process that dies in the next step cannot take it with it
-        self.accelerator.wait_for_everyone()
+            state.update(
+                raw=engine.full_tensors(self.ema.tracked(self.policy)), ema=engine.full_tensors(self.ema.shadow)
+            )
 
-    def _save_main(self, ckpt: Path, state: dict, whole: dict | None) -> None:
-        """The main process's part of `save`: the policy folder (`whole`: a sharded policy's gathered tensors,
-        written through the plain copy), then trainer.pt."""
-        policy = self.accelerator.unwrap_model(self.policy)
-        if whole is not None:
-            Engine(self.saver).load_full_state(self.saver, whole)
-            policy, applied = self.saver, contextlib.nullcontext()
-        else:
-            applied = (
-                self.ema.applied(policy) if self.ema else contextlib.nullcontext()
-            )  # selection and evaluation read the EMA
-        with applied:
-            policy.save_pretrained(ckpt)
-            if self.cfg.lora:  # the base weights above are unchanged; the adapters beside them
-                save_adapters(policy, ckpt)
-        with checked_path(self.state_dir / "trainer.pt") as tmp:  # a resume checks it (a bit flip loads silently)
-            torch.save(state, tmp)
+        def write(policy: torch.nn.Module) -> None:
+            with space_named(ckpt.parent):  # a full disk says so, naming the checkpoint (torch: "basic_ios::clear")
+                policy.save_pretrained(ckpt)
+                if self.cfg.lora:  # the base weights above are unchanged; the adapters beside them
+                    save_adapters(policy, ckpt)
+                with checked_path(self.state_dir / "trainer.pt") as tmp:  # a resume checks it (bit flips load)
+                    torch.save(state, tmp)
+
+        with self.ema.applied(self.policy) if self.ema else contextlib.nullcontext():  # selection reads the EMA
+            engine.save_policy(self.policy, write)
+        # no rank goes on before the checkpoint is on disk: a process that dies in the next step cannot take it with it
+        engine.barrier()
 
     def try_resume(self) -> bool:
-        """Resume from state/ only if it was written under this run's spec (`self.spec_hash`); else clear it."""
-        from margrpo.policy import load_policy  # the policy registry imports every model family
+        """Resume from state/ only if it was written under this run's spec (`self.spec_hash`); else clear it. The
+        main process reads the files; the engine hands each process its share."""
+        engine = self.engine
+        path = self.state_dir / "trainer.pt"
+        state, why = self._read_state() if engine.is_main else ({}, "")
+        header = engine.from_main(
+            {k: v for k, v in state.items() if k not in ("optimizer", "raw", "ema")} | {"why": why}
+        )
+        if not header["why"] and not header.get("spec_hash"):  # nothing written yet
+            return False
+        if header.get("spec_hash") != self.spec_hash:
+            log.info("not resuming from %s: %s; starting fresh", path, header["why"])
+            if engine.is_main:
+                clear_written_state(self.state_dir)
+            engine.barrier()
+            return False
+        ckpt = self.state_dir / f"ckpt-{header['step']:06d}" / "policy"  # found beside trainer.pt wherever it is now
+        # the optimizer after the weights: torch's loader may take an empty step to create the state, which the
+        # EMA's hook would see
+        engine.load_policy_state(self.policy, self._checkpoint_weights(ckpt) if engine.is_main else None)
+        engine.load_optimizer_state(self.optimizer, self.policy, state.get("optimizer"))
+        if self.ema:  # the folder holds the EMA of the trained parameters; RL goes on from the raw ones
+            like = self.ema.tracked(self.policy)
+            self.ema.assign(self.policy, engine.shard_like(engine.from_main(state.get("raw")), like))
+            shadow = engine.shard_like(engine.from_main(state.get("ema")), like)
+            self.ema.shadow = {k: v.float() for k, v in shadow.items()}
+        self.step, self.rows, self.checkpoints = header["step"], header["rows"], header["checkpoints"]
+        self.nonfinite_run = header["nonfinite_run"]
+        log.info("resumed from %s at step %d of %d", path, self.step, self.cfg.steps)
+        return True
 
+    def _read_state(self) -> tuple[dict, str]:
+        """trainer.pt, checked, and why it cannot be resumed from ("" when it can, or when there is none)."""
         path = self.state_dir / "trainer.pt"
         if not path.exists():
-            return False
+            return {}, ""
         try:
             verify_checksums(self.state_dir, ["trainer.pt"])
             state = torch.load(path, map_location="cpu", weights_only=True)
-            why = f"it holds a run of another spec ({state.get('spec_hash')}; this run: {self.spec_hash})"
         except InputError as err:  # changed or damaged since it was written
-            state, why = {}, str(err)
+            return {}, str(err)
         except Exception as err:  # an older or foreign state file: it cannot be trusted either
-            state, why = {}, f"it cannot be read with weights_only=True ({type(err).__name__})"
-        barrier()  # every process has read state/ before the main one may clear it
+            return {}, f"it cannot be read with weights_only=True ({type(err).__name__})"
         if state.get("spec_hash") != self.spec_hash:
-            log.info("not resuming from %s: %s; starting fresh", path, why)
-            if self.accelerator.is_main_process:
-                clear_written_state(self.state_dir)
-            barrier()
-            return False
-        ckpt = (
-            self.state_dir / f"ckpt-{state['step']:06d}" / "policy"
-        )  # found beside trainer.pt wherever the folder is now
-        loaded = load_policy(ckpt)  # whole, on the CPU, with its LoRA adapters; each process keeps its share
-        self.engine.load_full_state(self.policy, self.engine.full_state(loaded))
-        del loaded
-        # the optimizer first: torch's loader may take an empty step to create the state, which the EMA's hook would see
-        self.engine.load_optimizer_state(self.optimizer, self.policy, state["optimizer"])
-        if self.ema:  # the folder holds the EMA of the trained parameters; RL goes on from the raw ones
-            like = self.ema.tracked(self.policy)
-            self.ema.assign(self.policy, self.engine.shard_like(state["raw"], like))
-            self.ema.shadow = {k: v.float() for k, v in self.engine.shard_like(state["ema"], like).items()}
-        self.step, self.rows, self.checkpoints = state["step"], state["rows"], state["checkpoints"]
-        self.nonfinite_run = state["nonfinite_run"]
-        log.info("resumed from %s at step %d of %d", path, self.step, self.cfg.steps)
-        return True
+            return state, f"it holds a run of another spec ({state.get('spec_hash')}; this run: {self.spec_hash})"
+        return state, ""
+
+    @staticmethod
+    def _checkpoint_weights(ckpt: Path) -> dict[str, torch.Tensor]:
+        """The whole weights of a checkpoint folder (with its LoRA adapters), on the CPU."""
+        from margrpo.policy import load_policy  # the policy registry imports every model family
+
+        return load_policy(ckpt).state_dict()
 
     def train(self, spec: dict | None = None) -> dict:
         """Train to `cfg.steps`, resuming from state/ when it was written under the same spec: this
         trainer's configs plus `spec` (what the stage adds: inputs, reward, seed)."""
         self.spec_hash = self.run_hash(spec)
         refuse_symlink(self.state_dir, "state folder")  # a resume of another spec clears it
-        if self.accelerator.is_main_process:
+        if self.engine.is_main:
             self.state_dir.mkdir(parents=True, exist_ok=True)
         if self.cfg.ema_decay is not None and self.ema is None:  # averaged after every optimizer step
             self.ema = EMA(
@@ -741,7 +724,7 @@ class GRPOTrainer:
             initial=self.step,
             desc=f"grpo[{self.cfg.seed}]",
             mininterval=5,
-            disable=not self.accelerator.is_main_process,
+            disable=not self.engine.is_main,
         )
         while self.step < self.cfg.steps:
             row = self.train_step()

@@ -1,9 +1,9 @@
 """`python -m margrpo.infra.launch [--nodes M --port P] N COMMAND...`: COMMAND as N data-parallel processes per node.
 
 One node (`--nodes 1`, the default): the processes of one machine, reachable from it alone (below).
-Several nodes: torchrun itself, started once per node by `srun` inside a SLURM allocation of M nodes, with a
-c10d rendezvous on the allocation's first node at port P (the port must be open between the nodes; the
-processes' NCCL / gloo sockets use ports the OS picks). Outside SLURM, start torchrun on each node yourself
+Several nodes: torchrun itself, started once per node by `srun` inside a SLURM job of M nodes, with a c10d
+rendezvous on the job's first node at port P (`auto`: derived from the job id; the port must be open between the
+nodes; the processes' NCCL / gloo sockets use ports the OS picks). Outside SLURM, start torchrun on each node yourself
 with the same flags (`multi_node_command` prints them). Nothing else is ours: torchrun restarts nothing
 (`--max-restarts 0`), and its exit code is the job's.
 
@@ -52,15 +52,16 @@ def launch(world: int, command: list[str]) -> int:
 
     listener = socket.create_server((LOOPBACK, 0))
     port = listener.getsockname()[1]
-    store = dist.TCPStore(
+    store = dist.TCPStore(  # noqa: F841 (kept alive until the processes end)
         LOOPBACK,
         port,
         world_size=world,
         is_master=True,
-        wait_for_workers=False,  # noqa: F841 (kept alive)
+        wait_for_workers=False,
         timeout=timedelta(minutes=30),
         master_listen_fd=listener.fileno(),
     )
+    print(f"margrpo.infra.launch: on {socket.gethostname()}: {world} processes", file=sys.stderr, flush=True)
     procs = [subprocess.Popen(command, env=worker_env(rank, world, port)) for rank in range(world)]
     for sig in (signal.SIGINT, signal.SIGTERM):  # Snakemake stops a job with SIGTERM: pass it on
         signal.signal(sig, lambda s, _: [p.send_signal(s) for p in procs if p.poll() is None])
@@ -114,27 +115,35 @@ def multi_node_command(nodes: int, per_node: int, endpoint: str, run_id: str, co
         f"--rdzv-endpoint={endpoint}",
         f"--rdzv-id={run_id}",
         "--max-restarts=0",
+        "--no-python",  # COMMAND is a program (`margrpo`), as for the single-node launcher, not a Python script
         *command,
     ]
 
 
-def launch_slurm(nodes: int, per_node: int, port: int, command: list[str]) -> int:
-    """srun starts torchrun once on each of the allocation's nodes; the first node hosts the rendezvous."""
-    nodelist = os.environ.get("SLURM_JOB_NODELIST")
-    if not nodelist:
+def launch_slurm(nodes: int, per_node: int, port: int | str, command: list[str]) -> int:
+    """srun starts torchrun once on each of the job's nodes; the first node hosts the rendezvous, at the address
+    SLURM knows it by and a port of this job's own (`infra.slurm`)."""
+    from margrpo.infra.slurm import job_nodes, node_address, rendezvous_port
+
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not job_id:
         raise SystemExit(
-            f"margrpo.infra.launch: --nodes {nodes} runs inside a SLURM allocation of {nodes} nodes "
-            "(SLURM_JOB_NODELIST is unset); elsewhere run on each node: "
+            f"margrpo.infra.launch: --nodes {nodes} runs inside a SLURM job of {nodes} nodes "
+            "(SLURM_JOB_ID is unset); elsewhere run on each node: "
             + " ".join(multi_node_command(nodes, per_node, "FIRST_NODE:PORT", "RUN_ID", command))
         )
-    first = subprocess.run(
-        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True
-    ).stdout.split()[0]
-    torchrun = multi_node_command(
-        nodes, per_node, f"{first}:{port}", os.environ.get("SLURM_JOB_ID", "margrpo"), command
-    )
+    hosts = job_nodes(job_id)
+    if len(hosts) != nodes:
+        raise SystemExit(f"margrpo.infra.launch: --nodes {nodes}, but SLURM job {job_id} holds {len(hosts)}: {hosts}")
+    port = rendezvous_port(job_id) if port == "auto" else int(port)
+    endpoint = f"{node_address(hosts[0])}:{port}"
+    torchrun = multi_node_command(nodes, per_node, endpoint, job_id, command)
     srun = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
-    print(f"margrpo.infra.launch: {' '.join(srun + torchrun)}", file=sys.stderr, flush=True)
+    print(
+        f"margrpo.infra.launch: on {socket.gethostname()}, job {job_id}: {' '.join(srun + torchrun)}",
+        file=sys.stderr,
+        flush=True,
+    )
     return subprocess.run(srun + torchrun).returncode
 
 
@@ -143,12 +152,16 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m margrpo.infra.launch", description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, default=1, help="nodes of the job (> 1: under SLURM, torchrun on each)")
-    parser.add_argument("--port", type=int, default=29500, help="the rendezvous port on the first node (--nodes > 1)")
+    parser.add_argument(
+        "--port", default="auto", help="the rendezvous port on the first node (--nodes > 1); auto: from the job id"
+    )
     parser.add_argument("processes", type=int, help="processes per node (one GPU each on cuda)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.processes < 1 or args.nodes < 1 or not args.command:
         parser.error("N >= 1 processes, --nodes >= 1 and a COMMAND are needed")
+    if args.port != "auto" and not (args.port.isdigit() and 1024 <= int(args.port) <= 65535):
+        parser.error(f"--port {args.port}: expected auto or a port in 1024-65535")
     if args.nodes > 1:
         return launch_slurm(args.nodes, args.processes, args.port, args.command)
     return launch(args.processes, args.command)

@@ -58,6 +58,8 @@ def setup(threads: int | None, device: str = "auto", data_parallel: bool = False
         from accelerate import PartialState
 
         state = PartialState(cpu=device == "cpu")  # joins the process group (gloo on CPU, NCCL on GPUs)
+        host, local = os.uname().nodename, os.environ.get("LOCAL_RANK")
+        print(f"margrpo: process {state.process_index} of {state.num_processes} on {host} (local {local})", flush=True)
         if not state.is_main_process:  # one log per job: the other processes report warnings only
             logging.getLogger().setLevel(logging.WARNING)
         return state.device  # this process's GPU; "cuda" now means it too

@@ -95,7 +95,7 @@ def run(args) -> None:
         out,
     )
     trainer.train(run_spec)
-    if not trainer.accelerator.is_main_process:  # data parallel: one process writes the run's files
+    if not trainer.engine.is_main:  # data parallel: one process writes the run's files
         return
     write_outputs(trainer, run_spec)
     best = max(trainer.checkpoints, key=lambda c: c["val_reward"])

@@ -1,0 +1,252 @@
+"""The processes of one GRPO run, as the trainer sees them: the one object that knows them.
+
+`Engine` answers what the trainer asks about processes: which prompt groups and validation batches are this
+process's, how processes meet (barriers, collectives), how a micro-batch's backward is synchronised and its
+gradient statistic read, and how state is saved and loaded (torch's state-dict API: whole tensors on the main
+process, so a run resumes under any number of processes and any sharding). With one process it communicates
+nothing. `grpo.parallel` subclasses it for torch's engines (DDP, FSDP2) and `parallelize` picks one.
+
+A group never spans processes, so advantages stay per group; what crosses processes is the loss's token counts
+(the batch's token mean is over every process's tokens), the gradients (the engines) and what is logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from margrpo.grpo.grad_stats import MicroBatchGradStats
+
+
+def distributed() -> bool:
+    """Whether this process is one of several (a process group of more than one)."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def shard(n: int, rank: int, world: int) -> range:
+    """The contiguous share of n items (prompt groups) that process `rank` of `world` takes."""
+    if n % world:
+        raise ValueError(
+            f"grpo.batch_prompts ({n}) must be a multiple of the number of processes ({world}): "
+            "every process rolls out whole prompt groups, the same number each"
+        )
+    size = n // world
+    return range(rank * size, (rank + 1) * size)
+
+
+@dataclass
+class LocalSquares:
+    """Squared norms of each micro-batch's local gradient of the statistic's parameters, filled by the engines'
+    hooks, and whether every one was exact.
+
+    FSDP reduces a group once per post-backward, and a group runs several (a module used twice in one backward,
+    the root whose methods' inputs carry gradients back mid-backward, a chunk's accumulated gradient and the
+    next's): each part's input is summed per group (the parts share one layout: the same parameters) and the sum
+    is squared when the micro-batch ends. A part of another layout cannot be added element by element: the
+    micro-batch is then inexact and the variance NaN. The sums cost one fp32 copy of this process's local gradient
+    of the statistic's groups during a micro-batch's backward."""
+
+    total: torch.Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.float64))
+    exact: bool = True
+    pending: dict[int, torch.Tensor] = field(default_factory=dict)  # FSDP: each group's local gradient so far
+
+    def add(self, sq: torch.Tensor) -> None:
+        self.total += sq.detach().double().cpu()
+
+    def add_later(self, key: int, grad: torch.Tensor) -> None:
+        if key not in self.pending:
+            self.pending[key] = grad.detach().float().clone()
+        elif self.pending[key].shape == grad.shape:
+            self.pending[key] += grad.detach().float()
+        else:
+            self.exact = False
+
+    def end_micro_batch(self) -> None:
+        for g in self.pending.values():
+            self.add(g.square().sum(dtype=torch.float64))
+        self.pending.clear()
+
+
+class Engine:
+    """One process, or the base of torch's engines: everything here is also right for several replicas."""
+
+    collective_forward = False  # every forward is a collective (FSDP): processes run their batches in lockstep
+
+    def __init__(self, policy: nn.Module, device: torch.device):
+        self.policy, self.device = policy, torch.device(device)
+        self.world = dist.get_world_size() if distributed() else 1
+        self.rank = dist.get_rank() if distributed() else 0
+        self.squares: LocalSquares | None = None  # set by the gradient statistic for one optimizer step
+        self.prev: dict[int, torch.Tensor] = {}  # DDP: the statistic's snapshot of .grad before the last micro-batch
+
+    # --- the processes ------------------------------------------------------------------------------------------
+    @property
+    def is_main(self) -> bool:
+        """The process that writes the run's files and logs."""
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+    def _comm_device(self) -> torch.device:
+        """Where collectives run: NCCL reduces GPU tensors only, gloo CPU ones."""
+        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+    def all_sum(self, x: torch.Tensor) -> torch.Tensor:
+        """x summed over processes, on x's device (a new tensor; x itself with one process)."""
+        if self.world == 1:
+            return x
+        y = x.to(self._comm_device(), copy=True)
+        dist.all_reduce(y)
+        return y.to(x.device)
+
+    def all_cat(self, x: torch.Tensor) -> torch.Tensor:
+        """Every process's x (same shape on each) concatenated along dim 0, in rank order, on x's device."""
+        if self.world == 1:
+            return x
+        y = x.to(self._comm_device()).contiguous()
+        parts = [torch.empty_like(y) for _ in range(self.world)]
+        dist.all_gather(parts, y)
+        return torch.cat(parts).to(x.device)
+
+    def all_objects(self, obj) -> list:
+        """Every process's picklable `obj`, in rank order."""
+        if self.world == 1:
+            return [obj]
+        out = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def from_main(self, obj):
+        """The main process's picklable `obj`, on every process."""
+        if self.world == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    # --- how work splits ----------------------------------------------------------------------------------------
+    def prompt_groups(self, n: int) -> range:
+        """The prompt groups of an n-group batch that this process rolls out."""
+        return shard(n, self.rank, self.world)
+
+    def validation_share(self, starts: list[int]) -> tuple[list[int], int]:
+        """This process's validation batches (batch i goes to process i mod world) and how many rounds it runs:
+        where every forward is collective, each process runs as many (it repeats its first and drops the repeats)."""
+        mine = starts[self.rank :: self.world]
+        return mine, -(-len(starts) // self.world) if self.collective_forward else len(mine)
+
+    # --- a micro-batch's loss and backward ----------------------------------------------------------------------
+    def loss(self, fn: Callable, *args, **kwargs):
+        return fn(*args, **kwargs)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def sync(self, enabled: bool):
+        """Gradients are reduced over processes in the backward passes run inside this block only when `enabled`."""
+        return contextlib.nullcontext()
+
+    @property
+    def reads_local_grads(self) -> bool:
+        """Whether each micro-batch's local gradient is in `.grad` after its backward (else the engine reports
+        its square through `squares`)."""
+        return True
+
+    def start_statistic(self, params: list[nn.Parameter], micro_batches: int) -> MicroBatchGradStats:
+        """The micro-batch gradient statistic of one optimizer step of `micro_batches` per process."""
+        self.squares = LocalSquares() if self.world > 1 else None
+        return MicroBatchGradStats(params, micro_batches * self.world, reduce=self.all_sum)
+
+    @contextlib.contextmanager
+    def micro_batch(self, stats: MicroBatchGradStats, last: bool) -> Iterator[bool]:
+        """One micro-batch's backward: yields whether it reduces over processes. Each process's loss is its share of
+        the batch loss, so the reduced gradients sum to the batch gradient; DDP reduces once, after the last
+        micro-batch, FSDP reduces each into the shards."""
+        if last and self.squares is not None and self.reads_local_grads:
+            self.prev = stats.snapshot()  # DDP reads the last local gradient against this snapshot
+        yield last or not self.reads_local_grads
+        if self.reads_local_grads and not (last and self.squares is not None):
+            stats.after_backward(last=last)
+        if self.squares is not None:
+            self.squares.end_micro_batch()
+
+    def end_statistic(self, stats: MicroBatchGradStats) -> None:
+        """Every process's local squares into the statistic."""
+        if self.squares is not None:
+            stats.sq_sum += self.squares.total
+            stats.exact = self.squares.exact
+            self.squares, self.prev = None, {}
+        stats.sq_sum = self.all_sum(stats.sq_sum)
+
+    # --- state --------------------------------------------------------------------------------------------------
+    def save_policy(self, module: nn.Module, write: Callable[[nn.Module], None]) -> None:
+        """`write(m)` on the main process, `m` a plain module holding `module`'s whole weights (collective)."""
+        if self.is_main:
+            write(module)
+
+    def load_policy_state(self, module: nn.Module, state: dict[str, torch.Tensor] | None) -> None:
+        """Whole tensors (by name), read by the main process alone (`state` None elsewhere), into `module`: each
+        process keeps its share (torch's state-dict API)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        if self.world == 1:
+            module.load_state_dict(state)
+            return
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(module, state if self.is_main else {}, options=options)
+
+    def full_tensors(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Whole CPU copies of tensors that may be shards (collective when sharded)."""
+        return {k: _full(v).cpu() for k, v in values.items()}
+
+    def shard_like(self, values: dict[str, torch.Tensor], like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Whole tensors cut as `like`'s are (this process's share of a shard, else whole), on like's devices."""
+        return {k: _shard_like(v.to(_local(like[k]).device), like[k]) for k, v in values.items()}
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> dict:
+        """The optimizer's state keyed by parameter name, whole, on the main process's CPU (collective)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        return get_optimizer_state_dict(
+            model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, model: nn.Module, state: dict | None) -> None:
+        """A state of `optimizer_state` (names; read by the main process alone, None elsewhere), or an older one
+        keyed by parameter index (one process)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        if self.world == 1 and all(isinstance(i, int) for g in state.get("param_groups", []) for i in g["params"]):
+            optimizer.load_state_dict(state)
+            return
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=self.world > 1)
+        set_optimizer_state_dict(model, optimizer, state if self.is_main or self.world == 1 else {}, options=options)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`full` cut as `like` is (this process's share of a DTensor, else whole), on like's device, in its own dtype."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    full = full.to(_local(like).device)
+    if isinstance(like, DTensor):
+        return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None)
+    return full

@@ -1,0 +1,81 @@
+"""What a GRPO training job asks SLURM for, and what it reads back from SLURM once it runs.
+
+The geometry (docs/real-scale.md, "SLURM"), as snakemake-executor-plugin-slurm 2.8 turns a rule's resources into
+an `sbatch` line:
+- one process: one node, one task; `gpu: 1` where GPUs are asked for;
+- N processes on one node: one node, one task (the launcher starts the N processes itself), N GPUs. The plugin
+  adds `--ntasks-per-gpu` to a GPU job that names `tasks`, and some of its versions did so unasked: that would run
+  the rule's command once per GPU, so `tasks_per_gpu: 0` says no;
+- N processes on each of M nodes: M nodes, M tasks (one torchrun a node), `--gres=gpu:N` (GRES count per node).
+  The `mpi` resource makes the jobstep plugin run the rule's command in the batch script, not in a one-task step
+  that would hold the first node's CPUs while our `srun` waits for them.
+
+Inside the job the jobstep plugin strips the SLURM_* variables but the job id, so the nodes and the head node's
+address are asked of `scontrol`; the rendezvous port is derived from the job id, so that two jobs sharing a
+first node do not meet in one store.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from dataclasses import dataclass
+
+PORT_BASE, PORT_SPAN = 20000, 10000  # below Linux's ephemeral range (32768-60999): no client socket holds them
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """A GRPO job's command prefix (`margrpo` or a launcher) and its Snakemake resources."""
+
+    launch: str
+    resources: dict
+
+
+def train_job(processes: int, nodes: int, gpus: bool, port: int | str = "auto") -> TrainJob:
+    """The launcher and resources of a GRPO job of `processes` per node on `nodes` nodes (one GPU a process when
+    `gpus`)."""
+    if nodes > 1:
+        launch = f"python -m margrpo.infra.launch --nodes {nodes} --port {port} {processes} margrpo"
+        resources = {"nodes": nodes, "tasks": nodes, "mpi": "srun", "tasks_per_gpu": 0}
+        return TrainJob(launch, {**resources, **({"gres": f"gpu:{processes}"} if gpus else {})})
+    launch = "margrpo" if processes == 1 else f"python -m margrpo.infra.launch {processes} margrpo"
+    return TrainJob(launch, {"nodes": 1, "tasks_per_gpu": 0, "gpu": processes if gpus else 0})
+
+
+def rendezvous_port(job_id: str | None) -> int:
+    """A port on the head node that is this job's alone among the jobs that can share that node."""
+    if not job_id or not job_id.split("_")[0].isdigit():
+        return PORT_BASE
+    return PORT_BASE + int(job_id.split("_")[0]) % PORT_SPAN
+
+
+def _scontrol(*args: str) -> str:
+    return subprocess.run(["scontrol", *args], capture_output=True, text=True, check=True).stdout
+
+
+def _fields(record: str) -> dict[str, str]:
+    """`scontrol show ... -o`'s Key=Value words (values without spaces: the ones read here)."""
+    return dict(word.split("=", 1) for word in record.split() if "=" in word)
+
+
+def job_nodes(job_id: str | None = None) -> list[str]:
+    """The host names of this job's nodes, first node first."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        job_id = job_id or os.environ.get("SLURM_JOB_ID")
+        if not job_id:
+            raise RuntimeError("not inside a SLURM job: neither SLURM_JOB_NODELIST nor SLURM_JOB_ID is set")
+        nodelist = _fields(_scontrol("show", "job", "-o", job_id))["NodeList"]
+    return _scontrol("show", "hostnames", nodelist).split()
+
+
+def node_address(node: str) -> str:
+    """The address SLURM itself reaches `node` at (NodeAddr), else what the name resolves to: a node's name is not
+    always a host name the other nodes can resolve."""
+    try:
+        addr = _fields(_scontrol("show", "node", "-o", node)).get("NodeAddr")
+    except (OSError, subprocess.CalledProcessError):
+        addr = None
+    return addr or socket.gethostbyname(node)
