@@ -36,10 +36,13 @@ test: $(STAMP)         ## the full test suite, including the end-to-end smoke wo
 test-fast: $(STAMP)
 	$(BIN)/pytest -q -m "not slow and not slurm" $(PYTEST_ARGS)
 
-test-slurm: $(STAMP)   ## the smoke workflow through sbatch on a single-node SLURM cluster (installs Debian's slurm; root)
+test-slurm: $(STAMP)   ## GRPO jobs through the SLURM profile on a two-node SLURM cluster in network namespaces (root)
 	$(BIN)/pytest -q -m slurm $(PYTEST_ARGS)
 
-lint: $(STAMP)
+LINTED := src tests benchmarks scripts
+lint: $(STAMP)         ## ruff's formatter and linter (pyproject.toml), then Snakemake's linter
+	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/ruff check $(LINTED)
 	$(BIN)/snakemake --lint
 
 evaluators:            ## the real-scale evaluator stack in its own venv (.venv-eval); not needed for the toy run

@@ -40,9 +40,49 @@ def snakemake(workdir, *args, configfile=REPO / "config/smoke.yaml"):
     return subprocess.run(cmd, capture_output=True, text=True, env=env)
 
 
+SMOKE_OUTPUTS = ("results", "logs", "benchmarks", ".snakemake")  # what a run leaves in its working directory
+
+
+def finished_smoke_run() -> bool:
+    """Whether this checkout holds a smoke run (`make run SNAKEMAKE_ARGS="--configfile config/smoke.yaml"`, as CI
+    runs before the tests) that is up to date: Snakemake finds nothing to do for it."""
+    if not (REPO / "results/smoke/report").is_dir():
+        return False
+    out = subprocess.run(
+        [
+            SNAKEMAKE,
+            "-n",
+            "--snakefile",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(REPO),
+            "--configfile",
+            str(REPO / "config/smoke.yaml"),
+            "--cores",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    return out.returncode == 0 and "Nothing to be done" in out.stdout + out.stderr
+
+
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
+    """A finished smoke DAG in a working directory of its own: a copy of the checkout's smoke run when it is up to
+    date (the same Snakefile and config made it; the copy keeps its files' times, so Snakemake sees it finished),
+    else a run of its own. Tests change their copy, never the checkout."""
     workdir = tmp_path_factory.mktemp("smoke")
+    if finished_smoke_run():
+        for name in SMOKE_OUTPUTS:
+            if (REPO / name).exists():
+                shutil.copytree(
+                    REPO / name,
+                    workdir / name,
+                    symlinks=True,
+                    ignore=shutil.ignore_patterns("locks", "incomplete", "log"),
+                )
+        return workdir
     out = snakemake(workdir)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-6000:]
     return workdir
@@ -184,7 +224,8 @@ window.addEventListener("load", () => setTimeout(async () => {
 
 @pytest.mark.slow
 def test_html_report_builds_and_a_browser_renders_its_figures(smoke_run, tmp_path):
-    """`snakemake --report`: every table and figure with its caption, by experiment; headless Chromium shows the figures."""
+    """`snakemake --report`: every table and figure with its caption, by experiment; headless Chromium shows the
+    figures."""
     assert snakemake(smoke_run).returncode == 0  # restores any output a test before this one removed
     html = tmp_path / "report.html"
     out = snakemake(smoke_run, "--report", str(html))
@@ -405,71 +446,3 @@ def test_a_killed_training_job_resumes_with_rerun_incomplete(smoke_run, tmp_path
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     log = (work / "logs/smoke/train/toy-nova/toypref/fix/seed0.log").read_text()
     assert "resumed from" in log and (run / "summary.json").exists(), log[-2000:]
-
-
-def _numbers(path):
-    df = pd.read_csv(path)
-    return df[[c for c in df.columns if c.endswith("/mean")]].to_numpy(dtype=float)
-
-
-@pytest.mark.slurm
-def test_slurm_profile_runs_the_smoke_dag_through_sbatch(smoke_run, tmp_path):
-    """workflow/profiles/slurm against a real single-node SLURM cluster on localhost."""
-    if os.geteuid() != 0 or not Path("/usr/bin/apt-get").exists():
-        pytest.skip("the local SLURM cluster needs root and apt-get (scripts/slurm-local.sh)")
-    start = subprocess.run(["bash", str(REPO / "scripts/slurm-local.sh"), "start"], capture_output=True, text=True)
-    if start.returncode != 0:
-        pytest.skip(f"could not start a local SLURM cluster: {start.stdout[-1500:]}{start.stderr[-1500:]}")
-    jobcomp = Path("/var/log/slurm/jobcomp.log")
-    before = jobcomp.read_text().count("JobId=") if jobcomp.exists() else 0
-    small = ["cpus_per_task=1", "mem_mb=1000", "runtime=30"]
-    rules = [
-        "make_suites",
-        "train_toyclip",
-        "pretrain",
-        "warmup",
-        "train",
-        "train_ablation",
-        "select_checkpoint",
-        "sample",
-        "eval_compbench",
-        "eval_preference",
-        "uncertainty_maps",
-        "table1",
-        "table2",
-        "val_gain",
-        "claims",
-        "fig2_dynamics",
-        "fig4_uncertainty",
-        "fig6_samples",
-        "fig7a_samples",
-        "fig7b_reward_curves",
-        "fig7c_final_metric",
-    ]
-    out = snakemake(
-        tmp_path,
-        "--workflow-profile",
-        str(REPO / "workflow/profiles/slurm"),
-        "--slurm-status-command",
-        "squeue",
-        "--slurm-init-seconds-before-status-checks",
-        "2",  # polls every 2 s after a job ends (default 40)
-        "--jobs",
-        "4",
-        "--latency-wait",
-        "5",
-        "--default-resources",
-        *small,
-        "--set-resources",
-        *[f"{r}:{kv}" for r in rules for kv in small],
-    )
-    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
-    submitted = jobcomp.read_text().count("JobId=") - before
-    assert submitted >= len(rules), f"only {submitted} jobs in the SLURM job-completion log"
-    assert "JobState=COMPLETED" in jobcomp.read_text()
-    for table in ("table1", "table2"):
-        a, b = (
-            _numbers(smoke_run / f"results/smoke/report/{table}.csv"),
-            _numbers(tmp_path / f"results/smoke/report/{table}.csv"),
-        )
-        assert a.shape == b.shape and pd.DataFrame(a).equals(pd.DataFrame(b)) or abs(a - b).max() < 1e-6

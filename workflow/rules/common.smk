@@ -26,6 +26,7 @@ from margrpo.experiment.config import (  # noqa: E402
     validate_config,
 )
 from margrpo.experiment.record import check_experiment, record_experiment  # noqa: E402
+from margrpo.infra.slurm import train_job  # noqa: E402
 
 # ../schemas/config.schema.yaml (defaults filled) and every check beyond it: cross references, variant
 # overrides, the ablation table; errors name the key path. The files are read again by margrpo's loader,
@@ -54,19 +55,16 @@ EXP = config["experiments"]
 # Table 3's related bases (toy-mask, toy-marval); placeholders that nothing asks for while the experiment is off
 RELATED_DIRS = SHARED["related"] or {p: f"{RESULTS}/related-off/{p}" for p in ("toy-mask", "toy-marval")}
 POLICY_NAMES = "|".join(re.escape(p) for p in config["policies"])  # the train rule's policies (not the related ones)
-GPU = 0 if config["device"] == "cpu" else 1  # `resources: gpu` caps concurrent GPU jobs
+# GPUs are asked for where the config runs on them (device not cpu), or where `request_gpus` says so on its own
+GPU = int(config["device"] != "cpu" if config["request_gpus"] == "auto" else config["request_gpus"])
 TRAIN_PROCS = config["train_processes"]  # data parallel GRPO: one GPU (or `threads` CPU threads) per process, per node
 TRAIN_NODES = config["train_nodes"]
-# `margrpo train` runs as one process; as TRAIN_PROCS of one machine whose rendezvous listens on 127.0.0.1 only
-# (margrpo.infra.launch: torchrun's listens on every interface whatever its flags); or, on several nodes, as
-# torchrun started by srun once per node, its c10d rendezvous on the first node at train_port
-if TRAIN_NODES > 1:
-    TRAIN_LAUNCH = f"python -m margrpo.infra.launch --nodes {TRAIN_NODES} --port {config['train_port']} {TRAIN_PROCS} margrpo"
-    # SLURM: M nodes, one task (torchrun) on each, TRAIN_PROCS GPUs per node (gres counts per node)
-    TRAIN_RESOURCES = {"nodes": TRAIN_NODES, "tasks": TRAIN_NODES, **({"gres": f"gpu:{TRAIN_PROCS}"} if GPU else {})}
-else:
-    TRAIN_LAUNCH = "margrpo" if TRAIN_PROCS == 1 else f"python -m margrpo.infra.launch {TRAIN_PROCS} margrpo"
-    TRAIN_RESOURCES = {"gpu": GPU * TRAIN_PROCS}
+# `margrpo train` as one process; as TRAIN_PROCS processes of one machine (margrpo.infra.launch, its rendezvous on
+# 127.0.0.1 only); or on TRAIN_NODES nodes, torchrun started by srun once per node. What SLURM is asked for in each
+# case, and why: margrpo.infra.slurm
+TRAIN_JOB = train_job(TRAIN_PROCS, TRAIN_NODES, bool(GPU), config["train_port"])
+TRAIN_LAUNCH, TRAIN_RESOURCES = TRAIN_JOB.launch, TRAIN_JOB.resources
+
 
 def is_toy(policy):
     return config["policies"][policy]["kind"] == "toy"

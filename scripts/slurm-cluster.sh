@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# A two-node SLURM cluster on this machine, for testing the workflow's SLURM profile the way a cluster runs it
+# (tests/test_slurm.py, `make test-slurm`). Needs root, iproute2 and Debian's slurm packages (`start` installs them).
+#
+#   slurmctld      the root network namespace, 10.77.0.1 on the bridge mgslurm0 (the "login node": sbatch runs here)
+#                  under this machine's host name
+#   slurmd node1   network namespace mg-node1, host name node1, 10.77.0.11, 2 stand-in GPUs
+#   slurmd node2   network namespace mg-node2, host name node2, 10.77.0.12, 2 stand-in GPUs
+#
+# Each node has a UTS namespace (its own host name) and a mount namespace whose /etc/hosts names both nodes, as a
+# cluster's DNS would; jobs inherit both from their slurmd. The GPUs are generic resources on empty device files:
+# SLURM counts, binds and exports them (CUDA_VISIBLE_DEVICES) without any hardware. Nothing outside this machine is
+# reached. Usage: scripts/slurm-cluster.sh start | stop | status
+set -euo pipefail
+NODES=(node1 node2)
+ADDRS=(10.77.0.11 10.77.0.12)
+BRIDGE=mgslurm0
+CTL_ADDR=10.77.0.1
+CONF_DIR=/etc/slurm
+STATE=/var/lib/margrpo-slurm
+LOGS=/var/log/slurm
+CPUS=4          # per node: more than the 2 cores here, so that two 2-node jobs can run at once (config_overrides)
+MEM=6000        # MiB per node
+GPUS=2          # stand-in GPUs per node
+
+install() {
+  command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null && return
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge iproute2 >/dev/null
+}
+
+network() {
+  ip link show "$BRIDGE" >/dev/null 2>&1 || {
+    ip link add "$BRIDGE" type bridge
+    ip addr add "$CTL_ADDR/24" dev "$BRIDGE"
+  }
+  ip link set "$BRIDGE" up
+  for i in "${!NODES[@]}"; do
+    local node=${NODES[$i]} ns=mg-${NODES[$i]}
+    ip netns list | grep -qw "$ns" && continue
+    ip netns add "$ns"
+    ip link add "mgv-$node" type veth peer name eth0 netns "$ns"
+    ip link set "mgv-$node" master "$BRIDGE" up
+    ip -n "$ns" addr add "${ADDRS[$i]}/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    ip -n "$ns" link set lo up
+  done
+}
+
+configure() {
+  mkdir -p "$CONF_DIR" "$STATE/ctld" "$LOGS" /run/munge
+  {
+    echo "127.0.0.1 localhost"
+    echo "$CTL_ADDR $(hostname -s)"
+    for i in "${!NODES[@]}"; do echo "${ADDRS[$i]} ${NODES[$i]}"; done
+  } > "$STATE/hosts"
+  local nodes_conf="" gres_conf="AutoDetect=off"$'\n'
+  for i in "${!NODES[@]}"; do
+    local node=${NODES[$i]}
+    mkdir -p "$STATE/$node/spool" "$STATE/$node/dev"
+    for g in $(seq 0 $((GPUS - 1))); do  # character devices (/dev/null's numbers): SLURM binds only devices
+      [ -c "$STATE/$node/dev/nvidia$g" ] || { rm -f "$STATE/$node/dev/nvidia$g"; mknod "$STATE/$node/dev/nvidia$g" c 1 3; }
+    done
+    nodes_conf+="NodeName=$node NodeAddr=${ADDRS[$i]} NodeHostname=$node CPUs=$CPUS RealMemory=$MEM Gres=gpu:$GPUS State=UNKNOWN"$'\n'
+    gres_conf+="NodeName=$node Name=gpu File=$STATE/$node/dev/nvidia[0-$((GPUS - 1))]"$'\n'
+  done
+  printf '%s' "$gres_conf" > "$CONF_DIR/gres.conf"
+  cat > "$CONF_DIR/slurm.conf" <<CONF
+ClusterName=margrpo-test
+SlurmctldHost=$(hostname -s)($CTL_ADDR)
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$STATE/ctld
+SlurmdSpoolDir=$STATE/%n/spool
+SlurmctldPidFile=/run/slurmctld.pid
+SlurmdPidFile=/run/slurmd-%n.pid
+SlurmctldLogFile=$LOGS/slurmctld.log
+SlurmdLogFile=$LOGS/slurmd-%n.log
+SlurmdParameters=config_overrides
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+GresTypes=gpu
+ReturnToService=2
+MinJobAge=3600
+JobCompType=jobcomp/filetxt
+JobCompLoc=$LOGS/jobcomp.log
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+SchedulerType=sched/backfill
+${nodes_conf}PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP
+CONF
+  [ -s /etc/munge/munge.key ] || { mkdir -p /etc/munge; dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none; }
+  chown -R munge:munge /etc/munge /run/munge 2>/dev/null || true
+  chmod 400 /etc/munge/munge.key
+}
+
+start_node() {  # slurmd in the node's network namespace, with its own host name and /etc/hosts
+  local node=$1
+  pgrep -f "slurmd -N $node" >/dev/null && return
+  # nsenter, not `ip netns exec`: that remounts /sys, and slurmd needs the cgroup file system under it
+  nsenter --net="/run/netns/mg-$node" unshare --uts --mount --propagation private sh -c \
+    "hostname $node && mount --bind $STATE/hosts /etc/hosts && exec slurmd -N $node" </dev/null >/dev/null 2>&1
+}
+
+start() {
+  install
+  stop_daemons
+  network
+  configure
+  pgrep -x munged >/dev/null || runuser -u munge -- munged || munged --force
+  slurmctld </dev/null >/dev/null 2>&1
+  for node in "${NODES[@]}"; do start_node "$node"; done
+  for _ in $(seq 60); do
+    if [ "$(sinfo -h -N -o '%N %T' 2>/dev/null | grep -cE 'idle|mixed|alloc')" -eq "${#NODES[@]}" ]; then
+      sinfo -N -o '%N %T %c %m %G'; return 0
+    fi
+    for node in "${NODES[@]}"; do scontrol update nodename="$node" state=resume >/dev/null 2>&1 || true; done
+    sleep 1
+  done
+  echo "slurm-cluster: the nodes never became idle; see $LOGS/" >&2
+  sinfo -N >&2 || true
+  tail -20 "$LOGS"/slurmctld.log "$LOGS"/slurmd-*.log >&2 || true
+  return 1
+}
+
+stop_daemons() {
+  pkill -x slurmd || true
+  pkill -x slurmctld || true
+  for _ in $(seq 20); do pgrep -x slurmd >/dev/null || pgrep -x slurmctld >/dev/null || break; sleep 0.5; done
+}
+
+stop() {
+  stop_daemons
+  for node in "${NODES[@]}"; do ip netns del "mg-$node" 2>/dev/null || true; done
+  ip link del "$BRIDGE" 2>/dev/null || true
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  status) sinfo -N -o '%N %T %c %m %G' ;;
+  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+esac
