@@ -48,10 +48,26 @@ def test_save_load_round_trip_gives_identical_scores(saved):
     assert {p.name for p in path.iterdir()} >= {"config.json", "model.safetensors", "tokenizer"}
     assert json.loads((path / "config.json").read_text())["model_type"] == "toyclip"
     images, prompts, metadata = captioned_batch(6)
-    reward = ToyClipReward(path)
+    reward = ToyClipReward(path, batch_size=6)
+    model.fixed_text_length = True  # as the reward scores: prompts padded to the longest possible
     torch.testing.assert_close(reward(images, prompts, metadata), model.score(images, prompts), rtol=0, atol=0)
+    model.fixed_text_length = False
     reloaded = ToyClip.from_pretrained(path)
     torch.testing.assert_close(reloaded.score(images, prompts), model.score(images, prompts), rtol=0, atol=0)
+
+
+def test_an_images_score_does_not_depend_on_what_it_is_scored_with(saved):
+    """Scored in batches of one fixed size (the last padded), an image's reward is the same bits alone, in a
+    batch of 8 or split over processes: the learned scorers' convolutions round by batch size otherwise."""
+    _, path = saved
+    images, prompts, metadata = captioned_batch(8)
+    reward = ToyClipReward(path, batch_size=4)
+    whole = reward(images, prompts, metadata)
+    for size in (1, 2, 3, 5):
+        parts = [
+            reward(images[i : i + size], prompts[i : i + size], metadata[i : i + size]) for i in range(0, 8, size)
+        ]
+        assert torch.equal(torch.cat(parts), whole), size
 
 
 def test_reward_protocol_float32_per_image_in_cosine_range(saved):

@@ -23,9 +23,11 @@ class WordTokenizer:
         self.tokenizer = tokenizer
         self.tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")  # to the longest prompt of the batch, on the right
 
-    def __call__(self, prompts: list[str], max_length: int) -> dict[str, Tensor]:
-        """[CLS] + words, truncated to `max_length` tokens; pads get id 0 and mask 0."""
+    def __call__(self, prompts: list[str], max_length: int, fixed_length: bool = False) -> dict[str, Tensor]:
+        """[CLS] + words, truncated to `max_length` tokens; pads get id 0 and mask 0. `fixed_length`: every prompt
+        padded to `max_length` (a batch's shapes then never depend on its longest prompt)."""
         self.tokenizer.enable_truncation(max_length)
+        self.tokenizer.enable_padding(pad_id=0, pad_token="[PAD]", length=max_length if fixed_length else None)
         encodings = self.tokenizer.encode_batch(list(prompts))
         if not encodings:
             return {

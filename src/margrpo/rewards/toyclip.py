@@ -181,8 +181,10 @@ class ToyClip(nn.Module):
     def device(self) -> torch.device:
         return self.logit_scale.device
 
+    fixed_text_length = False  # set by the reward wrapper: shapes that never depend on the batch's prompts
+
     def tokenize(self, prompts: list[str]) -> dict[str, Tensor]:
-        batch = self.tokenizer(prompts, max_length=self.config.max_text_len)
+        batch = self.tokenizer(prompts, max_length=self.config.max_text_len, fixed_length=self.fixed_text_length)
         return {
             "input_ids": batch["input_ids"].to(self.device),
             "attention_mask": batch["attention_mask"].to(self.device),
@@ -295,13 +297,20 @@ class ToyClipReward:
     model_class = ToyClip
     name = "toyclip"
 
-    def __init__(self, path: str | Path, device: str | torch.device | None = None, batch_size: int = 256):
+    def __init__(self, path: str | Path, device: str | torch.device | None = None, batch_size: int = 16):
+        """`batch_size`: images are scored in batches of exactly this many (the last padded with copies of its last
+        image), their prompts padded to the longest possible, so that an image's score does not depend on what it
+        is scored with (oneDNN's convolutions round by batch size: 2e-7 between batches of 2 and 8,
+        docs/findings.md); a process count or a micro-batch split then changes no reward."""
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} must be >= 1")
         self.path = Path(path)
         self.device = None if device is None else torch.device(device)
         self.batch_size = batch_size
         self.model = self.model_class.from_pretrained(self.path, device=self.device or "cpu").requires_grad_(False)
+        for m in self.model.modules():  # prompts padded to the longest possible: the same shapes every batch
+            if isinstance(m, ToyClip):
+                m.fixed_text_length = True
 
     def score(self, images: Tensor, prompts: list[str]) -> Tensor:
         return self.model.score(images, prompts)
@@ -319,6 +328,10 @@ class ToyClipReward:
         with torch.no_grad():
             for i in range(0, len(prompts), self.batch_size):
                 chunk = images[i : i + self.batch_size].to(device=device, dtype=torch.float32).clamp(0, 1)
-                scores.append(self.score(chunk, prompts[i : i + self.batch_size]))  # [b]
+                texts, n = prompts[i : i + self.batch_size], len(chunk)
+                pad = self.batch_size - n
+                if pad:  # the same batch size every time: the same kernels, the same rounding
+                    chunk, texts = torch.cat([chunk, chunk[-1:].expand(pad, -1, -1, -1)]), texts + texts[-1:] * pad
+                scores.append(self.score(chunk, texts)[:n])  # [b]
         out = torch.cat(scores) if scores else torch.zeros(0)
         return out.to(device=images.device, dtype=torch.float32)
