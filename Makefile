@@ -49,4 +49,4 @@ evaluators:            ## the real-scale evaluator stack in its own venv (.venv-
 	bash scripts/install-evaluators.sh
 
 clean-results:
-	rm -rf results logs benchmarks/*/ .snakemake
+	rm -rf results logs timings .snakemake

@@ -31,7 +31,8 @@ import time
 import torch
 
 from margrpo.experiment.config import load_config
-from margrpo.grpo.rollout import SamplingConfig, ar_schedule, generate, replay, stochastic_steps
+from margrpo.grpo.replay import replay
+from margrpo.grpo.rollout import SamplingConfig, ar_schedule, generate, stochastic_steps
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, choose_steps
 from margrpo.infra.runtime import autocast, peak_memory_mb
 from margrpo.policy import ToyMAR, ToyMARConfig, load_policy

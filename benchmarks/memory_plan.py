@@ -637,7 +637,7 @@ def instrumented(ledger: Ledger, trainer, amp: CudaAutocast, steps: int | None, 
 
         return before, both()
 
-    saved = (module.autocast, module._subset, rollout_module.ar_schedule, rollout_module._Record.empty)
+    saved = (module.autocast, module.subset_rollout, rollout_module.ar_schedule, rollout_module._Record.empty)
     K = len(saved[2](trainer.policy, trainer.sampling))
     R = K if steps is None else max(steps, trainer.cfg.mask_steps)
     if chosen == "drawn":  # the rollout must reach the last AR step the trainer will draw
@@ -696,7 +696,7 @@ def instrumented(ledger: Ledger, trainer, amp: CudaAutocast, steps: int | None, 
     if chosen == "first":
         trainer.choose_steps = worst
     trainer.optimizer.register_step_post_hook(lambda *_: ledger.set_phase("after"))
-    module.autocast, module._subset, rollout_module.ar_schedule = cuda_policy, subset, schedule
+    module.autocast, module.subset_rollout, rollout_module.ar_schedule = cuda_policy, subset, schedule
     rollout_module._Record.empty = empty
     memory.forward_mode = forward_mode_with_amp
     for owner, _ in blocks:
@@ -704,7 +704,7 @@ def instrumented(ledger: Ledger, trainer, amp: CudaAutocast, steps: int | None, 
     try:
         yield K, R
     finally:
-        module.autocast, module._subset, rollout_module.ar_schedule = saved[:3]
+        module.autocast, module.subset_rollout, rollout_module.ar_schedule = saved[:3]
         rollout_module._Record.empty = saved[3]
         memory.forward_mode = forward_mode
         for owner, value in blocks:

@@ -121,6 +121,7 @@ def train(out: Path) -> None:
         val_every=2,
         sharding=SHARDING,
         ema_decay=ema,
+        lora={"rank": 4, "alpha": 8} if os.environ.get("LORA") else None,
     )
     rank = trainer.engine.rank
     if kill_at and rank == 1:

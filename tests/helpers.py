@@ -43,7 +43,8 @@ def replayed_ratios(policy, r):
     `full_steps`):
     (the replay, the PPO ratios of the committed trajectory's replayed tokens, those of every extra trajectory of every
     token predicted at an MTE step, or None without MTE)."""
-    from margrpo.grpo.rollout import recorded, replay, stochastic_steps
+    from margrpo.grpo.replay import recorded, replay
+    from margrpo.grpo.rollout import stochastic_steps
 
     T = stochastic_steps(r.sampling)
     ar = r.full_steps().nonzero().flatten()

@@ -4,6 +4,7 @@ listens on the loopback interface only, and one failing process stops the job.""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -136,12 +137,14 @@ def _initial(variant: str) -> list[torch.Tensor]:
     return [p.detach().clone() for p in policy.parameters()]
 
 
-@pytest.mark.parametrize("sharding", ["replicate", "full_shard"])
+@pytest.mark.parametrize("sharding", ["replicate", "full_shard", "full_shard+lora"])
 def test_only_rank_zero_writes_and_a_killed_run_resumes_to_the_same_result(tmp_path, sharding):
-    """Killed in step 3 (rank 1 SIGKILLed), the run resumes from the step-2 checkpoint with ONE process: the
-    checkpoints hold whole tensors and the optimizer state by parameter name, whatever wrote them (FSDP with an
-    EMA of the trained parameters: its shards are gathered too)."""
+    """Killed in step 3 (rank 1 SIGKILLed), the run resumes from the step-2 checkpoint with one process and with
+    two: the checkpoints hold whole tensors (torch's state-dict API) and the optimizer state by parameter name,
+    whatever wrote them (FSDP with an EMA of the trained parameters: its shards are gathered too)."""
+    sharding, lora = sharding.split("+")[0], "+lora" in sharding  # LoRA: adapters beside the state dict
     ema = {"EMA": "0.9"} if sharding == "full_shard" else {}
+    ema.update({"LORA": "1"} if lora else {})
     ok(torchrun(2, "train", tmp_path / "straight", SHARDING=sharding, **ema))
     writes = [json.loads((tmp_path / "straight" / f"writes-rank{r}.json").read_text()) for r in range(2)]
     assert any("trainer.pt" in w for w in writes[0]) and any("metrics.csv" in w for w in writes[0])
@@ -152,11 +155,15 @@ def test_only_rank_zero_writes_and_a_killed_run_resumes_to_the_same_result(tmp_p
     killed = torchrun(2, "train", tmp_path / "killed", KILL_AT_STEP="3", SHARDING=sharding, **ema)
     assert killed.returncode != 0 and not (tmp_path / "killed" / "params-rank0.pt").exists()
     assert (tmp_path / "killed" / "run" / "state" / "trainer.pt").exists()  # the step-2 checkpoint
+    shutil.copytree(tmp_path / "killed", tmp_path / "killed-2")
+    resumed_2 = torchrun(2, "train", tmp_path / "killed-2", SHARDING=sharding, **ema)
+    ok(resumed_2)
+    assert "resumed from" in resumed_2.stderr and "at step 2" in resumed_2.stderr
     resumed = torchrun(1, "train", tmp_path / "killed", **ema)
     ok(resumed)
     assert "resumed from" in resumed.stderr and "at step 2" in resumed.stderr
-    a, b = (torch.load(tmp_path / d / "params-rank0.pt") for d in ("straight", "killed"))
-    assert relative_error(b, a) < 1e-5
+    a, b, c = (torch.load(tmp_path / d / "params-rank0.pt") for d in ("straight", "killed", "killed-2"))
+    assert relative_error(b, a) < 1e-5 and relative_error(c, a) < 1e-6
     straight, again = ((tmp_path / d / "run" / "metrics.csv").read_text().splitlines() for d in ("straight", "killed"))
     assert len(again) == 5 and [r.split(",")[:2] for r in again[:3]] == [r.split(",")[:2] for r in straight[:3]]
     for x, y in zip(again[3:], straight[3:]):  # steps 3-4 on one process: the same numbers up to summation order

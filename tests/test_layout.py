@@ -213,3 +213,17 @@ def test_modules_and_functions_stay_short(path):
         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES
     ]
     assert not long, f"{path}: {long}"
+
+
+def test_the_trainer_asks_the_engine_about_processes():
+    """Issue 42: rank, world, the main process and the sharding are the engine's (grpo.engine); the trainer reads
+    none of them off an object of its own, imports no torch.distributed and names no rank or world. Strings (the
+    run hash leaves the `sharding` key out) do not count."""
+    tree = ast.parse((SRC / "margrpo/grpo/trainer.py").read_text())
+    attributes = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    assert not attributes & {"sharding", "world", "rank", "process_index", "num_processes", "is_main_process"}
+    assert not names & {"dist", "world", "rank"}
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not any(m.startswith("torch.distributed") or m.endswith("data_parallel") for m in imported), imported

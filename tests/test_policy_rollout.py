@@ -6,7 +6,8 @@ import pytest
 import torch
 from helpers import PROMPTS, assert_ratio_is_one, tiny_policy
 
-from margrpo.grpo.rollout import SamplingConfig, generate, recorded, replay, unknown_after_steps
+from margrpo.grpo.replay import recorded, replay
+from margrpo.grpo.rollout import SamplingConfig, generate, unknown_after_steps
 from margrpo.policy import load_policy
 
 SAMPLING = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=3.0, cfg_schedule="linear", temperature=0.9)

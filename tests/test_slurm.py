@@ -152,8 +152,8 @@ def test_a_single_node_job_is_one_task_with_its_gpus_and_runs_its_launcher_once(
     assert_same_first_update(workdir, "slurm-1node", "slurm-ref", 1e-5)
 
 
-def test_a_two_node_job_runs_torchrun_once_per_node_and_shards_across_them(workdir):
-    config = write_config(workdir / "two-nodes.yaml", "slurm-2node", 2, 2, "full_shard")
+def test_a_two_node_job_runs_torchrun_once_per_node_and_shards_within_nodes(workdir):
+    config = write_config(workdir / "two-nodes.yaml", "slurm-2node", 2, 2, "hybrid_shard")
     text, jobs = through_slurm(workdir, config, f"results/slurm-2node/{RUN}/summary.json")
     assert len(jobs) == 1, text[-3000:]
     job = job_record(jobs[0])
@@ -170,6 +170,7 @@ def test_a_two_node_job_runs_torchrun_once_per_node_and_shards_across_them(workd
     assert sorted(p for p, _, _ in processes) == ["0", "1", "2", "3"], log[-3000:]
     per_node = {h: sorted(local for _, host, local in processes if host == h) for h in ("node1", "node2")}
     assert per_node == {"node1": ["0", "1"], "node2": ["0", "1"]}, processes  # one torchrun of 2 on each node
+    assert "hybrid_shard over a device mesh of shape (2, 2)" in log, log[-3000:]  # HSDP: 2 nodes x 2 shards
     assert_same_first_update(workdir, "slurm-2node", "slurm-4local", 1e-5)  # the same 4 processes' batches
     assert_same_first_update(workdir, "slurm-2node", "slurm-ref", 0.05)  # 1 process: see the docstring
 

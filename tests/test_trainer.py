@@ -7,7 +7,8 @@ import pytest
 import torch
 from helpers import PROMPTS, tiny_policy
 
-from margrpo.grpo.rollout import SamplingConfig, generate, recorded, replay
+from margrpo.grpo.replay import recorded, replay
+from margrpo.grpo.rollout import SamplingConfig, generate
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, write_outputs
 from margrpo.prompts.suites import PromptSet
 

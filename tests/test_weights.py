@@ -128,3 +128,14 @@ def test_readme_table_is_the_weights_list():
     assert markdown_table() in readme
     for key in SOURCES:
         assert re.search(re.escape(f"`{key}"), readme), key
+
+
+def test_a_reward_models_folder_may_name_a_cached_repository(hub):
+    """The real scorers' model folders resolve through the same lookup (a file option, such as HPS's .pt, stays a
+    path): a cached repository is found, a missing one names the `hf download` command and the config key."""
+    from margrpo.rewards.real._common import _require_pretrained
+
+    snapshot = cache_repo(hub, "IDEA-Research/grounding-dino-tiny", {"config.json": b"{}", "model.safetensors": b""})
+    assert _require_pretrained("IDEA-Research/grounding-dino-tiny", "grounding_dino", "path", "hub") == snapshot
+    with pytest.raises(FileNotFoundError, match=r"reward_models\.git_vqa\.path: .*`hf download microsoft/git-large"):
+        _require_pretrained("microsoft/git-large-vqav2", "git_vqa", "path", "hub")

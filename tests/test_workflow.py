@@ -40,7 +40,7 @@ def snakemake(workdir, *args, configfile=REPO / "config/smoke.yaml"):
     return subprocess.run(cmd, capture_output=True, text=True, env=env)
 
 
-SMOKE_OUTPUTS = ("results", "logs", "benchmarks", ".snakemake")  # what a run leaves in its working directory
+SMOKE_OUTPUTS = ("results", "logs", "timings", ".snakemake")  # what a run leaves in its working directory
 
 
 def finished_smoke_run() -> bool:

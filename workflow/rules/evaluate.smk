@@ -18,7 +18,7 @@ rule sample:
     log:
         f"logs/{NAME}/sample/{{run}}.log",
     benchmark:
-        f"benchmarks/{NAME}/sample/{{run}}.tsv"
+        f"timings/{NAME}/sample/{{run}}.tsv"
     shell:
         "margrpo sample --policy {input.policy:q} --suite {input.suite:q} --sampling-json {params.sampling:q}"
         " --images-per-prompt {params.n:q} --max-prompts {params.max_prompts:q} --batch-size {params.batch:q}"
@@ -45,7 +45,7 @@ rule eval_compbench:
     log:
         f"logs/{NAME}/eval_compbench/{{run}}.log",
     benchmark:
-        f"benchmarks/{NAME}/eval_compbench/{{run}}.tsv"
+        f"timings/{NAME}/eval_compbench/{{run}}.tsv"
     shell:
         "margrpo eval-compbench --samples-dir {input.samples:q} --suite {input.suite:q}"
         " --images-per-prompt {params.n:q} --max-prompts {params.max_prompts:q} --evaluator {params.evaluator:q} --models-json {params.models:q}"
@@ -75,7 +75,7 @@ rule eval_preference:
     log:
         f"logs/{NAME}/eval_preference/{{run}}.log",
     benchmark:
-        f"benchmarks/{NAME}/eval_preference/{{run}}.tsv"
+        f"timings/{NAME}/eval_preference/{{run}}.tsv"
     shell:
         "margrpo eval-preference --samples-dir {input.samples:q} --suite {input.suite:q} --scorers {params.scorers:q}"
         " --images-per-prompt {params.n:q} --max-prompts {params.max_prompts:q}"

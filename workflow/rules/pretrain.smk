@@ -15,7 +15,7 @@ rule train_toyclip:
     log:
         f"logs/train_toyclip/{os.path.basename(TOYCLIP)}.log",
     benchmark:
-        f"benchmarks/train_toyclip/{os.path.basename(TOYCLIP)}.tsv"
+        f"timings/train_toyclip/{os.path.basename(TOYCLIP)}.tsv"
     shell:
         "margrpo train-toyclip --world {input.world:q} --config-json {params.cfg:q}"
         " --out-dir {output.model:q} --metrics {output.metrics:q} --threads {threads:q} > {log:q} 2>&1"
@@ -40,7 +40,7 @@ rule train_toypref:
     log:
         f"logs/train_toypref/{os.path.basename(TOYPREF)}.log",
     benchmark:
-        f"benchmarks/train_toypref/{os.path.basename(TOYPREF)}.tsv"
+        f"timings/train_toypref/{os.path.basename(TOYPREF)}.tsv"
     shell:
         "margrpo train-toypref --world {input.world:q} --toyclip-dir {input.toyclip:q} --config-json {params.cfg:q}"
         " --out-dir {output.model:q} --metrics {output.metrics:q} --threads {threads:q} > {log:q} 2>&1"
@@ -67,7 +67,7 @@ rule pretrain:
     log:
         "logs/pretrain/{pretrained}.log",
     benchmark:
-        "benchmarks/pretrain/{pretrained}.tsv"
+        "timings/pretrain/{pretrained}.tsv"
     shell:
         "margrpo pretrain --world {input.world:q} --eval-suite {input.suite:q} --policy-json {params.cfg:q}"
         " --out-dir {output.policy:q} --quality {output.quality:q} --samples-png {output.samples:q} --precision {params.precision:q}"
@@ -87,6 +87,6 @@ rule check_weights:
     log:
         "logs/check_weights/{weights}.log",
     benchmark:
-        "benchmarks/check_weights/{weights}.tsv"
+        "timings/check_weights/{weights}.tsv"
     shell:
         "margrpo check-weights --kind {params.kind:q} --path {params.path:q} --out {output:q} > {log:q} 2>&1"

@@ -23,7 +23,7 @@ rule pretrain_mask:
     log:
         "logs/pretrain_mask/toy-mask.log",
     benchmark:
-        "benchmarks/pretrain_mask/toy-mask.tsv"
+        "timings/pretrain_mask/toy-mask.tsv"
     shell:
         "margrpo pretrain-mask --world {input.world:q} --eval-suite {input.suite:q} --policy-json {params.cfg:q}"
         " --out-dir {output.policy:q} --quality {output.quality:q} --threads {threads:q} > {log:q} 2>&1"
@@ -49,7 +49,7 @@ rule distill_marval:
     log:
         "logs/distill_marval/toy-marval.log",
     benchmark:
-        "benchmarks/distill_marval/toy-marval.tsv"
+        "timings/distill_marval/toy-marval.tsv"
     shell:
         "margrpo distill-marval --teacher {input.teacher:q} --suites-dir {params.suites_dir:q} --policy-json {params.cfg:q}"
         " --out-dir {output.policy:q} --quality {output.quality:q} --threads {threads:q} > {log:q} 2>&1"
@@ -84,7 +84,7 @@ rule train_related:
     log:
         f"logs/{NAME}/train/{{relpolicy}}/{{reward}}/{{method}}/seed{{seed}}.log",
     benchmark:
-        f"benchmarks/{NAME}/train/{{relpolicy}}/{{reward}}/{{method}}/seed{{seed}}.tsv"
+        f"timings/{NAME}/train/{{relpolicy}}/{{reward}}/{{method}}/seed{{seed}}.tsv"
     shell:
         "margrpo {params.command} --policy-dir {input.policy:q} --suites-dir {params.suites_dir:q} --spec-json {params.spec:q}"
         " --toyclip-dir {params.toyclip:q} --toypref-dir {params.toypref:q} --seed {wildcards.seed:q} --out-dir {params.run_dir:q}"
@@ -109,7 +109,7 @@ rule table3:
     log:
         f"logs/{NAME}/report/table3.log",
     benchmark:
-        f"benchmarks/{NAME}/report/table3.tsv"
+        f"timings/{NAME}/report/table3.tsv"
     shell:
         report_cmd("table3")
 
@@ -135,6 +135,6 @@ rule fig_related_wallclock:
     log:
         f"logs/{NAME}/report/fig_related_wallclock.log",
     benchmark:
-        f"benchmarks/{NAME}/report/fig_related_wallclock.tsv"
+        f"timings/{NAME}/report/fig_related_wallclock.tsv"
     shell:
         report_cmd("related-wallclock")

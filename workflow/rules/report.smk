@@ -28,7 +28,7 @@ rule table1:
     log:
         f"logs/{NAME}/report/table1.log",
     benchmark:
-        f"benchmarks/{NAME}/report/table1.tsv"
+        f"timings/{NAME}/report/table1.tsv"
     shell:
         report_cmd("table1")
 
@@ -51,7 +51,7 @@ rule table2:
     log:
         f"logs/{NAME}/report/table2.log",
     benchmark:
-        f"benchmarks/{NAME}/report/table2.tsv"
+        f"timings/{NAME}/report/table2.tsv"
     shell:
         report_cmd("table2")
 
@@ -73,7 +73,7 @@ rule val_gain:
     log:
         f"logs/{NAME}/report/val_gain.log",
     benchmark:
-        f"benchmarks/{NAME}/report/val_gain.tsv"
+        f"timings/{NAME}/report/val_gain.tsv"
     shell:
         report_cmd("val-gain")
 
@@ -98,7 +98,7 @@ rule claims:
     log:
         f"logs/{NAME}/report/claims.log",
     benchmark:
-        f"benchmarks/{NAME}/report/claims.tsv"
+        f"timings/{NAME}/report/claims.tsv"
     shell:
         report_cmd("claims")
 
@@ -123,7 +123,7 @@ rule fig2_dynamics:
     log:
         f"logs/{NAME}/report/fig2_dynamics.log",
     benchmark:
-        f"benchmarks/{NAME}/report/fig2_dynamics.tsv"
+        f"timings/{NAME}/report/fig2_dynamics.tsv"
     shell:
         report_cmd("dynamics")
 
@@ -146,7 +146,7 @@ rule uncertainty_maps:
     log:
         f"logs/{NAME}/uncertainty_maps/maps.log",
     benchmark:
-        f"benchmarks/{NAME}/uncertainty_maps/maps.tsv"
+        f"timings/{NAME}/uncertainty_maps/maps.tsv"
     shell:
         "margrpo uncertainty --policy {input.policy:q} --suite {input.suite:q} --sampling-json {params.sampling:q}"
         " --prompts {params.n:q} --trajectories 4 --out {output:q} --threads {threads:q} > {log:q} 2>&1"
@@ -172,7 +172,7 @@ rule fig4_uncertainty:
     log:
         f"logs/{NAME}/report/fig4_uncertainty.log",
     benchmark:
-        f"benchmarks/{NAME}/report/fig4_uncertainty.tsv"
+        f"timings/{NAME}/report/fig4_uncertainty.tsv"
     shell:
         report_cmd("uncertainty")
 
@@ -197,7 +197,7 @@ rule fig6_samples:
     log:
         f"logs/{NAME}/report/fig6_samples.log",
     benchmark:
-        f"benchmarks/{NAME}/report/fig6_samples.tsv"
+        f"timings/{NAME}/report/fig6_samples.tsv"
     shell:
         report_cmd("samples")
 
@@ -219,7 +219,7 @@ rule artifacts:
     log:
         f"logs/{NAME}/report/artifacts.log",
     benchmark:
-        f"benchmarks/{NAME}/report/artifacts.tsv"
+        f"timings/{NAME}/report/artifacts.tsv"
     shell:
         report_cmd("artifacts")
 
@@ -244,7 +244,7 @@ rule fig7a_samples:
     log:
         f"logs/{NAME}/report/fig7a_samples.log",
     benchmark:
-        f"benchmarks/{NAME}/report/fig7a_samples.tsv"
+        f"timings/{NAME}/report/fig7a_samples.tsv"
     shell:
         report_cmd("ablation-samples")
 
@@ -269,7 +269,7 @@ rule fig7b_reward_curves:
     log:
         f"logs/{NAME}/report/fig7b_reward_curves.log",
     benchmark:
-        f"benchmarks/{NAME}/report/fig7b_reward_curves.tsv"
+        f"timings/{NAME}/report/fig7b_reward_curves.tsv"
     shell:
         report_cmd("ablation-curves")
 
@@ -294,6 +294,6 @@ rule fig7c_final_metric:
     log:
         f"logs/{NAME}/report/fig7c_final_metric.log",
     benchmark:
-        f"benchmarks/{NAME}/report/fig7c_final_metric.tsv"
+        f"timings/{NAME}/report/fig7c_final_metric.tsv"
     shell:
         report_cmd("ablation-final")

@@ -11,6 +11,6 @@ rule select_checkpoint:
     log:
         f"logs/{NAME}/select_checkpoint/{{run}}.log",
     benchmark:
-        f"benchmarks/{NAME}/select_checkpoint/{{run}}.tsv"
+        f"timings/{NAME}/select_checkpoint/{{run}}.tsv"
     shell:
         "margrpo select --summary {input:q} --step {params.step:q} --out {output:q} > {log:q} 2>&1"

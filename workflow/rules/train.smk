@@ -30,7 +30,7 @@ rule train:
     log:
         f"logs/{NAME}/train/{{policy}}/{{reward}}/{{variant}}/seed{{seed}}.log",
     benchmark:
-        f"benchmarks/{NAME}/train/{{policy}}/{{reward}}/{{variant}}/seed{{seed}}.tsv"
+        f"timings/{NAME}/train/{{policy}}/{{reward}}/{{variant}}/seed{{seed}}.tsv"
     shell:
         "{params.launch} train --policy-dir {input.policy:q} --suites-dir {params.suites_dir:q} --spec-json {params.spec:q}"
         " --toyclip-dir {params.toyclip:q} --toypref-dir {params.toypref:q} --seed {wildcards.seed:q} --out-dir {params.run_dir:q}"
@@ -63,7 +63,7 @@ rule train_ablation:
     log:
         f"logs/{NAME}/train_ablation/{{policy}}/{{reward}}/{ABLATIONS.wildcard_pattern}/seed{{seed}}.log",
     benchmark:
-        f"benchmarks/{NAME}/train_ablation/{{policy}}/{{reward}}/{ABLATIONS.wildcard_pattern}/seed{{seed}}.tsv"
+        f"timings/{NAME}/train_ablation/{{policy}}/{{reward}}/{ABLATIONS.wildcard_pattern}/seed{{seed}}.tsv"
     shell:
         "{params.launch} train --policy-dir {input.policy:q} --suites-dir {params.suites_dir:q} --spec-json {params.spec:q}"
         " --toyclip-dir {params.toyclip:q} --toypref-dir {params.toypref:q} --seed {wildcards.seed:q} --out-dir {params.run_dir:q}"

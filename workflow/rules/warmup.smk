@@ -21,7 +21,7 @@ rule warmup:
     log:
         "logs/warmup/{warmed}.log",
     benchmark:
-        "benchmarks/warmup/{warmed}.tsv"
+        "timings/warmup/{warmed}.tsv"
     shell:
         "margrpo warmup --policy-dir {input.policy:q} --world {input.world:q} --eval-suite {input.suite:q}"
         " --warmup-json {params.cfg:q} --sampling-json {params.sampling:q} --out-dir {output.policy:q} --quality {output.quality:q} --samples-png {output.samples:q}"

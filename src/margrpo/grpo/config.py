@@ -100,8 +100,10 @@ class GRPOConfig:
     def __post_init__(self):
         self.frozen, self.trackers = tuple(self.frozen), tuple(self.trackers)  # from JSON: lists
         check_trackers(self.trackers)
-        if self.sharding not in ("replicate", "full_shard", "shard_grad_op"):
-            raise ValueError(f"sharding must be replicate, full_shard or shard_grad_op, got {self.sharding!r}")
+        if self.sharding not in ("replicate", "full_shard", "shard_grad_op", "hybrid_shard"):
+            raise ValueError(
+                f"sharding must be replicate, full_shard, shard_grad_op or hybrid_shard, got {self.sharding!r}"
+            )
         if self.ema_decay is not None and not 0 < self.ema_decay < 1:
             raise ValueError(f"ema_decay must be in (0, 1) or null (no EMA), got {self.ema_decay}")
         for name, allowed in _CHOICES.items():

@@ -191,16 +191,30 @@ class Engine:
         if self.is_main:
             write(module)
 
-    def load_policy_state(self, module: nn.Module, state: dict[str, torch.Tensor] | None) -> None:
-        """Whole tensors (by name), read by the main process alone (`state` None elsewhere), into `module`: each
-        process keeps its share (torch's state-dict API)."""
+    def load_policy_state(self, module: nn.Module, loaded: nn.Module | None) -> None:
+        """The weights of `loaded` (a whole policy read by the main process alone; None elsewhere) into `module`,
+        each process keeping its share: torch's state-dict API (`set_model_state_dict`, broadcast from the main
+        process) for the state dict, the LoRA adapters, which the policies' state dicts leave out, beside it."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        if self.world == 1:
-            module.load_state_dict(state)
+        if self.world == 1:  # by name: the adapters and the base weights alike
+            tensors = _named_tensors(module)
+            with torch.no_grad():
+                for name, value in _named_tensors(loaded).items():
+                    tensors[name].copy_(value)
             return
-        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-        set_model_state_dict(module, state if self.is_main else {}, options=options)
+        if not adapter_tensors(module):
+            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+            set_model_state_dict(module, loaded.state_dict() if self.is_main else {}, options=options)
+            return
+        # LoRA: the adapters' load hooks rename what torch's loader matches by name, so tensor by tensor
+        source = _named_tensors(loaded) if self.is_main else {}
+        with torch.no_grad():
+            for name, like in _named_tensors(module).items():
+                full = source[name] if self.is_main else torch.empty(like.shape, dtype=like.dtype)
+                full = full.to(self._comm_device(), like.dtype).contiguous()
+                dist.broadcast(full, src=0)
+                _local(like).copy_(_local(_shard_like(full, like)))
 
     def full_tensors(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Whole CPU copies of tensors that may be shards (collective when sharded)."""
@@ -228,6 +242,16 @@ class Engine:
             return
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=self.world > 1)
         set_optimizer_state_dict(model, optimizer, state if self.is_main or self.world == 1 else {}, options=options)
+
+
+def adapter_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The LoRA adapters' parameters by name (policy.memory), which a policy's state dict leaves out: it holds the
+    base weights under their own names."""
+    return {n: p for n, p in module.named_parameters() if ".lora_" in n}
+
+
+def _named_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {**dict(module.named_buffers()), **dict(module.named_parameters())}
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

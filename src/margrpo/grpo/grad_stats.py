@@ -18,8 +18,8 @@ class MicroBatchGradStats:
     which matters at 0.6-2.3B AR parameters.
 
     With several processes the engines report the local squares (grpo.engine) and the gradients may be
-    shards (DTensors): ||G|| is then summed over the shards by `reduce` (the engine's sum over processes). `exact` False (an FSDP group reduced twice in one
-    micro-batch) makes the variance NaN rather than wrong.
+    shards (DTensors): ||G|| is then summed over the shards by `reduce` (the engine's sum over processes).
+    `exact` False (an FSDP group reduced twice in one micro-batch) makes the variance NaN rather than wrong.
     """
 
     def __init__(

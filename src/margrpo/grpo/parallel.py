@@ -2,30 +2,23 @@
 
 `parallelize` takes a policy whose trained parameters are already chosen (`requires_grad`) and returns the
 `Engine` (grpo.engine) that the trainer drives the same way whatever the sharding (`policies.<name>.sharding`):
+`replicate` is DistributedDataParallel around a thin module whose forward is the trainer's micro-batch loss
+(`LossModule`: DDP synchronises only passes through its wrapper's forward, and a MAR policy is driven through its
+methods); `full_shard`, `shard_grad_op` and `hybrid_shard` are FSDP2 (`fully_shard`) on the groups the module
+tree gives (`shard_units`), with the policy's interface methods registered as forward methods and the frozen
+encoders left whole (`ignored_params`). Both sum gradients over processes, so N processes take the step one
+process takes on the whole batch.
 
-- `replicate`: DistributedDataParallel. DDP synchronises gradients only for passes through its wrapper's
-  `forward`, while a MAR policy is driven through its methods (`ar_forward`, `head`, ...), so DDP wraps a thin
-  module (`LossModule`) whose forward is the trainer's micro-batch loss; the policy is its child.
-- `full_shard` (ZeRO-3) / `shard_grad_op` (ZeRO-2): FSDP2 (`fully_shard`) on every block of the policy's
-  `nn.ModuleList`s, on the children of each module that holds only head parameters, then on the policy itself
-  with its interface methods registered as forward methods (`root_methods`). Frozen parameters outside the AR
-  and the head (text encoder, VAE) are left out (`ignored_params`): whole on every GPU.
-
-Both sum gradients over processes (each process's loss is its share of the batch loss): N processes take the
-step one process takes on the whole batch. With one process nothing is wrapped and nothing communicates.
-
-The micro-batch gradient statistic (Fig. 2a / 5) needs each micro-batch's *local* gradient, which both engines
-reduce inside backward. DDP: the trainer accumulates micro-batches under `no_sync`, where the local gradient is
-in `.grad`, and the last one's is read in DDP's communication hook, before its all-reduce. FSDP: every
-micro-batch is reduced (sharded gradients accumulate) and its local gradient is read as the input of FSDP's
-reduce-scatter (`set_custom_reduce_scatter`), summed over the parts in which FSDP reduces a group
-(`LocalSquares`). What FSDP does not let us read exactly (a group reduced in parts of different layouts) makes
-the statistic NaN rather than wrong (docs/real-scale.md, "What the engines cannot do").
+The micro-batch gradient statistic (Fig. 2a / 5) needs each micro-batch's local gradient, which both engines
+reduce inside backward: DDP's communication hook reads it before its all-reduce, FSDP's custom reduce-scatter
+reads it as its input (`LocalSquares`). What cannot be read exactly makes the statistic NaN, never wrong
+(docs/real-scale.md, "What the engines cannot do").
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 
@@ -33,9 +26,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from margrpo.grpo.engine import Engine, distributed
+from margrpo.grpo.engine import Engine, adapter_tensors, distributed
 
-SHARDINGS = ("replicate", "full_shard", "shard_grad_op")
+SHARDINGS = ("replicate", "full_shard", "shard_grad_op", "hybrid_shard")
 # the interface methods that use the policy's own (root) parameters: FSDP must all-gather around each
 FORWARD_METHODS = ("encode_prompts", "prepare_condition", "null_condition", "ar_forward", "head", "encode", "decode")
 
@@ -95,16 +88,17 @@ class FSDPEngine(Engine):
         device: torch.device,
     ):
         super().__init__(policy, device)
-        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
         # the main process's plain twin of the policy on the meta device, for writing checkpoints (`save_policy`)
         self.skeleton = meta_twin(policy) if self.is_main else None
-        self.mesh = init_device_mesh(device.type, (self.world,))
+        self.mesh = fsdp_mesh(sharding, self.world, device)
+        if self.is_main:
+            logging.getLogger(__name__).info("%s over a device mesh of shape %s", sharding, tuple(self.mesh.shape))
         bf16 = mixed_precision == "bf16" and device.type == "cuda"  # on CPU the toy runs in fp32
         self.kwargs = dict(
             mesh=self.mesh,
-            reshard_after_forward=sharding == "full_shard",
+            reshard_after_forward=sharding in ("full_shard", "hybrid_shard"),
             mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
             if bf16
             else MixedPrecisionPolicy(),
@@ -155,6 +149,7 @@ class FSDPEngine(Engine):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        adapters = self.full_tensors(adapter_tensors(module))  # LoRA: left out of the state dict (policy.memory)
         if not self.is_main:
             return
         buffers = {k: v.detach().cpu() for k, v in module.named_buffers() if k not in state}  # non-persistent
@@ -162,6 +157,9 @@ class FSDPEngine(Engine):
         for name, value in buffers.items():
             owner, _, leaf = name.rpartition(".")
             self.skeleton.get_submodule(owner)._buffers[leaf] = value
+        for name, value in adapters.items():
+            owner, _, leaf = name.rpartition(".")
+            self.skeleton.get_submodule(owner)._parameters[leaf] = nn.Parameter(value, requires_grad=False)
         try:
             write(self.skeleton)
         finally:
@@ -307,6 +305,22 @@ def _counts_for_statistic(module: nn.Module, others: list[nn.Module], trained: s
             "trained ones; the statistic reads whole groups"
         )
     return bool(hits)
+
+
+def fsdp_mesh(sharding: str, world: int, device: torch.device):
+    """FSDP's device mesh: every process one shard (`full_shard`, `shard_grad_op`), or for `hybrid_shard` (HSDP)
+    a 2-D mesh of nodes x processes per node: shards within a node, replicas across nodes, so that the per-block
+    all-gathers stay on the node's fast links and only the gradients' all-reduce crosses nodes."""
+    import os
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if sharding != "hybrid_shard":
+        return init_device_mesh(device.type, (world,))
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # torchrun's processes on this node
+    if world % per_node:
+        raise ValueError(f"hybrid_shard: {world} processes are not whole nodes of {per_node}")
+    return init_device_mesh(device.type, (world // per_node, per_node), mesh_dim_names=("replicate", "shard"))
 
 
 def meta_twin(module: nn.Module) -> nn.Module:

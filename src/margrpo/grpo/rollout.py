@@ -91,7 +91,8 @@ def ar_schedule(policy: MARPolicy, sampling: SamplingConfig) -> list[int]:
 
 
 def cfg_scales(sampling: SamplingConfig, seq_len: int, schedule: list[int]) -> list[float]:
-    """CFG scale per AR step of `schedule` (unknown_after_steps): constant, or MAR's linear ramp in the committed fraction."""
+    """CFG scale per AR step of `schedule` (unknown_after_steps): constant, or MAR's linear ramp in the committed
+    fraction."""
     s = sampling.cfg_scale
     if sampling.cfg_schedule == "constant":
         return [s] * len(schedule)
@@ -223,13 +224,13 @@ def _kept(rows: Tensor, keep: Tensor | None) -> Tensor:
     return rows if keep is None else rows[keep.to(rows.device)]
 
 
-def _conditions(policy: MARPolicy, prompts: list[str], group_size: int, guided: bool):
+def prompt_conditions(policy: MARPolicy, prompts: list[str], group_size: int, guided: bool):
     cond = policy.prepare_condition(policy.encode_prompts(prompts)).repeat(group_size)
     uncond = policy.prepare_condition(policy.null_condition(len(cond))) if guided else None
     return cond, uncond
 
 
-def _ar(policy, tokens, known, cond: TextCondition, uncond: TextCondition | None):
+def ar_pass(policy, tokens, known, cond: TextCondition, uncond: TextCondition | None):
     """z for the conditional and (if guided) unconditional branch in one transformer pass."""
     if uncond is None:
         return policy.ar_forward(tokens, known, cond), None
@@ -354,7 +355,7 @@ def generate(
         L, D = policy.seq_len, policy.token_dim
         sampler = make_sampler(policy, sampling)
         scales = cfg_scales(sampling, L, schedule)
-        cond, uncond = _conditions(policy, prompts, group_size, guided=sampling.cfg_scale != 1.0)
+        cond, uncond = prompt_conditions(policy, prompts, group_size, guided=sampling.cfg_scale != 1.0)
         streams = _streams(len(prompts), generator, mte_generator)
         orders = torch.cat([_draw_orders(st.count, group_size, L, st.generator, shared_order) for st in streams]).to(
             device
@@ -362,51 +363,70 @@ def generate(
         N, S1 = len(orders), trajectories - 1
         rec = _Record.empty(len(schedule), sampling.diffusion_steps, N, L, D, S1, mte_steps, device)
         full = _full_steps(len(schedule), full_steps, rec.mte_steps if S1 else None)
-        rank = torch.argsort(orders, dim=1)  # rank[n, j] = when token j is generated
-        tokens = torch.zeros(N, L, D, device=device)
-        known = torch.zeros(N, L, dtype=torch.bool, device=device)
-        for k, (before, left) in enumerate(zip([L] + schedule, schedule)):  # unknown tokens before / after step k
-            rec.known[k] = known
-            rec.committed[k] = (rank >= L - before) & (rank < L - left)  # [N, L]
-            z_c, z_u = _ar(policy, tokens, known, cond, uncond)  # [N, L, W]
-            rows = (~known).nonzero(as_tuple=True)  # every still-unknown token is predicted (completion mask)
-            parts = _split_rows(rows, streams, group_size)
-            xs = [
-                _initial_noise(sampler, r, st, group_size if shared_noise else None, L, D, device)
-                for r, st in zip(parts, streams)
-            ]
-            _denoise_step(
-                policy,
-                sampler,
-                rec,
-                k,
-                parts,
-                bool(full[k]),
-                xs,
-                z_c,
-                z_u,
-                float(scales[k]),
-                sampling.temperature,
-                streams,
-            )
-            tokens = torch.where(rec.committed[k][..., None], rec.states[k, -1], tokens)
-            known = known | rec.committed[k]
-        return Rollout(
-            prompts=[p for p in prompts for _ in range(group_size)],
-            latents=tokens,
-            images=policy.decode(tokens),
-            orders=orders,
-            known=rec.known,
-            committed=rec.committed,
-            states=rec.states,
-            log_probs=rec.log_probs,
-            cfg=torch.tensor(scales),
-            sampling=sampling,
-            mte_steps=None if rec.mte_steps is None else rec.mte_steps.to(device),
-            mte_states=rec.mte_states,
-            mte_log_probs=rec.mte_log_probs,
-            full=None if full_steps is None else full.to(device),
+        tokens = _ar_steps(
+            policy, sampler, sampling, rec, full, streams, orders, (cond, uncond), scales, group_size, shared_noise
         )
+        return _as_rollout(policy, prompts, group_size, tokens, orders, rec, scales, sampling, full, full_steps)
+
+
+def _as_rollout(policy, prompts, group_size, tokens, orders, rec, scales, sampling, full, full_steps) -> Rollout:
+    """The finished record as a `Rollout`, the images decoded from the final latents."""
+    device = tokens.device
+    return Rollout(
+        prompts=[p for p in prompts for _ in range(group_size)],
+        latents=tokens,
+        images=policy.decode(tokens),
+        orders=orders,
+        known=rec.known,
+        committed=rec.committed,
+        states=rec.states,
+        log_probs=rec.log_probs,
+        cfg=torch.tensor(scales),
+        sampling=sampling,
+        mte_steps=None if rec.mte_steps is None else rec.mte_steps.to(device),
+        mte_states=rec.mte_states,
+        mte_log_probs=rec.mte_log_probs,
+        full=None if full_steps is None else full.to(device),
+    )
+
+
+def _ar_steps(
+    policy, sampler, sampling, rec, full, streams, orders, conds, scales, group_size, shared_noise
+) -> Tensor:
+    """Every AR step of a rollout into `rec`: the AR pass, the head's trajectories of the still-unknown tokens (every
+    one at the steps in `full`), and the commitment of the step's tokens. Returns the final latents [N, L, D]."""
+    (N, L), D, device = orders.shape, policy.token_dim, orders.device
+    schedule = ar_schedule(policy, sampling)
+    rank = torch.argsort(orders, dim=1)  # rank[n, j] = when token j is generated
+    tokens = torch.zeros(N, L, D, device=device)
+    known = torch.zeros(N, L, dtype=torch.bool, device=device)
+    for k, (before, left) in enumerate(zip([L] + schedule, schedule)):  # unknown tokens before / after step k
+        rec.known[k] = known
+        rec.committed[k] = (rank >= L - before) & (rank < L - left)  # [N, L]
+        z_c, z_u = ar_pass(policy, tokens, known, *conds)  # [N, L, W]
+        rows = (~known).nonzero(as_tuple=True)  # every still-unknown token is predicted (completion mask)
+        parts = _split_rows(rows, streams, group_size)
+        xs = [
+            _initial_noise(sampler, r, st, group_size if shared_noise else None, L, D, device)
+            for r, st in zip(parts, streams)
+        ]
+        _denoise_step(
+            policy,
+            sampler,
+            rec,
+            k,
+            parts,
+            bool(full[k]),
+            xs,
+            z_c,
+            z_u,
+            float(scales[k]),
+            sampling.temperature,
+            streams,
+        )
+        tokens = torch.where(rec.committed[k][..., None], rec.states[k, -1], tokens)
+        known = known | rec.committed[k]
+    return tokens
 
 
 def _full_steps(K: int, full_steps, mte_steps: Tensor | None) -> Tensor:
@@ -483,179 +503,4 @@ def _store_extra(rows, S1, traj, lp, mte_states, mte_log_probs):
     mte_log_probs[:, :, rows[0], rows[1]] = lp.view(-1, S1, R).transpose(0, 1)
 
 
-@dataclass
-class Replay:
-    """Recomputed quantities at chosen (AR step, diffusion step) pairs: M AR steps x U diffusion steps."""
-
-    log_prob: Tensor  # [M, U, N, L] (0 where the token was known)
-    mean: Tensor  # [M, U, N, L, D]
-    std: Tensor  # [M, U, N, L, 1 or D]
-    mask: Tensor  # [M, U, N, L] bool: unknown token at a stochastic step (the completion mask)
-    mte_log_prob: Tensor | None = (
-        None  # [M, S-1, U, N, L] (0 where not replayed: no MTE at that step, or outside mte_tokens)
-    )
-
-
-@dataclass
-class _Rows:
-    """Recorded transitions x_t -> x_prev to score: diffusion step `t` of chosen AR step `m`, token (`n`, `l`);
-    `index` places each row's result in its dense output."""
-
-    x_t: Tensor
-    x_prev: Tensor
-    t: Tensor
-    m: Tensor
-    n: Tensor
-    l: Tensor  # noqa: E741
-    index: tuple[Tensor, ...]
-
-
-def replay(
-    policy: MARPolicy,
-    rollout: Rollout,
-    ar_steps: Tensor,
-    diff_steps: Tensor,
-    *,
-    logprob_cfg: str = "exact",
-    with_mte: bool = False,
-    mte_tokens: Tensor | None = None,
-    chunk_rows: int = 1 << 16,
-) -> Replay:
-    """Recompute log-probs of the recorded transitions at the chosen steps, batched (DESIGN 3.3).
-
-    ar_steps: LongTensor [M]; diff_steps: LongTensor [M, U] (stochastic steps only). Gradients flow
-    to whatever parameters require them. `logprob_cfg="cond_only"` scores with the conditional branch
-    alone (the official shortcut; the ratio is then not 1 at unchanged parameters).
-    `mte_tokens` [K, N, L] bool limits the extra MTE trajectories of AR step k to those tokens (the
-    uncertainty mask M^k: Eq. 10 uses no other); their other entries of `mte_log_prob` are left 0.
-    """
-    if logprob_cfg not in ("exact", "cond_only"):
-        raise ValueError(f"Unknown logprob_cfg: {logprob_cfg!r}; expected 'exact' or 'cond_only'")
-    ar_steps, diff_steps = (
-        ar_steps.to(rollout.latents.device),
-        diff_steps.to(rollout.latents.device),
-    )  # they index its tensors
-    rollout.require_full(ar_steps, "replay")
-    with deterministic(policy):
-        sampler = make_sampler(policy, rollout.sampling)
-        M, U = diff_steps.shape
-        N, L, D = rollout.latents.shape
-        unknown = ~rollout.known[ar_steps]  # [M, N, L]
-        guided = rollout.sampling.cfg_scale != 1.0 and logprob_cfg == "exact"
-        z_c, z_u = _chosen_step_conditions(policy, rollout, ar_steps, guided)
-        groups = [_committed_rows(rollout, ar_steps, diff_steps, unknown)]
-        S1 = rollout.trajectories - 1
-        if with_mte and S1:
-            groups.append(_mte_rows(rollout, ar_steps, diff_steps, unknown, mte_tokens))
-        lp, mean, std = _score_rows(policy, sampler, rollout, ar_steps, z_c, z_u, groups, chunk_rows)
-        device = rollout.latents.device
-        committed = groups[0].index
-        stochastic = sampler.is_stochastic(diff_steps.reshape(-1)).view(M, U).to(device)
-        return Replay(
-            log_prob=torch.zeros(M, U, N, L, device=device).index_put(committed, lp[0]),
-            mean=torch.zeros(M, U, N, L, D, device=device).index_put(committed, mean[0]),
-            std=torch.ones(M, U, N, L, D, device=device).index_put(committed, std[0]),
-            mask=unknown[:, None].expand(M, U, N, L) & stochastic[:, :, None, None],
-            mte_log_prob=torch.zeros(M, S1, U, N, L, device=device).index_put(groups[1].index, lp[1])
-            if len(groups) > 1
-            else None,
-        )
-
-
-def _chosen_step_conditions(policy: MARPolicy, rollout: Rollout, ar_steps: Tensor, guided: bool):
-    """z of every chosen AR step, conditional and (if guided) unconditional, in one transformer pass: [M, N, L, W]."""
-    N, L, D = rollout.latents.shape
-    M = len(ar_steps)
-    cond = policy.prepare_condition(policy.encode_prompts(rollout.prompts))  # with gradients: once per image
-    uncond = policy.prepare_condition(policy.null_condition(N)) if guided else None
-    known = rollout.known[ar_steps]  # [M, N, L]
-    tokens = torch.where(known[..., None], rollout.latents[None], torch.zeros_like(rollout.latents[None]))
-    z_c, z_u = _ar(
-        policy,
-        tokens.reshape(M * N, L, D),
-        known.reshape(M * N, L),
-        cond.tile(M),
-        None if uncond is None else uncond.tile(M),
-    )
-    return z_c.view(M, N, L, -1), None if z_u is None else z_u.view(M, N, L, -1)
-
-
-def _committed_rows(rollout: Rollout, ar_steps: Tensor, diff_steps: Tensor, unknown: Tensor) -> _Rows:
-    """Every unknown token of every chosen AR step at every chosen diffusion step (the completion mask)."""
-    M, U = diff_steps.shape
-    m, u, n, l = unknown[:, None].expand(M, U, *unknown.shape[1:]).nonzero(as_tuple=True)  # noqa: E741
-    k, t = ar_steps[m], diff_steps[m, u]
-    return _Rows(rollout.states[k, t, n, l], rollout.states[k, t + 1, n, l], t, m, n, l, index=(m, u, n, l))
-
-
-def _mte_rows(
-    rollout: Rollout, ar_steps: Tensor, diff_steps: Tensor, unknown: Tensor, mte_tokens: Tensor | None
-) -> _Rows:
-    """The extra trajectories' transitions at the chosen AR steps that have them (within `mte_tokens`)."""
-    M, U = diff_steps.shape
-    S1 = rollout.trajectories - 1
-    slots = rollout.mte_slots()[ar_steps.to(unknown.device)]  # [M], -1: no extra trajectories at that step
-    extra = unknown & (slots >= 0)[:, None, None]  # [M, N, L]
-    if mte_tokens is not None:
-        extra = extra & mte_tokens.to(unknown.device)[ar_steps]
-    m, s, u, n, l = extra[:, None, None].expand(M, S1, U, *unknown.shape[1:]).nonzero(as_tuple=True)  # noqa: E741
-    t, slot = diff_steps[m, u], slots[m]
-    return _Rows(
-        rollout.mte_states[slot, s, t, n, l],
-        rollout.mte_states[slot, s, t + 1, n, l],
-        t,
-        m,
-        n,
-        l,
-        index=(m, s, u, n, l),
-    )
-
-
-def _score_rows(
-    policy: MARPolicy,
-    sampler: Sampler,
-    rollout: Rollout,
-    ar_steps: Tensor,
-    z_c: Tensor,
-    z_u: Tensor | None,
-    groups: list[_Rows],
-    chunk_rows: int,
-) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
-    """Every row of every group through the head in as few passes as memory allows: (log-prob, mean, std) per group."""
-    device = rollout.latents.device
-    sizes = [len(g.t) for g in groups]
-    x_t, x_prev, t, m, n, l = (
-        torch.cat([getattr(g, f) for g in groups]) for f in ("x_t", "x_prev", "t", "m", "n", "l")
-    )  # noqa: E741
-    lp, mean, std = [], [], []
-    for a in range(0, len(t), chunk_rows):
-        b = slice(a, a + chunk_rows)
-        scale = rollout.cfg[ar_steps[m[b]].cpu()].to(device)
-        zu = None if z_u is None else z_u[m[b], n[b], l[b]]
-        out = guided_output(policy, x_t[b], sampler.model_time(t[b]).to(device), z_c[m[b], n[b], l[b]], zu, scale)
-        step = sampler.step(out.float(), t[b], x_t[b], prev_sample=x_prev[b], temperature=rollout.sampling.temperature)
-        (
-            lp.append(step.log_prob),
-            mean.append(step.mean),
-            std.append(step.std.expand(-1, step.mean.shape[-1]) if step.std.dim() == 2 else step.std),
-        )
-    if not lp:  # no rows at all
-        D = x_t.shape[-1]
-        lp, mean, std = [x_t.new_zeros(0)], [x_t.new_zeros(0, D)], [x_t.new_zeros(0, D)]
-    return tuple(list(torch.cat(v).float().split(sizes)) for v in (lp, mean, std))
-
-
-def recorded(rollout: Rollout, ar_steps: Tensor, diff_steps: Tensor) -> tuple[Tensor, Tensor | None]:
-    """The rollout's own log-probs at the chosen steps: [M, U, N, L] and MTE [M, S-1, U, N, L]
-    (0 at steps without extra trajectories)."""
-    rollout.require_full(ar_steps, "the recorded log-probs")
-    lp = rollout.log_probs[ar_steps[:, None], diff_steps]  # [M, U, N, L]
-    mte = None
-    if rollout.mte_log_probs is not None:
-        slots = rollout.mte_slots()[ar_steps.to(rollout.known.device)]  # [M]
-        per_step = rollout.mte_log_probs[slots.clamp(min=0)]  # [M, S-1, T, N, L]
-        mte = per_step[
-            torch.arange(len(slots), device=per_step.device)[:, None], :, diff_steps.to(per_step.device)
-        ].permute(0, 2, 1, 3, 4)  # [M, S-1, U, N, L]
-        mte = mte * (slots >= 0).to(mte.dtype)[:, None, None, None, None]
-    return lp, mte
+# replay lives in grpo.replay; re-exported here, where the trainer and the tests have always found it

@@ -8,19 +8,18 @@ the frozen reference -> one optimizer step. Variants (grpo / fix / mte / sim) ar
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import math
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
+from margrpo.grpo.checkpoints import resume_state, save_state
 from margrpo.grpo.config import GRPOConfig
 from margrpo.grpo.engine import Engine
 from margrpo.grpo.functions import (
@@ -36,91 +35,27 @@ from margrpo.grpo.functions import (
 )
 from margrpo.grpo.grad_stats import MicroBatchGradStats
 from margrpo.grpo.parallel import parallelize, shard_reference
+from margrpo.grpo.replay import recorded, replay
 from margrpo.grpo.rollout import (
     Rollout,
     SamplingConfig,
     ar_schedule,
     generate,
     make_sampler,
-    recorded,
-    replay,
     stochastic_steps,
 )
-from margrpo.grpo.run_loop import RunState, clear_written_state, write_run_outputs
-from margrpo.grpo.streams import VAL_SEED, group_generators, step_generator
-from margrpo.infra.io import InputError, checked_path, refuse_symlink, space_named, spec_hash, verify_checksums
-from margrpo.infra.runtime import EMA, autocast, end_trackers, log_image_grid, peak_memory_mb, start_trackers
+from margrpo.grpo.run_loop import RunState, write_run_outputs
+from margrpo.grpo.step_batch import StepBatch, Update, choose_steps, combine_chunk_stats, subset_rollout
+from margrpo.grpo.streams import group_generators, step_generator
+from margrpo.grpo.validation import RewardFn, validate
+from margrpo.infra.io import refuse_symlink, spec_hash
+from margrpo.infra.runtime import EMA, autocast, end_trackers, peak_memory_mb, start_trackers
 from margrpo.policy.base import MARPolicy
-from margrpo.policy.memory import adapter_parameters, adapters_disabled, add_lora, save_adapters
+from margrpo.policy.memory import adapter_parameters, adapters_disabled, add_lora
 from margrpo.prompts.suites import PromptSet
 
 RUN_NAME = "grpo"  # the trackers' run: <out>/tb/grpo/
 log = logging.getLogger(__name__)
-RewardFn = Callable[[torch.Tensor, list[str], list[dict]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
-
-
-@dataclass
-class StepBatch:
-    """One step's rollout, split into micro-batches, and what the loss needs from it."""
-
-    rollout: Rollout
-    subs: list[Rollout]  # the rollout restricted to each micro-batch's images
-    rows: tuple[torch.Tensor, ...]  # each micro-batch's image indices
-    rewards: torch.Tensor  # [N]
-    components: dict[str, torch.Tensor]  # each reward term [N], for logging
-    adv: torch.Tensor  # [N] group advantages
-    frac_zero: float  # share of groups whose rewards have zero spread
-    ar: torch.Tensor  # [M] chosen AR steps
-    diff: torch.Tensor  # [M, U] chosen diffusion steps
-    mte_mask: torch.Tensor | None  # [K, N, L] M^k (Eq. 10)
-    sim_keep: torch.Tensor | None  # [K, N, L] Sim keep-weights (Eq. 11)
-
-    def pick(self, x: torch.Tensor | None, c: int) -> torch.Tensor | None:
-        """A [K, N, L] mask restricted to micro-batch c's images."""
-        return None if x is None else x[:, self.rows[c]]
-
-
-@dataclass
-class Update:
-    """One optimizer step: chosen AR steps [M_u], diffusion steps [M_u, U], and log_prob_old per micro-batch
-    (None: read off the update's own pass, the parameters being still those of the rollout)."""
-
-    ar: torch.Tensor
-    diff: torch.Tensor
-    old: list[tuple[torch.Tensor, torch.Tensor | None] | None]
-
-
-def choose_steps(
-    ar_steps: int, stochastic: int, mask_steps: int, diffusion_steps: int, g: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """|M| = mask_steps of the K = ar_steps AR steps and, for each, |T| = diffusion_steps of the
-    stochastic diffusion steps, uniformly without replacement (DESIGN 3.3): [M] and [M, U], sorted."""
-    ar = torch.randperm(ar_steps, generator=g)[:mask_steps].sort().values
-    diff = torch.stack([torch.randperm(stochastic, generator=g)[:diffusion_steps].sort().values for _ in ar])
-    return ar, diff
-
-
-@torch.no_grad()
-def validation_batch(
-    policy: MARPolicy,
-    reward_fn: RewardFn,
-    val: PromptSet,
-    a: int,
-    n: int,
-    sampling: SamplingConfig,
-    images: int,
-    precision: str,
-) -> tuple[list[float], torch.Tensor]:
-    """Scores of validation prompts a .. min(n, a + 8) - 1 (each the mean over its `images` images) and the images.
-    The noise comes from VAL_SEED + a alone, so every run, method and step that samples through `generate`
-    sees the same noise: differences between them are paired (common random numbers)."""
-    prompts, meta = val.prompts[a : min(n, a + 8)], val.metadata[a : min(n, a + 8)]
-    with autocast(policy.device, precision):
-        r = generate(
-            policy, prompts, sampling, group_size=images, generator=torch.Generator().manual_seed(VAL_SEED + a)
-        )
-    reward = reward_fn(r.images, r.prompts, [m for m in meta for _ in range(images)])[0]
-    return reward.view(len(prompts), images).mean(1).tolist(), r.images
 
 
 class GRPOTrainer:
@@ -161,29 +96,7 @@ class GRPOTrainer:
                 f"diffusion_steps |T| = {config.diffusion_steps} exceeds the {stochastic_steps(sampling)} "
                 "stochastic steps; lower grpo.diffusion_steps"
             )
-        if config.gradient_checkpointing:
-            self.policy.set_gradient_checkpointing(True)
-        if config.lora:
-            add_lora(self.policy, config.lora)
-        head = set(map(id, self.policy.head_parameters()))
-        trained = (set() if config.freeze_ar else set(map(id, self.policy.ar_parameters()))) | (
-            set() if config.freeze_head else head
-        )
-        if config.lora:  # the adapters alone
-            trained = set(map(id, adapter_parameters(self.policy)))
-        names = [n for n, _ in self.policy.named_parameters()]
-        for prefix in config.frozen:
-            if not any(n.startswith(prefix) for n in names):
-                raise ValueError(
-                    f"frozen: no parameter name of {type(policy).__name__} starts with {prefix!r} "
-                    f"(top-level modules: {sorted({n.split('.')[0] for n in names})})"
-                )
-        trained -= {id(p) for n, p in self.policy.named_parameters() if n.startswith(tuple(config.frozen))}
-        for (
-            p
-        ) in self.policy.parameters():  # frozen encoders (text, VAE) and, under +Fix, the head (the AR under `head`):
-            if id(p) not in trained:  # no gradient computed and no optimizer state
-                p.requires_grad_(False)
+        self._choose_trained(config)
         self._parallelize()
         # data parallel: this process rolls out these prompt groups of every step's batch
         self.groups = self.engine.prompt_groups(config.batch_prompts)
@@ -192,8 +105,7 @@ class GRPOTrainer:
                 f"micro_batches ({config.micro_batches}) must divide the {len(self.groups) * config.group_size} "
                 "images each process rolls out"
             )
-        # the gradient statistics of Fig. 2a / 5 (logged as grad_*_ar) are the AR's; with the AR frozen (`head`),
-        # the head's
+        # the gradient statistics of Fig. 2a / 5 (logged as grad_*_ar): the AR's (the head's with the AR frozen)
         self.stat_params = list(self._stat_params())  # read again: FSDP replaces the parameters by shards
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
@@ -201,6 +113,32 @@ class GRPOTrainer:
         )
         self.step, self.rows, self.checkpoints, self.nonfinite_run = 0, [], [], 0
         self.spec_hash = self.run_hash(None)
+
+    def _choose_trained(self, config: GRPOConfig) -> None:
+        """The memory levers the policy takes (checkpointing, LoRA), then which parameters RL trains: the rest get
+        no gradient and no optimizer state (frozen encoders, the head under +Fix, the AR under `head`, `frozen`)."""
+        policy = self.policy
+        if config.gradient_checkpointing:
+            policy.set_gradient_checkpointing(True)
+        if config.lora:
+            add_lora(policy, config.lora)
+        head = set(map(id, policy.head_parameters()))
+        trained = (set() if config.freeze_ar else set(map(id, policy.ar_parameters()))) | (
+            set() if config.freeze_head else head
+        )
+        if config.lora:  # the adapters alone
+            trained = set(map(id, adapter_parameters(policy)))
+        names = [n for n, _ in policy.named_parameters()]
+        for prefix in config.frozen:
+            if not any(n.startswith(prefix) for n in names):
+                raise ValueError(
+                    f"frozen: no parameter name of {type(policy).__name__} starts with {prefix!r} "
+                    f"(top-level modules: {sorted({n.split('.')[0] for n in names})})"
+                )
+        trained -= {id(p) for n, p in policy.named_parameters() if n.startswith(tuple(config.frozen))}
+        for p in policy.parameters():
+            if id(p) not in trained:
+                p.requires_grad_(False)
 
     def _parallelize(self) -> None:
         """The KL reference, then the engine around the plain policy and the reference (grpo.engine: the only
@@ -349,14 +287,7 @@ class GRPOTrainer:
                 with_mte=cfg.trajectories > 1,
                 mte_tokens=mte_mask,
             )
-        if old is None:
-            if cfg.old_logprob == "recorded":
-                old = recorded(rollout, ar, diff)
-            else:
-                old = (rp.log_prob.detach(), None if rp.mte_log_prob is None else rp.mte_log_prob.detach())
-        old, old_mte = old
-        if mte_mask is not None and old_mte is not None:  # entries not replayed: ratio 1, no gradient, never NaN
-            old_mte = torch.where(mte_mask[ar][:, None, None], old_mte, rp.mte_log_prob.detach())
+        old, old_mte = self._old_log_probs_of(rp, old, rollout, ar, diff, mte_mask)
         obj = per_token_policy_objective(rp.log_prob, old, adv, cfg.clip_eps)  # [M, U, n, L]
         kl = None
         if self.ref is not None:
@@ -380,6 +311,19 @@ class GRPOTrainer:
         stats = policy_ratio_stats(rp.log_prob, old, adv, tokens, cfg.clip_eps)
         stats.update(policy_loss=policy_term.item(), kl=kl_term.item())
         return policy_term + cfg.beta * kl_term, stats
+
+    def _old_log_probs_of(self, rp, old, rollout: Rollout, ar: torch.Tensor, diff: torch.Tensor, mte_mask):
+        """(log_prob_old, MTE log_prob_old) of a micro-batch's replay `rp`: `old` when given, else the record's
+        (`recorded`) or this pass's own, detached (`recomputed`)."""
+        if old is None:
+            if self.cfg.old_logprob == "recorded":
+                old = recorded(rollout, ar, diff)
+            else:
+                old = (rp.log_prob.detach(), None if rp.mte_log_prob is None else rp.mte_log_prob.detach())
+        old, old_mte = old
+        if mte_mask is not None and old_mte is not None:  # entries not replayed: ratio 1, no gradient, never NaN
+            old_mte = torch.where(mte_mask[ar][:, None, None], old_mte, rp.mte_log_prob.detach())
+        return old, old_mte
 
     def micro_backward(
         self,
@@ -487,7 +431,7 @@ class GRPOTrainer:
         rows = torch.arange(len(rollout.prompts)).chunk(cfg.micro_batches)
         return StepBatch(
             rollout,
-            [_subset(rollout, r) for r in rows],
+            [subset_rollout(rollout, r) for r in rows],
             rows,
             rewards,
             components,
@@ -578,116 +522,18 @@ class GRPOTrainer:
             log["mte_frac"] = float(share[0] / share[1].clamp(min=1))
         return log
 
-    # --- validation, checkpoints, resume --------------------------------------------------------------
-    @torch.no_grad()
+    # --- validation, checkpoints, resume (grpo.validation, grpo.checkpoints) ------------------------------------
     def validate(self) -> list[float]:
-        """Reward of each validation prompt (mean over its `val_images` images). The noise of each batch
-        of 8 prompts comes from VAL_SEED + its offset alone, so every run, variant and step sees the
-        same noise: differences between them are paired (common random numbers)."""
-        n, G = min(self.cfg.val_prompts, len(self.val_prompts)), self.cfg.val_images
-        scores = []  # (first prompt, scores) of this process's batches; batch a goes to process (a / 8) mod W
-        starts = list(range(0, n, 8))
-        mine, rounds = self.engine.validation_share(starts)
-        with self.ema.applied(self.policy) if self.ema else contextlib.nullcontext():  # the EMA weights, when on
-            for i in range(rounds):
-                a = mine[i] if i < len(mine) else starts[0]
-                batch, images = validation_batch(
-                    self.policy, self.reward_fn, self.val_prompts, a, n, self.sampling, G, self.cfg.precision
-                )
-                if i >= len(mine):
-                    continue
-                scores.append((a, batch))
-                if a == 0 and self.accelerator.trackers:  # the first image of the first (up to 8) prompts
-                    log_image_grid(self.accelerator, "val/samples", images[::G], self.step)
-        return [x for _, part in sorted(b for shares in self.engine.all_objects(scores) for b in shares) for x in part]
+        """Reward of each validation prompt (mean over its `val_images` images), under the same noise every step."""
+        return validate(self)
 
     def save(self) -> None:
-        """Checkpoint (policy folder) + resumable trainer state, written atomically by the main process. Both hold
-        whole tensors (gathered through torch's state-dict API), so a run resumes under any number of processes
-        and any sharding."""
-        ckpt = self.state_dir / f"ckpt-{self.step:06d}" / "policy"
-        engine = self.engine
-        # tensors and primitives only (loads with weights_only=True); the policy is the ckpt folder beside it
-        state = {
-            "step": self.step,
-            "optimizer": engine.optimizer_state(self.optimizer, self.policy),
-            "rows": self.rows,
-            "checkpoints": self.checkpoints,
-            "nonfinite_run": self.nonfinite_run,
-            "spec_hash": self.spec_hash,
-        }
-        if self.ema:  # the raw trained weights RL goes on from, and their average
-            state.update(
-                raw=engine.full_tensors(self.ema.tracked(self.policy)), ema=engine.full_tensors(self.ema.shadow)
-            )
-
-        def write(policy: torch.nn.Module) -> None:
-            with space_named(ckpt.parent):  # a full disk says so, naming the checkpoint (torch: "basic_ios::clear")
-                policy.save_pretrained(ckpt)
-                if self.cfg.lora:  # the base weights above are unchanged; the adapters beside them
-                    save_adapters(policy, ckpt)
-                with checked_path(self.state_dir / "trainer.pt") as tmp:  # a resume checks it (bit flips load)
-                    torch.save(state, tmp)
-
-        with self.ema.applied(self.policy) if self.ema else contextlib.nullcontext():  # selection reads the EMA
-            engine.save_policy(self.policy, write)
-        # no rank goes on before the checkpoint is on disk: a process that dies in the next step cannot take it with it
-        engine.barrier()
+        """Checkpoint (policy folder) + resumable trainer state, written atomically by the main process."""
+        save_state(self)
 
     def try_resume(self) -> bool:
-        """Resume from state/ only if it was written under this run's spec (`self.spec_hash`); else clear it. The
-        main process reads the files; the engine hands each process its share."""
-        engine = self.engine
-        path = self.state_dir / "trainer.pt"
-        state, why = self._read_state() if engine.is_main else ({}, "")
-        header = engine.from_main(
-            {k: v for k, v in state.items() if k not in ("optimizer", "raw", "ema")} | {"why": why}
-        )
-        if not header["why"] and not header.get("spec_hash"):  # nothing written yet
-            return False
-        if header.get("spec_hash") != self.spec_hash:
-            log.info("not resuming from %s: %s; starting fresh", path, header["why"])
-            if engine.is_main:
-                clear_written_state(self.state_dir)
-            engine.barrier()
-            return False
-        ckpt = self.state_dir / f"ckpt-{header['step']:06d}" / "policy"  # found beside trainer.pt wherever it is now
-        # the optimizer after the weights: torch's loader may take an empty step to create the state, which the
-        # EMA's hook would see
-        engine.load_policy_state(self.policy, self._checkpoint_weights(ckpt) if engine.is_main else None)
-        engine.load_optimizer_state(self.optimizer, self.policy, state.get("optimizer"))
-        if self.ema:  # the folder holds the EMA of the trained parameters; RL goes on from the raw ones
-            like = self.ema.tracked(self.policy)
-            self.ema.assign(self.policy, engine.shard_like(engine.from_main(state.get("raw")), like))
-            shadow = engine.shard_like(engine.from_main(state.get("ema")), like)
-            self.ema.shadow = {k: v.float() for k, v in shadow.items()}
-        self.step, self.rows, self.checkpoints = header["step"], header["rows"], header["checkpoints"]
-        self.nonfinite_run = header["nonfinite_run"]
-        log.info("resumed from %s at step %d of %d", path, self.step, self.cfg.steps)
-        return True
-
-    def _read_state(self) -> tuple[dict, str]:
-        """trainer.pt, checked, and why it cannot be resumed from ("" when it can, or when there is none)."""
-        path = self.state_dir / "trainer.pt"
-        if not path.exists():
-            return {}, ""
-        try:
-            verify_checksums(self.state_dir, ["trainer.pt"])
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except InputError as err:  # changed or damaged since it was written
-            return {}, str(err)
-        except Exception as err:  # an older or foreign state file: it cannot be trusted either
-            return {}, f"it cannot be read with weights_only=True ({type(err).__name__})"
-        if state.get("spec_hash") != self.spec_hash:
-            return state, f"it holds a run of another spec ({state.get('spec_hash')}; this run: {self.spec_hash})"
-        return state, ""
-
-    @staticmethod
-    def _checkpoint_weights(ckpt: Path) -> dict[str, torch.Tensor]:
-        """The whole weights of a checkpoint folder (with its LoRA adapters), on the CPU."""
-        from margrpo.policy import load_policy  # the policy registry imports every model family
-
-        return load_policy(ckpt).state_dict()
+        """Resume from state/ only if it was written under this run's spec (`self.spec_hash`); else clear it."""
+        return resume_state(self)
 
     def train(self, spec: dict | None = None) -> dict:
         """Train to `cfg.steps`, resuming from state/ when it was written under the same spec: this
@@ -702,17 +548,8 @@ class GRPOTrainer:
             )
             self.optimizer.register_step_post_hook(lambda *_: self.ema.update(self.policy))
         resumed = self.try_resume()
-        start_trackers(
-            self.accelerator,
-            self.out_dir / "tb",
-            RUN_NAME,
-            self.step if resumed else None,
-            wandb={
-                "name": self.out_dir.name,
-                "id": f"{self.out_dir.name}-{self.spec_hash}",
-                "config": asdict(self.cfg),
-            },
-        )
+        wandb = {"name": self.out_dir.name, "id": f"{self.out_dir.name}-{self.spec_hash}", "config": asdict(self.cfg)}
+        start_trackers(self.accelerator, self.out_dir / "tb", RUN_NAME, self.step if resumed else None, wandb=wandb)
         if not resumed:
             scores = self.validate()
             self.rows = []
@@ -737,60 +574,24 @@ class GRPOTrainer:
                 {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}, step=self.step
             )
             if self.step % self.cfg.save_every == 0 or self.step == self.cfg.steps:
-                if math.isfinite(row["val_reward"]):
-                    self.checkpoints.append(
-                        {
-                            "step": self.step,
-                            "val_reward": row["val_reward"],
-                            "val_scores": val_scores,
-                            "path": str(self.state_dir / f"ckpt-{self.step:06d}" / "policy"),
-                        }
-                    )
-                self.save()
+                self._checkpoint(row["val_reward"], val_scores)
             bar.update(1)
             bar.set_postfix(reward=f"{row['reward_mean']:.3f}", val=f"{row['val_reward']:.3f}")
         bar.close()
         end_trackers(self.accelerator)
         return self.rows
 
-
-def _subset(r: Rollout, rows: torch.Tensor) -> Rollout:
-    """The rollout restricted to some images (micro-batch)."""
-    pick = lambda x, dim: None if x is None else x.index_select(dim, rows.to(x.device))  # noqa: E731
-    return Rollout(
-        prompts=[r.prompts[i] for i in rows.tolist()],
-        latents=pick(r.latents, 0),
-        images=pick(r.images, 0),
-        orders=pick(r.orders, 0),
-        known=pick(r.known, 1),
-        committed=pick(r.committed, 1),
-        states=pick(r.states, 2),
-        log_probs=pick(r.log_probs, 2),
-        cfg=r.cfg,
-        sampling=r.sampling,
-        mte_steps=r.mte_steps,
-        mte_states=pick(r.mte_states, 3),
-        mte_log_probs=pick(r.mte_log_probs, 3),
-        full=r.full,
-    )
+    def _checkpoint(self, val_reward: float, val_scores: list[float] | None) -> None:
+        """Save, and list the checkpoint for selection where it was validated."""
+        if math.isfinite(val_reward):
+            path = str(self.state_dir / f"ckpt-{self.step:06d}" / "policy")
+            self.checkpoints.append(
+                {"step": self.step, "val_reward": val_reward, "val_scores": val_scores, "path": path}
+            )
+        self.save()
 
 
 def write_outputs(trainer: GRPOTrainer, spec: dict) -> None:
     """metrics.csv (one row per step) and summary.json (checkpoints with validation rewards), atomically."""
     state = RunState(trainer.step, trainer.rows, trainer.checkpoints)
     write_run_outputs(trainer.out_dir, state, spec["variant"]["name"], spec, asdict(trainer.cfg))
-
-
-def combine_chunk_stats(parts: list[tuple[float, int, float, dict]]) -> dict:
-    """One micro-batch's stats from its chunks' (share, selected tokens, loss, stats): the loss terms add up
-    by share, the ratio stats are token-weighted means (clip_frac, ratio_mean) and extremes (min, max)."""
-    n = sum(sel for _, sel, _, _ in parts)
-    out = {k: sum(sh * s[k] for sh, _, _, s in parts) for k in ("policy_loss", "kl")}
-    for k in ("clip_frac", "ratio_mean"):
-        out[k] = (
-            sum(sel * s[k] for _, sel, _, s in parts if sel) / n if n else (0.0 if k == "clip_frac" else float("nan"))
-        )
-    for k, pick in (("ratio_min", min), ("ratio_max", max)):
-        values = [s[k] for _, sel, _, s in parts if sel]
-        out[k] = pick(values) if values else float("nan")
-    return out

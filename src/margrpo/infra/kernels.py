@@ -1,10 +1,9 @@
 """CPU kernel caps: every stage runs the instruction-set level's kernels that an AVX2 machine runs.
 
 Float results of CPU kernels depend on the code path each library picks at run time from the CPU: torch's own
-vectorised kernels (AVX-512 or AVX2), MKL's matrix products and oneDNN's convolutions. Training amplifies a
-last-bit difference into other numbers and, at the margins, other verdicts (issue #37: an AVX-512 Xeon and an
-AVX2 EPYC disagreed from the first trained model on). Every `margrpo` stage therefore starts with the paths
-capped at AVX2, which every x86 CPU of the last decade has:
+vectorised kernels (AVX-512 or AVX2), MKL's matrix products and oneDNN's convolutions, and training amplifies a
+last-bit difference into other numbers and, at the margins, other verdicts. Every `margrpo` stage therefore
+starts with the paths capped at AVX2, which every x86 CPU of the last decade has:
 
     ATEN_CPU_CAPABILITY=avx2        torch's kernels (read when torch first dispatches)
     MKL_CBWR=AVX2                   MKL's conditional-numerical-reproducibility branch (Intel CPUs; MKL's docs:
@@ -12,10 +11,9 @@ capped at AVX2, which every x86 CPU of the last decade has:
     ONEDNN_MAX_CPU_ISA=AVX2         oneDNN's JIT kernels (convolutions)
     NPY_DISABLE_CPU_FEATURES=...    numpy's AVX-512 dispatch targets
 
-Measured on an AVX2 AMD EPYC (docs/findings.md): the caps change no bit there and cost nothing. What they do on
-an AVX-512 machine could not be measured on the development machine. A value already in the environment is
-kept (the caller chose it); MARGRPO_KERNELS=native sets none. Set before torch and numpy load: `cli.main`
-calls `apply_caps` first.
+What they change and cost where measured: docs/findings.md ("Do two CPUs give the same numbers?"). A value
+already in the environment is kept (the caller chose it); MARGRPO_KERNELS=native sets none. Set before torch
+and numpy load: `cli.main` calls `apply_caps` first.
 """
 
 from __future__ import annotations

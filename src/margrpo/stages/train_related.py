@@ -171,7 +171,9 @@ def marval_job(args, cfg, sampling, policy, reward, train, val) -> Job:
         return rl.train_step()
 
     def validate() -> list[float]:  # as `margrpo train` validates (rollout.generate, VAL_SEED + batch offset):
-        from margrpo.grpo.trainer import validation_batch  # GRPO on the same one-step base then shares its base scores
+        from margrpo.grpo.validation import (
+            validation_batch,
+        )  # GRPO on the same one-step base then shares its base scores
 
         n = min(cfg.val_prompts, len(val))
         return [x for a in range(0, n, 8) for x in validation_batch(policy, reward, val, a, n, sampling, 1, "no")[0]]

@@ -40,10 +40,16 @@ def _require_file(path: str | Path | None, reward: str, option: str, expected: s
 
 
 def _require_pretrained(path: str | Path | None, reward: str, option: str, source: str, kind: str = "model") -> Path:
-    """A folder written by `save_pretrained`: config.json + weights ("model") or processor files."""
+    """A folder written by `save_pretrained`: config.json + weights ("model") or processor files. `path` may name a
+    Hugging Face repository id (`owner/name[@revision]`), read from the local cache (infra.weights; never fetched)."""
+    from margrpo.infra.weights import resolve_weights
+
     if path is None:
         raise ValueError(f"{reward}: option {option!r} is required (a local {kind} folder; from {source})")
-    p = Path(path).expanduser()
+    try:
+        p = resolve_weights(path)
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"{reward}: reward_models.{reward}.{option}: {err}") from None
     if kind == "model":
         need, any_of = ("config.json",), WEIGHT_FILES
     else:  # processor: image preprocessing config + a tokenizer
