@@ -105,10 +105,12 @@ def main() -> None:
     print(f"{one['images']} images per step, fix variant, one thread per process, {os.cpu_count()} cores")
     for r in (one, two):
         print(
-            f"  {r['world']} process(es): median step {r['median_s']:.3f} s (steps: {', '.join(f'{t:.2f}' for t in r['times'])})"
+            f"  {r['world']} process(es): median step {r['median_s']:.3f} s "
+            f"(steps: {', '.join(f'{t:.2f}' for t in r['times'])})"
         )
     print(
-        f"speed-up {one['median_s'] / two['median_s']:.2f}x, scaling efficiency t1 / (2 t2) = {one['median_s'] / (2 * two['median_s']):.2f}"
+        f"speed-up {one['median_s'] / two['median_s']:.2f}x, "
+        f"scaling efficiency t1 / (2 t2) = {one['median_s'] / (2 * two['median_s']):.2f}"
     )
 
 

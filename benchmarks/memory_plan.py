@@ -51,9 +51,9 @@ parameters, then the children of each largest head-only module) and the root (th
 Reward models' weights (per `reward_models.<name>.dtype`, float32 by default) are whole on every GPU; their
 parameter counts come from their architectures built on the meta device (`reward_weights`).
 
-    python benchmarks/memory_plan.py [--config config/paper-nova.yaml ...] [--variants grpo,fix,mte,sim,head] [--gpus 1 3 8]
-        [--old-variants LIST] [--reward mixed] [--prompts-per-gpu 1] [--sharding MODE] [--rollout-steps N]
-        [--validate] [--gpu-check] [--json OUT] [--test]
+    python benchmarks/memory_plan.py [--config config/paper-nova.yaml ...] [--variants grpo,fix,mte,sim,head]
+        [--gpus 1 3 8] [--old-variants LIST] [--reward mixed] [--prompts-per-gpu 1] [--sharding MODE]
+        [--rollout-steps N] [--validate] [--gpu-check] [--json OUT] [--test]
 """
 
 from __future__ import annotations
@@ -148,7 +148,8 @@ class Ledger(TorchDispatchMode):
     def set_phase(self, phase: str, default: str = "act") -> None:
         if VERBOSE and self.phase in ("rollout", "replay", "optimizer"):
             print(
-                f"      {self.phase}: peak {self.peaks[self.phase][0] / GiB:.2f} GiB ({time.perf_counter() - self.t0:.0f} s)",
+                f"      {self.phase}: peak {self.peaks[self.phase][0] / GiB:.2f} GiB "
+                f"({time.perf_counter() - self.t0:.0f} s)",
                 flush=True,
             )
         self.phase, self.default = phase, default
@@ -266,7 +267,8 @@ def recording(cheap: bool):
     """While a real run records the tape: `Tensor.tolist` (which reads memory without dispatching) takes one `.item()`
     per element, as a fake tensor's `tolist` does, so both steps put the same entries on the tape. `cheap` (the narrow
     run): attention is q + 0 (k, v), which keeps every gradient: attention decides nothing data-dependent, and its
-    S^2 work at 1,000+ positions is what made that run slow. Patched functions rather than modes: a mode costs every op."""
+    S^2 work at 1,000+ positions is what made that run slow. Patched functions rather than modes: a mode costs every
+    op."""
     F, tolist, sdpa = torch.nn.functional, torch.Tensor.tolist, torch.nn.functional.scaled_dot_product_attention
     torch.Tensor.tolist, F.scaled_dot_product_attention = _items, _cheap_attention if cheap else sdpa
     try:
@@ -1015,7 +1017,8 @@ def plan_step(run: Run, steps: int | None, say=print) -> Step:
     step.seconds, step.cpu_seconds = step.seconds + rec.seconds, step.cpu_seconds + rec.cpu_seconds
     K, R = step.ar_steps
     say(
-        f"  {run.policy} {run.variant} [{run.label()}]: {len(rec.tape)} recorded values, rollout of {R} of {K} AR steps; "
+        f"  {run.policy} {run.variant} [{run.label()}]: {len(rec.tape)} recorded values, "
+        f"rollout of {R} of {K} AR steps; "
         + ", ".join(f"{p} {step.peaks[p][0] / GiB:.1f} GiB" for p in PHASES)
         + f" of tensors ({step.seconds:.0f} s)"
     )
@@ -1106,7 +1109,8 @@ COLUMNS = [
 
 
 def table(rows: list[dict], unit: int = GiB) -> str:
-    """Markdown: one row per (variant, setting, GPUs), parts in GiB (MiB: `unit`), the verdicts against 80 and 139 GiB."""
+    """Markdown: one row per (variant, setting, GPUs), parts in GiB (MiB: `unit`), the verdicts against 80 and 139
+    GiB."""
     name = "GiB" if unit == GiB else "MiB"
     head = (
         ["variant", "batch / GPU", "GPUs", "sharding"]
@@ -1135,7 +1139,8 @@ def plan(args, say=print) -> dict:
         sharding = args.sharding or sharding_of(config, name)
         names = ", ".join(f"{k} {v['params'] / 1e6:.0f} M {v['dtype']}" for k, v in rewards.items()) or "none"
         say(
-            f"{name}: reward models ({args.reward}) {names} = {reward_bytes / GiB:.2f} GiB; sharding {sharding} with several GPUs"
+            f"{name}: reward models ({args.reward}) {names} = {reward_bytes / GiB:.2f} GiB; "
+            f"sharding {sharding} with several GPUs"
         )
         rows, steps = [], args.steps.setdefault(name, {})
         settings = {
@@ -1225,7 +1230,8 @@ def validate(run: Run, steps: int | None, fake: Step | None = None, fresh: bool 
     say(
         f"validation, {run.policy} ({run.size}) [{run.label()}], fake vs real on this CPU:\n"
         f"  tensor peak: fake {mib(out['fake_peak'])}, real {mib(out['real_peak'])}: ratio {out['ratio_peak']:.4f}\n"
-        f"  the step's growth over what it starts from: fake {mib(out['fake_step'])}, real tensors {mib(out['real_step'])}"
+        f"  the step's growth over what it starts from: fake {mib(out['fake_step'])}, "
+        f"real tensors {mib(out['real_step'])}"
         f" (ratio {out['ratio_step']:.4f}), real resident set {mib(out['rss_step'])} (ratio {out['ratio_rss']:.3f})"
     )
     return out
@@ -1266,7 +1272,8 @@ def gpu_check(args, say=print) -> list[dict]:
         )
         say(
             f"  GPU check {policy} {variant} (3 x 4 images on one GPU, chunk 1, chosen AR steps {chosen}): "
-            f"predicted tensor peak {step.peak / GiB:.1f} GiB, measured {measured / GiB:.1f} GiB: ratio {rows[-1]['ratio']:.3f}"
+            f"predicted tensor peak {step.peak / GiB:.1f} GiB, measured {measured / GiB:.1f} GiB: "
+            f"ratio {rows[-1]['ratio']:.3f}"
         )
     return rows
 

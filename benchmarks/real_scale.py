@@ -22,7 +22,8 @@ sets a `gradient_checkpointing` switch of GRPOConfig, the policy or its config w
 row says "unsupported" where none does.
 
     python benchmarks/real_scale.py [--policies nova,harmon] [--variants grpo,fix,mte,sim,committed]
-        [--steps 3] [--micro-batches N] [--replay-chunk N] [--device cuda] [--precision bf16] [--gradient-checkpointing] [--tiny] [--threads N] [--out FILE.json]
+        [--steps 3] [--micro-batches N] [--replay-chunk N] [--device cuda] [--precision bf16]
+        [--gradient-checkpointing] [--tiny] [--threads N] [--out FILE.json]
 """
 
 import argparse
@@ -272,7 +273,8 @@ def run(name: str, variant: str, args, device: torch.device, peak_tflops: float)
         trainer, ckpt = make_trainer(name, variant, args, device, out)
     build_s = time.perf_counter() - t0
     firsts = []  # warm-up: allocator, kernels, optimizer state; its replay runs on the rollout's weights
-    warmup_s = timed(lambda: firsts.append(trainer.train_step()), device)
+    # the lambda binds the trainer now (a default argument): `del trainer` below removes the name, not the object
+    warmup_s = timed(lambda t=trainer: firsts.append(t.train_step()), device)
     first = firsts[0]
     seconds = sum(timed(trainer.train_step, device) for _ in range(args.steps)) / args.steps
     memory, reserved = peak_memory_mb(device)
@@ -386,7 +388,8 @@ def main() -> None:
     peak = matmul_tflops(device)
     print(
         f"device {name}; matmul {peak:.4g} TFLOP/s ({'bf16' if device.type == 'cuda' else 'fp32'}); "
-        f"precision {args.precision}; {args.steps} timed step(s) after one warm-up{'; tiny policies' if args.tiny else ''}",
+        f"precision {args.precision}; {args.steps} timed step(s) after one warm-up"
+        f"{'; tiny policies' if args.tiny else ''}",
         flush=True,
     )
     rows = []

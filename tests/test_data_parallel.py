@@ -217,7 +217,8 @@ t = torch.ones(1)
 dist.all_reduce(t)
 open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}"), "w").write(str(int(t.item())))
 if dist.get_rank() == 1 and os.environ.get("EXIT_RANK1"):
-    os._exit(int(os.environ["EXIT_RANK1"]))  # dies at once: sys.exit with a live gloo group can abort in torch's teardown (134)
+    # dies at once: sys.exit with a live gloo group can abort in torch's teardown (134)
+    os._exit(int(os.environ["EXIT_RANK1"]))
 time.sleep(float(os.environ.get("HOLD", "0")))
 """
 

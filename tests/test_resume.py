@@ -199,7 +199,8 @@ def train_inputs(tmp_path) -> dict:
 def test_margrpo_train_deletes_nothing_it_did_not_write(tmp_path, monkeypatch, logged):
     """Issue #36: a run deletes nothing it did not write. Files a user put in the run folder, in state/ (before any
     trainer state was there), in tb/grpo/, beside a checkpoint, or under names like the trainer's own, outlive a
-    fresh start, a resume that continues, and a restart under another spec, which still removes what the trainer wrote."""
+    fresh start, a resume that continues, and a restart under another spec, which still removes what the trainer
+    wrote."""
     from margrpo.cli import main
     from margrpo.grpo.trainer import GRPOTrainer
 

@@ -421,7 +421,8 @@ def test_schema_scorer_names_are_the_registry():
 
 
 def _dry_run_train_jobs(tmp_path, overrides: dict) -> tuple[str, list[str]]:
-    """A dry run of the smoke config with `overrides` on top, for 8 cores and 8 GPUs: its printout and the train jobs."""
+    """A dry run of the smoke config with `overrides` on top, for 8 cores and 8 GPUs: its printout and the train
+    jobs."""
     cfg = tmp_path / "overrides.yaml"
     cfg.write_text(yaml.safe_dump(overrides))
     args = [

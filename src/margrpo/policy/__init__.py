@@ -1,7 +1,8 @@
 """MAR policies behind one interface: the toy model, NOVA and Harmon; their layers, memory levers and
 the toy's word-level tokenizer (`text`).
 
-Layer 2 (see margrpo/__init__.py): it must not import rewards, grpo, toylab, related, evaluation, reporting, experiment, stages, cli.
+Layer 2 (see margrpo/__init__.py): it must not import rewards, grpo, toylab, related, evaluation, reporting,
+experiment, stages, cli.
 """
 
 from margrpo.policy.base import MARPolicy, TextCondition, deterministic

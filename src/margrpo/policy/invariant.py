@@ -20,8 +20,9 @@ SSE2 path, MKL_CBWR=COMPATIBLE, with 3 or 5 threads puts its threads' seams insi
 takes unless asked). Rollout and replay run inside it (`base.deterministic`). The backward is F.linear's
 own. On this AMD EPYC, where MKL gives the same bits for every M >= 8, a product of 8 or more rows keeps
 its bits (the default toy-nova step has no smaller one, counted); products of fewer rows change in their last
-bits (a 2 prompts x 2 images toy-harmon GRPO run moved its step-2 reward by 1e-8 relative). CUDA tensors are left alone (cuBLAS chooses by shape too, but the GPU runs
-measured ratio 1.0 exactly, and blocks would cost kernel launches).
+bits (a 2 prompts x 2 images toy-harmon GRPO run moved its step-2 reward by 1e-8 relative). CUDA tensors are
+left alone (cuBLAS chooses by shape too, but the GPU runs measured ratio 1.0 exactly, and blocks would cost kernel
+launches).
 """
 
 from __future__ import annotations

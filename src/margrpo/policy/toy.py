@@ -244,7 +244,8 @@ def read_folder_config(directory: str | Path, model_type: str) -> dict:
     missing = [n for n in (CONFIG, WEIGHTS, TOKENIZER) if not (d / n).exists()]
     if missing:
         raise FileNotFoundError(
-            f"{d}: not a {model_type} checkpoint; missing {', '.join(missing)} (expected {CONFIG}, {WEIGHTS}, {TOKENIZER}/)"
+            f"{d}: not a {model_type} checkpoint; missing {', '.join(missing)} "
+            f"(expected {CONFIG}, {WEIGHTS}, {TOKENIZER}/)"
         )
     verify_checksums(d)
     raw = read_json(d / CONFIG)

@@ -149,7 +149,8 @@ def reward_options(
         if name in weights:
             if path is None:
                 raise InputError(
-                    f"reward {name!r} is trained by the pipeline: pass --{name}-dir (the folder `margrpo train-{name}` wrote)"
+                    f"reward {name!r} is trained by the pipeline: "
+                    f"pass --{name}-dir (the folder `margrpo train-{name}` wrote)"
                 )
             options[name] = {"path": path, **options[name]}
     return {k: v for k, v in options.items() if v}
