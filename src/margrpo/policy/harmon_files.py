@@ -25,18 +25,15 @@ from __future__ import annotations
 import json
 from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from margrpo.infra.io import InputError, verify_outside
 from margrpo.infra.weights import load_tensor_file, resolve_weights
+from margrpo.policy.base import MARPolicy  # the policy class itself comes in as `cls`
 from margrpo.policy.harmon_config import HarmonConfig
 from margrpo.policy.mar_h import vae_key_to_ldm
-
-if TYPE_CHECKING:
-    from margrpo.policy.harmon import HarmonPolicy
 
 CONFIG = "config.json"
 LLM_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
@@ -113,11 +110,11 @@ def is_harmon_folder(path: str | Path) -> bool:
 
 
 def load_harmon(
-    cls: type[HarmonPolicy],
+    cls: type[MARPolicy],
     local_dir: str | Path,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
-) -> HarmonPolicy:
+) -> MARPolicy:
     """Either layout above; nothing is downloaded. Missing files raise FileNotFoundError naming every expected path;
     unreadable files and key mismatches raise ValueError naming the file. dtype None keeps float32."""
     d = resolve_weights(local_dir)
@@ -134,7 +131,7 @@ def load_harmon(
 
 
 # ============================================================================ 1. the .pth release
-def _load_release(cls, d: Path, raw: dict | None, device, dtype) -> HarmonPolicy:
+def _load_release(cls, d: Path, raw: dict | None, device, dtype) -> MARPolicy:
     config = _our_config(d, raw)
     expected = [d / config.weights_name, d / config.vae_name] + [d / config.llm_dir / f for f in LLM_FILES]
     if missing := [str(p) for p in expected if not p.is_file()]:
@@ -194,7 +191,7 @@ def config_from_transformers(raw: dict, where: Path) -> HarmonConfig:
     return HarmonConfig(llm={"model_type": "qwen2", **llm}, **MAR_PRESETS[preset], **HF_FIXED, **settings)
 
 
-def _load_transformers_format(cls, d: Path, raw: dict, device, dtype) -> HarmonPolicy:
+def _load_transformers_format(cls, d: Path, raw: dict, device, dtype) -> MARPolicy:
     config = config_from_transformers(raw, d / CONFIG)
     shards, source = _safetensors_shards(d)
     model = _build(cls, config, d, device)
@@ -229,7 +226,7 @@ def _safetensors_shards(d: Path) -> tuple[list[Path], Path]:
 
 
 # ============================================================================ shared
-def _build(cls, config: HarmonConfig, tokenizer_dir: Path, device) -> HarmonPolicy:
+def _build(cls, config: HarmonConfig, tokenizer_dir: Path, device) -> MARPolicy:
     from transformers import AutoTokenizer
 
     try:
@@ -240,7 +237,7 @@ def _build(cls, config: HarmonConfig, tokenizer_dir: Path, device) -> HarmonPoli
         return cls(config, tokenizer)
 
 
-def _load_into(model: HarmonPolicy, harmon: dict, harmon_file: Path, ldm: dict, vae_file: Path) -> None:
+def _load_into(model: MARPolicy, harmon: dict, harmon_file: Path, ldm: dict, vae_file: Path) -> None:
     """Harmon's own weights and the VAE under its LDM names (1x1-conv attention -> linear), strictly."""
     if model.llm.config.tie_word_embeddings and "llm.model.embed_tokens.weight" in harmon:
         harmon.setdefault("llm.lm_head.weight", harmon["llm.model.embed_tokens.weight"])  # tied: may be stored once

@@ -1,28 +1,17 @@
 """Batch-invariant matrix products on CPU: a row's result has the same bits in whatever batch it comes.
 
-The rollout computes each token's head output in the batch of its AR step (every unknown token, CFG's
-two branches, MTE's extra trajectories) and z per AR step over its N images; the replay scores the
-chosen (AR step, diffusion step) pairs of a micro-batch in one pass. The same rows thus reach the
-matrix products in batches of other sizes, and a BLAS picks its kernel, and splits the work among its
-threads, by the shape: MKL's result for a row depends on the number of rows M (measured on an AMD EPYC:
-M < 8 differs from M >= 8; with MKL_CBWR=AVX2, MKL's AVX2 kernels dispatched as on Intel, and 8 or more
-threads, many bands of M differ). One ulp in the head's mean is multiplied by 1 / sigma^2 at the
-small-variance steps and summed over a token's 768 channels: the default toys' replays were off by up to
-1.2e-4 (toy-nova) and 4.6e-3 (toy-harmon) in the ratio there, as on an AVX-512 Xeon (1e-4 and 3.2e-3),
-against the 1e-5 of DESIGN 3.2. Both z (the AR transformer's and text encoder's products) and the head's
-own products contribute; the log-density's sum is not at fault (the same inputs give the same sum).
+The rollout computes a token's head output and z in batches of one size (its AR step's unknown tokens, CFG's two
+branches, MTE's extra trajectories), the replay in batches of another (the chosen steps of a micro-batch). A BLAS
+picks its kernel and splits its threads by the shape, so a row's last bits can depend on how many rows came with
+it, and the head's log-density multiplies one ulp of its mean by 1 / sigma^2: the PPO ratio with unchanged
+parameters then misses DESIGN 3.2's 1 to 1e-5.
 
-`batch_invariant()` computes every `F.linear` on CPU tensors (nn.Linear, the policies' own calls,
-peft's adapters, transformers' layers) in blocks of exactly `ROW_BLOCK` rows, the last one padded with
-zero rows: every product then has one shape, and a row's result depends on that row alone (its place in
-the block does not matter: measured for MKL's default path on this AMD EPYC and its AVX2 path at 1-32 threads; MKL's
-SSE2 path, MKL_CBWR=COMPATIBLE, with 3 or 5 threads puts its threads' seams inside a block, which no CPU
-takes unless asked). Rollout and replay run inside it (`base.deterministic`). The backward is F.linear's
-own. On this AMD EPYC, where MKL gives the same bits for every M >= 8, a product of 8 or more rows keeps
-its bits (the default toy-nova step has no smaller one, counted); products of fewer rows change in their last
-bits (a 2 prompts x 2 images toy-harmon GRPO run moved its step-2 reward by 1e-8 relative). CUDA tensors are
-left alone (cuBLAS chooses by shape too, but the GPU runs measured ratio 1.0 exactly, and blocks would cost kernel
-launches).
+`batch_invariant()` computes every `F.linear` on CPU tensors (nn.Linear, the policies' own calls, peft's
+adapters, transformers' layers) in blocks of exactly `ROW_BLOCK` rows, the last padded with zero rows: every
+product has one shape, and a row's result depends on that row alone. Rollout and replay run inside it
+(`base.deterministic`); the backward is F.linear's own. CUDA tensors are left alone (the GPU runs gave ratio 1.0
+exactly, and blocks would cost kernel launches). What was measured, on which CPUs and MKL paths, and what it
+costs: docs/findings.md ("Do two CPUs give the same numbers?", "Where does a step's CPU go").
 """
 
 from __future__ import annotations
@@ -34,9 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-# Rows per matrix product: >= 8 (MKL's small-M kernels differ). A toy rollout's head calls have 144-768 rows and
-# its AR calls 1392: 256 pads them by 24% and 10% in rows, 64 by 5% and 1%, but costs more calls (a toy rollout's
-# CPU time +9-16% at 256, +25% at 64, measured).
+# Rows per matrix product: >= 8 (MKL's small-M kernels differ); the padding against the number of calls, measured
+# in docs/findings.md.
 ROW_BLOCK = 256
 _LINEAR = torch._C._nn.linear  # F.linear itself, whatever F.linear names while batch_invariant() is on
 

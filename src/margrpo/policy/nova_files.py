@@ -16,20 +16,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from margrpo.infra.io import read_json, record_checksums, save_safetensors, state_mismatch, verify_outside
 from margrpo.infra.weights import NOVA_LAYOUT, missing_files, resolve_weights
-from margrpo.policy.nova import TRANSFORMER_WEIGHTS, NovaConfig
-
-if TYPE_CHECKING:
-    from margrpo.policy.nova import NovaPolicy
+from margrpo.policy.base import MARPolicy  # the policy class itself comes in as `cls`
+from margrpo.policy.nova_config import TRANSFORMER_WEIGHTS, NovaConfig
 
 
-def save_nova(policy: NovaPolicy, directory: str | Path, copy_frozen: bool = False) -> None:
+def save_nova(policy: MARPolicy, directory: str | Path, copy_frozen: bool = False) -> None:
     """Write the layout above (tiny test models round-trip through it).
 
     The frozen vae/, text_encoder/ and tokenizer/ never change, so for a policy loaded from a folder they become
@@ -77,8 +74,8 @@ def is_nova_folder(directory: str | Path) -> bool:
 
 
 def load_nova(
-    cls: type[NovaPolicy], directory: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
-) -> NovaPolicy:
+    cls: type[MARPolicy], directory: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> MARPolicy:
     """Load the folder above. Missing files raise FileNotFoundError naming every expected path; a corrupt or
     mismatching transformer checkpoint raises ValueError naming the file. dtype defaults to float32."""
     from diffusers import AutoencoderKL

@@ -123,6 +123,13 @@ def write_spec(folder: str | Path, spec: dict) -> dict:
     return record
 
 
+def run_spec(spec: dict, args) -> dict:
+    """A training run's full spec: its settings, its seed and its inputs (whose folder names carry their own
+    settings' hashes); its state/ is resumed only under the same spec."""
+    inputs = {k: getattr(args, k) for k in ("policy_dir", "suites_dir", "toyclip_dir", "toypref_dir")}
+    return {**spec, "seed": args.seed, "inputs": inputs}
+
+
 def stage_args(args) -> dict:
     """A stage's command-line arguments as a spec (paths as strings, `--*-json` values parsed)."""
     return {

@@ -8,7 +8,15 @@ import os
 from pathlib import Path
 
 from margrpo.infra.io import InputError
-from margrpo.stages._common import json_arg, prompt_set, reward_options, sampling_config, setup, write_spec
+from margrpo.stages._common import (
+    json_arg,
+    prompt_set,
+    reward_options,
+    run_spec,
+    sampling_config,
+    setup,
+    write_spec,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,21 +50,6 @@ def _read_spec(args) -> dict:
     return train_spec(load_config(args.config), args.policy, args.reward, args.variant)
 
 
-def _run_spec(spec: dict, args) -> dict:
-    """The run's full spec: its settings, its seed and its inputs (whose folder names carry their own
-    settings' hashes); state/ is resumed only under the same spec."""
-    return {
-        **spec,
-        "seed": args.seed,
-        "inputs": {
-            "policy_dir": args.policy_dir,
-            "suites_dir": args.suites_dir,
-            "toyclip_dir": args.toyclip_dir,
-            "toypref_dir": args.toypref_dir,
-        },
-    }
-
-
 def run(args) -> None:
     from margrpo.experiment.config import check_grpo_run, check_val_prompts
     from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, write_outputs
@@ -73,9 +66,9 @@ def run(args) -> None:
     val_prompts = prompt_set(suites / "val.jsonl")
     check_val_prompts(spec["grpo"]["val_prompts"], len(val_prompts), suites / "val.jsonl", what, key("val_prompts"))
     out = Path(args.out_dir)
-    run_spec = _run_spec(spec, args)
+    full_spec = run_spec(spec, args)
     if int(os.environ.get("RANK", "0")) == 0:
-        write_spec(out, run_spec)
+        write_spec(out, full_spec)
     try:
         cfg = GRPOConfig.from_spec(spec, precision=spec.get("mixed_precision", "bf16"))
     except (TypeError, ValueError) as err:
@@ -94,10 +87,10 @@ def run(args) -> None:
         cfg,
         out,
     )
-    trainer.train(run_spec)
+    trainer.train(full_spec)
     if not trainer.engine.is_main:  # data parallel: one process writes the run's files
         return
-    write_outputs(trainer, run_spec)
+    write_outputs(trainer, full_spec)
     best = max(trainer.checkpoints, key=lambda c: c["val_reward"])
     ema = (
         f" (EMA weights, decay {cfg.ema_decay})" if cfg.ema_decay else ""

@@ -31,7 +31,15 @@ import torch
 
 from margrpo.infra.io import InputError
 from margrpo.infra.readers import check_keys, dataclass_from
-from margrpo.stages._common import json_arg, prompt_set, reward_options, sampling_config, setup, write_spec
+from margrpo.stages._common import (
+    json_arg,
+    prompt_set,
+    reward_options,
+    run_spec,
+    sampling_config,
+    setup,
+    write_spec,
+)
 from margrpo.stages._related import mask_sampling
 
 log = logging.getLogger(__name__)
@@ -252,24 +260,15 @@ def run(args) -> None:
     cfg, sampling = (marval_settings if args.method == "marval-rl" else mask_settings)(args, spec)
     device = setup(args.threads, spec.get("device", "auto"))
     out = Path(args.out_dir)
-    run_spec = {
-        **spec,
-        "seed": args.seed,
-        "inputs": {
-            "policy_dir": args.policy_dir,
-            "suites_dir": args.suites_dir,
-            "toyclip_dir": args.toyclip_dir,
-            "toypref_dir": args.toypref_dir,
-        },
-    }
-    write_spec(out, run_spec)
+    full_spec = run_spec(spec, args)
+    write_spec(out, full_spec)
     reward = build_reward(spec, args.toyclip_dir, args.toypref_dir)
     suites = Path(args.suites_dir)
     train, val = prompt_set(suites / "train.jsonl"), prompt_set(suites / "val.jsonl")
     build = marval_job if args.method == "marval-rl" else mask_job
     job = build(args, cfg, sampling, load_any_policy(args.policy_dir, device), reward, train, val)
     config = dataclasses.asdict(job.config)
-    run_hash = spec_hash({"spec": run_spec, "config": config})
+    run_hash = spec_hash({"spec": full_spec, "config": config})
     state_dir = out / "state"
     state = try_resume(job, state_dir, run_hash)
     state = train_loop(
@@ -282,7 +281,7 @@ def run(args) -> None:
         state,
         desc=f"{args.method}[{args.seed}]",
     )
-    write_run_outputs(out, state, args.method, run_spec, config)
+    write_run_outputs(out, state, args.method, full_spec, config)
     best = max(state.checkpoints, key=lambda c: c["val_reward"])
     log.info(
         f"done: {state.step} steps; base val reward {state.checkpoints[0]['val_reward']:.4f}; "
