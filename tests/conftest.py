@@ -5,7 +5,14 @@ from pathlib import Path
 
 import pytest
 
+from margrpo.infra.kernels import apply_caps  # noqa: E402  (imports neither torch nor numpy)
+
 os.environ["HF_HUB_OFFLINE"] = "1"  # forced: no test reaches for a hub
+# The test process runs the CPU kernels every `margrpo` stage runs, set before torch loads: a test that compares
+# its own numbers with a stage's or a subprocess's then compares like with like. Without it, an in-process
+# `margrpo.cli.main` set the caps in os.environ after torch had chosen AVX-512, and the subprocesses started after
+# it ran AVX2 kernels (test_resume's killed runs differed in the 7th digit on an AVX-512 EPYC).
+apply_caps()
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
