@@ -254,6 +254,23 @@ def test_save_load_gives_identical_samples(tmp_path):
     assert torch.equal(rollout(NovaPolicy.from_pretrained(tmp_path / "again")).images, rollout(policy).images)
 
 
+def test_a_sharded_text_encoder_as_released_loads_to_the_same_rollout(tmp_path):
+    """NOVA's release keeps its Phi text encoder in shards with an index (model.safetensors.index.json): a folder
+    in that layout loads strictly and gives the rollout (images and recorded log-probs) of the same weights saved
+    our way."""
+    import shutil
+
+    policy = tiny_nova()
+    policy.save_pretrained(tmp_path / "nova")
+    shutil.rmtree(tmp_path / "nova" / "text_encoder")
+    policy.text_encoder.save_pretrained(tmp_path / "nova" / "text_encoder", max_shard_size="1KB")
+    assert (tmp_path / "nova" / "text_encoder" / "model.safetensors.index.json").is_file()
+    assert len(list((tmp_path / "nova" / "text_encoder").glob("model-*-of-*.safetensors"))) > 1
+    loaded = load_policy(tmp_path / "nova")
+    a, b = rollout(policy), rollout(loaded)
+    assert torch.equal(a.images, b.images) and torch.equal(a.log_probs, b.log_probs)
+
+
 def test_missing_and_corrupt_checkpoints_fail_clearly(tmp_path, caplog):
     with pytest.raises(FileNotFoundError, match="model_index.json"):
         NovaPolicy.from_pretrained(tmp_path / "absent")
