@@ -13,6 +13,8 @@
 #                                the paper's whole batch (3 x 4 images) on one GPU, without / with checkpointing
 #   WHEELS=DIR   first install DIR/*.whl (--no-index --no-deps) into $SITE (default /tmp/margrpo-site):
 #                for a GPU machine without network whose Python lacks transformers, diffusers, peft, ...
+#                (on the lent H200 image, 2026-11-28: transformers 4.55.4, diffusers 0.39.0, tokenizers 0.21.4,
+#                huggingface-hub 0.36.2, jsonschema 4.26.0 with jsonschema-specifications, referencing, rpds-py)
 #   TINY=1       the tests' tiny policies on the CPU: checks this script itself in seconds
 set -uo pipefail
 out=${1:?usage: bash benchmarks/gpu_checks.sh OUT_DIR [SECONDS_PER_CHECK]}
