@@ -28,6 +28,18 @@ def distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+def join_process_group(device: str) -> torch.device:
+    """Join the process group a launcher (torchrun, margrpo.infra.launch) set up in the environment: gloo on CPU,
+    NCCL on GPUs, one GPU a process (LOCAL_RANK). Returns this process's device."""
+    import os
+
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    return torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+
+
 def shard(n: int, rank: int, world: int) -> range:
     """The contiguous share of n items (prompt groups) that process `rank` of `world` takes."""
     if n % world:
@@ -162,7 +174,11 @@ class Engine:
     def start_statistic(self, params: list[nn.Parameter], micro_batches: int) -> MicroBatchGradStats:
         """The micro-batch gradient statistic of one optimizer step of `micro_batches` per process."""
         self.squares = LocalSquares() if self.world > 1 else None
-        return MicroBatchGradStats(params, micro_batches * self.world, reduce=self.all_sum)
+        return MicroBatchGradStats(params, micro_batches * self.world, reduce=self.shard_sum)
+
+    def shard_sum(self, x: torch.Tensor) -> torch.Tensor:
+        """A per-shard quantity (a sharded gradient's squared norm) summed once over the shards of every process."""
+        return self.all_sum(x)
 
     @contextlib.contextmanager
     def micro_batch(self, stats: MicroBatchGradStats, last: bool) -> Iterator[bool]:

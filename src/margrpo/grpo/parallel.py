@@ -27,7 +27,6 @@ import torch.distributed as dist
 from torch import nn
 
 from margrpo.grpo.engine import Engine, adapter_tensors, distributed
-from margrpo.grpo.grad_stats import MicroBatchGradStats
 
 SHARDINGS = ("replicate", "full_shard", "shard_grad_op", "hybrid_shard")
 # the interface methods that use the policy's own (root) parameters: FSDP must all-gather around each
@@ -144,13 +143,9 @@ class FSDPEngine(Engine):
     def reads_local_grads(self) -> bool:
         return False
 
-    def start_statistic(self, params: list[nn.Parameter], micro_batches: int) -> MicroBatchGradStats:
-        """As the engine's, but the norm of the sharded gradient sums each shard once: under `hybrid_shard` every
-        shard is held by one process on each node (the mesh's replicas)."""
-        stats = super().start_statistic(params, micro_batches)
-        replicas = self.mesh.shape[0] if self.mesh.ndim == 2 else 1
-        stats.reduce = lambda x: self.all_sum(x) / replicas
-        return stats
+    def shard_sum(self, x: torch.Tensor) -> torch.Tensor:
+        """Each shard once: under `hybrid_shard` every shard is held by one process on each node (the replicas)."""
+        return self.all_sum(x) / (self.mesh.shape[0] if self.mesh.ndim == 2 else 1)
 
     def save_policy(self, module: nn.Module, write: Callable[[nn.Module], None]) -> None:
         """torch's full state dict (gathered group by group into the main process's CPU memory), assigned to the

@@ -55,14 +55,16 @@ def setup(threads: int | None, device: str = "auto", data_parallel: bool = False
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("the config asks for device: cuda, but no CUDA device is visible; set device: cpu or auto")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # started by torchrun / accelerate launch: one of several processes
-        from accelerate import PartialState
+        import torch.distributed as dist
 
-        state = PartialState(cpu=device == "cpu")  # joins the process group (gloo on CPU, NCCL on GPUs)
-        host, local = os.uname().nodename, os.environ.get("LOCAL_RANK")
-        print(f"margrpo: process {state.process_index} of {state.num_processes} on {host} (local {local})", flush=True)
-        if not state.is_main_process:  # one log per job: the other processes report warnings only
+        from margrpo.grpo.engine import join_process_group
+
+        own = join_process_group(device)  # this process's GPU; "cuda" now means it too
+        rank, world, host = dist.get_rank(), dist.get_world_size(), os.uname().nodename
+        print(f"margrpo: process {rank} of {world} on {host} (local {os.environ['LOCAL_RANK']})", flush=True)
+        if rank:  # one log per job: the other processes report warnings only
             logging.getLogger().setLevel(logging.WARNING)
-        return state.device  # this process's GPU; "cuda" now means it too
+        return own
     return torch.device(device)
 
 
