@@ -39,8 +39,10 @@ Per GPU, from the one-process measurement and parameter counts (N processes, one
   the root group's unsharded bf16 parameters while it runs plus two block groups (the one running and the one
   prefetched), the reference's as much in the replay, and one group's unsharded gradient (bf16, then fp32 for
   the reduce-scatter). No autocast weight copies (FSDP all-gathers bf16 parameters). In a chunked replay the
-  chunks before the last run without gradient sync (the trainer's `engine.sync`), and FSDP2 keeps their gradients
-  unsharded, accumulated in fp32, until the last chunk reduces them: during the replay the gradients are whole;
+  chunks before the last run without gradient sync (`FSDPEngine.reduce_each_chunk` False), and FSDP2 keeps their
+  gradients unsharded, accumulated in fp32, until the last chunk reduces them: during the replay the gradients are
+  whole (reducing every chunk would not lower the peak while the gradient statistic keeps its own whole copy:
+  benchmarks/chunk_reduction.py);
 - shard_grad_op (FSDP2, reshard_after_forward=False, ZeRO-2): as full_shard, but the policy's FSDP parameters stay
   gathered in bf16 for the whole step; the reference reshards after each forward.
   Both FSDP shardings also hold, during the replay's backward, one fp32 copy of this process's local (unreduced)
@@ -726,6 +728,7 @@ class Step:
     ar_steps: tuple[int, int] = (0, 0)  # (K of the schedule, AR steps the rollout ran)
     start: int = 0  # bytes before the step (what it starts from)
     rss: tuple[int, int] = (0, 0)  # this process's RSS before the step and its max RSS after (bytes; real runs)
+    allocated: int = 0  # real runs: the CPU allocator's peak growth over the step, from torch's profiler
     tape: list = field(default_factory=list, repr=False)
 
     @property
@@ -754,7 +757,12 @@ def measure(run: Run, fake: bool, narrow: bool = False, tape: list | None = None
     ledger, amp, tape = Ledger(), CudaAutocast(), Tape(tape)
     cheap = narrow and not fake
     # building the policy and the trainer reads values too (the samplers' constants): the tape covers them
-    with mode, tape, recording(cheap) if tape.recording else contextlib.nullcontext():
+    with (
+        mode,
+        tape,
+        recording(cheap) if tape.recording else contextlib.nullcontext(),
+        allocator_record(not fake and not narrow) as allocated,
+    ):
         policy = BUILD[run.policy](run.size, narrow)
         fused_attention(policy)
         if fake:  # the trainer's policy.to(cpu) would swap every fake parameter for itself, which torch refuses
@@ -771,13 +779,14 @@ def measure(run: Run, fake: bool, narrow: bool = False, tape: list | None = None
             instrumented(ledger, trainer, amp, steps, run.chosen) as ar_steps,
             ledger,
             amp if not cheap else contextlib.nullcontext(),
+            torch.profiler.record_function("step"),
         ):
             trainer.train_step()
         rss = (rss, _rss())
+        del trainer, policy  # inside the record: their frees are the last events
+        gc.collect()
     if tape.queue:
         raise RuntimeError(f"tape: {len(tape.queue)} recorded results left over (the fake step took another path)")
-    del trainer, policy
-    gc.collect()
     return Step(
         run,
         fake,
@@ -788,8 +797,39 @@ def measure(run: Run, fake: bool, narrow: bool = False, tape: list | None = None
         ar_steps,
         start,
         rss,
+        allocated[0] if allocated else 0,
         tape.values,
     )
+
+
+@contextlib.contextmanager
+def allocator_record(enabled: bool):
+    """The CPU allocator's peak growth over the part of the block marked `step` (`record_function("step")`; bytes),
+    from torch's profiler memory record: every allocation and free of a tensor storage made inside the block, in
+    time order, whatever made it; an account independent of the ledger's, which counts storages by the ops that
+    dispatch them. The record starts before the policy is built, so that what the step frees was allocated inside
+    it (a free of a storage from before the record is not reported). Yields a list that holds the peak after."""
+    out = []
+    if not enabled:
+        yield out
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        yield out
+    events = prof.profiler.kineto_results.events()
+    (mark,) = [e for e in events if e.name() == "step" and e.is_user_annotation()]
+    live = peak = 0
+    before = None
+    for t, nbytes in sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]"):
+        if t >= mark.start_ns() and before is None:
+            before = peak = live
+        if t > mark.end_ns():
+            break
+        live += nbytes
+        if before is not None:
+            peak = max(peak, live)
+    out.append(peak - (live if before is None else before))
 
 
 def _itself(module, *args, **kwargs):
@@ -1221,18 +1261,21 @@ def validate(run: Run, steps: int | None, fake: Step | None = None, fresh: bool 
         "real_step": real.peak - real.start,
         "fake_step": fake.peak - fake.start,
         "rss_step": real.rss[1] - real.rss[0],
+        "allocated_step": real.allocated,
         "phases": {p: (real.peaks[p][0], fake.peaks[p][0]) for p in PHASES},
     }
     out["ratio_peak"] = out["fake_peak"] / out["real_peak"]
     out["ratio_step"] = out["fake_step"] / out["real_step"]
     out["ratio_rss"] = out["fake_step"] / out["rss_step"]
+    out["ratio_allocated"] = out["fake_step"] / out["allocated_step"]
     mib = lambda b: f"{b / 2**20:.1f} MiB"  # noqa: E731
     say(
         f"validation, {run.policy} ({run.size}) [{run.label()}], fake vs real on this CPU:\n"
         f"  tensor peak: fake {mib(out['fake_peak'])}, real {mib(out['real_peak'])}: ratio {out['ratio_peak']:.4f}\n"
         f"  the step's growth over what it starts from: fake {mib(out['fake_step'])}, "
         f"real tensors {mib(out['real_step'])}"
-        f" (ratio {out['ratio_step']:.4f}), real resident set {mib(out['rss_step'])} (ratio {out['ratio_rss']:.3f})"
+        f" (ratio {out['ratio_step']:.4f}), real resident set {mib(out['rss_step'])} (ratio {out['ratio_rss']:.3f}),"
+        f" torch's allocator record {mib(out['allocated_step'])} (ratio {out['ratio_allocated']:.4f})"
     )
     return out
 
@@ -1300,7 +1343,11 @@ def main(argv: list[str] | None = None) -> dict:
         help="variants also planned at the old setting (default: all; --test: grpo; empty: none)",
     )
     p.add_argument("--rollout-steps", type=int, default=None, help="AR steps the rollout runs (default |M|; 0: all)")
-    p.add_argument("--validate", action="store_true", help="also the fake-vs-real check on a small NOVA")
+    p.add_argument(
+        "--validate",
+        action="store_true",
+        help="also the fake-vs-real check on a small NOVA (every AR step: --rollout-steps 0)",
+    )
     p.add_argument("--gpu-check", action="store_true", help="also the step the GPU session measured (NOVA, 12 images)")
     p.add_argument(
         "--gpu-check-runs",
@@ -1352,10 +1399,10 @@ def main(argv: list[str] | None = None) -> dict:
     out.update(plan(args))
     if args.test and "nova" in args.steps and ("grpo", "new") in args.steps["nova"]:  # the planned step, for real
         step = args.steps["nova"][("grpo", "new")]
-        out["validation"] = validate(step.run, args.rollout_steps, step, fresh=False)
-    elif args.validate:  # memory_levers.py's small NOVA: 2 prompts x 4 images, |M| = 4 replayed at once
+        out["validation"] = validate(step.run, None, fresh=False)  # every AR step: nothing added to the ledger by hand
+    if args.validate:  # memory_levers.py's small NOVA: 2 prompts x 4 images, |M| = 4 replayed at once
         small = Run("nova", "grpo", size="small", prompts=2, micro_batches=1, replay_chunk=None)
-        out["validation"] = validate(small, args.rollout_steps)
+        out["validation" if not args.test else "validation_small"] = validate(small, args.rollout_steps)
     if args.gpu_check and not args.test:
         out["gpu_check"] = gpu_check(args)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)

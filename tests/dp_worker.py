@@ -31,11 +31,12 @@ VARIANTS = {
     "chunked": {"freeze_head": True, "replay_chunk": 1},
     "checkpointed": {"gradient_checkpointing": True, "replay_chunk": 1},
 }  # blocks recomputed inside FSDP's groups
+META = bool(os.environ.get("META"))  # build the policy on the main process alone (grpo.parallel.build_policy)
 SHARDING = os.environ.get("SHARDING", "replicate")  # grpo.parallel: DDP, or FSDP2's two shardings
 POLICY = os.environ.get("POLICY", "toy")  # the tiny toy, NOVA or Harmon of the tests
 
 
-def build_policy():
+def make_policy():
     if POLICY == "nova":
         from test_policy_nova import tiny_nova
 
@@ -48,16 +49,24 @@ def build_policy():
 
 
 def first_update(out: Path) -> None:
-    results = {}
+    from margrpo.grpo.parallel import build_policy
+
+    results, loads, metas = {}, [], {}
     for name, variant in VARIANTS.items():
         if POLICY == "harmon" and "lora" in variant:  # Harmon's LoRA adapts the LLM, which the paper config freezes
             continue
         # micro_batches is per process: 2 of 2 images each in one process, 1 of 2 in each of two: the same split
         micro = 2 // int(os.environ["WORLD_SIZE"])
         frozen = ("llm.", "proj_in.", "proj_out.") if POLICY == "harmon" else ()  # the paper config's rl_frozen
+        if META:  # the others receive the main process's structure on the meta device, their shards later
+            policy = build_policy(lambda name=name: (loads.append(name), make_policy())[1], SHARDING)
+            meta = [n for n, p in policy.named_parameters() if p.is_meta]
+        else:
+            policy, meta = make_policy(), []
         trainer = make_trainer(
             out / name,
-            policy=build_policy(),
+            policy=policy,
+            device="cpu",
             trackers=[],
             micro_batches=micro,
             sharding=SHARDING,
@@ -75,8 +84,11 @@ def first_update(out: Path) -> None:
             "grads": list(grads.values()),
             "row": {k: v for k, v in row.items() if isinstance(v, float)},
         }
+        metas[name] = len(meta)
     if trainer.engine.is_main:
         torch.save(results, out / "first_update.pt")
+    # which variants' policies this process built, and how many of its parameters started on the meta device
+    (out / f"built-rank{trainer.engine.rank}.json").write_text(json.dumps({"loads": loads, "meta": metas}))
 
 
 def record_writes(rank: int) -> list[str]:
@@ -150,6 +162,9 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     mode, out = sys.argv[1], Path(sys.argv[2])
     out.mkdir(parents=True, exist_ok=True)
+    from margrpo.grpo.engine import join_process_group
+
+    join_process_group("cpu")  # as `margrpo train` does, before the policy is built
     {"first-update": first_update, "train": train}[mode](out)
     from margrpo.stages._common import leave_process_group
 

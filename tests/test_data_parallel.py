@@ -107,6 +107,34 @@ def test_two_processes_take_the_one_process_first_update(tmp_path, one_process_u
     assert "mte_frac" in two["mte-sim"]["row"]
 
 
+@pytest.mark.parametrize(
+    "policy,sharding", [("toy", "full_shard"), ("nova", "full_shard"), ("harmon", "shard_grad_op")]
+)
+def test_the_main_process_alone_builds_the_policy_and_the_others_take_the_same_step(
+    tmp_path, one_process_updates, policy, sharding
+):
+    """Under FSDP the main process alone builds the policy and reads its weights (grpo.parallel.build_policy); the
+    other starts every parameter on the meta device and receives only its shards: the first update is the one of
+    two eagerly built processes (the toy: bit for bit) and of one process (1e-5), the KL reference's included."""
+    ok(torchrun(2, "first-update", tmp_path / "meta", SHARDING=sharding, POLICY=policy, META="1"))
+    built = [json.loads((tmp_path / "meta" / f"built-rank{r}.json").read_text()) for r in (0, 1)]
+    meta = torch.load(tmp_path / "meta" / "first_update.pt")
+    assert built[0]["loads"] == list(meta) and built[1]["loads"] == []  # the weights read once, by rank 0
+    assert all(built[1]["meta"][v] > 0 for v in meta) and not any(built[0]["meta"].values())
+    one = one_process_updates(policy)
+    for variant in meta:
+        assert relative_error(meta[variant]["params"], one[variant]["params"]) < 1e-5, variant
+        assert meta[variant]["row"]["kl"] == pytest.approx(one[variant]["row"]["kl"], rel=1e-4, abs=1e-7), variant
+    if policy == "toy":
+        ok(torchrun(2, "first-update", tmp_path / "eager", SHARDING=sharding, POLICY=policy))
+        eager = torch.load(tmp_path / "eager" / "first_update.pt")
+        for variant in meta:
+            for a, b in zip(meta[variant]["params"], eager[variant]["params"]):
+                assert torch.equal(a, b), variant
+            for key in ("reward_mean", "policy_loss", "kl", "grad_norm_ar", "grad_var_ar"):
+                assert meta[variant]["row"][key] == eager[variant]["row"][key], (variant, key)
+
+
 def test_the_statistic_adds_an_fsdp_groups_parts_and_refuses_other_layouts():
     """FSDP may reduce a group in parts: parts of one layout are summed before squaring (not squared apart);
     a part of another layout makes the micro-batch inexact (the variance is then NaN, never a wrong number)."""

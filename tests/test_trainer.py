@@ -21,7 +21,7 @@ def redness(images, prompts, metadata):
     return r, {"redness": r}
 
 
-def make_trainer(tmp_path, policy=None, **kw):
+def make_trainer(tmp_path, policy=None, device=None, **kw):
     cfg = dict(
         steps=2,
         batch_prompts=2,
@@ -36,7 +36,14 @@ def make_trainer(tmp_path, policy=None, **kw):
     )
     cfg.update(kw)
     return GRPOTrainer(
-        policy or tiny_policy("flow"), redness, PROMPT_SET, PROMPT_SET, SAMPLING, GRPOConfig(**cfg), tmp_path
+        policy or tiny_policy("flow"),
+        redness,
+        PROMPT_SET,
+        PROMPT_SET,
+        SAMPLING,
+        GRPOConfig(**cfg),
+        tmp_path,
+        device=device,
     )
 
 

@@ -165,6 +165,11 @@ class Engine:
         """Gradients are reduced over processes in the backward passes run inside this block only when `enabled`."""
         return contextlib.nullcontext()
 
+    def chunk_sync(self, sync: bool, last: bool) -> bool:
+        """Whether one chunk of a micro-batch's chunked replay reduces its gradient over processes (`sync`: the
+        micro-batch does; `last`: its last chunk). Here only the last: the chunks accumulate locally first."""
+        return sync and last
+
     @property
     def reads_local_grads(self) -> bool:
         """Whether each micro-batch's local gradient is in `.grad` after its backward (else the engine reports

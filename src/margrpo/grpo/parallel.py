@@ -77,6 +77,11 @@ class DDPEngine(Engine):
 
 class FSDPEngine(Engine):
     collective_forward = True
+    # a chunked replay's chunks accumulate this process's whole gradient and the last reduce-scatters it (one
+    # collective per micro-batch). True: every chunk reduce-scatters, so the gradients stay sharded, which lowers the
+    # peak only where the gradient statistic (LocalSquares) does not keep its own whole copy of the local gradient:
+    # docs/findings.md, benchmarks/chunk_reduction.py
+    reduce_each_chunk = False
 
     def __init__(
         self,
@@ -143,6 +148,9 @@ class FSDPEngine(Engine):
     def reads_local_grads(self) -> bool:
         return False
 
+    def chunk_sync(self, sync: bool, last: bool) -> bool:
+        return sync and (last or self.reduce_each_chunk)
+
     def shard_sum(self, x: torch.Tensor) -> torch.Tensor:
         """Each shard once: under `hybrid_shard` every shard is held by one process on each node (the replicas)."""
         return self.all_sum(x) / (self.mesh.shape[0] if self.mesh.ndim == 2 else 1)
@@ -203,6 +211,22 @@ def _register_reduce_scatter_type() -> None:
     ReduceScatter.register(_CountingReduceScatter)
 
 
+def build_policy(load: Callable[[], nn.Module], sharding: str) -> nn.Module:
+    """This process's policy before `parallelize`. Sharded over several processes (FSDP), the main process alone
+    builds it and reads its weights (`load`); the others receive its structure with every parameter on the meta
+    device (`meta_twin`; buffers, which are small and partly not saved, travel whole) and get only their shards of
+    the weights when the engine is built. Otherwise every process runs `load`."""
+    if not distributed() or sharding == "replicate":
+        return load()
+    if dist.get_rank() == 0:
+        policy = load()
+        dist.broadcast_object_list([meta_twin(policy, keep_buffers=True)], src=0)
+        return policy
+    box = [None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def parallelize(
     policy: nn.Module,
     config,
@@ -210,26 +234,45 @@ def parallelize(
     stat_params: list[nn.Parameter],
     head_params: list[nn.Parameter],
     device: torch.device,
+    reference: nn.Module | None = None,
 ) -> Engine:
-    """The engine for this process: plain with one process, else DDP (`replicate`) or FSDP2 (the shardings).
-    Every process must start from the same weights (rank 0's are broadcast first)."""
+    """The engine for this process: plain with one process, else DDP (`replicate`) or FSDP2 (the shardings), with
+    the KL `reference` (which shares the policy's frozen parameters) sharded as the policy is. Every process starts
+    from the main process's weights: DDP's are broadcast whole; under FSDP each process receives its shards after
+    sharding (the others' parameters may be on the meta device, `build_policy`)."""
     sharding, mixed_precision = config.sharding, config.precision  # a GRPOConfig (grpo.config)
     if sharding not in SHARDINGS:
         raise ValueError(f"sharding {sharding!r}: expected one of {', '.join(SHARDINGS)}")
     if not distributed():
         return Engine(policy, device)
-    for t in [*policy.parameters(), *policy.buffers()]:  # the one broadcast: LoRA adapters start at random
-        dist.broadcast(t.data, src=0)
     if sharding == "replicate":
+        if any(t.is_meta for t in policy.parameters()):
+            raise ValueError("replicate (DDP) needs the whole policy on every process: build it with build_policy")
+        for t in [*policy.parameters(), *policy.buffers()]:  # the one broadcast: LoRA adapters start at random
+            dist.broadcast(t.data, src=0)
         return DDPEngine(policy, loss_fn, stat_params, device)
     _register_reduce_scatter_type()
-    return FSDPEngine(policy, sharding, stat_params, {id(p) for p in head_params}, mixed_precision, device)
+    modules = [policy] + ([reference] if reference is not None and reference is not policy else [])
+    # the main process's whole weights, kept beside the sharded modules until every process has its shards
+    sources = [twin(m, lambda t: t.detach()) for m in modules] if dist.get_rank() == 0 else [None] * len(modules)
+    engine = FSDPEngine(policy, sharding, stat_params, {id(p) for p in head_params}, mixed_precision, device)
+    if len(modules) > 1:
+        _shard_reference(reference, engine)
+    for module in modules:
+        materialize(module, device)
+    for module, source in zip(modules, sources):
+        engine.load_policy_state(module, source)
+    return engine
 
 
-def shard_reference(ref: nn.Module, engine: Engine) -> None:
-    """The KL reference sharded as the policy is (resharded after each no-grad forward); replicated otherwise."""
-    if not isinstance(engine, FSDPEngine):  # one process or DDP: the reference stays whole
-        return
+def materialize(module: nn.Module, device: torch.device) -> None:
+    """Storage on `device` for the module's tensors on the meta device (FSDP's shards stay shards; the values are
+    undefined until loaded). Parameters shared with another module change in place, so stay shared."""
+    module._apply(lambda t: torch.empty_like(t, device=device) if t.is_meta else t)
+
+
+def _shard_reference(ref: nn.Module, engine: FSDPEngine) -> None:
+    """The KL reference sharded as the policy is (resharded after each no-grad forward)."""
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     kwargs = {**engine.kwargs, "reshard_after_forward": True}
@@ -327,11 +370,17 @@ def fsdp_mesh(sharding: str, world: int, device: torch.device):
     return init_device_mesh(device.type, (world // per_node, per_node), mesh_dim_names=("replicate", "shard"))
 
 
-def meta_twin(module: nn.Module) -> nn.Module:
-    """A copy of `module` whose parameters and buffers are on the meta device: its structure and settings
-    (tokenizers, configs) without a byte of its weights."""
+def twin(module: nn.Module, tensor: Callable[[torch.Tensor], torch.Tensor], buffers: bool = True) -> nn.Module:
+    """A copy of `module` (its structure and settings: tokenizers, configs) whose parameters are `tensor(p)`, and
+    whose buffers too unless `buffers` is False (then kept as they are)."""
     memo = {}
-    for t in [*module.parameters(), *module.buffers()]:
-        empty = torch.empty_like(t, device="meta")
-        memo[id(t)] = nn.Parameter(empty, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else empty
+    for t in [*module.parameters(), *(module.buffers() if buffers else ())]:
+        new = tensor(t)
+        memo[id(t)] = nn.Parameter(new, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else new
     return copy.deepcopy(module, memo)
+
+
+def meta_twin(module: nn.Module, keep_buffers: bool = False) -> nn.Module:
+    """A copy of `module` without a byte of its weights: parameters (and buffers, unless `keep_buffers`) on the
+    meta device."""
+    return twin(module, lambda t: torch.empty_like(t, device="meta"), buffers=not keep_buffers)

@@ -34,7 +34,7 @@ from margrpo.grpo.functions import (
     uncertainty_mask,
 )
 from margrpo.grpo.grad_stats import MicroBatchGradStats
-from margrpo.grpo.parallel import parallelize, shard_reference
+from margrpo.grpo.parallel import parallelize
 from margrpo.grpo.replay import recorded, replay
 from margrpo.grpo.rollout import (
     Rollout,
@@ -71,13 +71,16 @@ class GRPOTrainer:
         config: GRPOConfig,
         out_dir: str | Path,
         accelerator: Accelerator | None = None,
+        device: torch.device | str | None = None,
     ):
         self.cfg, self.sampling = config, sampling
+        # where the policy runs: its parameters' device, unless they wait on the meta device (parallel.build_policy)
+        self.device = torch.device(device) if device is not None else policy.device
         # accelerate for the trackers alone: processes, devices and state are the engine's (grpo.engine)
         self.accelerator = accelerator or Accelerator(
-            cpu=policy.device.type == "cpu", log_with=list(config.trackers) or None, project_dir=Path(out_dir) / "tb"
+            cpu=self.device.type == "cpu", log_with=list(config.trackers) or None, project_dir=Path(out_dir) / "tb"
         )
-        self.policy, self.device = policy, policy.device
+        self.policy = policy
         if config.batch_prompts > len(train_prompts):
             raise ValueError(
                 f"grpo.batch_prompts ({config.batch_prompts}) exceeds the {len(train_prompts)} training prompts"
@@ -157,9 +160,8 @@ class GRPOTrainer:
             list(self._stat_params()),
             list(self.policy.head_parameters()),
             self.device,
+            reference=self.ref,
         )
-        if self.ref is not None and self.ref is not self.policy:
-            shard_reference(self.ref, self.engine)
 
     def _stat_params(self):
         part = self.policy.head_parameters() if self.cfg.freeze_ar else self.policy.ar_parameters()
@@ -354,7 +356,7 @@ class GRPOTrainer:
             part = slice(a, a + size)
             part_old = None if old is None else tuple(None if o is None else o[part] for o in old)
             share = 1.0 if self.cfg.reinforce else len(ar[part]) / len(ar)
-            with self.engine.sync(sync and a + size >= len(ar)):  # the chunks accumulate locally; the last reduces
+            with self.engine.sync(self.engine.chunk_sync(sync, last=a + size >= len(ar))):
                 loss, stats = self.engine.loss(
                     self.micro_loss,
                     rollout,

@@ -52,6 +52,7 @@ def _read_spec(args) -> dict:
 
 def run(args) -> None:
     from margrpo.experiment.config import check_grpo_run, check_val_prompts
+    from margrpo.grpo.parallel import build_policy
     from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, write_outputs
     from margrpo.policy import load_policy
     from margrpo.rewards import build_reward_mix
@@ -79,13 +80,14 @@ def run(args) -> None:
         weights, reward_options(weights, spec.get("reward_models", {}), args.toyclip_dir, args.toypref_dir)
     )
     trainer = GRPOTrainer(
-        load_policy(args.policy_dir, device),
+        build_policy(lambda: load_policy(args.policy_dir, device), cfg.sharding),  # FSDP: read by the main process
         reward,
         prompt_set(suites / "train.jsonl"),
         val_prompts,
         sampling_config(spec["sampling"]),
         cfg,
         out,
+        device=device,
     )
     trainer.train(full_spec)
     if not trainer.engine.is_main:  # data parallel: one process writes the run's files

@@ -1,0 +1,163 @@
+"""What reducing every replayed chunk costs under FSDP `full_shard`, against reducing once per micro-batch.
+
+A chunked replay (`grpo.replay_chunk`) backpropagates the |M| chosen AR steps a few at a time. FSDP can
+reduce-scatter each chunk's gradient at once, so every process holds only its 1/N shard of the gradients through
+the replay (`FSDPEngine.reduce_each_chunk`, the default), or accumulate the chunks' whole gradients locally and
+reduce-scatter once, after the last (one collective per micro-batch instead of |M| / chunk). Two processes
+(torchrun, gloo, one thread each) take the same GRPO steps of the toy both ways; per way: the median step time
+(wall and this process's CPU time), the reduce-scatters of one step, and the CPU allocator's peak growth during
+a step as torch's profiler records it (a further, profiled step); with the micro-batch gradient statistic on
+(the trainer's: it keeps an fp32 sum of each process's whole local gradient of the AR through a micro-batch,
+grpo.engine.LocalSquares) and off. The reward is a cheap stand-in (mean brightness). The first updates of the
+two ways agree (printed): the choice changes where the gradient waits, not what it is.
+
+    python benchmarks/chunk_reduction.py [--config config/config.yaml] [--steps 4] [--model '{"depth": 12}']
+        [--grpo '{"mask_steps": 4, "batch_prompts": 2, "group_size": 2, "micro_batches": 1}']
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from grpo_step import MODEL, PROMPTS, make_trainer  # noqa: E402
+from memory_plan import allocator_record  # noqa: E402
+
+from margrpo.experiment.config import load_config  # noqa: E402
+from margrpo.grpo.rollout import SamplingConfig  # noqa: E402
+
+
+def worker(args) -> None:
+    """One process: `steps` timed steps after a warm-up, then one profiled step; rank 0 prints JSON."""
+    import margrpo.grpo.parallel as parallel
+    from margrpo.grpo.engine import join_process_group
+
+    torch.set_num_threads(1)
+    join_process_group("cpu")
+    parallel.FSDPEngine.reduce_each_chunk = args.each_chunk
+    if args.no_statistic:  # the engine's hooks read no local gradient (grad_var_ar NaN, not wrong)
+        start = parallel.FSDPEngine.start_statistic
+
+        def start_without(self, params, micro_batches):
+            stats = start(self, params, micro_batches)
+            self.squares = None
+            stats.exact = False
+            return stats
+
+        parallel.FSDPEngine.start_statistic = start_without
+    calls = []
+    counting = parallel._CountingReduceScatter.__call__
+    parallel._CountingReduceScatter.__call__ = lambda self, *a, **k: (calls.append(1), counting(self, *a, **k))[1]
+    MODEL.update(json.loads(args.model))
+    config = load_config(args.config)
+    name = config["experiments"]["ladder"]["policies"][0]
+    sampling = SamplingConfig(**config["policies"][name]["sampling"])
+    world = int(os.environ["WORLD_SIZE"])
+    grpo = {
+        **config["grpo"],
+        "precision": "no",
+        "sharding": "full_shard",
+        "replay_chunk": 1,
+        "val_every": 10_000,
+        "save_every": 10_000,
+        "trackers": [],
+        "micro_batches": max(1, config["grpo"]["micro_batches"] // world),
+        **json.loads(args.grpo),
+    }
+    trainer = make_trainer(None, sampling, grpo, {}, args.steps + 1, prompts=PROMPTS * 4)
+    walls, cpus, per_step, first = [], [], [], None
+    for _ in range(args.steps + 1):
+        calls.clear()
+        t0, c0 = time.perf_counter(), time.process_time()
+        trainer.train_step()
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+        per_step.append(len(calls))
+        first = first or trainer.engine.full_tensors(dict(trainer.policy.named_parameters()))
+    with allocator_record(True) as peak, torch.profiler.record_function("step"):
+        trainer.train_step()
+    trained = sum(p.numel() * p.element_size() for p in first.values() if p.dtype.is_floating_point)
+    if trainer.engine.is_main:
+        torch.save({k: v.detach() for k, v in first.items()}, args.out)
+        result = {
+            "each_chunk": args.each_chunk,
+            "statistic": not args.no_statistic,
+            "wall_s": statistics.median(walls[1:]),
+            "cpu_s": statistics.median(cpus[1:]),
+            "reduce_scatters": per_step[-1],
+            "allocated_peak": peak[0],
+            "policy_bytes": trained,
+            "mask_steps": grpo["mask_steps"],
+            "images": grpo["batch_prompts"] * grpo["group_size"],
+        }
+        print("RESULT " + json.dumps(result))
+
+
+def launch(each_chunk: bool, statistic: bool, args, out: Path) -> dict:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", __file__, "--worker"]
+    cmd += ["--config", args.config, "--steps", str(args.steps), "--model", args.model, "--grpo", args.grpo]
+    cmd += ["--out", str(out)] + (["--each-chunk"] if each_chunk else []) + ([] if statistic else ["--no-statistic"])
+    run = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if run.returncode:
+        raise SystemExit(run.stderr[-3000:])
+    return json.loads(next(line for line in run.stdout.splitlines() if line.startswith("RESULT "))[7:])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="config/config.yaml")
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--model", default="{}", help="ToyMARConfig overrides (random init) as JSON")
+    p.add_argument(
+        "--grpo",
+        default='{"mask_steps": 4, "batch_prompts": 2, "group_size": 2, "micro_batches": 1}',
+        help="grpo overrides as JSON (default: a small batch, so that the gradients weigh)",
+    )
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--each-chunk", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--no-statistic", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return worker(args)
+    import tempfile
+
+    mib, results = 2**20, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for statistic in (True, False):
+            for each in (False, True):
+                out = Path(tmp) / f"{statistic}-{each}.pt"
+                results[statistic, each] = launch(each, statistic, args, out), torch.load(out)
+    one = results[True, False][0]
+    print(
+        f"FSDP full_shard, 2 processes x 1 thread, {os.cpu_count()} cores; toy {one['policy_bytes'] / mib:.1f} MiB of "
+        f"fp32 parameters; {one['images']} images a step, |M| = {one['mask_steps']}, replay_chunk 1"
+    )
+    for statistic in (True, False):
+        (once, a), (each, b) = results[statistic, False], results[statistic, True]
+        print(f"gradient statistic {'on (the trainer)' if statistic else 'off'}:")
+        for r in (once, each):
+            way = "every chunk" if r["each_chunk"] else "last chunk "
+            print(
+                f"  reduce at {way}: median step {r['wall_s']:.3f} s wall, {r['cpu_s']:.3f} s CPU; "
+                f"{r['reduce_scatters']} reduce-scatters a step; allocator peak growth "
+                f"{r['allocated_peak'] / mib:.1f} MiB"
+            )
+        diff = max(float((a[k] - b[k]).abs().max() / a[k].abs().max().clamp(min=1e-12)) for k in a)  # first update
+        print(
+            f"  every chunk / last chunk: time {each['wall_s'] / once['wall_s']:.3f} (wall), "
+            f"{each['cpu_s'] / once['cpu_s']:.3f} (CPU); peak {each['allocated_peak'] / once['allocated_peak']:.3f} "
+            f"({(each['allocated_peak'] - once['allocated_peak']) / mib:+.1f} MiB); first update: largest relative "
+            f"difference {diff:.1e}"
+        )
+
+
+if __name__ == "__main__":
+    main()
