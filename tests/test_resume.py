@@ -254,7 +254,7 @@ def test_margrpo_train_deletes_nothing_it_did_not_write(tmp_path, monkeypatch, l
 def test_a_fresh_start_removes_what_a_save_wrote_and_keeps_what_it_did_not(tmp_path):
     """clear_written_state's rules (issue #36), on a state/ built by the savers themselves: a checkpoint goes file by
     file, as its manifest lists them; what the manifest does not list stays, with its folders."""
-    from margrpo.grpo.run_loop import clear_written_state
+    from margrpo.grpo.run_files import clear_written_state
     from margrpo.infra.io import checked_path
 
     state, elsewhere = tmp_path / "state", tmp_path / "frozen"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from margrpo.grpo.run_loop import clear_written_state
+from margrpo.grpo.run_files import clear_written_state
 from margrpo.infra.io import InputError, checked_path, space_named, verify_checksums
 from margrpo.policy.memory import save_adapters
 

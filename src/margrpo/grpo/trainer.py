@@ -44,7 +44,7 @@ from margrpo.grpo.rollout import (
     make_sampler,
     stochastic_steps,
 )
-from margrpo.grpo.run_loop import RunState, write_run_outputs
+from margrpo.grpo.run_files import RunState, write_run_outputs
 from margrpo.grpo.step_batch import StepBatch, Update, choose_steps, combine_chunk_stats, subset_rollout
 from margrpo.grpo.streams import group_generators, step_generator
 from margrpo.grpo.validation import RewardFn, validate

@@ -220,7 +220,7 @@ def state_saver(job: Job, state_dir: Path, run_hash: str):
 def try_resume(job: Job, state_dir: Path, run_hash: str):
     """The loop's state from state/trainer.pt when written under this run's hash (policy and optimizer
     restored); else None."""
-    from margrpo.grpo.run_loop import RunState, checkpoint_path, clear_written_state
+    from margrpo.grpo.run_files import RunState, checkpoint_path, clear_written_state
     from margrpo.infra.io import InputError, refuse_symlink, verify_checksums
     from margrpo.stages._related import load_any_policy
 
@@ -252,8 +252,9 @@ def try_resume(job: Job, state_dir: Path, run_hash: str):
 
 
 def run(args) -> None:
-    from margrpo.grpo.run_loop import train_loop, write_run_outputs
+    from margrpo.grpo.run_files import write_run_outputs
     from margrpo.infra.io import spec_hash
+    from margrpo.related.loop import train_loop
     from margrpo.stages._related import load_any_policy
 
     spec = read_spec(args)
