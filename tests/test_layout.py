@@ -122,7 +122,7 @@ LAYERS = [
     ["toylab", "related"],
     ["evaluation", "reporting"],
     ["experiment"],
-    ["stages", "cli"],
+    ["stages", "cli", "__main__"],
 ]
 LAYER = {pkg: n for n, pkgs in enumerate(LAYERS) for pkg in pkgs}
 
@@ -179,6 +179,13 @@ def test_nothing_loose_at_the_package_root():
         ["__init__.py", "cli.py"],
         ["__init__.py", "__main__.py", "cli.py"],
     )
+
+
+def test_a_stage_starts_one_way():
+    """`margrpo STAGE` (or `python -m margrpo STAGE`): no stage module is a script of its own, which would skip
+    what cli.main does first (the kernel caps, offline hubs, one-line user errors)."""
+    scripts = [p.name for p in (SRC / "margrpo" / "stages").glob("*.py") if '__name__ == "__main__"' in p.read_text()]
+    assert not scripts, scripts
 
 
 @pytest.mark.parametrize(

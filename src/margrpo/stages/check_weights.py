@@ -85,9 +85,3 @@ def run(args) -> None:
     write_spec(Path(args.out).parent, {"kind": args.kind, "path": str(p)})
     atomic_write_json(args.out, {"kind": args.kind, "path": str(p)})
     log.info(f"{args.kind} weights found at {p}")
-
-
-if __name__ == "__main__":
-    from margrpo.cli import main
-
-    main(["check-weights", *__import__("sys").argv[1:]])

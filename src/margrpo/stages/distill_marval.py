@@ -101,9 +101,3 @@ def run(args) -> None:
     )
     atomic_write_json(args.quality, report)
     log.info(format_report(report))
-
-
-if __name__ == "__main__":
-    from margrpo.cli import main
-
-    main(["distill-marval", *__import__("sys").argv[1:]])

@@ -101,9 +101,3 @@ def run_real(args: argparse.Namespace) -> None:
         log.info(f"{cat}: {summary['mean']:.4f} over {summary['n_images']} images ({summary['metric']})")
     atomic_write_csv(pd.concat(per_image, ignore_index=True), args.out_per_image)
     atomic_write_csv(pd.DataFrame(per_category), args.out_per_category)
-
-
-if __name__ == "__main__":
-    _parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(_parser)
-    run(_parser.parse_args())

@@ -86,9 +86,3 @@ def run(args) -> None:
         )
         log.info(f"{name}: {rows[-1]['mean']:.4f} over {len(s)} images")
     atomic_write_csv(pd.DataFrame(rows), args.out)
-
-
-if __name__ == "__main__":
-    from margrpo.cli import main
-
-    main(["eval-preference", *__import__("sys").argv[1:]])

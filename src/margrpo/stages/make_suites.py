@@ -148,9 +148,3 @@ def run_files(args: argparse.Namespace) -> None:
     atomic_write_json(out / "world.json", {"source": "files", **sources})
     for split, records in suites.items():
         log.info(f"{split}: {len(records)} prompts {dict(collections.Counter(r.category for r in records))}")
-
-
-if __name__ == "__main__":
-    _parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(_parser)
-    run(_parser.parse_args())

@@ -143,9 +143,3 @@ def run(args) -> None:
         world_cfg,
         title=f"{out.parent.name}: pre-trained ({cfg.steps} steps)",
     )
-
-
-if __name__ == "__main__":
-    from margrpo.cli import main
-
-    main(["pretrain", *__import__("sys").argv[1:]])

@@ -82,9 +82,3 @@ def run(args) -> None:
             prompt, index = prompts[i // args.images_per_prompt], i % args.images_per_prompt
             Image.fromarray(img).save(tmp / f"{prompt}_{index:06d}.png")
     log.info(f"{len(images)} images of {len(prompts)} prompts -> {out}")
-
-
-if __name__ == "__main__":
-    from margrpo.cli import main
-
-    main(["sample", *__import__("sys").argv[1:]])

@@ -101,9 +101,3 @@ def run(args) -> None:
         f"done: {trainer.step} steps; base val reward {trainer.checkpoints[0]['val_reward']:.4f}; "
         f"best {best['val_reward']:.4f}{ema} at step {best['step']}"
     )
-
-
-if __name__ == "__main__":
-    from margrpo.cli import main
-
-    main(["train", *__import__("sys").argv[1:]])

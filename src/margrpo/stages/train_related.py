@@ -288,9 +288,3 @@ def run(args) -> None:
         f"done: {state.step} steps; base val reward {state.checkpoints[0]['val_reward']:.4f}; "
         f"best {best['val_reward']:.4f} at step {best['step']}"
     )
-
-
-if __name__ == "__main__":
-    from margrpo.cli import main
-
-    main(["train-related", *__import__("sys").argv[1:]])

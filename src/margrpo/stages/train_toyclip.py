@@ -108,11 +108,3 @@ def run(args: argparse.Namespace) -> None:
         f"trained {settings['steps']} steps in {info['train_seconds']:.0f} s "
         f"({info['train_cpu_seconds']:.0f} CPU s) -> {args.out_dir}"
     )
-
-
-if __name__ == "__main__":
-    import sys
-
-    from margrpo.cli import main
-
-    sys.exit(main(["train-toyclip", *sys.argv[1:]]))

@@ -94,11 +94,3 @@ def run(args: argparse.Namespace) -> None:
         f"{accuracy['alignment_loser_brighter']['accuracy']:.3f}); {settings['steps']} steps in "
         f"{info['train_cpu_seconds']:.0f} CPU s -> {args.out_dir}"
     )
-
-
-if __name__ == "__main__":
-    import sys
-
-    from margrpo.cli import main
-
-    sys.exit(main(["train-toypref", *sys.argv[1:]]))

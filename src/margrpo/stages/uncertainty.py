@@ -71,9 +71,3 @@ def run(args) -> None:
                 step_uncertainty=step_maps.transpose(0, 1).reshape(len(prompts), -1, h, w).cpu().numpy(),
             )
     log.info(f"uncertainty maps of {len(prompts)} prompts (S = {args.trajectories}) -> {args.out}")
-
-
-if __name__ == "__main__":
-    from margrpo.cli import main
-
-    main(["uncertainty", *__import__("sys").argv[1:]])

@@ -91,9 +91,3 @@ def run(args) -> None:
         title=f"{out.parent.name}: after head warm-up ({cfg.steps} steps)",
     )
     log.info(f"warm-up: overall strict {before['overall']['strict']:.3f} -> {after['overall']['strict']:.3f}")
-
-
-if __name__ == "__main__":
-    from margrpo.cli import main
-
-    main(["warmup", *__import__("sys").argv[1:]])
