@@ -34,6 +34,7 @@ import torch
 from margrpo.grpo.rollout import generate
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.policy import load_policy
+from margrpo.policy.settings import PolicySettings
 from margrpo.rewards import build_reward_mix
 from margrpo.stages._common import prompt_set, reward_options, sampling_config
 
@@ -75,6 +76,7 @@ def build(spec_path: Path, changes, root: Path) -> GRPOTrainer:
         sampling_config(spec["sampling"]),
         cfg,
         tempfile.mkdtemp(prefix="gradient-signal-"),
+        policy_settings=PolicySettings.from_spec(spec),
     )
 
 

@@ -36,6 +36,7 @@ from margrpo.grpo.rollout import SamplingConfig, ar_schedule, generate, stochast
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, choose_steps
 from margrpo.infra.runtime import autocast, peak_memory_mb
 from margrpo.policy import ToyMAR, ToyMARConfig, load_policy
+from margrpo.policy.settings import PolicySettings
 from margrpo.prompts.suites import PromptSet
 from margrpo.world import prompt_vocabulary
 
@@ -65,10 +66,14 @@ def make_policy(path):
 
 
 def make_trainer(policy_path, sampling, grpo, variant, steps, prompts=PROMPTS) -> GRPOTrainer:
-    fields = set(GRPOConfig.__dataclass_fields__)
-    cfg = GRPOConfig(**{k: v for k, v in {**grpo, **variant, "steps": steps + 1}.items() if k in fields})
+    """`grpo` and `variant` may set GRPOConfig's fields and the policy's settings (PolicySettings) alike."""
+    settings = {**grpo, **variant, "steps": steps + 1}
+    cfg = GRPOConfig(**{k: v for k, v in settings.items() if k in GRPOConfig.__dataclass_fields__})
+    policy = PolicySettings(**{k: v for k, v in settings.items() if k in PolicySettings.__dataclass_fields__})
     ps = PromptSet(prompts, [{}] * len(prompts))
-    return GRPOTrainer(make_policy(policy_path), reward, ps, ps, sampling, cfg, tempfile.mkdtemp())
+    return GRPOTrainer(
+        make_policy(policy_path), reward, ps, ps, sampling, cfg, tempfile.mkdtemp(), policy_settings=policy
+    )
 
 
 def interleaved_step_times(trainers, steps, clock=time.process_time) -> list[list[float]]:

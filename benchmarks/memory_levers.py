@@ -81,6 +81,7 @@ def one_step(args, levers: dict, queue) -> None:
 
     from margrpo.grpo.rollout import SamplingConfig
     from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
+    from margrpo.policy.settings import PolicySettings
     from margrpo.prompts.suites import PromptSet
 
     torch.set_num_threads(1)
@@ -94,8 +95,9 @@ def one_step(args, levers: dict, queue) -> None:
         diffusion_steps=4,
         micro_batches=1,
         precision="no",
-        **levers,
+        **{k: v for k, v in levers.items() if k not in PolicySettings.__dataclass_fields__},
     )
+    settings = PolicySettings(**{k: v for k, v in levers.items() if k in PolicySettings.__dataclass_fields__})
     with tempfile.TemporaryDirectory() as out:
         trainer = GRPOTrainer(
             small_nova(args.width, args.depth, args.size),
@@ -105,6 +107,7 @@ def one_step(args, levers: dict, queue) -> None:
             SamplingConfig(ar_steps=8, diffusion_steps=6),
             cfg,
             out,
+            policy_settings=settings,
         )
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         trainer.train_step()

@@ -14,6 +14,7 @@ from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.policy import load_policy
 from margrpo.policy.base import deterministic
 from margrpo.policy.memory import adapter_parameters, adapters_disabled, add_lora, lora_layers
+from margrpo.policy.settings import PolicySettings
 from margrpo.prompts.suites import PromptSet
 
 SAMPLING = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=2.0)
@@ -113,23 +114,25 @@ def test_gradient_checkpointing_recomputes_the_heads_blocks_with_the_same_gradie
 
 
 def test_gradient_checkpointing_is_off_by_default_and_routed(tmp_path):
-    assert GRPOConfig().gradient_checkpointing is False and GRPOConfig().lora is None
+    assert PolicySettings().gradient_checkpointing is False and PolicySettings().lora is None
     trainer = make_trainer(tmp_path, gradient_checkpointing=True)
     assert trainer.policy.gradient_checkpointing
     assert not make_trainer(tmp_path / "b").policy.gradient_checkpointing
 
 
-def test_policy_keys_reach_grpo_config():
+def test_policy_keys_reach_the_policy_settings():
     base = load_config({})
     spec = train_spec(base, "toy-nova", "toyclip", "grpo")
     assert "gradient_checkpointing" not in spec["grpo"] and "lora" not in spec["grpo"]  # cached specs unchanged
+    assert "policy" not in spec
     config = load_config(
         {"policies": {"toy-nova": {"kind": "toy", "gradient_checkpointing": True, "lora": {"rank": 4}}}}
     )
     spec = validate_train_spec(train_spec(config, "toy-nova", "toyclip", "grpo"))
-    cfg = GRPOConfig.from_spec(spec)
-    assert cfg.gradient_checkpointing is True
-    assert cfg.lora == {"rank": 4, "alpha": None, "dropout": 0.0, "target_modules": None}
+    settings = PolicySettings.from_spec(spec)
+    assert settings.gradient_checkpointing is True
+    assert settings.lora == {"rank": 4, "alpha": None, "dropout": 0.0, "target_modules": None}
+    assert "lora" not in spec["grpo"] and GRPOConfig.from_spec(spec).lr > 0  # GRPO's section holds GRPO's keys
 
 
 # --- LoRA ---------------------------------------------------------------------------------------------
@@ -147,8 +150,10 @@ def make_trainer(tmp_path, policy=None, **kw):
         lr=1e-2,
     )
     cfg.update(kw)
+    settings = PolicySettings(**{k: cfg.pop(k) for k in list(cfg) if k in PolicySettings.__dataclass_fields__})
+    policy = policy or tiny_policy("flow")
     return GRPOTrainer(
-        policy or tiny_policy("flow"), redness, PROMPT_SET, PROMPT_SET, SAMPLING, GRPOConfig(**cfg), tmp_path
+        policy, redness, PROMPT_SET, PROMPT_SET, SAMPLING, GRPOConfig(**cfg), tmp_path, None, None, settings
     )
 
 

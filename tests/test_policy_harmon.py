@@ -13,6 +13,7 @@ from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.policy import load_policy
 from margrpo.policy.base import TextCondition
 from margrpo.policy.harmon import HarmonConfig, HarmonPolicy
+from margrpo.policy.settings import PolicySettings
 from margrpo.prompts.suites import PromptSet
 
 PARAMS = Path(__file__).resolve().parents[1] / "src/margrpo/policy/params/harmon-1.5b.tsv"
@@ -196,9 +197,9 @@ def test_official_scope_trains_mar_only_and_shares_the_llm_with_the_reference(tm
         val_prompts=2,
         precision="no",
         lr=1e-3,
-        frozen=["llm.", "proj_in.", "proj_out."],
     )
-    trainer = GRPOTrainer(policy, redness, prompts, prompts, SAMPLING, cfg, tmp_path)
+    frozen = PolicySettings(frozen=("llm.", "proj_in.", "proj_out."))
+    trainer = GRPOTrainer(policy, redness, prompts, prompts, SAMPLING, cfg, tmp_path, policy_settings=frozen)
     ref = dict(trainer.ref.named_parameters())
     outside = [n for n, _ in policy.named_parameters() if not n.startswith("mar.")]
     assert all(ref[n] is policy.get_parameter(n) for n in outside)

@@ -121,7 +121,7 @@ def test_ema_off_and_trackers_leave_metrics_and_checkpoints_as_before(tmp_path):
     assert set(state) == OLD_STATE_KEYS and logged.ema is None
     old = {
         k: v
-        for k, v in asdict(logged.cfg).items()
+        for k, v in {**asdict(logged.cfg), **asdict(logged.policy_settings)}.items()  # GRPOConfig's fields, once
         if k not in ("trackers", "ema_decay", "lora", "gradient_checkpointing", "replay_chunk", "sharding")
     }
     assert state["spec_hash"] == spec_hash({"grpo": old, "sampling": asdict(logged.sampling), "spec": None})

@@ -1,5 +1,6 @@
 """DESIGN 3.3-3.10 at the level of the trainer: one loop, every variant, exact reductions, resume."""
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from helpers import PROMPTS, tiny_policy
 from margrpo.grpo.replay import recorded, replay
 from margrpo.grpo.rollout import SamplingConfig, generate
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, write_outputs
+from margrpo.policy.settings import PolicySettings
 from margrpo.prompts.suites import PromptSet
 
 SAMPLING = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=2.0)
@@ -22,6 +24,9 @@ def redness(images, prompts, metadata):
 
 
 def make_trainer(tmp_path, policy=None, device=None, **kw):
+    """A tiny trainer; `kw` sets GRPOConfig's fields and the policy's settings (PolicySettings) alike."""
+    policy_keys = {f.name for f in dataclasses.fields(PolicySettings)}
+    settings = PolicySettings(**{k: kw.pop(k) for k in list(kw) if k in policy_keys})
     cfg = dict(
         steps=2,
         batch_prompts=2,
@@ -44,6 +49,7 @@ def make_trainer(tmp_path, policy=None, device=None, **kw):
         GRPOConfig(**cfg),
         tmp_path,
         device=device,
+        policy_settings=settings,
     )
 
 
@@ -553,3 +559,16 @@ def test_the_trainers_rollout_records_in_full_only_what_training_reads(tmp_path,
     assert torch.equal(recorded(some.rollout, ar, diff)[0], recorded(every.rollout, ar, diff)[0])
     for a, b in ((some.mte_mask, every.mte_mask), (some.sim_keep, every.sim_keep)):
         assert (a is None) == (b is None) and (a is None or torch.equal(a[ar], b[ar]))
+
+
+def test_the_policy_settings_check_themselves_and_name_the_schema_shardings():
+    from margrpo.experiment.schema import schema_section
+    from margrpo.policy.settings import SHARDINGS
+
+    assert schema_section("policies.*")["properties"]["sharding"]["enum"] == list(SHARDINGS)
+    with pytest.raises(ValueError, match="sharding must be one of replicate, full_shard"):
+        PolicySettings(sharding="zero3")
+    with pytest.raises(ValueError, match=r"unknown policy setting\(s\) \['rl_frozen'\]"):
+        PolicySettings.from_spec({"policy": {"rl_frozen": ["llm."]}})
+    assert PolicySettings.from_spec({"grpo": {}}) == PolicySettings()
+    assert PolicySettings.from_spec({"policy": {"frozen": ["llm."]}}).frozen == ("llm.",)

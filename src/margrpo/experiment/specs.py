@@ -39,14 +39,7 @@ def train_spec(config: dict, policy: str, reward: str, variant: str, variant_ove
     var.update(variant_overrides or {})
     grpo = dict(config["grpo"])
     grpo.update(var.pop("overrides", {}) or {})
-    if config["policies"][policy].get("rl_frozen"):  # only when set: other runs keep their cached spec
-        grpo["frozen"] = list(config["policies"][policy]["rl_frozen"])
-    if config["policies"][policy].get("gradient_checkpointing"):  # memory levers: routed the same way
-        grpo["gradient_checkpointing"] = True
-    if config["policies"][policy].get("lora"):
-        grpo["lora"] = dict(config["policies"][policy]["lora"])
-    if config["policies"][policy].get("sharding", "replicate") != "replicate":
-        grpo["sharding"] = config["policies"][policy]["sharding"]
+    settings = policy_settings(config["policies"][policy])
     defaults = schema_section("grpo")["properties"]
     for key in LATER_GRPO_KEYS:  # at their default they stay out, so that runs cached before them keep their spec
         if key in grpo and grpo[key] == defaults[key]["default"]:
@@ -54,6 +47,7 @@ def train_spec(config: dict, policy: str, reward: str, variant: str, variant_ove
     weights = config["rewards"][reward]
     return {
         "grpo": grpo,
+        **({"policy": settings} if settings else {}),  # only when set: other runs keep their cached spec
         "variant": {"name": variant, **var},
         "reward": {"name": reward, "weights": weights},
         "reward_models": {k: v for k, v in config["reward_models"].items() if k in weights},
@@ -64,17 +58,30 @@ def train_spec(config: dict, policy: str, reward: str, variant: str, variant_ove
     }
 
 
+POLICY_SETTINGS = {"rl_frozen": "frozen", "gradient_checkpointing": "gradient_checkpointing", "lora": "lora"}
+
+
+def policy_settings(policy: dict) -> dict:
+    """How RL holds this policy (policy.settings.PolicySettings), the settings that differ from their defaults."""
+    out = {ours: policy[key] for key, ours in POLICY_SETTINGS.items() if policy.get(key)}
+    if policy.get("sharding", "replicate") != "replicate":
+        out["sharding"] = policy["sharding"]
+    return copy.deepcopy(out)
+
+
 def validate_train_spec(spec: dict, what: str = "--spec-json") -> dict:
     """A `train_spec` (as `margrpo train` receives it) checked section by section against the schema."""
     missing = sorted({"grpo", "variant", "reward", "sampling"} - set(spec))
     if missing:
         raise ConfigError(f"{what}: missing key(s) {missing} (a margrpo.experiment.config.train_spec)")
     spec = copy.deepcopy(spec)
-    routed = {
-        k: spec["grpo"].pop(k) for k in ("frozen", "gradient_checkpointing", "lora", "sharding") if k in spec["grpo"]
-    }  # policy keys
     spec["grpo"] = validate_section(spec["grpo"], "grpo", f"{what} grpo")
-    spec["grpo"].update(routed)
+    policy = schema_section("policies.*")["properties"]
+    ours = {v: k for k, v in POLICY_SETTINGS.items()} | {"sharding": "sharding"}
+    for key, value in spec.get("policy", {}).items():
+        if key not in ours:
+            raise ConfigError(f"{what}: key 'policy.{key}': not a policy setting (expected {', '.join(sorted(ours))})")
+        check_schema(policy[ours[key]], value, f"{what} policy.{key}")
     name = spec["variant"].pop("name", None)
     spec["variant"] = {"name": name, **validate_section(spec["variant"], "variants.*", f"{what} variant")}
     spec["variant"].pop("overrides", None)

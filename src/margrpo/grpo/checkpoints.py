@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from margrpo.grpo.run_files import clear_written_state
-from margrpo.infra.io import InputError, checked_path, space_named, verify_checksums
+from margrpo.infra.io import InputError, checked_path, space_named, spec_hash, verify_checksums
 from margrpo.policy.memory import save_adapters
 
 log = logging.getLogger("margrpo.grpo.trainer")
@@ -40,7 +40,7 @@ def save_state(trainer) -> None:
     def write(policy: torch.nn.Module) -> None:
         with space_named(ckpt.parent):  # a full disk says so, naming the checkpoint (torch: "basic_ios::clear")
             policy.save_pretrained(ckpt)
-            if trainer.cfg.lora:  # the base weights above are unchanged; the adapters beside them
+            if trainer.policy_settings.lora:  # the base weights above are unchanged; the adapters beside them
                 save_adapters(policy, ckpt)
             with checked_path(trainer.state_dir / "trainer.pt") as tmp:  # a resume checks it (bit flips load)
                 torch.save(state, tmp)
@@ -104,3 +104,19 @@ def _checkpoint_policy(ckpt: Path) -> torch.nn.Module:
     from margrpo.policy import load_policy  # the policy registry imports every model family
 
     return load_policy(ckpt)
+
+
+def resume_key(settings: dict, sampling: dict, spec: dict | None) -> str:
+    """The hash a resumable state must match: the trainer's settings (GRPO and policy, flat) and sampling, plus
+    the stage's `spec` (inputs, reward, seed). The trackers and the sharding change no result, and switches that
+    are off (EMA, LoRA, checkpointing, replay_chunk) change none either: none counts, so states written before
+    those switches existed still resume (and a run resumes under another sharding)."""
+    off = {"ema_decay": None, "lora": None, "gradient_checkpointing": False, "replay_chunk": None}
+
+    def quiet(g: dict) -> dict:
+        return {k: v for k, v in g.items() if k not in ("trackers", "sharding") and not (k in off and v == off[k])}
+
+    if spec and "grpo" in spec:  # the policy's settings count as they did inside the grpo section
+        grpo = quiet({**spec["grpo"], **spec.get("policy", {})})
+        spec = {**{k: v for k, v in spec.items() if k != "policy"}, "grpo": grpo}
+    return spec_hash({"grpo": quiet(settings), "sampling": sampling, "spec": spec})

@@ -85,25 +85,10 @@ class GRPOConfig:
     tau: float = 0.0
     precision: str = "bf16"
     seed: int = 0
-    # Parameter-name prefixes RL leaves frozen besides the encoders (no gradient, no optimizer state,
-    # shared with the reference). MAR-GRPO's Harmon runs train mar.* only: (llm., proj_in., proj_out.).
-    frozen: tuple[str, ...] = ()
-    # Memory levers (policy.memory; from the policy's config like `frozen`): recompute the AR blocks'
-    # activations in backward; LoRA {rank, alpha, dropout, target_modules} on the AR transformer, which
-    # then trains the adapters alone and replays the reference as the same model with adapters disabled.
-    gradient_checkpointing: bool = False
-    lora: dict | None = None
-    # How a run of several processes splits the policy (grpo.parallel): replicate (DDP), full_shard (FSDP2,
-    # ZeRO-3) or shard_grad_op (FSDP2, ZeRO-2). One process: no effect. No effect on results either.
-    sharding: str = "replicate"
 
     def __post_init__(self):
-        self.frozen, self.trackers = tuple(self.frozen), tuple(self.trackers)  # from JSON: lists
+        self.trackers = tuple(self.trackers)  # from JSON: a list
         check_trackers(self.trackers)
-        if self.sharding not in ("replicate", "full_shard", "shard_grad_op", "hybrid_shard"):
-            raise ValueError(
-                f"sharding must be replicate, full_shard, shard_grad_op or hybrid_shard, got {self.sharding!r}"
-            )
         if self.ema_decay is not None and not 0 < self.ema_decay < 1:
             raise ValueError(f"ema_decay must be in (0, 1) or null (no EMA), got {self.ema_decay}")
         for name, allowed in _CHOICES.items():
@@ -113,8 +98,6 @@ class GRPOConfig:
                 )
         if self.freeze_head and self.freeze_ar:
             raise ValueError("freeze_head and freeze_ar together leave nothing to train; set one of them")
-        if self.freeze_ar and self.lora:
-            raise ValueError("lora adapts the AR transformer, which freeze_ar leaves frozen; drop one of them")
         if self.trajectories < 1:
             raise ValueError("trajectories (S) must be >= 1; S = 1 turns MTE off")
         if not 0 <= self.top_frac <= 1:

@@ -27,8 +27,8 @@ import torch.distributed as dist
 from torch import nn
 
 from margrpo.grpo.engine import Engine, adapter_tensors, distributed
+from margrpo.policy.settings import PolicySettings
 
-SHARDINGS = ("replicate", "full_shard", "shard_grad_op", "hybrid_shard")
 # the interface methods that use the policy's own (root) parameters: FSDP must all-gather around each
 FORWARD_METHODS = ("encode_prompts", "prepare_condition", "null_condition", "ar_forward", "head", "encode", "decode")
 
@@ -229,7 +229,8 @@ def build_policy(load: Callable[[], nn.Module], sharding: str) -> nn.Module:
 
 def parallelize(
     policy: nn.Module,
-    config,
+    settings: PolicySettings,
+    mixed_precision: str,
     loss_fn: Callable,
     stat_params: list[nn.Parameter],
     head_params: list[nn.Parameter],
@@ -240,9 +241,7 @@ def parallelize(
     the KL `reference` (which shares the policy's frozen parameters) sharded as the policy is. Every process starts
     from the main process's weights: DDP's are broadcast whole; under FSDP each process receives its shards after
     sharding (the others' parameters may be on the meta device, `build_policy`)."""
-    sharding, mixed_precision = config.sharding, config.precision  # a GRPOConfig (grpo.config)
-    if sharding not in SHARDINGS:
-        raise ValueError(f"sharding {sharding!r}: expected one of {', '.join(SHARDINGS)}")
+    sharding = settings.sharding  # checked by PolicySettings
     if not distributed():
         return Engine(policy, device)
     if sharding == "replicate":

@@ -19,7 +19,7 @@ import torch
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
-from margrpo.grpo.checkpoints import resume_state, save_state
+from margrpo.grpo.checkpoints import resume_key, resume_state, save_state
 from margrpo.grpo.config import GRPOConfig
 from margrpo.grpo.engine import Engine
 from margrpo.grpo.functions import (
@@ -48,10 +48,11 @@ from margrpo.grpo.run_files import RunState, write_run_outputs
 from margrpo.grpo.step_batch import StepBatch, Update, choose_steps, combine_chunk_stats, subset_rollout
 from margrpo.grpo.streams import group_generators, step_generator
 from margrpo.grpo.validation import RewardFn, validate
-from margrpo.infra.io import refuse_symlink, spec_hash
+from margrpo.infra.io import refuse_symlink
 from margrpo.infra.runtime import EMA, autocast, end_trackers, peak_memory_mb, start_trackers
 from margrpo.policy.base import MARPolicy
 from margrpo.policy.memory import adapter_parameters, adapters_disabled, add_lora
+from margrpo.policy.settings import PolicySettings
 from margrpo.prompts.suites import PromptSet
 
 RUN_NAME = "grpo"  # the trackers' run: <out>/tb/grpo/
@@ -72,8 +73,10 @@ class GRPOTrainer:
         out_dir: str | Path,
         accelerator: Accelerator | None = None,
         device: torch.device | str | None = None,
+        policy_settings: PolicySettings | None = None,
     ):
         self.cfg, self.sampling = config, sampling
+        self.policy_settings = policy_settings or PolicySettings()  # frozen parts, memory levers, sharding
         # where the policy runs: its parameters' device, unless they wait on the meta device (parallel.build_policy)
         self.device = torch.device(device) if device is not None else policy.device
         # accelerate for the trackers alone: processes, devices and state are the engine's (grpo.engine)
@@ -99,7 +102,7 @@ class GRPOTrainer:
                 f"diffusion_steps |T| = {config.diffusion_steps} exceeds the {stochastic_steps(sampling)} "
                 "stochastic steps; lower grpo.diffusion_steps"
             )
-        self._choose_trained(config)
+        self._choose_trained(config, self.policy_settings)
         self._parallelize()
         # data parallel: this process rolls out these prompt groups of every step's batch
         self.groups = self.engine.prompt_groups(config.batch_prompts)
@@ -117,28 +120,30 @@ class GRPOTrainer:
         self.step, self.rows, self.checkpoints, self.nonfinite_run = 0, [], [], 0
         self.spec_hash = self.run_hash(None)
 
-    def _choose_trained(self, config: GRPOConfig) -> None:
+    def _choose_trained(self, config: GRPOConfig, settings: PolicySettings) -> None:
         """The memory levers the policy takes (checkpointing, LoRA), then which parameters RL trains: the rest get
         no gradient and no optimizer state (frozen encoders, the head under +Fix, the AR under `head`, `frozen`)."""
         policy = self.policy
-        if config.gradient_checkpointing:
+        if config.freeze_ar and settings.lora:
+            raise ValueError("lora adapts the AR transformer, which freeze_ar leaves frozen; drop one of them")
+        if settings.gradient_checkpointing:
             policy.set_gradient_checkpointing(True)
-        if config.lora:
-            add_lora(policy, config.lora)
+        if settings.lora:
+            add_lora(policy, settings.lora)
         head = set(map(id, policy.head_parameters()))
         trained = (set() if config.freeze_ar else set(map(id, policy.ar_parameters()))) | (
             set() if config.freeze_head else head
         )
-        if config.lora:  # the adapters alone
+        if settings.lora:  # the adapters alone
             trained = set(map(id, adapter_parameters(policy)))
         names = [n for n, _ in policy.named_parameters()]
-        for prefix in config.frozen:
+        for prefix in settings.frozen:
             if not any(n.startswith(prefix) for n in names):
                 raise ValueError(
                     f"frozen: no parameter name of {type(policy).__name__} starts with {prefix!r} "
                     f"(top-level modules: {sorted({n.split('.')[0] for n in names})})"
                 )
-        trained -= {id(p) for n, p in policy.named_parameters() if n.startswith(tuple(config.frozen))}
+        trained -= {id(p) for n, p in policy.named_parameters() if n.startswith(settings.frozen)}
         for p in policy.parameters():
             if id(p) not in trained:
                 p.requires_grad_(False)
@@ -148,14 +153,15 @@ class GRPOTrainer:
         object that knows about processes)."""
         config = self.cfg
         self.ref = None
-        if config.beta > 0 and config.lora:  # the same model: micro_loss replays it with the adapters disabled
+        if config.beta > 0 and self.policy_settings.lora:  # the same model, replayed with the adapters disabled
             self.ref = self.policy
         elif config.beta > 0:  # the frozen pre-RL policy; what RL never changes is shared, not copied
             shared = {id(p): p for p in self.policy.parameters() if not p.requires_grad}  # deepcopy's memo
             self.ref = copy.deepcopy(self.policy, shared).requires_grad_(False).eval()
         self.engine: Engine = parallelize(
             self.policy,
-            config,
+            self.policy_settings,
+            config.precision,
             self.micro_loss,
             list(self._stat_params()),
             list(self.policy.head_parameters()),
@@ -168,17 +174,12 @@ class GRPOTrainer:
         return (p for p in part if p.requires_grad)
 
     def run_hash(self, spec: dict | None) -> str:
-        """What a resumable state must match: this trainer's configs plus the stage's `spec` (inputs, reward, seed).
-        The trackers and the sharding change no result, and switches that are off (EMA, LoRA, checkpointing,
-        replay_chunk) change none either: none counts, so states written before those switches existed still resume
-        (and a run resumes under another sharding)."""
-        off = {"ema_decay": None, "lora": None, "gradient_checkpointing": False, "replay_chunk": None}
+        """What a resumable state must match (grpo.checkpoints.resume_key)."""
+        return resume_key(self.settings(), asdict(self.sampling), spec)
 
-        def quiet(g: dict) -> dict:
-            return {k: v for k, v in g.items() if k not in ("trackers", "sharding") and not (k in off and v == off[k])}
-
-        spec = {**spec, "grpo": quiet(spec["grpo"])} if spec and "grpo" in spec else spec
-        return spec_hash({"grpo": quiet(asdict(self.cfg)), "sampling": asdict(self.sampling), "spec": spec})
+    def settings(self) -> dict:
+        """The GRPO settings and the policy's, in one flat record (summary.json's `config`, the trackers')."""
+        return {**asdict(self.cfg), **asdict(self.policy_settings)}
 
     # --- one GRPO step ----------------------------------------------------------------------------
     def choose_steps(self, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -550,7 +551,7 @@ class GRPOTrainer:
             )
             self.optimizer.register_step_post_hook(lambda *_: self.ema.update(self.policy))
         resumed = self.try_resume()
-        wandb = {"name": self.out_dir.name, "id": f"{self.out_dir.name}-{self.spec_hash}", "config": asdict(self.cfg)}
+        wandb = {"name": self.out_dir.name, "id": f"{self.out_dir.name}-{self.spec_hash}", "config": self.settings()}
         start_trackers(self.accelerator, self.out_dir / "tb", RUN_NAME, self.step if resumed else None, wandb=wandb)
         if not resumed:
             scores = self.validate()
@@ -596,4 +597,4 @@ class GRPOTrainer:
 def write_outputs(trainer: GRPOTrainer, spec: dict) -> None:
     """metrics.csv (one row per step) and summary.json (checkpoints with validation rewards), atomically."""
     state = RunState(trainer.step, trainer.rows, trainer.checkpoints)
-    write_run_outputs(trainer.out_dir, state, spec["variant"]["name"], spec, asdict(trainer.cfg))
+    write_run_outputs(trainer.out_dir, state, spec["variant"]["name"], spec, trainer.settings())

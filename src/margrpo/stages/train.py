@@ -7,13 +7,11 @@ import logging
 import os
 from pathlib import Path
 
-from margrpo.infra.io import InputError
 from margrpo.stages._common import (
     json_arg,
     prompt_set,
     reward_options,
     run_spec,
-    sampling_config,
     setup,
     write_spec,
 )
@@ -39,21 +37,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _read_spec(args) -> dict:
-    """The run's settings: the `--spec-json` Snakemake passes, or the train spec of --policy, --reward and
-    --variant in the `--config` given by hand."""
-    from margrpo.experiment.config import load_config, train_spec, validate_train_spec
+    """The run's spec as given: the `--spec-json` Snakemake passes, or the train spec of --policy, --reward and
+    --variant in the `--config` given by hand. `run` checks it (experiment.settings)."""
+    from margrpo.experiment.config import load_config, train_spec
 
     if args.spec_json:
-        return validate_train_spec(json_arg(args.spec_json, "--spec-json"))
+        return json_arg(args.spec_json, "--spec-json")
     if not (args.policy and args.reward and args.variant):
         raise SystemExit("--config needs --policy, --reward and --variant")
     return train_spec(load_config(args.config), args.policy, args.reward, args.variant)
 
 
 def run(args) -> None:
-    from margrpo.experiment.config import check_grpo_run, check_val_prompts
+    from margrpo.experiment.settings import train_settings
     from margrpo.grpo.parallel import build_policy
-    from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, write_outputs
+    from margrpo.grpo.trainer import GRPOTrainer, write_outputs
     from margrpo.policy import load_policy
     from margrpo.rewards import build_reward_mix
 
@@ -62,32 +60,32 @@ def run(args) -> None:
     # the dry run's checks of a variant, here on the spec itself: a run by hand passes the same ones
     what = "--spec-json" if args.spec_json else args.config
     key = (lambda k: f"grpo.{k}") if args.spec_json else (lambda k: f"grpo.{k} (variant {args.variant!r})")  # noqa: E731
-    check_grpo_run(spec["grpo"], {"sampling": spec["sampling"]}, int(os.environ.get("WORLD_SIZE", "1")), what, key)
     suites = Path(args.suites_dir)
     val_prompts = prompt_set(suites / "val.jsonl")
-    check_val_prompts(spec["grpo"]["val_prompts"], len(val_prompts), suites / "val.jsonl", what, key("val_prompts"))
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    settings = train_settings(spec, what, processes, len(val_prompts), suites / "val.jsonl", key)
+    cfg = settings.grpo
+    cfg.seed = args.seed
     out = Path(args.out_dir)
-    full_spec = run_spec(spec, args)
+    full_spec = run_spec(settings.spec, args)
     if int(os.environ.get("RANK", "0")) == 0:
         write_spec(out, full_spec)
-    try:
-        cfg = GRPOConfig.from_spec(spec, precision=spec.get("mixed_precision", "bf16"))
-    except (TypeError, ValueError) as err:
-        raise InputError(f"--spec-json: {err}") from None
-    cfg.seed = args.seed
-    weights = spec["reward"]["weights"]
+    weights = settings.reward_weights
     reward = build_reward_mix(
-        weights, reward_options(weights, spec.get("reward_models", {}), args.toyclip_dir, args.toypref_dir)
+        weights, reward_options(weights, settings.reward_models, args.toyclip_dir, args.toypref_dir)
     )
+    # under FSDP the main process alone reads the weights (grpo.parallel.build_policy)
+    policy = build_policy(lambda: load_policy(args.policy_dir, device), settings.policy.sharding)
     trainer = GRPOTrainer(
-        build_policy(lambda: load_policy(args.policy_dir, device), cfg.sharding),  # FSDP: read by the main process
+        policy,
         reward,
         prompt_set(suites / "train.jsonl"),
         val_prompts,
-        sampling_config(spec["sampling"]),
+        settings.sampling,
         cfg,
         out,
         device=device,
+        policy_settings=settings.policy,
     )
     trainer.train(full_spec)
     if not trainer.engine.is_main:  # data parallel: one process writes the run's files
