@@ -28,10 +28,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from grpo_step import MODEL, PROMPTS, make_trainer  # noqa: E402
-from memory_plan import allocator_record  # noqa: E402
 
 from margrpo.experiment.config import load_config  # noqa: E402
 from margrpo.grpo.rollout import SamplingConfig  # noqa: E402
+from margrpo.plan.step import allocator_record  # noqa: E402
 
 
 def worker(args) -> None:

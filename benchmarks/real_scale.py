@@ -42,15 +42,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from margrpo.experiment.config import load_config, train_spec
 from margrpo.grpo.rollout import SamplingConfig
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
+from margrpo.plan.stand_ins import PROMPTS, brightness, stand_in_tokenizer  # the memory plan takes them too
 from margrpo.prompts.suites import PromptSet
 
 ROOT = Path(__file__).resolve().parents[1]
-PROMPTS = [
-    "a red circle on the left of a blue square",
-    "three green apples on a wooden table",
-    "a cat sitting below a yellow umbrella",
-    "two dogs and a black car in the snow",
-]
 VARIANTS = {
     "grpo": ("grpo", {}),
     "fix": ("fix", {}),
@@ -61,21 +56,6 @@ VARIANTS = {
 # --tiny: the tests' sizes, so both policies run on a CPU in seconds; the schedule shrinks to fit
 TINY_SAMPLING = {"ar_steps": 4, "diffusion_steps": 5}
 TINY_GRPO = {"mask_steps": 2, "diffusion_steps": 3}
-
-
-def stand_in_tokenizer():
-    """Word-level tokenizer over the prompts' and templates' words, with Qwen's chat special tokens."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    words = ["[UNK]", *special, "user", "assistant", "Generate", "an", "image", ".", ":", *" ".join(PROMPTS).split()]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(dict.fromkeys(words))}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.add_special_tokens(special)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="[UNK]", pad_token="<|endoftext|>", eos_token="<|im_end|>"
-    )
 
 
 def build_nova(tiny: bool):
@@ -204,11 +184,6 @@ def switch_checkpointing(policy, on: bool) -> str:
             owner.gradient_checkpointing = on
             return "on" if on else "off"
     return "unsupported" if on else "off"
-
-
-def brightness(images, prompts, metadata):
-    r = images.float().mean((1, 2, 3))  # a cheap stand-in: this measures the trainer, not a scorer
-    return r, {"brightness": r}
 
 
 def make_trainer(name: str, variant: str, args, device: torch.device, out: str) -> tuple[GRPOTrainer, str]:

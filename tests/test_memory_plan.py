@@ -1,8 +1,7 @@
-"""benchmarks/memory_plan.py: the per-GPU memory plan from fake tensors. Its --test mode on tiny policies (the fake
-step against the same step on real tensors; the old setting against the new one), its composition arithmetic,
+"""`margrpo plan` (margrpo.plan): the per-GPU memory plan from fake tensors. Its --test mode on tiny policies (the
+fake step against the same step on real tensors; the old setting against the new one), its composition arithmetic,
 the tape's check, and the CUDA autocast policy it applies on CPU."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,13 +10,10 @@ import sys
 import pytest
 import torch
 
-
-@pytest.fixture(scope="module")
-def plan(repo):
-    spec = importlib.util.spec_from_file_location("memory_plan", repo / "benchmarks/memory_plan.py")
-    module = sys.modules["memory_plan"] = importlib.util.module_from_spec(spec)  # its dataclasses look it up
-    spec.loader.exec_module(module)
-    return module
+from margrpo.plan import composition
+from margrpo.plan.cuda_autocast import CudaAutocast
+from margrpo.plan.step import Run, Step
+from margrpo.plan.tape import Tape, recording
 
 
 def test_test_mode_agrees_with_real_tensors_and_predicts_the_old_setting_larger(repo, tmp_path):
@@ -26,7 +22,9 @@ def test_test_mode_agrees_with_real_tensors_and_predicts_the_old_setting_larger(
     run = subprocess.run(
         [
             sys.executable,
-            str(repo / "benchmarks/memory_plan.py"),
+            "-m",
+            "margrpo",
+            "plan",
             "--test",
             "--validate",
             "--rollout-steps",
@@ -85,8 +83,8 @@ def test_test_mode_agrees_with_real_tensors_and_predicts_the_old_setting_larger(
     assert "| grpo | 3 x 4, mb 2, chunk all | 1 |" in run.stdout
 
 
-def _step(plan, replay_chunk, **kinds):
-    peaks = {p: (sum(kinds.values()), dict(kinds)) for p in plan.PHASES}
+def _step(replay_chunk, **kinds):
+    peaks = {p: (sum(kinds.values()), dict(kinds)) for p in composition.PHASES}
     sizes = {
         "fsdp": 400,
         "fsdp_trained": 400,
@@ -102,19 +100,19 @@ def _step(plan, replay_chunk, **kinds):
         "mask_steps": 12,
         "stat": 300,
     }
-    return plan.Step(plan.Run("nova", "grpo", replay_chunk=replay_chunk), True, peaks, sizes, 0.0, 0.0)
+    return Step(Run("nova", "grpo", replay_chunk=replay_chunk), True, peaks, sizes, 0.0, 0.0)
 
 
-def test_per_gpu_composition(plan):
+def test_per_gpu_composition():
     kinds = dict(
         trained=400, encoders=1000, buffers=8, reference=400, grad=400, optim=800, act=5000, cast=200, record=100
     )
-    step = _step(plan, None, **kinds)  # all |M| chosen steps in one backward: every backward reduces
-    one = plan.per_gpu(step, 1, "full_shard", rewards=50)
+    step = _step(None, **kinds)  # all |M| chosen steps in one backward: every backward reduces
+    one = composition.per_gpu(step, 1, "full_shard", rewards=50)
     assert one["trained"] == 400 and one["grads"] == 400 and one["activations"] == 5200 and one["gathered"] == 0
-    ddp = plan.per_gpu(step, 4, "replicate", rewards=50)
+    ddp = composition.per_gpu(step, 4, "replicate", rewards=50)
     assert ddp["gathered"] == 400 and ddp["trained"] == 400  # DDP's buckets: one more copy of the gradients
-    zero3 = plan.per_gpu(step, 4, "full_shard", rewards=50)
+    zero3 = composition.per_gpu(step, 4, "full_shard", rewards=50)
     assert (zero3["trained"], zero3["grads"], zero3["optimizer"], zero3["reference"]) == (100, 100, 200, 100)
     assert zero3["frozen"] == 1008  # the encoders outside the AR and head, and buffers, stay whole
     assert zero3["activations"] == 5000  # no autocast copies: FSDP gathers bf16 parameters
@@ -122,19 +120,19 @@ def test_per_gpu_composition(plan):
     # (bf16 + fp32),
     # and the gradient statistic's fp32 sum of this process's local gradient (grpo.parallel.LocalSquares)
     assert zero3["gathered"] == (20 + 2 * 40) * 2 + 80 * 6 // 4 + 300
-    zero2 = plan.per_gpu(step, 4, "shard_grad_op", rewards=50)
+    zero2 = composition.per_gpu(step, 4, "shard_grad_op", rewards=50)
     assert zero2["gathered"] == 200 + (20 + 2 * 40) + 80 * 6 // 4 + 300  # the whole policy stays gathered in bf16
     for r in (one, ddp, zero3, zero2):
-        tensors = sum(r[k] for k in plan.PARTS)
-        assert r["total"] == tensors + int(plan.ALLOWANCE_FIXED + plan.ALLOWANCE_SHARE * tensors)
+        tensors = sum(r[k] for k in composition.PARTS)
+        assert r["total"] == tensors + int(composition.ALLOWANCE_FIXED + composition.ALLOWANCE_SHARE * tensors)
         assert r["rewards"] == 50
     assert zero3["phase"] == zero2["phase"] == "replay"  # where the gradient's reduce-scatter adds its transient
     # a chunked replay reduces only at its last chunk: until then FSDP holds the whole gradient (fp32)
-    chunked = plan.per_gpu(_step(plan, 1, **kinds), 4, "full_shard", rewards=50)
+    chunked = composition.per_gpu(_step(1, **kinds), 4, "full_shard", rewards=50)
     assert chunked["grads"] == 400 and chunked["trained"] == 100
 
 
-def test_tape_replays_in_order_and_refuses_another_path(plan):
+def test_tape_replays_in_order_and_refuses_another_path():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     def step(x):
@@ -142,24 +140,24 @@ def test_tape_replays_in_order_and_refuses_another_path(plan):
         return x.nonzero().shape[0] + n + len(x[x > 0].tolist())
 
     x = torch.tensor([0, 2, 3, 0])
-    recorder = plan.Tape()
-    with recorder, plan.recording(cheap=False):
+    recorder = Tape()
+    with recorder, recording(cheap=False):
         expected = step(x)
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         fake_x = mode.from_tensor(x)
-        with plan.Tape(list(recorder.values)) as replay:
+        with Tape(list(recorder.values)) as replay:
             assert step(fake_x) == expected
         assert not replay.queue
-        with plan.Tape(list(reversed(recorder.values))), pytest.raises(RuntimeError, match="another path"):
+        with Tape(list(reversed(recorder.values))), pytest.raises(RuntimeError, match="another path"):
             step(fake_x)
 
 
-def test_cuda_autocast_policy(plan):
+def test_cuda_autocast_policy():
     """CUDA's lists, not the CPU's: norms, softmax and exp in fp32, matmuls in bf16, sums of bf16 in fp32, and one
     cached bf16 copy of a weight that requires grad for the whole region."""
     linear, norm = torch.nn.Linear(8, 8), torch.nn.LayerNorm(8)
     x = torch.randn(4, 8)
-    amp = plan.CudaAutocast()
+    amp = CudaAutocast()
     with torch.autocast("cpu", dtype=torch.bfloat16), amp:
         y = linear(x)
         assert y.dtype == torch.bfloat16

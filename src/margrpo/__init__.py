@@ -11,7 +11,7 @@ from one above (`tests/test_layout.py` checks it, imports inside functions and u
     5  toylab, related         the toy lab's trained pieces; the related methods (maskgrpo, marval)
     6  evaluation, reporting   scores of sample folders; tables, figures and claims from result files
     7  experiment              the config, its checks against every part, stage specs, the settings record
-    8  stages, cli             the pipeline's stages and the `margrpo` command
+    8  stages, plan, cli       the pipeline's stages, the memory plan, and the `margrpo` command
 """
 
 __version__ = "0.1.0"

@@ -1,8 +1,8 @@
-"""`margrpo <stage> ...`: one subcommand per pipeline stage.
+"""`margrpo <stage> ...`: one subcommand per pipeline stage, and `margrpo plan` (the memory plan).
 
-Each stage lives in `margrpo.stages.<module>` and exposes `add_arguments(parser)` and
-`run(args)`; this file only routes. Stages never import Snakemake, so every stage also runs by
-hand (`margrpo train --help`).
+Each stage lives in `margrpo.stages.<module>` (the plan in `margrpo.plan.command`) and exposes
+`add_arguments(parser)` and `run(args)`; this file only routes. Stages never import Snakemake, so every
+stage also runs by hand (`margrpo train --help`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 
-# subcommand -> (module under margrpo.stages, one-line help)
+# subcommand -> (module under margrpo.stages, or a full module path, one-line help)
 STAGES: dict[str, tuple[str, str]] = {
     "make-suites": ("make_suites", "write the ShapesWorld prompt suites (train / val / eval JSONL)"),
     "train-toyclip": ("train_toyclip", "train the learned toy alignment reward (the CLIP analogue)"),
@@ -32,7 +32,12 @@ STAGES: dict[str, tuple[str, str]] = {
     "eval-preference": ("eval_preference", "preference-model scores of a samples directory"),
     "uncertainty": ("uncertainty", "per-token MTE uncertainty maps of a policy (data for Fig. 4)"),
     "report": ("report", "tables (CSV / Markdown / LaTeX) and figures from result files"),
+    "plan": ("margrpo.plan.command", "per-GPU memory plan of a GRPO step of the real-scale policies (fake tensors)"),
 }
+
+
+def _module_path(module: str) -> str:
+    return module if module.startswith("margrpo.") else f"margrpo.stages.{module}"
 
 
 def build_parser(stage: str | None = None) -> argparse.ArgumentParser:
@@ -48,7 +53,7 @@ def build_parser(stage: str | None = None) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)
         if name == stage:
-            importlib.import_module(f"margrpo.stages.{module}").add_arguments(p)
+            importlib.import_module(_module_path(module)).add_arguments(p)
     return parser
 
 
@@ -70,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO, format="%(levelname)s %(name)s: %(message)s"
     )  # stages report through logging
     try:
-        importlib.import_module(f"margrpo.stages.{args._module}").run(args)
+        importlib.import_module(_module_path(args._module)).run(args)
     except (InputError, FileNotFoundError) as err:
         raise SystemExit(f"margrpo {args.stage}: error: {err}") from None
     from margrpo.stages._common import leave_process_group

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from margrpo.experiment.config import check_grpo_run, check_val_prompts
+from margrpo.experiment.config_checks import check_grpo_run, check_val_prompts
 from margrpo.experiment.schema import ConfigError
 from margrpo.experiment.specs import validate_train_spec
 from margrpo.grpo.config import GRPOConfig
