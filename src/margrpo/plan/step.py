@@ -76,11 +76,14 @@ def make_trainer(run: Run, policy, out: str, precision: str | None = None):
     from margrpo.experiment.config import train_spec
     from margrpo.grpo.rollout import SamplingConfig
     from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
+    from margrpo.policy.settings import PolicySettings
     from margrpo.prompts.suites import PromptSet
 
     spec = train_spec(run.config(), run.policy, run.reward, run.variant)
     sampling, grpo = SCHEDULES[run.size]
-    spec["grpo"] = {k: v for k, v in spec["grpo"].items() if k != "sharding"}  # one process: nothing to shard
+    # the policy's own settings (frozen parts, gradient checkpointing, LoRA) as the config sets them; one process:
+    # nothing to shard
+    spec["policy"] = {k: v for k, v in (spec.get("policy") or {}).items() if k != "sharding"}
     spec["grpo"].update(
         grpo, batch_prompts=run.prompts, micro_batches=run.micro_batches, replay_chunk=run.replay_chunk, trackers=[]
     )
@@ -95,6 +98,7 @@ def make_trainer(run: Run, policy, out: str, precision: str | None = None):
         cfg,
         out,
         Accelerator(cpu=True),
+        policy_settings=PolicySettings.from_spec(spec),
     )
 
 
