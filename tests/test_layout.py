@@ -205,9 +205,7 @@ def test_each_package_says_what_it_must_not_import(package):
             break
         wrapped.append(ln.strip())
     line = " ".join(wrapped)
-    # python -m margrpo: cli again. plan (the memory plan, issue 45) joined the top layer after these sentences were
-    # written: they name it once each package's docstring does
-    higher = [p for pkgs in LAYERS[n + 1 :] for p in pkgs if p not in ("__main__", "plan")]
+    higher = [p for pkgs in LAYERS[n + 1 :] for p in pkgs if p != "__main__"]  # python -m margrpo: cli again
     if higher and n:
         assert line.endswith(f"it must not import {', '.join(higher)}."), line
 

@@ -5,7 +5,7 @@ fixed or learned-range variance, respaced) and `FlowSDESampler` (NOVA: flow matc
 Flow-GRPO SDE step), plus `OneStepSampler` for one-step generator heads (MARVAL students). Build one by
 name with `build_sampler("ddpm", num_steps=25)`.
 Layer 1 (see margrpo/__init__.py): it must not import prompts, policy, rewards, grpo, toylab, related,
-evaluation, reporting, experiment, stages, cli.
+evaluation, reporting, experiment, stages, plan, cli.
 """
 
 from __future__ import annotations

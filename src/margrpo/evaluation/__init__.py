@@ -2,5 +2,5 @@
 
 Submodules are imported on use (`margrpo.evaluation.toy_compbench`), so importing this package
 pulls in nothing heavy.
-Layer 6 (see margrpo/__init__.py): it must not import experiment, stages, cli.
+Layer 6 (see margrpo/__init__.py): it must not import experiment, stages, plan, cli.
 """

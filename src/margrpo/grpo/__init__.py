@@ -3,7 +3,8 @@ the loss pieces as pure functions (`functions`: advantages, policy loss, KL, MTE
 trainer every policy plugs into (`trainer`, with its `config`, seeded `streams` and `run_files`, the folder every
 RL run writes).
 
-Layer 4 (see margrpo/__init__.py): it must not import toylab, related, evaluation, reporting, experiment, stages, cli.
+Layer 4 (see margrpo/__init__.py): it must not import toylab, related, evaluation, reporting, experiment, stages,
+plan, cli.
 """
 
 from margrpo.grpo.functions import (

@@ -2,7 +2,7 @@
 the toy's word-level tokenizer (`text`).
 
 Layer 2 (see margrpo/__init__.py): it must not import rewards, grpo, toylab, related, evaluation, reporting,
-experiment, stages, cli.
+experiment, stages, plan, cli.
 """
 
 from margrpo.policy.base import MARPolicy, TextCondition, deterministic

@@ -7,5 +7,5 @@ with them, ``claims_markdown`` their report; ``related`` Table 3 and the wall-cl
 related methods (issue #19).
 Submodules are imported on use (``from margrpo.reporting import tables``), so reading a
 selection does not import matplotlib.
-Layer 6 (see margrpo/__init__.py): it must not import experiment, stages, cli.
+Layer 6 (see margrpo/__init__.py): it must not import experiment, stages, plan, cli.
 """

@@ -1,7 +1,7 @@
 """Reward scorers: one protocol, a name -> factory registry, and a weighted mix.
 
 Layer 3 (see margrpo/__init__.py): it must not import grpo, toylab, related, evaluation, reporting,
-experiment, stages, cli.
+experiment, stages, plan, cli.
 """
 
 from margrpo.rewards import real as _real  # noqa: F401,E402  (registers the real-scale scorers; imports models lazily)

@@ -8,7 +8,7 @@ scenes are `margrpo.prompts.shapesworld`. Typical use:
     image = render(scene, cfg)                                      # (32, 32, 3) uint8
     score(spec, image, category, cfg)["strict"]                     # 1.0 for a faithful render
 Layer 1 (see margrpo/__init__.py): it must not import prompts, policy, rewards, grpo, toylab, related,
-evaluation, reporting, experiment, stages, cli.
+evaluation, reporting, experiment, stages, plan, cli.
 """
 
 from margrpo.world.captions import (
