@@ -18,7 +18,7 @@ the rollout's FLOPs are counted with FlopCounterMode on one rollout (`rollout_an
 reward + MTE / Sim masks) and divided by its time alone, as a fraction of a large square matmul's
 TFLOP/s measured in the same run (bf16 on CUDA, fp32 on CPU).
 A run that runs out of GPU memory gives an "oom" row and the others go ahead. `--gradient-checkpointing`
-sets a `gradient_checkpointing` switch of GRPOConfig, the policy or its config where one exists; the
+sets the policy's `gradient_checkpointing` setting (PolicySettings), or its config's where one exists; the
 row says "unsupported" where none does.
 
     python benchmarks/real_scale.py [--policies nova,harmon] [--variants grpo,fix,mte,sim,committed]
@@ -27,7 +27,6 @@ row says "unsupported" where none does.
 """
 
 import argparse
-import dataclasses
 import gc
 import json
 import resource
@@ -43,6 +42,7 @@ from margrpo.experiment.config import load_config, train_spec
 from margrpo.grpo.rollout import SamplingConfig
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.plan.stand_ins import PROMPTS, brightness, stand_in_tokenizer  # the memory plan takes them too
+from margrpo.policy.settings import PolicySettings
 from margrpo.prompts.suites import PromptSet
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -197,18 +197,16 @@ def make_trainer(name: str, variant: str, args, device: torch.device, out: str) 
     for key in ("micro_batches", "replay_chunk"):  # --micro-batches / --replay-chunk: the paper config's unless given
         if getattr(args, key):
             spec["grpo"][key] = getattr(args, key)
-    ckpt = "off"
-    if "gradient_checkpointing" in {f.name for f in dataclasses.fields(GRPOConfig)}:
-        spec["grpo"]["gradient_checkpointing"], ckpt = (
-            args.gradient_checkpointing,
-            "on" if args.gradient_checkpointing else "off",
-        )
+    spec.setdefault("policy", {})["gradient_checkpointing"] = args.gradient_checkpointing
+    ckpt = "on" if args.gradient_checkpointing else "off"
     policy, policy_ckpt = initial_policy(name, args.tiny, device, args.gradient_checkpointing)
     ckpt = ckpt if ckpt == "on" else policy_ckpt
     prompts = PromptSet(PROMPTS, [{}] * len(PROMPTS))
     cfg = GRPOConfig.from_spec(spec, precision=args.precision)
+    settings = PolicySettings.from_spec(spec)
+    accelerator = Accelerator(cpu=device.type == "cpu")
     return GRPOTrainer(
-        policy, brightness, prompts, prompts, sampling, cfg, out, Accelerator(cpu=device.type == "cpu")
+        policy, brightness, prompts, prompts, sampling, cfg, out, accelerator, policy_settings=settings
     ), ckpt
 
 
