@@ -304,7 +304,7 @@ def test_changing_a_plot_option_reruns_plots_only(smoke_run, tmp_path):
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
     assert "fig6_samples" in text and "table2" in text, text[-3000:]  # they use the changed options
-    for rule in ("rule train:", "rule pretrain:", "rule sample:", "rule eval_compbench:", "rule train_ablation:"):
+    for rule in ("rule train:", "rule pretrain:", "rule sample:", "rule eval_compbench:"):
         assert rule not in text, text[-3000:]
 
 

@@ -26,8 +26,7 @@ TOY_STAGES = {
     "train_toyclip",
     "pretrain",
     "warmup",
-    "train",
-    "train_ablation",
+    "train",  # the ladder and the Fig. 7 grid (test_ablation_points_are_train_jobs_under_ablation)
     "select_checkpoint",
     "sample",
     "eval_compbench",
@@ -369,9 +368,9 @@ def test_rl_frozen_reaches_the_run_spec_only_where_set():
     """paper-harmon trains mar.* alone (MAR-GRPO's Harmon runs); the toy runs' specs do not change."""
     harmon = load_config(REPO / "config/paper-harmon.yaml")
     spec = train_spec(harmon, "harmon", "hps", "sim")
-    assert spec["grpo"]["frozen"] == ["llm.", "proj_in.", "proj_out."]
+    assert spec["policy"]["frozen"] == ["llm.", "proj_in.", "proj_out."] and "frozen" not in spec["grpo"]
     toy = load_config(REPO / "config/config.yaml")
-    assert "frozen" not in train_spec(toy, "toy-nova", "toypref", "fix")["grpo"]
+    assert "policy" not in train_spec(toy, "toy-nova", "toypref", "fix")
 
 
 def test_schema_defaults_are_the_dataclass_defaults():
@@ -442,9 +441,42 @@ def _dry_run_train_jobs(tmp_path, overrides: dict) -> tuple[str, list[str]]:
     ]
     out = subprocess.run([SNAKEMAKE, *args], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
-    jobs = [j for j in out.stdout.split("\n\n") if re.search(r"^rule train(_ablation)?:", j, re.M)]
+    jobs = [j for j in out.stdout.split("\n\n") if re.search(r"^rule train:", j, re.M)]
     assert jobs
     return out.stdout, jobs
+
+
+def test_ablation_points_are_train_jobs_under_ablation(tmp_path):
+    """One train rule runs the ladder and the Fig. 7 grid: each grid point of the smoke table and seed is a train job
+    writing results/smoke/ablation/<policy>/<reward>/<point>/seed<s>/, its log and timing under ablation/ too, and its
+    spec is the ablations' variant with the point's k / tau / S."""
+    import shlex
+
+    import pandas as pd
+
+    out, jobs = _dry_run_train_jobs(tmp_path, {})
+    cfg = load_config(REPO / "config/smoke.yaml")
+    a = cfg["experiments"]["ablations"]
+    grid = pd.read_csv(REPO / a["table"], sep="\t")
+    points = {}
+    for job in jobs:
+        m = re.search(r"^\s+output: results/smoke/ablation/([^/]+)/([^/]+)/([^/]+)/seed(\d+)/summary.json", job, re.M)
+        if not m:
+            continue
+        policy, reward, point, seed = m.groups()
+        run = f"{policy}/{reward}/{point}/seed{seed}"
+        assert f"log: logs/smoke/ablation/{run}.log" in job, job
+        assert f"benchmark: timings/smoke/ablation/{run}.tsv" in job, job
+        words = shlex.split(job.split("Shell command: ", 1)[1])
+        variant = json.loads(words[words.index("--spec-json") + 1])["variant"]
+        points[(point, int(seed))] = (policy, reward, variant)
+    expected = {
+        ("_".join(f"{k}~{v}" for k, v in row.items()), s): row for row in grid.to_dict("records") for s in a["seeds"]
+    }
+    assert set(points) == set(expected)
+    for key, (policy, reward, variant) in points.items():
+        assert (policy, reward, variant["name"]) == (a["policy"], a["reward"], a["variant"])
+        assert {k: variant[k] for k in grid.columns} == expected[key]
 
 
 def test_train_nodes_start_torchrun_on_each_node_and_ask_slurm_for_the_nodes(tmp_path):

@@ -75,7 +75,10 @@ def resolve(path):
     return path if os.path.exists(path) else os.path.join(workflow.basedir, path)
 
 
-ABLATIONS = Paramspace(pd.read_csv(resolve(EXP["ablations"]["table"]), sep="\t"), filename_params="*")
+# Fig. 7's grid points, each a folder name top_frac~0.3_tau~0.0_trajectories~4 held by the train rule's `setting` wildcard
+ABLATIONS = Paramspace(pd.read_csv(resolve(EXP["ablations"]["table"]), sep="\t"), filename_params="*", single_wildcard="setting")
+# the train rule's `setting`: a variant's name (train/ runs) or one of the grid's points (ablation/ runs)
+TRAIN_SETTINGS = "|".join([name_pattern(), *(re.escape(p) for p in ABLATIONS.instance_patterns)])
 
 
 def folder_names(dirs):
@@ -132,14 +135,12 @@ def get_reward_inputs(wildcards):
 
 
 def get_train_spec(wildcards):
-    return json.dumps(train_spec(config, wildcards.policy, wildcards.reward, wildcards.variant))
-
-
-def get_ablation_spec(wildcards):
-    a = EXP["ablations"]
-    values = ABLATIONS.instance(wildcards)
+    """A train job's spec: its variant's (train/), or the ablations' variant with the grid point's values (ablation/)."""
+    if wildcards.kind == "train":
+        return json.dumps(train_spec(config, wildcards.policy, wildcards.reward, wildcards.setting))
+    values = ABLATIONS.instance(wildcards)  # the point's values, read back from its folder name
     overrides = {k: (int(v) if k == "trajectories" else float(v)) for k, v in values.items()}
-    return json.dumps(train_spec(config, wildcards.policy, wildcards.reward, a["variant"], overrides))
+    return json.dumps(train_spec(config, wildcards.policy, wildcards.reward, EXP["ablations"]["variant"], overrides))
 
 
 def ladder_runs():
