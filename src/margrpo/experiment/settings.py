@@ -14,7 +14,7 @@ from pathlib import Path
 from margrpo.experiment.config_checks import check_grpo_run, check_val_prompts
 from margrpo.experiment.schema import ConfigError
 from margrpo.experiment.specs import validate_train_spec
-from margrpo.grpo.config import GRPOConfig
+from margrpo.grpo.config import GRPOConfig, check_policy_settings
 from margrpo.grpo.rollout import SamplingConfig
 from margrpo.policy.settings import PolicySettings
 
@@ -48,6 +48,7 @@ def train_settings(
     try:
         grpo = GRPOConfig.from_spec(spec, precision=spec.get("mixed_precision", "bf16"))
         policy = PolicySettings.from_spec(spec)
+        check_policy_settings(grpo, policy)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{what}: {err}") from None
     return TrainSettings(spec, grpo, policy, SamplingConfig(**spec["sampling"]))

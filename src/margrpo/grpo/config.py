@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, fields
 
 from margrpo.infra.runtime import check_trackers
+from margrpo.policy.settings import PolicySettings
 
 # The string-valued knobs of GRPOConfig and their allowed values (the first is the paper's).
 _CHOICES = {
@@ -162,3 +163,10 @@ class GRPOConfig:
         if unknown:
             raise ValueError(f"unknown GRPO setting(s) {unknown}; expected names from {', '.join(sorted(names))}")
         return cls(**{**spec["grpo"], **variant}, precision=precision)
+
+
+def check_policy_settings(config: GRPOConfig, settings: PolicySettings) -> None:
+    """A GRPO variant against the policy's settings it runs with (experiment.settings checks a run's spec with
+    it before the policy loads; the trainer again, for trainers built by hand)."""
+    if config.freeze_ar and settings.lora:
+        raise ValueError("lora adapts the AR transformer, which freeze_ar leaves frozen; drop one of them")

@@ -20,7 +20,7 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 from margrpo.grpo.checkpoints import resume_key, resume_state, save_state
-from margrpo.grpo.config import GRPOConfig
+from margrpo.grpo.config import GRPOConfig, check_policy_settings
 from margrpo.grpo.engine import Engine
 from margrpo.grpo.functions import (
     consistency_mask,
@@ -124,8 +124,7 @@ class GRPOTrainer:
         """The memory levers the policy takes (checkpointing, LoRA), then which parameters RL trains: the rest get
         no gradient and no optimizer state (frozen encoders, the head under +Fix, the AR under `head`, `frozen`)."""
         policy = self.policy
-        if config.freeze_ar and settings.lora:
-            raise ValueError("lora adapts the AR transformer, which freeze_ar leaves frozen; drop one of them")
+        check_policy_settings(config, settings)
         if settings.gradient_checkpointing:
             policy.set_gradient_checkpointing(True)
         if settings.lora:
