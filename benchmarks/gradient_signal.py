@@ -107,7 +107,7 @@ def tiny_spec(root: Path) -> Path:
     """--test: a tiny random toy-nova, the smoke world's suites and the +Fix spec of config/smoke.yaml on a random
     toypref (nothing trained: its scores still differ within a group), written under `root`; returns its spec.json."""
     from margrpo.experiment.config import load_config, train_spec
-    from margrpo.infra.io import atomic_write_json
+    from margrpo.infra.files import atomic_write_json
     from margrpo.policy.toy import ToyMAR, ToyMARConfig
     from margrpo.prompts.shapesworld import build_suites
     from margrpo.prompts.suites import write_suite

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from margrpo.grpo.rollout import SamplingConfig
-from margrpo.infra.io import atomic_write_rows, read_json
+from margrpo.infra.files import atomic_write_rows, read_json
 from margrpo.policy import load_policy
 from margrpo.prompts.suites import PromptSet, load_suite
 from margrpo.related.marval import MARVALRL, MARVALRLConfig

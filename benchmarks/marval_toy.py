@@ -22,7 +22,7 @@ import torch
 
 from margrpo.evaluation.quality import quality_report
 from margrpo.grpo.rollout import SamplingConfig, generate
-from margrpo.infra.io import read_json
+from margrpo.infra.files import read_json
 from margrpo.policy import load_policy
 from margrpo.prompts.suites import PromptSet, load_suite
 from margrpo.related.marval import MARVALConfig, MARVALDistiller, generate_one_step, one_step_policy, teacher_distance
@@ -39,7 +39,9 @@ def images_per_s(fn, prompts, repeats: int = 3) -> float:
 
 
 def speed(teacher, student, t_sampling, s_sampling, prompts) -> dict:
-    g = lambda: torch.Generator().manual_seed(0)  # noqa: E731
+    def g():
+        return torch.Generator().manual_seed(0)
+
     with torch.no_grad():
         return {
             "teacher_rollout": images_per_s(lambda p: generate(teacher, p, t_sampling, generator=g()), prompts),

@@ -86,7 +86,10 @@ def one_step(args, levers: dict, queue) -> None:
 
     torch.set_num_threads(1)
     prompts = PromptSet(["a red circle", "a blue square"], [{}, {}])
-    reward = lambda images, p, m: (images[:, 0].mean((1, 2)), {})  # noqa: E731
+
+    def reward(images, p, m):
+        return (images[:, 0].mean((1, 2)), {})
+
     cfg = GRPOConfig(
         steps=1,
         batch_prompts=2,

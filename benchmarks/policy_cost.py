@@ -127,7 +127,10 @@ def nova_costs(sampling: SamplingConfig) -> Costs:
         c = nova.prepare_condition(TextCondition(torch.zeros(1, Lt, Wt), torch.ones(1, Lt, dtype=torch.bool))).context
         blocks, W, Lc = tr.image_encoder.blocks, c.shape[-1], c.shape[1]
         L, D, split = nova.seq_len, nova.token_dim, len(blocks) // 2
-        block = lambda n: counted(lambda: blocks[0](torch.zeros(1, Lc + n, W)))  # noqa: E731
+
+        def block(n):
+            return counted(lambda: blocks[0](torch.zeros(1, Lc + n, W)))
+
         unknown = [L] + unknown_after_steps(L, sampling.ar_steps, nova.mask_rounding)[:-1]
         embed = counted(lambda: tr.image_encoder.patch_embed(torch.zeros(1, L, D)))
         full = split * block(L)
@@ -163,7 +166,9 @@ def harmon_costs(sampling: SamplingConfig) -> Costs:
             rope = (torch.zeros(1, S, hd), torch.zeros(1, S, hd))
             return counted(lambda: llm.layers[0](torch.zeros(1, S, Hl), position_embeddings=rope))
 
-        enc = lambda S: counted(lambda: m.encoder_blocks[0](torch.zeros(1, S, We)))  # noqa: E731
+        def enc(S):
+            return counted(lambda: m.encoder_blocks[0](torch.zeros(1, S, We)))
+
         dec = counted(lambda: m.decoder_blocks[0](torch.zeros(1, nb + L, Wd)))
         unknown = [L] + unknown_after_steps(L, sampling.ar_steps, harmon.mask_rounding)[:-1]
         ar = [

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from helpers import tiny_policy  # noqa: E402
 from test_trainer import make_trainer  # noqa: E402
 
-from margrpo.grpo.trainer import write_outputs  # noqa: E402
+from margrpo.grpo.run_files import write_outputs  # noqa: E402
 
 VARIANTS = {
     "grpo": {},

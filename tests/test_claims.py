@@ -12,7 +12,7 @@ from scipy import stats
 
 from margrpo.grpo.rollout import SamplingConfig
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
-from margrpo.infra.io import atomic_write_json
+from margrpo.infra.files import atomic_write_json
 from margrpo.prompts.suites import PromptSet
 from margrpo.reporting.claims import claims
 from margrpo.reporting.claims_markdown import to_markdown

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from margrpo.grpo.engine import shard
-from margrpo.grpo.streams import group_generators
+from margrpo.grpo.random_streams import group_generators
 
 WORKER = Path(__file__).parent / "dp_worker.py"
 SRC = Path(__file__).parents[1] / "src"
@@ -156,7 +156,7 @@ def _initial(variant: str) -> list[torch.Tensor]:
     from dp_worker import VARIANTS
     from helpers import tiny_policy
 
-    from margrpo.policy.memory import add_lora
+    from margrpo.policy.lora import add_lora
 
     policy = tiny_policy("flow", seed=1)
     if VARIANTS[variant].get("lora"):

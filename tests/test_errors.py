@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import tiny_policy
 
-from margrpo.infra.io import InputError
+from margrpo.infra.files import InputError
 from margrpo.policy import load_policy
 from margrpo.prompts.files import read_prompt_file
 from margrpo.stages.check_weights import EXPECTED

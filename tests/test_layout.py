@@ -150,7 +150,7 @@ def upward_imports(module: str, imports: list[tuple[int, str]]) -> list[str]:
 
 
 def test_the_layer_check_finds_an_upward_import():
-    code = "from margrpo.infra.io import InputError\ndef f():\n    from margrpo.stages._common import setup\n"
+    code = "from margrpo.infra.files import InputError\ndef f():\n    from margrpo.stages._common import setup\n"
     found = upward_imports("margrpo.policy.toy", every_import(ast.parse(code), "margrpo.policy"))
     assert found == ["line 3: margrpo.stages._common (layer 8 > 2)"]
     assert upward_imports("margrpo.stages.train", every_import(ast.parse(code), "margrpo.stages")) == []

@@ -13,7 +13,7 @@ from margrpo.grpo.rollout import SamplingConfig, generate
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.policy import load_policy
 from margrpo.policy.base import deterministic
-from margrpo.policy.memory import adapter_parameters, adapters_disabled, add_lora, lora_layers
+from margrpo.policy.lora import adapter_parameters, adapters_disabled, add_lora, lora_layers
 from margrpo.policy.settings import PolicySettings
 from margrpo.prompts.suites import PromptSet
 

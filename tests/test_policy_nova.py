@@ -162,7 +162,10 @@ def novas_time_grid(num_steps: int, shift: float, num_train_timesteps: int = 100
     """NOVA's FlowMatchEulerDiscreteScheduler (diffnext/schedulers/scheduling_cfm.py), step by step in float32:
     the constructor shifts the training sigmas 1..1/1000 and keeps their ends; set_timesteps spans
     linspace(t_max, t_min, T) between those ends and shifts the result again, then appends 0."""
-    shifted = lambda s: shift * s / (1 + (shift - 1) * s)  # noqa: E731
+
+    def shifted(s):
+        return shift * s / (1 + (shift - 1) * s)
+
     train = shifted(np.arange(1, num_train_timesteps + 1, dtype="float32")[::-1] / num_train_timesteps)
     t_max, t_min = float(train[0]) * num_train_timesteps, float(train[-1]) * num_train_timesteps
     sigmas = np.linspace(t_max, t_min, num_steps, dtype="float32") / num_train_timesteps

@@ -3,7 +3,7 @@
 Two methods share the discrete base `toy-mask` over three seeds: "MaskGRPO" gains +0.05 validation
 reward and +0.25 CompBench-style accuracy, "GRPO (discrete)" gains nothing; "MARVAL-RL" (one seed,
 base `toy-marval`) reports a fixed step that is not its best. Every file is written in the format of
-the stage that writes it: summary.json (`trainer.write_outputs`), metrics.csv, selection.json
+the stage that writes it: summary.json (`run_files.write_outputs`), metrics.csv, selection.json
 (`select_checkpoint` itself) and the two CompBench CSVs (`toy_compbench.evaluate_samples`).
 """
 
@@ -18,7 +18,7 @@ from scipy import stats
 
 from margrpo.cli import main
 from margrpo.evaluation.toy_compbench import PER_IMAGE_COLUMNS
-from margrpo.infra.io import atomic_write_json
+from margrpo.infra.files import atomic_write_json
 from margrpo.reporting import related, tables
 from margrpo.reporting.results import MissingResultError
 from margrpo.reporting.selection import select_checkpoint

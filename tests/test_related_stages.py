@@ -197,7 +197,7 @@ def check_run(out: Path, method: str, steps: int = 2, val_prompts: int = 3) -> d
 
 
 def test_pretrain_mask_writes_a_loadable_policy_and_its_quality_report(mask_policy):
-    from margrpo.infra.io import InputError
+    from margrpo.infra.files import InputError
     from margrpo.policy import load_policy
     from margrpo.related.maskgrpo.policy import ToyMaskPolicy
     from margrpo.stages._related import load_any_policy

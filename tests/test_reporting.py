@@ -10,7 +10,7 @@ from PIL import Image
 from scipy import stats
 
 from margrpo.cli import main
-from margrpo.infra.io import atomic_write_json
+from margrpo.infra.files import atomic_write_json
 from margrpo.reporting import figures, tables
 from margrpo.reporting.results import (
     MissingResultError,
@@ -297,7 +297,7 @@ def test_table2_missing_selection_is_named(tree, tmp_path):
 
 
 def _check_figure(fig, tmp_path, name):
-    from margrpo.infra.io import atomic_save_figure
+    from margrpo.infra.files import atomic_save_figure
 
     paths = atomic_save_figure(fig, tmp_path / name, ["png", "pdf"], dpi=60)
     assert [p.name for p in paths] == [f"{name}.png", f"{name}.pdf"]
@@ -602,7 +602,7 @@ def test_table1_two_policies_one_seed(tmp_path):
 def test_table1_refuses_rows_over_unlike_evaluations(tmp_path):
     """Issue #31.2: a run's compbench.csv without one category printed a dash and averaged its overall over the
     others; a missing value, other image counts or other image files are each an error naming the run and file."""
-    from margrpo.infra.io import InputError
+    from margrpo.infra.files import InputError
 
     runs = []
     for policy in ("toy-nova", "toy-harmon"):

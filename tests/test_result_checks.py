@@ -12,8 +12,8 @@ import torch
 from helpers import flip_last_byte, tiny_policy
 from test_trainer import make_trainer
 
-from margrpo.grpo.trainer import write_outputs
-from margrpo.infra.io import InputError
+from margrpo.grpo.run_files import write_outputs
+from margrpo.infra.files import InputError
 from margrpo.policy import load_policy
 from margrpo.reporting.results import load_metrics, load_summary
 
@@ -58,7 +58,7 @@ def test_an_edited_config_json_names_the_file(tmp_path, key, value):
 def test_a_config_json_that_does_not_match_its_weights_names_both(tmp_path):
     """Past the checksums (a config re-recorded with its edit), the weights are still checked against the config:
     one line."""
-    from margrpo.infra.io import record_checksums
+    from margrpo.infra.files import record_checksums
 
     tiny_policy().save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
@@ -217,7 +217,7 @@ def test_an_untouched_run_loads(run):
 def test_state_rewritten_in_place_verifies_at_any_kill_instant(tmp_path, monkeypatch, killed_at):
     """checked_path: a kill between the file's move and its checksum's record left a run that started over (CI
     saw it)."""
-    import margrpo.infra.io as mio
+    import margrpo.infra.files as mio
 
     state = tmp_path / "trainer.pt"
     with mio.checked_path(state) as tmp:
@@ -258,8 +258,8 @@ def test_a_full_disk_during_a_checkpoint_write_names_the_path(tmp_path, monkeypa
     """Issue #31.5: torch's writer says `basic_ios::clear` when the disk fills; the error names the file instead."""
     import errno
 
-    import margrpo.infra.io
-    from margrpo.infra.io import NoSpaceError, atomic_write_text
+    import margrpo.infra.files
+    from margrpo.infra.files import NoSpaceError, atomic_write_text
 
     def full(*args, **kwargs):
         raise RuntimeError(
@@ -268,13 +268,13 @@ def test_a_full_disk_during_a_checkpoint_write_names_the_path(tmp_path, monkeypa
 
     trainer = make_trainer(tmp_path / "run", steps=1)
     monkeypatch.setattr(torch, "save", full)
-    monkeypatch.setattr(margrpo.infra.io, "free_bytes", lambda path: 0)
+    monkeypatch.setattr(margrpo.infra.files, "free_bytes", lambda path: 0)
     with pytest.raises(NoSpaceError, match=f"no space left on {tmp_path / 'run/state/trainer.pt'} "):
         trainer.train()
     assert not [p for p in (tmp_path / "run/state").iterdir() if p.name.startswith(".")]  # no partial file left
 
     monkeypatch.setattr(
-        margrpo.infra.io, "free_bytes", lambda path: 1 << 40
+        margrpo.infra.files, "free_bytes", lambda path: 1 << 40
     )  # space to spare: torch's error is not ours to rename
     with pytest.raises(RuntimeError, match="basic_ios::clear") as err:
         make_trainer(tmp_path / "again", steps=1).train()
@@ -283,6 +283,6 @@ def test_a_full_disk_during_a_checkpoint_write_names_the_path(tmp_path, monkeypa
     def no_space(fd):  # where a full disk shows for buffered text: the flush before the rename
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(margrpo.infra.io.os, "fsync", no_space)
+    monkeypatch.setattr(margrpo.infra.files.os, "fsync", no_space)
     with pytest.raises(NoSpaceError, match=f"no space left on {tmp_path / 'x.json'} "):
         atomic_write_text(tmp_path / "x.json", "{}")

@@ -13,7 +13,7 @@ import torch
 from helpers import PROMPTS, assert_user_files_kept, plant_user_files, tiny_policy
 from test_trainer import make_trainer
 
-from margrpo.grpo.trainer import write_outputs
+from margrpo.grpo.run_files import write_outputs
 from margrpo.toylab.pretraining import PretrainConfig, train
 
 TESTS = Path(__file__).resolve().parent
@@ -255,7 +255,7 @@ def test_a_fresh_start_removes_what_a_save_wrote_and_keeps_what_it_did_not(tmp_p
     """clear_written_state's rules (issue #36), on a state/ built by the savers themselves: a checkpoint goes file by
     file, as its manifest lists them; what the manifest does not list stays, with its folders."""
     from margrpo.grpo.run_files import clear_written_state
-    from margrpo.infra.io import checked_path
+    from margrpo.infra.files import checked_path
 
     state, elsewhere = tmp_path / "state", tmp_path / "frozen"
     (elsewhere / "vae").mkdir(parents=True)

@@ -482,7 +482,9 @@ def _likelihood_ratio_vs_pathwise(head: str, stochastic_final: bool, n: int = 20
                 xs.append(sampler.step(model_output(xs[-1], i), i, xs[-1], generator=g).prev_sample)
         return xs
 
-    reward = lambda x: x.sum(-1)  # noqa: E731
+    def reward(x):
+        return x.sum(-1)
+
     pathwise = torch.autograd.grad(reward(trajectory(0, True)[-1]).mean(), list(net.parameters()))
     xs = [x.detach() for x in trajectory(1, False)]
     adv = reward(xs[-1]) - reward(xs[-1]).mean()
@@ -492,7 +494,10 @@ def _likelihood_ratio_vs_pathwise(head: str, stochastic_final: bool, n: int = 20
         if bool(sampler.is_stochastic(i))
     )
     lr = torch.autograd.grad(surrogate, list(net.parameters()))
-    flat = lambda gs: torch.cat([g.flatten() for g in gs])  # noqa: E731
+
+    def flat(gs):
+        return torch.cat([g.flatten() for g in gs])
+
     return torch.nn.functional.cosine_similarity(flat(lr), flat(pathwise), dim=0).item()
 
 

@@ -127,7 +127,10 @@ def assert_same_first_update(work: Path, name: str, reference: str, tolerance: f
     base = load_file(next((work / "results").glob("pretrain/toy-nova-*/policy/*.safetensors")))
     one, two = first_update(work / f"results/{reference}/{RUN}"), first_update(work / f"results/{name}/{RUN}")
     assert one.keys() == two.keys()
-    step = lambda w: torch.cat([(w[k] - base[k]).flatten() for k in sorted(base)])  # noqa: E731
+
+    def step(w):
+        return torch.cat([(w[k] - base[k]).flatten() for k in sorted(base)])
+
     u1, u2 = step(one), step(two)
     assert u1.norm() > 0, "the update changed nothing"
     diff = float((u2 - u1).norm() / u1.norm())

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from margrpo.infra.io import InputError
+from margrpo.infra.files import InputError
 from margrpo.policy.layers import TextEncoder
 from margrpo.policy.text import WordTokenizer, build_tokenizer
 

@@ -99,7 +99,7 @@ def test_backdrop_metric_is_registered_and_exact():
 
 def test_stage_cli_writes_the_model_and_per_kind_metrics(tmp_path, trained):
     from margrpo.cli import main
-    from margrpo.infra.io import atomic_write_json
+    from margrpo.infra.files import atomic_write_json
 
     clip, _, _ = trained
     clip.save_pretrained(tmp_path / "toyclip")

@@ -12,7 +12,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from test_trainer import make_trainer
 
 from margrpo.grpo.trainer import GRPOConfig
-from margrpo.infra.io import spec_hash
+from margrpo.infra.files import spec_hash
 from margrpo.policy import load_policy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,7 +91,10 @@ def test_a_killed_and_resumed_ema_run_equals_an_uninterrupted_one(tmp_path):
 def test_ema_of_lora_adapters_trains_saves_and_resumes(tmp_path):
     """Issue 27.8: ema_decay with lora crashed at the first step (the EMA looked the adapters up in a state_dict
     that hides them). The EMA averages the adapters, the checkpoint holds their average, a resume goes on exactly."""
-    make = lambda out: make_trainer(out, policy=tiny_policy("flow", seed=1), steps=3, ema_decay=0.5, lora={"rank": 4})  # noqa: E731
+
+    def make(out):
+        return make_trainer(out, policy=tiny_policy("flow", seed=1), steps=3, ema_decay=0.5, lora={"rank": 4})
+
     full = make(tmp_path / "full")
     rows_full = full.train()
     adapters = {n for n, p in full.policy.named_parameters() if ".lora_" in n}

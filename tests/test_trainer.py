@@ -10,7 +10,8 @@ from helpers import PROMPTS, tiny_policy
 
 from margrpo.grpo.replay import recorded, replay
 from margrpo.grpo.rollout import SamplingConfig, generate
-from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, write_outputs
+from margrpo.grpo.run_files import write_outputs
+from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.policy.settings import PolicySettings
 from margrpo.prompts.suites import PromptSet
 

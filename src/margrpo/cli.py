@@ -60,7 +60,7 @@ def build_parser(stage: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one stage. A user error (a bad setting or input file, whose message names it) exits with
     that message on one line and no traceback; anything else is a bug and keeps its traceback."""
-    from margrpo.infra.io import InputError
+    from margrpo.infra.files import InputError
     from margrpo.infra.kernels import apply_caps
 
     os.environ["HF_HUB_OFFLINE"] = "1"  # forced: never reach for a hub at run time

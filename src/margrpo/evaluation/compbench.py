@@ -458,7 +458,7 @@ def write_results(
     per_image: pd.DataFrame, summary: dict, out_json: str | Path | None = None, out_csv: str | Path | None = None
 ) -> None:
     """JSON {"summary": ..., "per_image": [...]} and/or the per-image CSV, each written atomically."""
-    from margrpo.infra.io import atomic_write_csv, atomic_write_json
+    from margrpo.infra.files import atomic_write_csv, atomic_write_json
 
     if out_json is not None:
         atomic_write_json(out_json, {"summary": summary, "per_image": per_image.to_dict(orient="records")})

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from margrpo.infra.io import InputError
+from margrpo.infra.files import InputError
 
 _NAME = re.compile(r"^(?P<prompt>.+)_(?P<index>\d{6})\.png$")
 

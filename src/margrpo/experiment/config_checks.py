@@ -21,7 +21,7 @@ from margrpo.experiment.schema import (
     read_config_file,
     schema_section,
 )
-from margrpo.infra.io import InputError
+from margrpo.infra.files import InputError
 
 ABLATION_COLUMNS = {"top_frac": float, "tau": float, "trajectories": int}  # variant switches a grid may vary
 
@@ -40,7 +40,11 @@ def world_capacity(cfg) -> dict[str, int]:
     from math import comb
 
     P, S, T, m = len(cfg.palette), len(cfg.shapes), len(cfg.textures), cfg.max_objects
-    sets = lambda n: comb(n + m, m)  # noqa: E731  # multisets of at most m phrases of n kinds: bounds every phrase list
+
+    # multisets of at most m phrases of n kinds: bounds every phrase list
+    def sets(n):
+        return comb(n + m, m)
+
     return {
         "color": sets(P * S),
         "shape": sets((P + 1) * S),
@@ -267,7 +271,11 @@ def check_settings(config: dict, source: str) -> None:
     def fail(key: str, why: str):
         raise ConfigError(f"{source}: key '{key}': {why}")
 
-    p, default = config["prompts"], lambda k: schema_section("prompts")["properties"][k]["default"]  # noqa: E731
+    p, defaults = config["prompts"], schema_section("prompts")["properties"]
+
+    def default(k: str):
+        return defaults[k]["default"]
+
     if p["source"] == "files" and p["n_train"] != default("n_train"):
         fail("prompts.n_train", "the files source trains on every prompt of prompts.train_file; remove n_train")
     if p["source"] == "files" and p["val_file"] and p["n_val"] != default("n_val"):
@@ -331,7 +339,7 @@ def _check_toy_names(name: str, policy: dict, image_size: int, fail) -> None:
         return  # no torch import for the common case
     import torch
 
-    from margrpo.policy.memory import lora_leaves
+    from margrpo.policy.lora import lora_leaves
     from margrpo.policy.toy import ToyMAR, ToyMARConfig
 
     with torch.device("meta"):

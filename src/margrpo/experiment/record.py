@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from margrpo.experiment.config import ConfigError
-from margrpo.infra.io import atomic_write_json
+from margrpo.infra.files import atomic_write_json
 
 RECORD = "settings.json"
 # a change here adds runs or redraws tables and figures, and reruns none of the recorded runs

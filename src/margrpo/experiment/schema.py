@@ -22,7 +22,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from margrpo.infra.io import InputError
+from margrpo.infra.files import InputError
 
 SCHEMA_PATH = Path(__file__).parents[1] / "schemas" / "config.schema.yaml"
 

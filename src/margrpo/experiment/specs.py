@@ -18,7 +18,7 @@ from margrpo.experiment.schema import (
     schema_section,
     validate_section,
 )
-from margrpo.infra.io import spec_hash
+from margrpo.infra.files import spec_hash
 
 LATER_GRPO_KEYS = ("trackers", "ema_decay", "advantages", "replay_chunk")  # grpo keys added after runs were cached
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
-from margrpo.grpo.run_files import clear_written_state
-from margrpo.infra.io import InputError, checked_path, space_named, spec_hash, verify_checksums
-from margrpo.policy.memory import save_adapters
+from margrpo.grpo.run_files import checkpoint_path, clear_written_state
+from margrpo.infra.files import InputError, checked_path, space_named, spec_hash, verify_checksums
+from margrpo.policy.lora import save_adapters
 
 log = logging.getLogger("margrpo.grpo.trainer")
 
@@ -21,7 +21,7 @@ def save_state(trainer) -> None:
     """Checkpoint (policy folder) + resumable trainer state, written atomically by the main process. Both hold
     whole tensors (gathered through torch's state-dict API), so a run resumes under any number of processes
     and any sharding."""
-    ckpt = trainer.state_dir / f"ckpt-{trainer.step:06d}" / "policy"
+    ckpt = checkpoint_path(trainer.state_dir, trainer.step)
     engine = trainer.engine
     # tensors and primitives only (loads with weights_only=True); the policy is the ckpt folder beside it
     state = {
@@ -66,7 +66,7 @@ def resume_state(trainer) -> bool:
             clear_written_state(trainer.state_dir)
         engine.barrier()
         return False
-    ckpt = trainer.state_dir / f"ckpt-{header['step']:06d}" / "policy"  # found beside trainer.pt wherever it is now
+    ckpt = checkpoint_path(trainer.state_dir, header["step"])  # found beside trainer.pt wherever it is now
     # the optimizer after the weights: torch's loader may take an empty step to create the state, which the
     # EMA's hook would see
     engine.load_policy_state(trainer.policy, _checkpoint_policy(ckpt) if engine.is_main else None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from margrpo.infra.runtime import check_trackers
+from margrpo.infra.trackers import check_trackers
 from margrpo.policy.settings import PolicySettings
 
 # The string-valued knobs of GRPOConfig and their allowed values (the first is the paper's).

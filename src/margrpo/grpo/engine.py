@@ -266,7 +266,7 @@ class Engine:
 
 
 def adapter_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
-    """The LoRA adapters' parameters by name (policy.memory), which a policy's state dict leaves out: it holds the
+    """The LoRA adapters' parameters by name (policy.lora), which a policy's state dict leaves out: it holds the
     base weights under their own names."""
     return {n: p for n, p in module.named_parameters() if ".lora_" in n}
 

@@ -161,7 +161,7 @@ class FSDPEngine(Engine):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        adapters = self.full_tensors(adapter_tensors(module))  # LoRA: left out of the state dict (policy.memory)
+        adapters = self.full_tensors(adapter_tensors(module))  # LoRA: left out of the state dict (policy.lora)
         if not self.is_main:
             return
         buffers = {k: v.detach().cpu() for k, v in module.named_buffers() if k not in state}  # non-persistent
@@ -307,7 +307,10 @@ def shard_units(policy: nn.Module, head: set[int]) -> list[nn.Module]:
     `mar.diffloss.net`), and FSDP gathers a group only around its module's forward. Parameters held by a head
     module directly stay in the root group (and `head` is then registered on the root)."""
     model = _ar_and_head(policy, head)
-    inside = lambda m, ids: bool(list(m.parameters())) and all(id(p) in ids for p in m.parameters())  # noqa: E731
+
+    def inside(m, ids):
+        return bool(list(m.parameters())) and all(id(p) in ids for p in m.parameters())
+
     units = [b for m in policy.modules() if isinstance(m, nn.ModuleList) for b in m if inside(b, model)]
     for name, m in policy.named_modules():
         parent = policy.get_submodule(name.rsplit(".", 1)[0]) if "." in name else policy

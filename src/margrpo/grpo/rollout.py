@@ -492,7 +492,11 @@ def _denoise_step(
 def _extra_group(sampler, rows, z_c, z_u, S1, D, generator):
     """S - 1 more trajectories of the predicted tokens `rows` from the same z_k (DESIGN 3.9): the rows to denoise."""
     x = sampler.init_noise((S1 * len(rows[0]), D), generator=generator, device=z_c.device)
-    rep = lambda z: None if z is None else z[rows].repeat(S1, 1)  # noqa: E731  [S1*R, W], trajectory-major
+
+    # [S1*R, W], trajectory-major
+    def rep(z):
+        return None if z is None else z[rows].repeat(S1, 1)
+
     return x, rep(z_c), rep(z_u), generator, None
 
 

@@ -11,7 +11,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from margrpo.infra.io import CHECKSUMS, atomic_write_json, atomic_write_rows, listed_files, non_finite
+from margrpo.infra.files import CHECKSUMS, atomic_write_json, atomic_write_rows, listed_files, non_finite
 
 log = logging.getLogger(__name__)
 
@@ -143,3 +143,9 @@ def write_run_outputs(out_dir: str | Path, state: RunState, variant: str, spec: 
     bad = non_finite(summary)  # strict JSON: null in their place, and why
     atomic_write_json(out / "summary.json", {**summary, **({"non_finite": bad} if bad else {})}, indent=1)
     return summary
+
+
+def write_outputs(trainer, spec: dict) -> None:
+    """A GRPO trainer's metrics.csv (one row per step) and summary.json (checkpoints with validation rewards)."""
+    state = RunState(trainer.step, trainer.rows, trainer.checkpoints)
+    write_run_outputs(trainer.out_dir, state, spec["variant"]["name"], spec, trainer.settings())

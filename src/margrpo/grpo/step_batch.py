@@ -53,7 +53,10 @@ def choose_steps(
 
 def subset_rollout(r: Rollout, rows: torch.Tensor) -> Rollout:
     """The rollout restricted to some images (micro-batch)."""
-    pick = lambda x, dim: None if x is None else x.index_select(dim, rows.to(x.device))  # noqa: E731
+
+    def pick(x, dim):
+        return None if x is None else x.index_select(dim, rows.to(x.device))
+
     return Rollout(
         prompts=[r.prompts[i] for i in rows.tolist()],
         latents=pick(r.latents, 0),

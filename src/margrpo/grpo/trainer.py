@@ -22,7 +22,8 @@ from tqdm.auto import tqdm
 from margrpo.grpo.checkpoints import resume_key, resume_state, save_state
 from margrpo.grpo.config import GRPOConfig, check_policy_settings
 from margrpo.grpo.engine import Engine
-from margrpo.grpo.functions import (
+from margrpo.grpo.grad_stats import MicroBatchGradStats
+from margrpo.grpo.objective import (
     consistency_mask,
     group_advantages,
     kl_gaussian,
@@ -33,8 +34,8 @@ from margrpo.grpo.functions import (
     policy_ratio_stats,
     uncertainty_mask,
 )
-from margrpo.grpo.grad_stats import MicroBatchGradStats
 from margrpo.grpo.parallel import parallelize
+from margrpo.grpo.random_streams import group_generators, step_generator
 from margrpo.grpo.replay import recorded, replay
 from margrpo.grpo.rollout import (
     Rollout,
@@ -44,14 +45,15 @@ from margrpo.grpo.rollout import (
     make_sampler,
     stochastic_steps,
 )
-from margrpo.grpo.run_files import RunState, write_run_outputs
+from margrpo.grpo.run_files import checkpoint_path
 from margrpo.grpo.step_batch import StepBatch, Update, choose_steps, combine_chunk_stats, subset_rollout
-from margrpo.grpo.streams import group_generators, step_generator
 from margrpo.grpo.validation import RewardFn, validate
-from margrpo.infra.io import refuse_symlink
-from margrpo.infra.runtime import EMA, autocast, end_trackers, peak_memory_mb, start_trackers
+from margrpo.infra.ema import EMA
+from margrpo.infra.files import refuse_symlink
+from margrpo.infra.runtime import autocast, peak_memory_mb
+from margrpo.infra.trackers import end_trackers, start_trackers
 from margrpo.policy.base import MARPolicy
-from margrpo.policy.memory import adapter_parameters, adapters_disabled, add_lora
+from margrpo.policy.lora import adapter_parameters, adapters_disabled, add_lora
 from margrpo.policy.settings import PolicySettings
 from margrpo.prompts.suites import PromptSet
 
@@ -586,14 +588,8 @@ class GRPOTrainer:
     def _checkpoint(self, val_reward: float, val_scores: list[float] | None) -> None:
         """Save, and list the checkpoint for selection where it was validated."""
         if math.isfinite(val_reward):
-            path = str(self.state_dir / f"ckpt-{self.step:06d}" / "policy")
+            path = str(checkpoint_path(self.state_dir, self.step))
             self.checkpoints.append(
                 {"step": self.step, "val_reward": val_reward, "val_scores": val_scores, "path": path}
             )
         self.save()
-
-
-def write_outputs(trainer: GRPOTrainer, spec: dict) -> None:
-    """metrics.csv (one row per step) and summary.json (checkpoints with validation rewards), atomically."""
-    state = RunState(trainer.step, trainer.rows, trainer.checkpoints)
-    write_run_outputs(trainer.out_dir, state, spec["variant"]["name"], spec, trainer.settings())

@@ -8,9 +8,10 @@ from collections.abc import Callable
 
 import torch
 
+from margrpo.grpo.random_streams import VAL_SEED
 from margrpo.grpo.rollout import SamplingConfig, generate
-from margrpo.grpo.streams import VAL_SEED
-from margrpo.infra.runtime import autocast, log_image_grid
+from margrpo.infra.runtime import autocast
+from margrpo.infra.trackers import log_image_grid
 from margrpo.policy.base import MARPolicy
 from margrpo.prompts.suites import PromptSet
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from margrpo.infra.io import InputError
+from margrpo.infra.files import InputError
 
 
 def check_keys(value, allowed: tuple[str, ...], where: str) -> dict:

@@ -242,7 +242,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _settle(args) -> None:
     """The defaults that depend on --test, the checks of the variants, and the checkout's paper configs where a
     default names them (an error naming the file where one is missing)."""
-    from margrpo.infra.io import InputError
+    from margrpo.infra.files import InputError
 
     args.variants = (args.variants or ("grpo" if args.test else ",".join(VARIANTS))).split(",")
     old = args.old_variants if args.old_variants is not None else "grpo" if args.test else ",".join(VARIANTS)

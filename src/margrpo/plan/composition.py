@@ -32,7 +32,11 @@ def per_gpu(step: Step, n: int, sharding: str, rewards: int) -> dict:
     fsdp = n > 1 and sharding != "replicate"
     share = 1 / n if fsdp else 1.0
     chunked = step.run.replay_chunk is not None and step.run.replay_chunk < s["mask_steps"]
-    bf16 = lambda b: b // 2  # noqa: E731  gathered parameters (FSDP's mixed precision)
+
+    # gathered parameters (FSDP's mixed precision)
+    def bf16(b):
+        return b // 2
+
     phases = {}
     for phase in PHASES:
         if phase not in step.peaks:

@@ -26,7 +26,7 @@ def _per_step(r) -> list:
 def _batch_invariant_owners() -> list:
     """(module, value) of `batch_invariant` wherever it was imported (margrpo.policy.invariant, where it exists)."""
     blocks = []
-    for name in ("margrpo.policy.invariant", "margrpo.policy.base", "margrpo.policy.memory"):
+    for name in ("margrpo.policy.invariant", "margrpo.policy.base", "margrpo.policy.checkpointing"):
         try:
             owner = importlib.import_module(name)
         except ImportError:
@@ -54,7 +54,7 @@ def _rollout_steps(trainer, K: int, steps: int | None, chosen: str) -> int:
     the last AR step the trainer will draw."""
     R = K if steps is None else max(steps, trainer.cfg.mask_steps)
     if chosen == "drawn":  # the rollout must reach the last AR step the trainer will draw
-        from margrpo.grpo.streams import step_generator
+        from margrpo.grpo.random_streams import step_generator
 
         R = max(R, int(trainer.choose_steps(step_generator(trainer.cfg.seed, trainer.step, 3))[0].max()) + 1)
     return R
@@ -143,10 +143,10 @@ def instrumented(ledger: Ledger, trainer, amp: CudaAutocast, steps: int | None, 
     Yields (K, R): the AR steps of the schedule and those the rollout runs."""
     import margrpo.grpo.rollout as rollout_module
     import margrpo.grpo.trainer as module
-    import margrpo.policy.memory as memory
+    import margrpo.policy.checkpointing as checkpointing
 
     blocks = _batch_invariant_owners()
-    forward_mode = memory.forward_mode
+    forward_mode = checkpointing.forward_mode
     saved = (module.autocast, module.subset_rollout, rollout_module.ar_schedule, rollout_module._Record.empty)
     K = len(saved[2](trainer.policy, trainer.sampling))
     R = _rollout_steps(trainer, K, steps, chosen)
@@ -155,7 +155,7 @@ def instrumented(ledger: Ledger, trainer, amp: CudaAutocast, steps: int | None, 
     cuda_policy, subset, schedule, empty = _module_patches(saved, amp, R, grow)
     module.autocast, module.subset_rollout, rollout_module.ar_schedule = cuda_policy, subset, schedule
     rollout_module._Record.empty = empty
-    memory.forward_mode = partial(_forward_mode_with_amp, forward_mode, amp)
+    checkpointing.forward_mode = partial(_forward_mode_with_amp, forward_mode, amp)
     for owner, _ in blocks:
         owner.batch_invariant = contextlib.nullcontext
     try:
@@ -163,6 +163,6 @@ def instrumented(ledger: Ledger, trainer, amp: CudaAutocast, steps: int | None, 
     finally:
         module.autocast, module.subset_rollout, rollout_module.ar_schedule = saved[:3]
         rollout_module._Record.empty = saved[3]
-        memory.forward_mode = forward_mode
+        checkpointing.forward_mode = forward_mode
         for owner, value in blocks:
             owner.batch_invariant = value

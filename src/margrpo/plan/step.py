@@ -274,7 +274,10 @@ def _shard_units(policy, head: set[int]) -> list:
         from margrpo.grpo.parallel import shard_units
     except ImportError:
         model = head | {id(p) for p in policy.ar_parameters()}
-        inside = lambda m: bool(list(m.parameters())) and all(id(p) in model for p in m.parameters())  # noqa: E731
+
+        def inside(m):
+            return bool(list(m.parameters())) and all(id(p) in model for p in m.parameters())
+
         return [b for m in policy.modules() if isinstance(m, torch.nn.ModuleList) for b in m if inside(b)]
     return shard_units(policy, head)
 
@@ -290,8 +293,13 @@ def group_sizes(trainer) -> dict[str, int]:
         mine = [p for p in unit.parameters() if id(p) not in taken]
         taken |= {id(p) for p in mine}
         own.append(mine)
-    nbytes = lambda ps: sum(p.numel() * p.element_size() for p in ps)  # noqa: E731
-    trained = lambda ps: [p for p in ps if p.requires_grad]  # noqa: E731
+
+    def nbytes(ps):
+        return sum(p.numel() * p.element_size() for p in ps)
+
+    def trained(ps):
+        return [p for p in ps if p.requires_grad]
+
     params = list(policy.parameters())
     root = [p for p in params if id(p) in model and id(p) not in taken]
     ref = (

@@ -31,7 +31,10 @@ def validate(run: Run, steps: int | None, fake: Step | None = None, fresh: bool 
     out["ratio_step"] = out["fake_step"] / out["real_step"]
     out["ratio_rss"] = out["fake_step"] / out["rss_step"]
     out["ratio_allocated"] = out["fake_step"] / out["allocated_step"]
-    mib = lambda b: f"{b / 2**20:.1f} MiB"  # noqa: E731
+
+    def mib(b):
+        return f"{b / 2**20:.1f} MiB"
+
     say(
         f"validation, {run.policy} ({run.size}) [{run.label()}], fake vs real on this CPU:\n"
         f"  tensor peak: fake {mib(out['fake_peak'])}, real {mib(out['real_peak'])}: ratio {out['ratio_peak']:.4f}\n"

@@ -1,5 +1,5 @@
-"""MAR policies behind one interface: the toy model, NOVA and Harmon; their layers, memory levers and
-the toy's word-level tokenizer (`text`).
+"""MAR policies behind one interface: the toy model, NOVA and Harmon; their layers, gradient checkpointing
+(`checkpointing`), LoRA adapters (`lora`) and the toy's word-level tokenizer (`text`).
 
 Layer 2 (see margrpo/__init__.py): it must not import rewards, grpo, toylab, related, evaluation, reporting,
 experiment, stages, plan, cli.
@@ -13,10 +13,10 @@ __all__ = ["MARPolicy", "TextCondition", "ToyMAR", "ToyMARConfig", "deterministi
 
 def load_policy(path, device="cpu") -> MARPolicy:
     """Load any policy from a folder (or a `policy.json` pointer written by `margrpo check-weights`), with
-    the LoRA adapters saved beside it, if any (policy.memory.save_adapters)."""
+    the LoRA adapters saved beside it, if any (policy.lora.save_adapters)."""
     from pathlib import Path
 
-    from margrpo.policy.memory import has_adapters, load_adapters
+    from margrpo.policy.lora import has_adapters, load_adapters
 
     p = Path(path)
     p = _pointed(p) if p.suffix == ".json" else p
@@ -30,7 +30,7 @@ def _pointed(p):
     """The policy folder a `policy.json` pointer names."""
     from pathlib import Path
 
-    from margrpo.infra.io import InputError, read_json
+    from margrpo.infra.files import InputError, read_json
 
     pointer = read_json(p)
     if not isinstance(pointer, dict) or "path" not in pointer:
@@ -39,7 +39,7 @@ def _pointed(p):
 
 
 def _load_base(p, device) -> MARPolicy:
-    from margrpo.infra.io import InputError, read_json
+    from margrpo.infra.files import InputError, read_json
     from margrpo.policy.harmon import HarmonPolicy
     from margrpo.policy.nova import NovaPolicy  # cheap: heavy imports happen inside from_pretrained
 

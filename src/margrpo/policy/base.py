@@ -126,7 +126,7 @@ class MARPolicy(nn.Module, ABC):
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
-    # --- memory levers (policy.memory; off by default) ---------------------------------------------
+    # --- memory levers (policy.checkpointing, policy.lora; off by default) ------------------------------
     gradient_checkpointing: bool = False
     lora_scope: str | None = None  # regex: the module-name prefix of the AR transformer's blocks LoRA adapts
     lora_targets: tuple[str, ...] = ()  # default LoRA target_modules: leaf names of Linear layers in that scope

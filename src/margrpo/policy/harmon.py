@@ -62,11 +62,11 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 
 from margrpo.diffusion import DDPMConfig, DDPMSampler, Sampler
-from margrpo.infra.io import atomic_path, atomic_write_json, record_checksums
+from margrpo.infra.files import atomic_path, atomic_write_json, record_checksums
 from margrpo.policy.base import MARPolicy, TextCondition
+from margrpo.policy.checkpointing import forward_mode, hf_checkpointing
 from margrpo.policy.harmon_config import QWEN2_5_1_5B_INSTRUCT, HarmonConfig
 from margrpo.policy.mar_h import MAR, build_mlp, build_vae, vae_key_to_ldm
-from margrpo.policy.memory import forward_mode, hf_checkpointing
 
 CONFIG = "config.json"
 
@@ -225,7 +225,10 @@ class HarmonPolicy(MARPolicy):
     def save_pretrained(self, directory: str | Path) -> None:
         """Write the checkpoint folder described in the module docstring (each file atomically)."""
         d, c = Path(directory), self.config
-        cpu = lambda sd: {k: v.detach().cpu().contiguous() for k, v in sd.items()}  # noqa: E731
+
+        def cpu(sd):
+            return {k: v.detach().cpu().contiguous() for k, v in sd.items()}
+
         with atomic_path(d / c.weights_name) as tmp:
             torch.save(cpu(self.harmon_state_dict()), tmp)
         with atomic_path(d / c.vae_name) as tmp:

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from margrpo.infra.io import InputError, verify_outside
+from margrpo.infra.files import InputError, verify_outside
 from margrpo.infra.weights import load_tensor_file, resolve_weights
 from margrpo.policy.base import MARPolicy  # the policy class itself comes in as `cls`
 from margrpo.policy.harmon_config import HarmonConfig

@@ -38,7 +38,11 @@ def row_blocked_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) ->
     if not torch.is_autocast_enabled("cpu"):
         return _rows_linear(x, weight, bias)
     dtype = torch.get_autocast_dtype("cpu")  # autocast's cast for linear, done here: the products run in its dtype
-    cast = lambda t: t if t is None or t.dtype == torch.float64 else t.to(dtype)  # noqa: E731  (as autocast: not float64)
+
+    # as autocast: not float64
+    def cast(t):
+        return t if t is None or t.dtype == torch.float64 else t.to(dtype)
+
     with torch.autocast("cpu", enabled=False):
         return _rows_linear(cast(x), cast(weight), cast(bias))
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from margrpo.policy.memory import run_blocks
+from margrpo.policy.checkpointing import run_blocks
 
 
 class Attention(nn.Module):
@@ -107,7 +107,7 @@ class ResBlock(nn.Module):
 class SimpleMLPAdaLN(nn.Module):
     """MAR's diffusion head: an MLP over one token, conditioned on z and t through AdaLN."""
 
-    gradient_checkpointing = False  # of the residual blocks (policy.memory)
+    gradient_checkpointing = False  # of the residual blocks (policy.checkpointing)
 
     def __init__(self, token_dim: int, cond_dim: int, width: int, depth: int, out_dim: int, z_input: bool = False):
         super().__init__()

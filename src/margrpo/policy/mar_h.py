@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from diffusers import AutoencoderKL
 from torch import Tensor, nn
 
+from margrpo.policy.checkpointing import run_blocks
 from margrpo.policy.harmon_config import HarmonConfig
 from margrpo.policy.layers import modulate, timestep_embedding
-from margrpo.policy.memory import run_blocks
 
 # ----------------------------------------------------------------------------------------------
 # MAR-H: ViT blocks with timm's parameter names, the encoder/decoder, the DiffLoss MLP
@@ -104,7 +104,7 @@ class DiffusionMLP(nn.Module):
     (256-d frequency embedding, affine LayerNorm in the residual blocks) so checkpoints load.
     """
 
-    gradient_checkpointing = False  # of the residual blocks (policy.memory)
+    gradient_checkpointing = False  # of the residual blocks (policy.checkpointing)
 
     def __init__(self, token_dim: int, z_dim: int, width: int, depth: int):
         super().__init__()
@@ -151,7 +151,7 @@ def resize_pos_embed(pe: Tensor, buffer: int, src: int, dst: int) -> Tensor:
 class MAR(nn.Module):
     """MAR's encoder, decoder and head with MAR's parameter names (Harmon's `mar.*`)."""
 
-    gradient_checkpointing = False  # of the encoder and decoder blocks (policy.memory)
+    gradient_checkpointing = False  # of the encoder and decoder blocks (policy.checkpointing)
 
     def __init__(self, c: HarmonConfig):
         super().__init__()

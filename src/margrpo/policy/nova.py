@@ -26,8 +26,8 @@ from torch import Tensor, nn
 
 from margrpo.diffusion import FlowSDESampler, Sampler
 from margrpo.policy.base import MARPolicy, TextCondition
+from margrpo.policy.checkpointing import run_blocks
 from margrpo.policy.layers import Attention, timestep_embedding
-from margrpo.policy.memory import run_blocks
 from margrpo.policy.nova_config import (  # noqa: F401  (re-exported: the names NOVA users import from here)
     HEADS_BY_WIDTH,
     TEXT_POSITIONS,
@@ -186,7 +186,7 @@ class DiffusionMLP(nn.Module):
     """`image_decoder`: v = MLP(x_t, t, z) for one token. Flow matching with x_t = (1 - s) x0 + s eps,
     t = 1000 s, target v = eps - x0 (NOVA's get_losses) — our FlowSDESampler's convention as is."""
 
-    gradient_checkpointing = False  # of the diffusion blocks (policy.memory)
+    gradient_checkpointing = False  # of the diffusion blocks (policy.checkpointing)
 
     def __init__(self, depth: int, dim: int, cond_dim: int, patch: int, image_dim: int):
         super().__init__()
@@ -206,7 +206,7 @@ class DiffusionMLP(nn.Module):
 class NovaTransformer(nn.Module):
     """NOVA's transformer; `state_dict()` has exactly the keys of transformer/diffusion_pytorch_model.safetensors."""
 
-    gradient_checkpointing = False  # of the ViT blocks (policy.memory)
+    gradient_checkpointing = False  # of the ViT blocks (policy.checkpointing)
 
     def __init__(self, config: NovaConfig):
         super().__init__()

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from margrpo.infra.io import read_json, record_checksums, save_safetensors, state_mismatch, verify_outside
+from margrpo.infra.files import read_json, record_checksums, save_safetensors, state_mismatch, verify_outside
 from margrpo.infra.weights import NOVA_LAYOUT, missing_files, resolve_weights
 from margrpo.policy.base import MARPolicy  # the policy class itself comes in as `cls`
 from margrpo.policy.nova_config import TRANSFORMER_WEIGHTS, NovaConfig

@@ -19,7 +19,7 @@ class PolicySettings:
     # the KL reference); MAR-GRPO's Harmon runs train mar.* only: ("llm.", "proj_in.", "proj_out.")
     frozen: tuple[str, ...] = ()
     gradient_checkpointing: bool = False  # recompute the AR and head blocks' activations in backward
-    # LoRA {rank, alpha, dropout, target_modules} on the AR transformer (policy.memory): RL then trains the
+    # LoRA {rank, alpha, dropout, target_modules} on the AR transformer (policy.lora): RL then trains the
     # adapters alone and replays the KL reference as the same model with the adapters disabled
     lora: dict | None = None
     sharding: str = "replicate"  # several processes only; no effect on results

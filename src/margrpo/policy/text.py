@@ -56,7 +56,7 @@ class WordTokenizer:
         try:
             return cls(Tokenizer.from_file(str(path)))
         except Exception as err:  # tokenizers raises a bare Exception for unparsable files
-            from margrpo.infra.io import InputError
+            from margrpo.infra.files import InputError
 
             raise InputError(
                 f"{path}: unreadable tokenizer ({str(err).splitlines()[0] if str(err) else type(err).__name__})"

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from margrpo.diffusion import DDPMSampler, FlowSDESampler, OneStepSampler, Sampler
-from margrpo.infra.io import (
+from margrpo.infra.files import (
     InputError,
     atomic_write_text,
     read_json,
@@ -29,8 +29,8 @@ from margrpo.infra.io import (
     verify_checksums,
 )
 from margrpo.policy.base import MARPolicy, TextCondition
+from margrpo.policy.checkpointing import run_blocks
 from margrpo.policy.layers import Block, SimpleMLPAdaLN, TextEncoder
-from margrpo.policy.memory import run_blocks
 from margrpo.policy.text import SPECIAL_TOKENS, WordTokenizer, build_tokenizer  # noqa: F401  (re-exported)
 
 WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer"

@@ -26,7 +26,7 @@ import logging
 import random
 from pathlib import Path
 
-from margrpo.infra.io import InputError
+from margrpo.infra.files import InputError
 from margrpo.prompts.suites import (
     COMPBENCH_CATEGORIES,
     FILE_CATEGORIES,

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from margrpo.infra.io import InputError, atomic_write_text
+from margrpo.infra.files import InputError, atomic_write_text
 from margrpo.world.captions import validate_spec
 from margrpo.world.config import CATEGORIES
 

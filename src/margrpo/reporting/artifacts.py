@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from margrpo.infra.io import atomic_write_csv, atomic_write_text, read_json
+from margrpo.infra.files import atomic_write_csv, atomic_write_text, read_json
 from margrpo.reporting.paired import MIN_SEEDS_FOR_T, decide, paired_summary
 from margrpo.reporting.results import parse_run
 from margrpo.reporting.tables import VARIANT_LABELS

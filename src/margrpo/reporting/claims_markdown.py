@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from margrpo.infra.io import atomic_write_csv, atomic_write_text
+from margrpo.infra.files import atomic_write_csv, atomic_write_text
 from margrpo.reporting.claims import POWER_TARGET, Claims
 
 

@@ -1,7 +1,7 @@
 """The paper's figures from result files (matplotlib, Agg; no pyplot state).
 
 Each public builder takes the results root and the JSON spec its Snakemake rule passes and
-returns a ``matplotlib.figure.Figure``; ``margrpo.infra.io.atomic_save_figure`` writes it:
+returns a ``matplotlib.figure.Figure``; ``margrpo.infra.files.atomic_save_figure`` writes it:
 
     dynamics          Fig. 2a/2b, Fig. 5  gradient norm / variance, val + train reward, KL vs step
     uncertainty       Fig. 4              samples beside their per-token MTE uncertainty

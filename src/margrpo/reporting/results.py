@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from margrpo.infra.io import InputError, read_json
+from margrpo.infra.files import InputError, read_json
 
 __all__ = [
     "MissingResultError",

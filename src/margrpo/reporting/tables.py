@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from margrpo.infra.io import atomic_write_csv, atomic_write_text
+from margrpo.infra.files import atomic_write_csv, atomic_write_text
 from margrpo.reporting.results import (
     RunId,
     comparable_scores,

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from margrpo.infra.io import InputError, atomic_write_text, record_checksums, save_safetensors, verify_checksums
+from margrpo.infra.files import InputError, atomic_write_text, record_checksums, save_safetensors, verify_checksums
 from margrpo.policy.layers import TextEncoder
 from margrpo.policy.text import SPECIAL_TOKENS, WordTokenizer, build_tokenizer  # noqa: F401  (re-exported)
 

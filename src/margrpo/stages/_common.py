@@ -8,7 +8,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from margrpo.infra.io import InputError
+from margrpo.infra.files import InputError
 
 DISTRIBUTED_ENV = (
     "WORLD_SIZE",
@@ -117,7 +117,7 @@ def git_revision() -> str:
 def write_spec(folder: str | Path, spec: dict) -> dict:
     """`<folder>/spec.json`: what this stage ran with (its resolved settings and inputs), the git revision and the
     CPU kernels (infra/kernels.py), written atomically beside the outputs it explains. Returns what it wrote."""
-    from margrpo.infra.io import atomic_write_json
+    from margrpo.infra.files import atomic_write_json
     from margrpo.infra.kernels import kernel_record
 
     record = {**spec, "git_rev": git_revision(), "kernels": kernel_record()}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from margrpo.infra.io import InputError
+from margrpo.infra.files import InputError
 from margrpo.infra.readers import check_keys, dataclass_from
 
 
@@ -29,7 +29,7 @@ def mask_sampling(value, where: str):
 def teacher_sampling(teacher_dir: str | Path):
     """The teacher's own sampling (K, CFG scale and schedule), from the spec.json `margrpo pretrain` wrote
     beside it."""
-    from margrpo.infra.io import read_json
+    from margrpo.infra.files import read_json
     from margrpo.stages._common import sampling_config
 
     path = Path(teacher_dir).parent / "spec.json"
@@ -48,7 +48,7 @@ def teacher_sampling(teacher_dir: str | Path):
 def load_any_policy(path: str | Path, device="cpu"):
     """Any policy folder the pipeline writes: MaskGRPO's toy-mask policy, or what `margrpo.policy.load_policy` reads.
     The dispatch lives here, above both packages: the policy package must not import a related method."""
-    from margrpo.infra.io import read_json
+    from margrpo.infra.files import read_json
     from margrpo.policy import load_policy
     from margrpo.related.maskgrpo.policy import ToyMaskPolicy
 

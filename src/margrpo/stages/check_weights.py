@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def check_folder(kind: str, path: str | Path) -> Path:
     """The folder, if it holds every expected file: non-empty, `.json` ones valid JSON objects."""
-    from margrpo.infra.io import InputError, read_json
+    from margrpo.infra.files import InputError, read_json
     from margrpo.infra.weights import HARMON_HF_LAYOUT, missing_files, resolve_weights
 
     p = resolve_weights(path).expanduser().resolve()
@@ -78,7 +78,7 @@ def _is_transformers_format(p: Path) -> bool:
 
 
 def run(args) -> None:
-    from margrpo.infra.io import atomic_write_json
+    from margrpo.infra.files import atomic_write_json
     from margrpo.stages._common import write_spec
 
     p = check_folder(args.kind, args.path)

@@ -23,7 +23,7 @@ import dataclasses
 import logging
 from pathlib import Path
 
-from margrpo.infra.io import InputError
+from margrpo.infra.files import InputError
 from margrpo.infra.readers import dataclass_from
 from margrpo.stages._common import prompt_set, sampling_config, setup, stage_args, write_spec
 from margrpo.stages._related import policy_entry, teacher_sampling
@@ -72,7 +72,7 @@ def load_teacher(path: str, device):
 
 def run(args) -> None:
     from margrpo.evaluation.quality import format_report, quality_report
-    from margrpo.infra.io import atomic_write_json
+    from margrpo.infra.files import atomic_write_json
     from margrpo.prompts.suites import load_suite
     from margrpo.related.marval import MARVALDistiller
     from margrpo.stages.pretrain import load_world, write_policy

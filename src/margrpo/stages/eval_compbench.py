@@ -14,7 +14,7 @@ import json
 import logging
 from pathlib import Path
 
-from margrpo.infra.io import atomic_write_csv
+from margrpo.infra.files import atomic_write_csv
 
 log = logging.getLogger(__name__)
 

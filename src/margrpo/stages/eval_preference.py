@@ -50,7 +50,7 @@ def read_samples(
 def run(args) -> None:
     import pandas as pd
 
-    from margrpo.infra.io import atomic_write_csv
+    from margrpo.infra.files import atomic_write_csv
     from margrpo.prompts.suites import load_suite
     from margrpo.rewards import build_reward
 

@@ -12,7 +12,7 @@ import dataclasses
 import logging
 from pathlib import Path
 
-from margrpo.infra.io import atomic_write_json
+from margrpo.infra.files import atomic_write_json
 from margrpo.prompts.shapesworld import build_suites
 from margrpo.prompts.suites import write_suite
 from margrpo.world import PALETTE, PRESETS, heldout_in_spec

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from margrpo.infra.io import atomic_dir, atomic_path
+from margrpo.infra.files import atomic_dir, atomic_path
 from margrpo.stages._common import json_arg, sampling_config, setup, stage_args, write_spec
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ def world_batches(world_cfg):
 
 
 def load_world(path):
-    from margrpo.infra.io import read_json
+    from margrpo.infra.files import read_json
     from margrpo.world import WorldConfig
 
     return WorldConfig.from_dict(read_json(path))
@@ -59,7 +59,7 @@ def write_policy(policy, out_dir: Path) -> None:
 
 def write_quality(policy, args, sampling, path, extra: dict | None = None, world_cfg=None, title: str = "") -> dict:
     from margrpo.evaluation.quality import format_report, quality_report
-    from margrpo.infra.io import atomic_write_json
+    from margrpo.infra.files import atomic_write_json
     from margrpo.prompts.suites import load_suite
 
     records = load_suite(args.eval_suite)

@@ -56,7 +56,7 @@ def run(args) -> None:
     import torch
 
     from margrpo.evaluation.quality import format_report
-    from margrpo.infra.io import atomic_write_json, atomic_write_rows
+    from margrpo.infra.files import atomic_write_json, atomic_write_rows
     from margrpo.policy.toy import count_parameters
     from margrpo.prompts.suites import load_suite
     from margrpo.related.maskgrpo.policy import ToyMaskConfig, ToyMaskPolicy

@@ -76,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     import importlib
 
-    from margrpo.infra.io import atomic_save_figure
+    from margrpo.infra.files import atomic_save_figure
 
     kind, module, builder = REPORTS[args.what]
     build = getattr(importlib.import_module(f"margrpo.reporting.{module}"), builder)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from margrpo.infra.io import InputError, atomic_dir
+from margrpo.infra.files import InputError, atomic_dir
 from margrpo.stages._common import json_arg, sampling_config, setup
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def resolve_policy(path: str) -> str:
     """A selection.json (from `margrpo select`) points at the chosen checkpoint's policy folder."""
-    from margrpo.infra.io import read_json
+    from margrpo.infra.files import read_json
 
     p = Path(path)
     if p.suffix == ".json" and p.name == "selection.json":

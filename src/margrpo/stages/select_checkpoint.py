@@ -14,7 +14,7 @@ import logging
 import math
 from pathlib import Path
 
-from margrpo.infra.io import InputError, atomic_write_json
+from margrpo.infra.files import InputError, atomic_write_json
 from margrpo.reporting.results import read_summary
 from margrpo.reporting.selection import parse_step, select_checkpoint
 

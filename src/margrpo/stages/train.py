@@ -51,7 +51,8 @@ def _read_spec(args) -> dict:
 def run(args) -> None:
     from margrpo.experiment.settings import train_settings
     from margrpo.grpo.parallel import build_policy
-    from margrpo.grpo.trainer import GRPOTrainer, write_outputs
+    from margrpo.grpo.run_files import write_outputs
+    from margrpo.grpo.trainer import GRPOTrainer
     from margrpo.policy import load_policy
     from margrpo.rewards import build_reward_mix
 
@@ -59,7 +60,11 @@ def run(args) -> None:
     device = setup(args.threads, spec.get("device", "auto"), data_parallel=True)  # names a stray WORLD_SIZE first
     # the dry run's checks of a variant, here on the spec itself: a run by hand passes the same ones
     what = "--spec-json" if args.spec_json else args.config
-    key = (lambda k: f"grpo.{k}") if args.spec_json else (lambda k: f"grpo.{k} (variant {args.variant!r})")  # noqa: E731
+    named = "" if args.spec_json else f" (variant {args.variant!r})"
+
+    def key(k: str) -> str:
+        return f"grpo.{k}{named}"
+
     suites = Path(args.suites_dir)
     val_prompts = prompt_set(suites / "val.jsonl")
     processes = int(os.environ.get("WORLD_SIZE", "1"))

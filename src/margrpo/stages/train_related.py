@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from margrpo.infra.io import InputError
+from margrpo.infra.files import InputError
 from margrpo.infra.readers import check_keys, dataclass_from
 from margrpo.stages._common import (
     json_arg,
@@ -156,8 +156,13 @@ def mask_job(args, cfg, sampling, policy, reward, train, val) -> Job:
             f"--spec-json: related.batch_prompts ({cfg.batch_prompts}) exceeds the {len(train)} training prompts"
         )
     ref, optimizer, params = mask_grpo.prepare(policy, cfg)
-    step = lambda i: mask_grpo.train_step(policy, ref, optimizer, params, reward, train, cfg, sampling, i)  # noqa: E731
-    validate = lambda: mask_grpo.validate_scores(policy, reward, val, sampling, cfg.val_prompts)  # noqa: E731
+
+    def step(i):
+        return mask_grpo.train_step(policy, ref, optimizer, params, reward, train, cfg, sampling, i)
+
+    def validate():
+        return mask_grpo.validate_scores(policy, reward, val, sampling, cfg.val_prompts)
+
     return Job(cfg, policy, optimizer, step, validate)
 
 
@@ -194,7 +199,7 @@ def state_saver(job: Job, state_dir: Path, run_hash: str):
     folder is replaced whole (atomic_dir), so a folder already there that margrpo did not write (no
     checksums.json: atomic_dir only ever renames a finished folder in) is refused, not replaced: a run deletes
     nothing it did not write."""
-    from margrpo.infra.io import CHECKSUMS, atomic_dir, checked_path, listed_files
+    from margrpo.infra.files import CHECKSUMS, atomic_dir, checked_path, listed_files
 
     def save(path: Path, state) -> None:
         if (path.exists() or path.is_symlink()) and (path.is_symlink() or listed_files(path) is None):
@@ -221,7 +226,7 @@ def try_resume(job: Job, state_dir: Path, run_hash: str):
     """The loop's state from state/trainer.pt when written under this run's hash (policy and optimizer
     restored); else None."""
     from margrpo.grpo.run_files import RunState, checkpoint_path, clear_written_state
-    from margrpo.infra.io import InputError, refuse_symlink, verify_checksums
+    from margrpo.infra.files import InputError, refuse_symlink, verify_checksums
     from margrpo.stages._related import load_any_policy
 
     path = refuse_symlink(state_dir, "state folder") / "trainer.pt"
@@ -253,7 +258,7 @@ def try_resume(job: Job, state_dir: Path, run_hash: str):
 
 def run(args) -> None:
     from margrpo.grpo.run_files import write_run_outputs
-    from margrpo.infra.io import spec_hash
+    from margrpo.infra.files import spec_hash
     from margrpo.related.loop import train_loop
     from margrpo.stages._related import load_any_policy
 

@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_world(path: Path):
     """The WorldConfig from world.json (`WorldConfig.from_dict`), with a clear error if it is missing."""
-    from margrpo.infra.io import read_json
+    from margrpo.infra.files import read_json
     from margrpo.world import WorldConfig
 
     if not path.is_file():
@@ -61,7 +61,7 @@ def toyclip_settings(text: str) -> dict:
 
 
 def run(args: argparse.Namespace) -> None:
-    from margrpo.infra.io import atomic_write_json
+    from margrpo.infra.files import atomic_write_json
     from margrpo.toylab.toyclip_training import evaluate_ranking, save_atomic, train_toyclip
 
     settings = toyclip_settings(args.config_json)

@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from margrpo.infra.io import atomic_write_json
+    from margrpo.infra.files import atomic_write_json
     from margrpo.rewards.toyclip import ToyClip
     from margrpo.toylab.toyclip_training import save_atomic
     from margrpo.toylab.toypref_training import evaluate_pairs, train_toypref

@@ -32,9 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> None:
-    from margrpo.grpo.functions import token_uncertainty
+    from margrpo.grpo.objective import token_uncertainty
     from margrpo.grpo.rollout import generate
-    from margrpo.infra.io import atomic_path
+    from margrpo.infra.files import atomic_path
     from margrpo.policy import load_policy
     from margrpo.prompts.suites import load_suite
 
@@ -58,7 +58,10 @@ def run(args) -> None:
     # trajectory s: every token as drawn by the s-th trajectory of the step that commits it (s = 0: the sample)
     per_traj = (finals * committed[:, None, :, :, None]).sum(0)  # [S, P, L, D]
     h, w = policy.token_grid
-    to_uint8 = lambda x: (x.clamp(0, 1) * 255).round().byte().permute(0, 2, 3, 1).cpu().numpy()  # noqa: E731
+
+    def to_uint8(x):
+        return (x.clamp(0, 1) * 255).round().byte().permute(0, 2, 3, 1).cpu().numpy()
+
     trajectories = np.stack([to_uint8(policy.decode(f)) for f in per_traj], axis=1)  # [P, S, H, W, 3]
     with atomic_path(args.out) as tmp:
         with open(tmp, "wb") as f:

@@ -19,8 +19,9 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from margrpo.infra.io import InputError, atomic_path, checked_path, spec_hash, verify_checksums
-from margrpo.infra.runtime import EMA, PRECISIONS, autocast, warmup_cosine
+from margrpo.infra.ema import EMA
+from margrpo.infra.files import InputError, atomic_path, checked_path, spec_hash, verify_checksums
+from margrpo.infra.runtime import PRECISIONS, autocast, warmup_cosine
 from margrpo.policy.base import MARPolicy
 from margrpo.policy.toy import mask_ratio_sample, masked_count
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from margrpo.infra.io import atomic_dir
+from margrpo.infra.files import atomic_dir
 from margrpo.infra.runtime import warmup_cosine
 from margrpo.rewards.toyclip import ToyClip, ToyClipConfig
 from margrpo.world import prompt_for_spec, prompt_vocabulary, render, scene_for_spec

@@ -58,7 +58,7 @@ from tqdm.auto import tqdm
 
 from margrpo.diffusion.flow import FlowSDESampler
 from margrpo.grpo.rollout import SamplingConfig
-from margrpo.infra.io import atomic_dir, atomic_write_json, atomic_write_rows
+from margrpo.infra.files import atomic_dir, atomic_write_json, atomic_write_rows
 from margrpo.policy.toy import ToyMAR
 from margrpo.prompts.suites import PromptSet
 from margrpo.related.marval.one_step import OneStepRollout, generate_one_step, one_step_policy, student_tokens

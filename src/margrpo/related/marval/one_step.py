@@ -117,7 +117,10 @@ def generate_one_step(
         ):
             out[name].append(value)
         known = known | committed
-    stack = lambda v: None if v[0] is None else torch.stack(v)  # noqa: E731
+
+    def stack(v):
+        return None if v[0] is None else torch.stack(v)
+
     return OneStepRollout(
         prompts=[p for p in prompts for _ in range(group_size)],
         tokens=tokens,

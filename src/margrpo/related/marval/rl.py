@@ -31,9 +31,9 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from margrpo.grpo.functions import group_advantages
+from margrpo.grpo.objective import group_advantages
+from margrpo.grpo.random_streams import VAL_SEED
 from margrpo.grpo.rollout import SamplingConfig
-from margrpo.grpo.streams import VAL_SEED
 from margrpo.policy.toy import ToyMAR
 from margrpo.prompts.suites import PromptSet
 from margrpo.related.marval.distill import MARVALDistiller, draw_rows

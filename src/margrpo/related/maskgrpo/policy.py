@@ -27,8 +27,8 @@ import torch
 from torch import Tensor, nn
 
 from margrpo.policy.base import TextCondition
+from margrpo.policy.checkpointing import run_blocks
 from margrpo.policy.layers import Block
-from margrpo.policy.memory import run_blocks
 from margrpo.policy.text import WordTokenizer, build_tokenizer
 from margrpo.policy.toy import encode_text, load_folder, read_folder_config, save_folder, text_encoder
 from margrpo.world import PRESETS, ObjectSpec, Scene, WorldConfig, render

@@ -1,6 +1,6 @@
 """GRPO for the discrete toy-mask policy: plain GRPO with exact log-probs, and MaskGRPO.
 
-Both share the group advantages, the clipped surrogate and the KL of `grpo.functions`; they differ in
+Both share the group advantages, the clipped surrogate and the KL of `grpo.objective`; they differ in
 which tokens are scored and given what.
 
 **Plain GRPO** (`method: grpo`). The rollout record (`rollout.MaskRollout`) gives, for every
@@ -50,8 +50,8 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from margrpo.grpo.functions import group_advantages, masked_mean, per_token_policy_objective, policy_ratio_stats
-from margrpo.grpo.streams import VAL_SEED, step_generator
+from margrpo.grpo.objective import group_advantages, masked_mean, per_token_policy_objective, policy_ratio_stats
+from margrpo.grpo.random_streams import VAL_SEED, step_generator
 from margrpo.infra.runtime import peak_memory_mb
 from margrpo.policy.base import deterministic
 from margrpo.prompts.suites import PromptSet
@@ -294,7 +294,10 @@ def train_step(
             token_log_probs(policy, r.prompts, r.tokens, t.masked, sampling, cfg.logprob_cfg)[0] for t in targets[1:]
         ]
     logs = [update(policy, ref, optimizer, params, cfg, batch, t, old) for t, old in zip(targets, olds)]
-    mean = lambda k: sum(s[k] for s in logs) / len(logs)  # noqa: E731
+
+    def mean(k):
+        return sum(s[k] for s in logs) / len(logs)
+
     return {
         "step": step + 1,
         "reward_mean": batch.rewards.mean().item(),

@@ -1,91 +1,24 @@
-"""Memory levers for real-scale GRPO (issue #17); each is off unless a run asks for it.
+"""LoRA adapters (peft) on the Linear layers of a policy's AR transformer (`MARPolicy.lora_scope`).
 
-Gradient checkpointing: the AR transformer's blocks keep only their inputs in the forward pass and
-are recomputed in backward (the same gradients, less activation memory). It acts whenever gradients
-are enabled, not only in train mode, because GRPO replays in eval mode (`base.deterministic`).
-
-LoRA (peft): adapters on the Linear layers of the AR transformer (`MARPolicy.lora_scope`); everything
-else is frozen, and the policy with its adapters disabled *is* the pre-RL reference, so no deep copy
-is kept. The policy keeps its class and its own state-dict keys (base weights only, exactly as
-without LoRA, so checkpoints load everywhere); adapter weights travel apart, in
-adapter_model.safetensors + adapter_config.json (`save_adapters` / `load_adapters`, which
-`margrpo.policy.load_policy` applies when a folder has them).
-"""
+Everything else is frozen, and the policy with its adapters disabled *is* the pre-RL reference, so no deep copy is
+kept. The policy keeps its class and its own state-dict keys (base weights only, as without LoRA, so checkpoints load
+everywhere); the adapters travel apart, in adapter_model.safetensors + adapter_config.json (`save_adapters` /
+`load_adapters`, which `margrpo.policy.load_policy` applies when a folder has them)."""
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
-
-from margrpo.policy.invariant import batch_invariant, batch_invariant_active
 
 ADAPTER_WEIGHTS, ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.json"
 _BASE = "base_layer."
 
 
-# --- gradient checkpointing -----------------------------------------------------------------------
-def run_blocks(blocks, h: torch.Tensor, *args, checkpointing: bool = False) -> torch.Tensor:
-    """`h` through each block; with `checkpointing` and gradients enabled, each block is recomputed in backward."""
-    for block in blocks:
-        if checkpointing and torch.is_grad_enabled():
-            h = checkpoint(block, h, *args, use_reentrant=False, context_fn=functools.partial(forward_mode, block))
-        else:
-            h = block(h, *args)
-    return h
-
-
-def forward_mode(module: nn.Module):
-    """checkpoint's `context_fn`: recompute in the train/eval mode of the forward pass, and with its
-    batch-invariant products if it had them. GRPO replays in eval mode (`base.deterministic`) but calls
-    backward after leaving it, so a block would otherwise be recomputed in train mode, with dropout
-    (MAR-H's 0.1), or with other products: other tensors, which torch refuses."""
-    flags = [(m, m.training) for m in module.modules()]
-    blocked = batch_invariant_active()
-
-    @contextlib.contextmanager
-    def as_in_forward():
-        now = [(m, m.training) for m, _ in flags]
-        for m, flag in flags:
-            m.training = flag
-        try:
-            with batch_invariant() if blocked else contextlib.nullcontext():
-                yield
-        finally:
-            for m, flag in now:
-                m.training = flag
-
-    return contextlib.nullcontext(), as_in_forward()
-
-
-@contextlib.contextmanager
-def hf_checkpointing(model: nn.Module, enabled: bool):
-    """transformers checkpoints a layer only in train mode, and GRPO replays in eval mode: mark the
-    checkpointed layers themselves (not their submodules, so attention dropout stays off) as training."""
-    layers = [
-        m
-        for m in model.modules()
-        if enabled
-        and getattr(m, "gradient_checkpointing", False)
-        and hasattr(m, "_gradient_checkpointing_func")
-        and not m.training
-    ]
-    for m in layers:
-        m.training = True
-    try:
-        yield
-    finally:
-        for m in layers:
-            m.training = False
-
-
-# --- LoRA -----------------------------------------------------------------------------------------
 def lora_config(policy: nn.Module, options: dict):
     """peft's LoraConfig from `{rank, alpha, dropout, target_modules}`; the targets are leaf names of
     Linear layers, matched only inside the policy's AR transformer (`lora_scope`, a regex)."""
@@ -187,7 +120,7 @@ def adapters_disabled(module: nn.Module | None):
 def save_adapters(policy: nn.Module, directory: str | Path) -> None:
     """adapter_model.safetensors (peft's key format: no adapter name) + adapter_config.json beside the policy,
     their sha256 in the folder's checksums.json."""
-    from margrpo.infra.io import record_checksums, save_safetensors
+    from margrpo.infra.files import record_checksums, save_safetensors
 
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
@@ -206,7 +139,7 @@ def load_adapters(policy: nn.Module, directory: str | Path) -> None:
     from peft import LoraConfig
     from safetensors.torch import load_file
 
-    from margrpo.infra.io import verify_checksums
+    from margrpo.infra.files import verify_checksums
 
     d = Path(directory)
     verify_checksums(d, [ADAPTER_WEIGHTS, ADAPTER_CONFIG])
