@@ -7,14 +7,12 @@ nodes; the processes' NCCL / gloo sockets use ports the OS picks). Outside SLURM
 with the same flags (`multi_node_command` prints them). Nothing else is ours: torchrun restarts nothing
 (`--max-restarts 0`), and its exit code is the job's.
 
-The single-node job torchrun starts, with its environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT), but not listening on the network. torchrun's flags cannot do that: torch's TCPStore binds
-the wildcard address whatever host it is given, so `--standalone`, `--rdzv-endpoint 127.0.0.1:0` and
-`--master-addr 127.0.0.1` all listen on `::` (read in torch/distributed/run.py and elastic/; seen with
-torch 2.13 in /proc/net/tcp6). Here the store runs on a socket this launcher binds to 127.0.0.1
-(TCPStore's `master_listen_fd`), every process joins it as a client (torchelastic's agent-store protocol),
-and gloo and NCCL open their sockets on the loopback device. The first process to fail stops the others;
-the launcher names it and exits with its code.
+The single-node job torchrun starts, with its environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
+but not listening on the network. torchrun's flags cannot do that: torch's TCPStore binds the wildcard address
+whatever host it is given (docs/findings.md, "torchrun listens on every address"). Here the store runs on a socket
+this launcher binds to 127.0.0.1 (TCPStore's `master_listen_fd`), every process joins it as a client
+(torchelastic's agent-store protocol), and gloo and NCCL open their sockets on the loopback device. The first
+process to fail stops the others; the launcher names it and exits with its code.
 """
 
 from __future__ import annotations

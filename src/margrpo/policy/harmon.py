@@ -29,25 +29,11 @@ is recomputing ~30 prompt positions next to 64 buffers plus up to 1024 image tok
 Only known tokens enter the encoder and the LLM (Harmon drops the masked ones), packed in raster
 order. The GRPO replay stacks AR steps that know different numbers of tokens, so `ar_forward` runs
 one pass per known count: no padding, and each row sees exactly the shapes it saw in the rollout.
-That matters beyond speed: padding the packed tokens to a common length changes z by ~1e-6 in
-float32, and with eps prediction the noisiest DDPM step (t = 999) turns that into ~1e-2 in its
-log-prob (both measured on the tiny test model): the ratio test of DESIGN 3.2 then fails.
+That matters beyond speed: padding changes z in its last bits, which eps prediction amplifies at the
+noisiest DDPM step enough to fail the ratio test of DESIGN 3.2 (docs/findings.md, "Harmon's packed tokens").
 
-Checkpoint folder (the published files of huggingface.co/wusize/harmon plus the LLM's config):
-
-    <dir>/harmon_1.5b.pth          Harmon's weights: llm.*, mar.*, proj_in.*, proj_out.* (no vae.*)
-    <dir>/kl16.ckpt                MAR's KL-16 VAE: {"model": LDM-style state dict}
-    <dir>/Qwen2.5-1.5B-Instruct/   config.json, tokenizer.json, tokenizer_config.json of
-                                   Qwen/Qwen2.5-1.5B-Instruct (its weights, if present, are not read)
-    <dir>/config.json              optional: {"model_type": "harmon", ...HarmonConfig}; when absent
-                                   the Harmon-1.5B values are used (`HarmonConfig()`)
-
-`save_pretrained` writes exactly this layout (config.json included). Weights load with
-`torch.load(weights_only=True)`, strictly; the VAE runs as `diffusers.AutoencoderKL` with the
-LDM key names mapped on load and save. `from_pretrained` also reads the transformers-format
-`wusize/Harmon-1_5B` folder MAR-GRPO loads (config.json with `llm` and `mar`, model.safetensors, the
-tokenizer), without its remote code, and either layout by repository id from the Hugging Face cache
-(`margrpo.policy.harmon_files`).
+The folders it reads and writes (the `.pth` release, the transformers-format folder, a Hugging Face cache id)
+are described in `margrpo.policy.harmon_files`; `save_pretrained` writes the release's layout.
 """
 
 from __future__ import annotations

@@ -1,8 +1,16 @@
 """Harmon's published folders, read into `HarmonPolicy`: the `.pth` release and the transformers-format folder.
 
-1. The release (huggingface.co/wusize/harmon) in the layout of `margrpo.policy.harmon`'s docstring:
-   `harmon_1.5b.pth` (llm.*, mar.*, proj_in.*, proj_out.*), `kl16.ckpt` ({"model": LDM-style VAE}),
-   `Qwen2.5-1.5B-Instruct/` (the LLM's config and tokenizer) and, for ours, `config.json` (HarmonConfig).
+1. The release (huggingface.co/wusize/harmon plus the LLM's config), the layout `HarmonPolicy.save_pretrained` writes:
+
+       <dir>/harmon_1.5b.pth          Harmon's weights: llm.*, mar.*, proj_in.*, proj_out.* (no vae.*)
+       <dir>/kl16.ckpt                MAR's KL-16 VAE: {"model": LDM-style state dict}
+       <dir>/Qwen2.5-1.5B-Instruct/   config.json, tokenizer.json, tokenizer_config.json of
+                                      Qwen/Qwen2.5-1.5B-Instruct (its weights, if present, are not read)
+       <dir>/config.json              optional: {"model_type": "harmon", ...HarmonConfig}; when absent
+                                      the Harmon-1.5B values are used (`HarmonConfig()`)
+
+   Weights load with `torch.load(weights_only=True)`, strictly; the VAE runs as `diffusers.AutoencoderKL` with the
+   LDM key names mapped on load and save.
 2. The transformers-format `wusize/Harmon-1_5B` folder that AMAP-ML/mar-grpo loads
    (`HarmonModel.from_pretrained(model)` and `AutoTokenizer.from_pretrained(model)` in
    src/grpo/src/open_r1/trainer/grpo_trainer_harmon_v1_2.py). Its key map is read from the code that defines it,
