@@ -7,7 +7,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)  # rules call the `margrpo` consol
 export HF_HUB_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test test-fast test-slurm install evaluators report report-html clean-results lint
+.PHONY: run test test-fast test-slurm install evaluators report report-html clean-results lint toy-weights
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ lint: $(STAMP)         ## ruff's formatter and linter (pyproject.toml), then Sna
 	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/snakemake --lint
+
+toy-weights: $(STAMP)  ## train the toy's shared stages of config/config.yaml here and pack them into the package's release
+	$(BIN)/snakemake --cores all --config toy_weights=train $(SNAKEMAKE_ARGS) trained_toy_stages
+	$(BIN)/margrpo pack-weights --config config/config.yaml
 
 evaluators:            ## the real-scale evaluator stack in its own venv (.venv-eval); not needed for the toy run
 	bash scripts/install-evaluators.sh

@@ -12,6 +12,7 @@ configfile: os.path.join(workflow.basedir, "config/config.yaml")  # found from a
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/pretrain.smk"
+include: "workflow/rules/release.smk"
 include: "workflow/rules/warmup.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/select.smk"

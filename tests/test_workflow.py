@@ -446,3 +446,61 @@ def test_a_killed_training_job_resumes_with_rerun_incomplete(smoke_run, tmp_path
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     log = (work / "logs/smoke/train/toy-nova/toypref/fix/seed0.log").read_text()
     assert "resumed from" in log and (run / "summary.json").exists(), log[-2000:]
+
+
+@pytest.mark.slow
+def test_the_smoke_dag_takes_its_toy_stages_from_a_release(smoke_run, tmp_path):
+    """toy_weights: shipped (the default) places the release's folders, byte for byte the ones the pipeline trained,
+    instead of training them; `train` trains every stage; a changed byte is refused naming its file; a folder
+    trained by other code is trained again, and the DAG says why."""
+    release = tmp_path / "release"
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    packed = subprocess.run(
+        [str(Path(sys.executable).with_name("margrpo")), "pack-weights", "--config", str(REPO / "config/smoke.yaml")]
+        + ["--results", str(smoke_run / "results"), "--release", str(release)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert packed.returncode == 0, packed.stderr[-3000:]
+    manifest = json.loads((release / "manifest.json").read_text())
+    assert sorted(e["stage"] for e in manifest["folders"].values()) == ["pretrain", "pretrain", "toyclip", "toypref"]
+    smoke = (REPO / "config/smoke.yaml").read_text()
+    shipped, trained = tmp_path / "shipped.yaml", tmp_path / "trained.yaml"
+    shipped.write_text(smoke + f"\ntoy_release: {release}\n")
+    trained.write_text(smoke + f"\ntoy_release: {release}\ntoy_weights: train\n")
+
+    work = tmp_path / "work"
+    out = snakemake(work, "trained_toy_stages", configfile=shipped)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-4000:]
+    assert "rule place_pretrained:" in text and "rule place_toyclip:" in text and "rule place_toypref:" in text
+    assert "rule pretrain:" not in text and "rule train_toyclip:" not in text, text[-4000:]
+    for key, entry in manifest["folders"].items():
+        for name in entry["files"]:
+            assert (work / "results" / key / name).read_bytes() == (smoke_run / "results" / key / name).read_bytes()
+
+    dry = snakemake(tmp_path / "fresh", "-n", "trained_toy_stages", configfile=trained)
+    text = dry.stdout + dry.stderr
+    assert dry.returncode == 0 and "rule pretrain:" in text and "rule train_toypref:" in text, text[-4000:]
+    assert "place_" not in text, text[-4000:]
+
+    key = next(k for k in manifest["folders"] if k.startswith("pretrain/toy-nova"))
+    weights = release / key / "policy" / "model.safetensors"
+    damaged = bytearray(weights.read_bytes())
+    damaged[-1] ^= 1
+    weights.write_bytes(bytes(damaged))
+    shutil.rmtree(work / "results" / key)
+    out = snakemake(work, "trained_toy_stages", configfile=shipped)
+    assert out.returncode != 0
+    log = (work / "logs/place_weights" / f"{Path(key).name}.log").read_text()
+    assert "policy/model.safetensors: its sha256 differs" in log, log[-2000:]
+    assert not (work / "results" / key / "policy").exists()
+
+    manifest["folders"][key]["source_digest"] = "0" * 64  # as if trained by other code
+    (release / "manifest.json").write_text(json.dumps(manifest))
+    dry = snakemake(work, "-n", "trained_toy_stages", configfile=shipped)
+    text = dry.stdout + dry.stderr
+    assert dry.returncode == 0 and "rule pretrain:" in text, text[-4000:]
+    assert f"{key} is trained here: the code of its stage (pretrain) changed" in text
+    assert "make toy-weights" in text

@@ -19,6 +19,8 @@ STAGES: dict[str, tuple[str, str]] = {
     "train-toyclip": ("train_toyclip", "train the learned toy alignment reward (the CLIP analogue)"),
     "train-toypref": ("train_toypref", "fine-tune toyclip into the toy preference reward (the HPS analogue)"),
     "pretrain": ("pretrain", "train a toy MAR base policy on ShapesWorld from scratch"),
+    "place-weights": ("toy_weights", "copy a shipped toy stage (toy_weights: shipped) into results/, checksums first"),
+    "pack-weights": ("toy_weights", "pack a config's trained toy stages into the release (make toy-weights)"),
     "check-weights": ("check_weights", "check a local real-scale weights folder and write a pointer to it"),
     "weights": ("weights", "list the released models a config needs: found, or the `hf download` command"),
     "warmup": ("warmup", "fine-tune only the diffusion head (Harmon warm-up, DESIGN 3.11)"),

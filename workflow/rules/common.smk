@@ -2,7 +2,8 @@
 import json
 import re
 import shlex
-from pathlib import PurePosixPath
+import sys
+from pathlib import Path, PurePosixPath
 from types import SimpleNamespace
 
 import pandas as pd
@@ -26,6 +27,8 @@ from margrpo.experiment.config import (  # noqa: E402
     validate_config,
 )
 from margrpo.experiment.record import check_experiment, record_experiment  # noqa: E402
+from margrpo.experiment.specs import toy_stages  # noqa: E402
+from margrpo.infra.weights import RELEASE, fresh_folders  # noqa: E402
 from margrpo.infra.slurm import train_job  # noqa: E402
 
 # ../schemas/config.schema.yaml (defaults filled) and every check beyond it: cross references, variant
@@ -48,6 +51,16 @@ onstart:
 # Stages every experiment on this world shares (data, toyclip, pre-training, warm-up, weight checks), each
 # in a folder keyed by a hash of the settings it reads: results/pretrain/toy-nova-1a2b3c4d (margrpo.experiment.config).
 SHARED = shared_dirs(config, RESULTS)
+# The toy's shared stages that its release ships for these settings and this code (toy_weights: shipped): the
+# DAG places them (rules/release.smk) instead of training them. A shipped folder that no longer matches is trained,
+# and said so here.
+TOY_RELEASE = config["toy_release"] or str(RELEASE)
+SHIPPED = []
+if config["toy_weights"] == "shipped":
+    SHIPPED, _unshipped = fresh_folders(toy_stages(config, RESULTS), Path(TOY_RELEASE))
+    for _folder, _why in _unshipped.items():
+        if _why != "not in the release":
+            print(f"toy_weights: shipped: {_folder} is trained here: {_why} (`make toy-weights` regenerates the release)", file=sys.stderr)
 DATA, TOYCLIP, TOYPREF = SHARED["data"], SHARED["toyclip"], SHARED["toypref"]
 NAME = config["name"]
 RUNS = f"{RESULTS}/{NAME}"  # this experiment's runs, evaluations and report: configs never overwrite each other

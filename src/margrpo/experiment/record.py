@@ -27,6 +27,8 @@ UNCOMPARED = (
     "experiments.related.enabled",
     "experiments.related.seeds",
     "experiments.related.methods",
+    "toy_weights",  # where the shared stages come from: their folders (and settings) are the same either way
+    "toy_release",
 )
 
 

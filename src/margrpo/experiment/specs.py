@@ -104,8 +104,60 @@ def pretrain_settings(policy: dict) -> dict:
 # 3: scenes on a backdrop that varies per scene (the aesthetic of the toy preference reward, toypref).
 TOY_REVISION = 3
 
+# The code each shared toy stage's result depends on (files under margrpo/): every file whose functions run in the
+# stage, the data stage's included, except plumbing that cannot change a number (SOURCE_PLUMBING).
+# tests/test_toy_weights.py traces the smoke stages and fails where a list misses a file. A shipped stage
+# (margrpo.infra.weights: the toy's release) whose files' code has changed since it was trained is trained instead.
+_DATA_SOURCES = (
+    "infra/kernels.py",
+    "prompts/shapesworld.py",
+    "prompts/suites.py",
+    "stages/_common.py",
+    "stages/make_suites.py",
+    "world/captions.py",
+    "world/config.py",
+    "world/scene.py",
+)
+_TOYCLIP_SOURCES = (
+    "infra/runtime.py",
+    "policy/layers.py",
+    "policy/text.py",
+    "prompts/analysis.py",
+    "rewards/toyclip.py",
+    "stages/train_toyclip.py",
+    "toylab/toyclip_training.py",
+    "world/negatives.py",
+)
+STAGE_SOURCES = {
+    "toyclip": _DATA_SOURCES + _TOYCLIP_SOURCES,
+    "toypref": _DATA_SOURCES
+    + _TOYCLIP_SOURCES
+    + ("rewards/toypref.py", "stages/train_toypref.py", "toylab/toypref_training.py"),
+    "pretrain": _DATA_SOURCES
+    + (
+        "diffusion/common.py",
+        "diffusion/ddpm.py",
+        "diffusion/flow.py",
+        "evaluation/quality.py",
+        "grpo/rollout.py",
+        "infra/ema.py",
+        "infra/runtime.py",
+        "policy/base.py",
+        "policy/checkpointing.py",
+        "policy/invariant.py",
+        "policy/layers.py",
+        "policy/text.py",
+        "policy/toy.py",
+        "stages/pretrain.py",
+        "toylab/pretraining.py",
+        "world/parser.py",
+        "world/scoring.py",
+    ),
+}
+SOURCE_PLUMBING = ("cli.py", "infra/files.py", "experiment/schema.py", "reporting/figures.py", "rewards/registry.py")
 
-def shared_dirs(config: dict, results: str = "results") -> dict:
+
+def shared_dirs(config: dict, results: str = "results", stages: dict | None = None) -> dict:
     """Folders of the stages that experiments share, each keyed by a hash of exactly the settings
     that stage reads, its inputs' folders included (`results/pretrain/toy-nova-1a2b3c4d`): configs
     coexist, and share a stage exactly where those settings agree. Each folder's spec.json (written
@@ -115,10 +167,14 @@ def shared_dirs(config: dict, results: str = "results") -> dict:
     "related": {policy: dir}};
     "base" holds results/pretrain/<policy>-<hash> (toy) or results/weights/<policy>-<hash> (real weights);
     "related" the bases of Table 3's related methods (toy-mask, toy-marval) when that experiment is on.
+    `stages`, if given, receives {folder: {"stage", "settings"}} of every folder named (`toy_stages` reads it).
     """
 
     def folder(stage: str, label: str, settings: dict) -> str:
-        return f"{results}/{stage}/{label}-{spec_hash(settings)}"
+        path = f"{results}/{stage}/{label}-{spec_hash(settings)}"
+        if stages is not None:
+            stages[path] = {"stage": stage, "settings": settings}
+        return path
 
     prompts, precision = config["prompts"], config["mixed_precision"]
     data = folder(
@@ -157,6 +213,19 @@ def shared_dirs(config: dict, results: str = "results") -> dict:
     if config["experiments"]["related"]["enabled"]:
         dirs["related"] = _related_dirs(config, dirs, folder)
     return dirs
+
+
+def toy_stages(config: dict, results: str = "results") -> dict[str, dict]:
+    """The shared stages the toy's release can ship (toyclip, toypref, the toy base policies' pre-training), as
+    {folder: {"stage", "settings", "sources"}}: a shipped folder stands for a stage of the same settings and code."""
+    named: dict[str, dict] = {}
+    dirs = shared_dirs(config, results, named)
+    wanted = [dirs["toyclip"], dirs["toypref"], *(d for d in dirs["base"].values() if "/pretrain/" in d)]
+    if not config["toyclip"]["enabled"]:
+        wanted = [d for d in wanted if d not in (dirs["toyclip"], dirs["toypref"])]
+    elif not config["toypref"]["enabled"]:
+        wanted.remove(dirs["toypref"])
+    return {d: {**named[d], "sources": list(STAGE_SOURCES[named[d]["stage"]])} for d in wanted}
 
 
 def _related_dirs(config: dict, dirs: dict, folder) -> dict[str, str]:

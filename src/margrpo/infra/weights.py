@@ -1,7 +1,7 @@
 """Where released weights are, what each config key needs, and reading `.pth` files safely.
 
-One module for every model the pipeline loads but does not train here: the real policies and scorers (and, later,
-the toy's shipped weights and their manifest).
+One module for every model the pipeline loads but does not train here: the real policies and scorers, and the toy's
+shipped weights with their manifest.
 
 **Lookup.** A config value naming weights is a local path (as before) or a Hugging Face repository id,
 `owner/name` or `owner/name@revision` (a branch, tag or commit). A path that exists wins. Otherwise an id resolves
@@ -20,6 +20,12 @@ it comes from, the files the folder (or file) must hold. `check(need)` says wher
 and sizes) or the command for what is missing. `margrpo weights --config ...`, the DAG's `check_weights` and
 README's "Real scale" table (`markdown_table`) all read this list.
 
+**The toy's release.** The toy's trained stages (toyclip, toypref, the base policies' pre-training) ship in the
+package like a release (margrpo/data/toy_weights/: the stage folders as the pipeline wrote them, and manifest.json:
+per folder its settings, the code it depends on with a digest of that code, quality metrics, the sha256 of each
+file; the commit, CPU and torch it was trained with). `fresh_folders` says which a config can take: same settings
+and same code, else the DAG trains the stage; `place_folder` copies one into results/ after checking every file.
+
 **Pickles.** `load_tensor_file` reads a `.pth`/`.ckpt` with `torch.load(weights_only=True)` only. A file that
 pickles more than tensors (an `argparse.Namespace` of training arguments, as research checkpoints often do) is
 refused with a message naming the file, the non-tensor types it holds and a safe way forward; margrpo has no
@@ -28,8 +34,12 @@ switch for an unrestricted load.
 
 from __future__ import annotations
 
+import ast
+import hashlib
+import json
 import os
 import re
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -428,3 +438,95 @@ def _pickle_message(path: Path, found: list[str]) -> str:
         f"{str(path) + '.tensors.pth'!r})\n"
         "then point the config at the .tensors.pth file (or use a safetensors release of the same weights)."
     )
+
+
+# ============================================================================ the toy's release
+PACKAGE = Path(__file__).resolve().parents[1]  # margrpo/
+RELEASE = PACKAGE / "data" / "toy_weights"
+MANIFEST = "manifest.json"
+
+
+def source_digest(files: Sequence[str], package: Path = PACKAGE) -> str:
+    """sha256 of the code of `files` (paths under margrpo/) read as syntax trees without their docstrings: formatting,
+    comments and docstrings leave it alone, any change of code moves it."""
+    h = hashlib.sha256()
+    for name in sorted(files):
+        tree = ast.parse((package / name).read_text())
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+                if isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+                    node.body = body[1:] or [ast.Pass()]
+        h.update(f"{name}\0{ast.dump(tree)}\0".encode())
+    return h.hexdigest()
+
+
+def cpu_description() -> dict:
+    """The CPU's model and the vector instruction sets torch's CPU kernels choose between (Linux /proc/cpuinfo)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    model = re.search(r"^model name\s*:\s*(.+)$", info, re.M)
+    flags = re.search(r"^flags\s*:\s*(.+)$", info, re.M)
+    isa = sorted(set(flags.group(1).split()) & {"avx2", "avx512f", "avx512_bf16", "amx_tile", "fma"}) if flags else []
+    return {"model": model.group(1).strip() if model else os.uname().machine, "isa": isa}
+
+
+def read_manifest(release: Path = RELEASE) -> dict:
+    """The release's manifest ({} where nothing ships); a manifest that does not parse names its file."""
+    path = Path(release) / MANIFEST
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err}); regenerate the release with `make toy-weights`") from err
+
+
+def fresh_folders(wanted: dict[str, dict], release: Path = RELEASE) -> tuple[list[str], dict[str, str]]:
+    """Of `wanted` ({results folder: {"stage", "settings", "sources"}}, `experiment.specs.toy_stages`), the folders the
+    release holds for the same settings and code, and {folder: why not} for the others."""
+    shipped = read_manifest(release).get("folders", {})
+    fresh, stale = [], {}
+    for folder, want in wanted.items():
+        entry = shipped.get(_key(folder))
+        if entry is None:
+            stale[folder] = "not in the release"
+        elif entry["settings"] != json.loads(json.dumps(want["settings"])):
+            stale[folder] = "shipped with other settings"
+        elif entry["sources"] != want["sources"] or entry["source_digest"] != source_digest(want["sources"]):
+            stale[folder] = f"the code of its stage ({want['stage']}) changed since it was trained"
+        elif missing := [f for f in entry["files"] if not (Path(release) / _key(folder) / f).is_file()]:
+            stale[folder] = f"the release lacks {missing[0]}"
+        else:
+            fresh.append(folder)
+    return fresh, stale
+
+
+def place_folder(folder: str, release: Path = RELEASE) -> None:
+    """Copy the shipped `folder` (results/<stage>/<name>) into place, each file checked against the manifest's
+    sha256 first: a changed byte is refused, naming the file, and nothing is placed."""
+    from margrpo.infra.files import InputError, atomic_dir, atomic_path, sha256_file
+
+    entry = read_manifest(release).get("folders", {}).get(_key(folder))
+    if entry is None:
+        raise InputError(f"{Path(release) / MANIFEST}: ships no {_key(folder)}")
+    src = Path(release) / _key(folder)
+    for name, digest in entry["files"].items():
+        if sha256_file(src / name) != digest:
+            raise InputError(
+                f"{src / name}: its sha256 differs from the release's manifest (a damaged or edited file); "
+                "reinstall margrpo, or regenerate the release with `make toy-weights`"
+            )
+    top = sorted({name.split("/")[0] for name in entry["files"]})
+    for name in top:
+        target = Path(folder) / name
+        if (src / name).is_dir():
+            with atomic_dir(target) as tmp:
+                shutil.copytree(src / name, tmp, dirs_exist_ok=True)
+        else:
+            with atomic_path(target) as tmp:
+                shutil.copyfile(src / name, tmp)
+
+
+def _key(folder: str) -> str:
+    """A results folder's name in the release: results/pretrain/toy-nova-1a2b3c4d -> pretrain/toy-nova-1a2b3c4d."""
+    return "/".join(Path(folder).parts[-2:])

@@ -1,0 +1,115 @@
+"""`margrpo place-weights` and `margrpo pack-weights`: the toy's trained stages shipped like a release.
+
+place-weights: the DAG's stand-in for a shared toy stage (toyclip, toypref, a base policy's pre-training) whose
+folder the package ships for the same settings and code (`margrpo.infra.weights.fresh_folders`): the folder is
+copied into results/ after every file's sha256 is checked against the manifest.
+pack-weights: `make toy-weights` trains those stages with the pipeline (`toy_weights: train`) and then packs their
+folders, with the manifest, into margrpo/data/toy_weights/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+METRICS = ("quality.json", "metrics.json")  # what a stage folder says of its model's quality
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--folder", help="place-weights: the results folder to fill (results/<stage>/<name>)")
+    p.add_argument("--config", help="pack-weights: the config whose toy stages ship (its results must be there)")
+    p.add_argument("--results", default="results", help="pack-weights: where the trained folders are")
+    p.add_argument("--release", default=None, help="the release folder (default: margrpo/data/toy_weights)")
+
+
+def run(args: argparse.Namespace) -> None:
+    from margrpo.infra.weights import RELEASE, place_folder
+
+    release = Path(args.release) if args.release else RELEASE
+    if args.stage == "place-weights":
+        if not args.folder:
+            raise SystemExit("margrpo place-weights: --folder is required")
+        place_folder(args.folder, release)
+        log.info("placed %s from the release %s", args.folder, release)
+    else:
+        if not args.config:
+            raise SystemExit("margrpo pack-weights: --config is required")
+        pack(args.config, Path(args.results), release)
+
+
+def pack(config_file: str, results: Path, release: Path) -> dict:
+    """Copy the config's trained toy stages (state/ and dot files left out) into `release` with the manifest."""
+    from margrpo.experiment.config import load_config
+    from margrpo.experiment.specs import toy_stages
+    from margrpo.infra.files import InputError, atomic_write_json, sha256_file
+    from margrpo.infra.weights import MANIFEST, cpu_description, read_manifest, source_digest
+
+    stages = toy_stages(load_config(config_file))  # named as the DAG names them: hashes hold results/... paths
+    folders = {}
+    for folder, stage in stages.items():
+        key = "/".join(Path(folder).parts[-2:])
+        src = results / key
+        files = sorted(
+            str(f.relative_to(src))
+            for f in src.rglob("*")
+            if f.is_file() and not any(part.startswith(".") or part == "state" for part in f.relative_to(src).parts)
+        )
+        if not files:
+            raise InputError(f"{src}: nothing trained here; run `make toy-weights` (it trains before it packs)")
+        dest = release / key
+        if dest.exists():
+            shutil.rmtree(dest)
+        for name in files:
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src / name, dest / name)
+        metrics = {m: _read(src / m) for m in METRICS if (src / m).is_file()}
+        folders[key] = {
+            **stage,
+            "source_digest": source_digest(stage["sources"]),
+            "metrics": metrics,
+            "files": {name: sha256_file(dest / name) for name in files},
+        }
+    for old in set(read_manifest(release).get("folders", {})) - set(folders):
+        shutil.rmtree(release / old, ignore_errors=True)
+    manifest = {
+        "format": 1,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "commit": _commit(),
+        "cpu": cpu_description(),
+        "torch": _torch_version(),
+        "config": config_file,
+        "folders": folders,
+    }
+    atomic_write_json(release / MANIFEST, manifest)
+    size = sum(f.stat().st_size for f in release.rglob("*") if f.is_file())
+    log.info("packed %d folders into %s (%.1f MB)", len(folders), release, size / 1e6)
+    return manifest
+
+
+def _read(path: Path):
+    import json
+
+    return json.loads(path.read_text())
+
+
+def _commit() -> str:
+    """The checkout's commit, marked `-dirty` where its tracked files differ from it (unknown outside git)."""
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__

@@ -1,0 +1,145 @@
+"""The toy's release (margrpo.infra.weights, `margrpo place-weights` / `pack-weights`): what ships is what the
+pipeline trained, checked byte for byte, and only taken for the same settings and the same code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from margrpo.experiment.config import load_config
+from margrpo.experiment.specs import SOURCE_PLUMBING, STAGE_SOURCES, toy_stages
+from margrpo.infra.files import InputError
+from margrpo.infra.weights import MANIFEST, PACKAGE, RELEASE, fresh_folders, place_folder, source_digest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_source_digest_ignores_docstrings_comments_and_formatting_but_not_code(tmp_path):
+    (tmp_path / "m.py").write_text('"""Doc."""\n\ndef f(x):\n    """Say why."""\n    return x + 1  # one\n')
+    before = source_digest(["m.py"], tmp_path)
+    (tmp_path / "m.py").write_text('"""Another doc."""\ndef f( x ):\n    # a comment\n    return (x + 1)\n')
+    assert source_digest(["m.py"], tmp_path) == before
+    (tmp_path / "m.py").write_text('"""Doc."""\n\ndef f(x):\n    return x + 2\n')
+    assert source_digest(["m.py"], tmp_path) != before
+
+
+def test_the_shipped_toy_weights_are_current_for_the_default_config():
+    """The package ships every shared toy stage of config/config.yaml for its settings and today's code; a stale one
+    names its stage and the command that regenerates the release."""
+    wanted = toy_stages(load_config(REPO / "config/config.yaml"))
+    assert (RELEASE / MANIFEST).is_file(), f"no {RELEASE / MANIFEST}: run `make toy-weights`"
+    fresh, stale = fresh_folders(wanted)
+    assert not stale, (
+        "stale shipped toy weights: "
+        + "; ".join(f"{folder} ({wanted[folder]['stage']}): {why}" for folder, why in stale.items())
+        + ": run `make toy-weights` and commit src/margrpo/data/toy_weights"
+    )
+    assert sorted(fresh) == sorted(wanted)
+
+
+_TRACER = """
+import json, sys, threading
+files = set()
+def prof(frame, event, arg):
+    if event == "call" and frame.f_code.co_flags & 1:  # functions only (not module or class bodies)
+        files.add(frame.f_code.co_filename)
+sys.setprofile(prof); threading.setprofile(prof)
+from margrpo.cli import main
+try:
+    main(sys.argv[2:])
+finally:
+    sys.setprofile(None)
+    json.dump(sorted(files), open(sys.argv[1], "w"))
+"""
+
+
+@pytest.mark.slow
+def test_stage_sources_cover_every_file_the_toy_stages_run(tmp_path):
+    """Every margrpo file whose functions run in a shipped stage (smoke-sized) is in its STAGE_SOURCES, plumbing
+    aside: a stage that starts to depend on a new file makes its shipped weights stale only if the list names it."""
+    cfg = load_config(REPO / "config/smoke.yaml")
+    w, data = cfg["world"], tmp_path / "data"
+    toy = cfg["policies"]["toy-nova"]
+    from margrpo.experiment.specs import pretrain_settings
+
+    runs = {
+        "data": [
+            "make-suites",
+            "--out-dir",
+            str(data),
+            "--seed",
+            "0",
+            "--n-train",
+            "8",
+            "--n-val",
+            "2",
+            "--n-eval",
+            "4",
+        ]
+        + [arg for k, v in w.items() for arg in (f"--{k.replace('_', '-')}", str(v).lower())],
+        "toyclip": ["train-toyclip", "--world", str(data / "world.json"), "--config-json", json.dumps(cfg["toyclip"])]
+        + ["--out-dir", str(tmp_path / "toyclip"), "--metrics", str(tmp_path / "toyclip.json")],
+        "toypref": ["train-toypref", "--world", str(data / "world.json"), "--toyclip-dir", str(tmp_path / "toyclip")]
+        + ["--config-json", json.dumps(cfg["toypref"]), "--out-dir", str(tmp_path / "toypref")]
+        + ["--metrics", str(tmp_path / "toypref.json")],
+        "pretrain": ["pretrain", "--world", str(data / "world.json"), "--eval-suite", str(data / "eval.jsonl")]
+        + ["--policy-json", json.dumps(pretrain_settings(toy)), "--out-dir", str(tmp_path / "policy")]
+        + ["--quality", str(tmp_path / "q.json"), "--samples-png", str(tmp_path / "s.png"), "--precision", "no"],
+    }
+    ran = {}
+    for stage, argv in runs.items():
+        out = tmp_path / f"{stage}.files.json"
+        proc = subprocess.run([sys.executable, "-c", _TRACER, str(out), *argv], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        root = f"{PACKAGE}/"
+        ran[stage] = {f[len(root) :] for f in json.loads(out.read_text()) if f.startswith(root)}
+    for stage in ("toyclip", "toypref", "pretrain"):
+        missing = (ran["data"] | ran[stage]) - set(STAGE_SOURCES[stage]) - set(SOURCE_PLUMBING)
+        assert not missing, f"STAGE_SOURCES[{stage!r}] (margrpo.experiment.specs) misses {sorted(missing)}"
+
+
+def _release(tmp_path: Path) -> tuple[Path, str]:
+    """A release of one small stage folder (files and manifest as pack-weights writes them)."""
+    release, key = tmp_path / "release", "toyclip/toyclip-00000000"
+    (release / key / "model").mkdir(parents=True)
+    (release / key / "model" / "model.safetensors").write_bytes(b"weights")
+    (release / key / "metrics.json").write_text("{}")
+    from margrpo.infra.files import sha256_file
+
+    files = {n: sha256_file(release / key / n) for n in ("model/model.safetensors", "metrics.json")}
+    settings, sources = {"steps": 3}, list(STAGE_SOURCES["toyclip"])
+    entry = {"stage": "toyclip", "settings": settings, "sources": sources, "files": files}
+    entry["source_digest"] = source_digest(sources)
+    (release / MANIFEST).write_text(json.dumps({"format": 1, "folders": {key: entry}}))
+    return release, key
+
+
+def test_a_shipped_folder_is_placed_only_with_every_checksum_right(tmp_path, monkeypatch):
+    release, key = _release(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    place_folder(f"results/{key}", release)
+    assert (tmp_path / "results" / key / "model" / "model.safetensors").read_bytes() == b"weights"
+    (release / key / "model" / "model.safetensors").write_bytes(b"weightz")
+    with pytest.raises(InputError, match=r"model/model.safetensors: its sha256 differs"):
+        place_folder("results/toyclip/toyclip-00000000", release)
+
+
+def test_a_shipped_folder_of_other_settings_or_older_code_is_trained_instead(tmp_path):
+    release, key = _release(tmp_path)
+    want = {
+        f"results/{key}": {"stage": "toyclip", "settings": {"steps": 3}, "sources": list(STAGE_SOURCES["toyclip"])}
+    }
+    assert fresh_folders(want, release) == ([f"results/{key}"], {})
+    other = {f: {**w, "settings": {"steps": 4}} for f, w in want.items()}
+    assert "other settings" in fresh_folders(other, release)[1][f"results/{key}"]
+    manifest = json.loads((release / MANIFEST).read_text())
+    manifest["folders"][key]["source_digest"] = "0" * 64  # trained by another version of the code
+    (release / MANIFEST).write_text(json.dumps(manifest))
+    assert "code of its stage (toyclip) changed" in fresh_folders(want, release)[1][f"results/{key}"]
+    assert fresh_folders({"results/pretrain/toy-nova-1": want[f"results/{key}"]}, release)[1] == {
+        "results/pretrain/toy-nova-1": "not in the release"
+    }
