@@ -69,8 +69,10 @@ def pack(config_file: str, results: Path, release: Path) -> dict:
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src / name, dest / name)
         metrics = {m: _read(src / m) for m in METRICS if (src / m).is_file()}
+        spec = _read(src / "spec.json") if (src / "spec.json").is_file() else {}
         folders[key] = {
             **stage,
+            "trained_at": spec.get("git_rev", "unknown"),  # the commit the stage's job ran at (its spec.json)
             "source_digest": source_digest(stage["sources"]),
             "metrics": metrics,
             "files": {name: sha256_file(dest / name) for name in files},
@@ -80,7 +82,7 @@ def pack(config_file: str, results: Path, release: Path) -> dict:
     manifest = {
         "format": 1,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "commit": _commit(),
+        "packed_at": _commit(),
         "cpu": cpu_description(),
         "torch": _torch_version(),
         "config": config_file,
