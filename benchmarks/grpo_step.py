@@ -56,13 +56,46 @@ def reward(images, prompts, metadata):
 
 
 MODEL: dict = {}
+TOKEN_CHANNELS: list[int | None] = [None]  # set: the toy generates tokens of this many channels (`latent_tokens`)
 
 
 def make_policy(path):
     if path and MODEL:
         raise SystemExit("give --policy or --model, not both")
     torch.manual_seed(0)
-    return load_policy(path) if path else ToyMAR(ToyMARConfig(vocab=prompt_vocabulary(), **MODEL))
+    policy = load_policy(path) if path else ToyMAR(ToyMARConfig(vocab=prompt_vocabulary(), **MODEL))
+    return latent_tokens(policy, TOKEN_CHANNELS[0]) if TOKEN_CHANNELS[0] else policy
+
+
+class LatentToyMAR(ToyMAR):
+    """The toy generating `C`-channel tokens that a frozen linear codec decodes to its pixel patches (the shape of
+    toy revision 4's tokens, issue 43). The codec is random here: a step's cost depends on shapes, not values."""
+
+    def encode(self, images):
+        return (super().encode(images) - self.codec_mean) @ self.codec_basis.T
+
+    def decode(self, tokens):
+        return super().decode(tokens.float() @ self.codec_basis + self.codec_mean)
+
+
+def latent_tokens(policy: ToyMAR, channels: int) -> ToyMAR:
+    """`policy` with `channels`-channel tokens: a new token projection and head of that width, the rest kept."""
+    from torch import nn
+
+    from margrpo.policy.layers import SimpleMLPAdaLN
+
+    c, pixels = policy.config, policy.token_dim
+    out_factor = 2 if (c.head_type == "ddpm" and c.ddpm_variance == "learned_range") else 1
+    policy.__class__ = LatentToyMAR
+    policy.token_dim = channels
+    policy.token_proj = nn.Linear(channels, c.width)
+    policy.diffloss = SimpleMLPAdaLN(
+        channels, c.width, c.head_width, c.head_depth, channels * out_factor, c.head_z_input
+    )
+    basis, _ = torch.linalg.qr(torch.randn(pixels, channels))  # orthonormal columns: [pixels, C]
+    policy.register_buffer("codec_basis", basis.T.contiguous())  # [C, pixels]
+    policy.register_buffer("codec_mean", torch.zeros(pixels))
+    return policy
 
 
 def make_trainer(policy_path, sampling, grpo, variant, steps, prompts=PROMPTS) -> GRPOTrainer:

@@ -11,6 +11,7 @@ CPU time, over --steps steps after a warm-up step:
 - other: the step's remaining Python (advantages, MTE / Sim masks, logging rows).
 
     python benchmarks/step_profile.py [--config config/config.yaml] [--variant fix] [--grpo '{"batch_prompts": 12}']
+        [--token-channels 16]  (the toy's tokens as 16-channel latents a frozen linear codec decodes: issue 43)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+import grpo_step  # noqa: E402
 from grpo_step import make_trainer  # noqa: E402
 
 from margrpo.experiment.config import load_config  # noqa: E402
@@ -98,9 +100,11 @@ def main() -> None:
     p.add_argument("--variant", default="fix", choices=sorted(VARIANTS))
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--grpo", default="{}", help="grpo config overrides as JSON, e.g. '{\"batch_prompts\": 12}'")
+    p.add_argument("--token-channels", type=int, default=None, help="tokens of this many channels (a linear codec)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     torch.set_num_threads(1)
+    grpo_step.TOKEN_CHANNELS[0] = args.token_channels
     config = load_config(args.config)
     name = config["experiments"]["ladder"]["policies"][0]
     sampling = SamplingConfig(**config["policies"][name]["sampling"])

@@ -11,8 +11,10 @@ if TOYCLIP in SHIPPED:
             model=directory(f"{TOYCLIP}/model"),
             metrics=f"{TOYCLIP}/metrics.json",
         params:
-            folder=TOYCLIP,
+            folder=lambda wc, output: os.path.dirname(output.metrics),
             release=TOY_RELEASE,
+        conda:
+            "../../envs/margrpo.yaml"
         log:
             f"logs/place_weights/{os.path.basename(TOYCLIP)}.log",
         benchmark:
@@ -31,8 +33,10 @@ if TOYPREF in SHIPPED:
             model=directory(f"{TOYPREF}/model"),
             metrics=f"{TOYPREF}/metrics.json",
         params:
-            folder=TOYPREF,
+            folder=lambda wc, output: os.path.dirname(output.metrics),
             release=TOY_RELEASE,
+        conda:
+            "../../envs/margrpo.yaml"
         log:
             f"logs/place_weights/{os.path.basename(TOYPREF)}.log",
         benchmark:
@@ -55,8 +59,10 @@ if SHIPPED_BASES:
         wildcard_constraints:
             pretrained="|".join(re.escape(name) for name in SHIPPED_BASES),
         params:
-            folder=lambda wc: f"{RESULTS}/pretrain/{wc.pretrained}",
+            folder=lambda wc, output: os.path.dirname(output.quality),
             release=TOY_RELEASE,
+        conda:
+            "../../envs/margrpo.yaml"
         log:
             "logs/place_weights/{pretrained}.log",
         benchmark:
