@@ -23,6 +23,7 @@ if TOYCLIP in SHIPPED:
             "margrpo place-weights --folder {params.folder:q} --release {params.release:q} > {log:q} 2>&1"
 
     ruleorder: place_toyclip > train_toyclip
+    localrules: place_toyclip  # a copy: no cluster job
 
 
 if TOYPREF in SHIPPED:
@@ -45,6 +46,7 @@ if TOYPREF in SHIPPED:
             "margrpo place-weights --folder {params.folder:q} --release {params.release:q} > {log:q} 2>&1"
 
     ruleorder: place_toypref > train_toypref
+    localrules: place_toypref
 
 
 SHIPPED_BASES = [os.path.basename(d) for d in SHIPPED if os.path.basename(os.path.dirname(d)) == "pretrain"]
@@ -71,6 +73,7 @@ if SHIPPED_BASES:
             "margrpo place-weights --folder {params.folder:q} --release {params.release:q} > {log:q} 2>&1"
 
     ruleorder: place_pretrained > pretrain
+    localrules: place_pretrained
 
 
 rule trained_toy_stages:
