@@ -220,7 +220,7 @@ def toy_stages(config: dict, results: str = "results") -> dict[str, dict]:
     {folder: {"stage", "settings", "sources"}}: a shipped folder stands for a stage of the same settings and code."""
     named: dict[str, dict] = {}
     dirs = shared_dirs(config, results, named)
-    wanted = [dirs["toyclip"], dirs["toypref"], *(d for d in dirs["base"].values() if "/pretrain/" in d)]
+    wanted = [dirs["toyclip"], dirs["toypref"], *(d for d in dirs["base"].values() if named[d]["stage"] == "pretrain")]
     if not config["toyclip"]["enabled"]:
         wanted = [d for d in wanted if d not in (dirs["toyclip"], dirs["toypref"])]
     elif not config["toypref"]["enabled"]:

@@ -485,16 +485,19 @@ def fresh_folders(wanted: dict[str, dict], release: Path = RELEASE) -> tuple[lis
     """Of `wanted` ({results folder: {"stage", "settings", "sources"}}, `experiment.specs.toy_stages`), the folders the
     release holds for the same settings and code, and {folder: why not} for the others."""
     shipped = read_manifest(release).get("folders", {})
-    fresh, stale = [], {}
+    fresh, stale, digests = [], {}, {}  # digests: one per source list (the two base policies share theirs)
     for folder, want in wanted.items():
-        entry = shipped.get(_key(folder))
+        sources = tuple(want["sources"])
+        if sources not in digests:
+            digests[sources] = source_digest(sources)
+        entry = shipped.get(release_key(folder))
         if entry is None:
             stale[folder] = "not in the release"
         elif entry["settings"] != json.loads(json.dumps(want["settings"])):
             stale[folder] = "shipped with other settings"
-        elif entry["sources"] != want["sources"] or entry["source_digest"] != source_digest(want["sources"]):
+        elif entry["sources"] != want["sources"] or entry["source_digest"] != digests[sources]:
             stale[folder] = f"the code of its stage ({want['stage']}) changed since it was trained"
-        elif missing := [f for f in entry["files"] if not (Path(release) / _key(folder) / f).is_file()]:
+        elif missing := [f for f in entry["files"] if not (Path(release) / release_key(folder) / f).is_file()]:
             stale[folder] = f"the release lacks {missing[0]}"
         else:
             fresh.append(folder)
@@ -506,10 +509,11 @@ def place_folder(folder: str, release: Path = RELEASE) -> None:
     sha256 first: a changed byte is refused, naming the file, and nothing is placed."""
     from margrpo.infra.files import InputError, atomic_dir, atomic_path, sha256_file
 
-    entry = read_manifest(release).get("folders", {}).get(_key(folder))
+    key = release_key(folder)
+    entry = read_manifest(release).get("folders", {}).get(key)
     if entry is None:
-        raise InputError(f"{Path(release) / MANIFEST}: ships no {_key(folder)}")
-    src = Path(release) / _key(folder)
+        raise InputError(f"{Path(release) / MANIFEST}: ships no {key}")
+    src = Path(release) / key
     for name, digest in entry["files"].items():
         if sha256_file(src / name) != digest:
             raise InputError(
@@ -527,6 +531,6 @@ def place_folder(folder: str, release: Path = RELEASE) -> None:
                 shutil.copyfile(src / name, tmp)
 
 
-def _key(folder: str) -> str:
+def release_key(folder: str) -> str:
     """A results folder's name in the release: results/pretrain/toy-nova-1a2b3c4d -> pretrain/toy-nova-1a2b3c4d."""
     return "/".join(Path(folder).parts[-2:])

@@ -47,13 +47,13 @@ def pack(config_file: str, results: Path, release: Path) -> dict:
     """Copy the config's trained toy stages (state/ and dot files left out) into `release` with the manifest."""
     from margrpo.experiment.config import load_config
     from margrpo.experiment.specs import toy_stages
-    from margrpo.infra.files import InputError, atomic_write_json, sha256_file
-    from margrpo.infra.weights import MANIFEST, cpu_description, read_manifest, source_digest
+    from margrpo.infra.files import InputError, atomic_write_json, read_json, sha256_file
+    from margrpo.infra.weights import MANIFEST, cpu_description, read_manifest, release_key, source_digest
 
     stages = toy_stages(load_config(config_file))  # named as the DAG names them: hashes hold results/... paths
     folders = {}
     for folder, stage in stages.items():
-        key = "/".join(Path(folder).parts[-2:])
+        key = release_key(folder)
         src = results / key
         files = sorted(
             str(f.relative_to(src))
@@ -68,8 +68,8 @@ def pack(config_file: str, results: Path, release: Path) -> dict:
         for name in files:
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src / name, dest / name)
-        metrics = {m: _read(src / m) for m in METRICS if (src / m).is_file()}
-        spec = _read(src / "spec.json") if (src / "spec.json").is_file() else {}
+        metrics = {m: read_json(src / m) for m in METRICS if (src / m).is_file()}
+        spec = read_json(src / "spec.json") if (src / "spec.json").is_file() else {}
         folders[key] = {
             **stage,
             "trained_at": spec.get("git_rev", "unknown"),  # the commit the stage's job ran at (its spec.json)
@@ -94,21 +94,16 @@ def pack(config_file: str, results: Path, release: Path) -> dict:
     return manifest
 
 
-def _read(path: Path):
-    import json
-
-    return json.loads(path.read_text())
-
-
 def _commit() -> str:
-    """The checkout's commit, marked `-dirty` where its tracked files differ from it (unknown outside git)."""
-    here = Path(__file__).resolve().parent
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True)
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    """The checkout's commit (`git_revision`), marked `-dirty` where its tracked files differ from it."""
+    from margrpo.stages._common import git_revision
+
+    rev = git_revision()
+    if rev == "unknown":
+        return rev
+    status = ["git", "status", "--porcelain", "--untracked-files=no"]
+    dirty = subprocess.run(status, cwd=Path(__file__).parent, capture_output=True, text=True).stdout.strip()
+    return rev + ("-dirty" if dirty else "")
 
 
 def _torch_version() -> str:
