@@ -557,3 +557,31 @@ def test_train_processes_launch_n_local_processes_and_request_one_gpu_each(tmp_p
         and "margrpo.infra.launch" not in single.stdout
         and "Shell command: margrpo train " in single.stdout
     )
+
+
+def test_every_stage_with_a_precision_option_runs_at_the_configs_precision(tmp_path):
+    """`mixed_precision` reaches every stage that autocasts a policy (the option with the schema's choices; the
+    scorers' training has its own fp32 | bf16 switch): the sample rule once ran without `--precision` and so
+    sampled the evaluation in the stage's default bf16 while the config trained in fp32 (3.5x the CPU time, and
+    images from other numerics than the validations')."""
+    import shlex
+
+    from margrpo.cli import build_parser
+
+    out, _ = _dry_run_train_jobs(tmp_path, {"toy_weights": "train"})
+    precision = load_config(REPO / "config/smoke.yaml")["mixed_precision"]
+    checked = set()
+    for job in out.split("\n\n"):
+        if "Shell command: " not in job:
+            continue
+        words = shlex.split(job.split("Shell command: ", 1)[1].split(">", 1)[0])
+        if "margrpo" not in words:
+            continue
+        stage = words[words.index("margrpo") + 1]
+        option = (
+            build_parser(stage)._subparsers._group_actions[0].choices[stage]._option_string_actions.get("--precision")
+        )
+        if option is not None and list(option.choices) == ["no", "bf16", "fp16"]:
+            assert "--precision" in words and words[words.index("--precision") + 1] == precision, job
+            checked.add(stage)
+    assert {"sample", "pretrain", "warmup"} <= checked

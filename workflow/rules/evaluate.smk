@@ -10,6 +10,7 @@ rule sample:
         max_prompts=config["evaluation"]["max_prompts"] or 0,
         batch=config["evaluation"]["batch_size"],
         sampling=get_sampling_json,
+        precision=config["mixed_precision"],
     threads: config["threads"]
     resources:
         gpu=GPU,
@@ -22,7 +23,7 @@ rule sample:
     shell:
         "margrpo sample --policy {input.policy:q} --suite {input.suite:q} --sampling-json {params.sampling:q}"
         " --images-per-prompt {params.n:q} --max-prompts {params.max_prompts:q} --batch-size {params.batch:q}"
-        " --out-dir {output:q} --seed 1234 --threads {threads:q} > {log:q} 2>&1"
+        " --precision {params.precision:q} --out-dir {output:q} --seed 1234 --threads {threads:q} > {log:q} 2>&1"
 
 
 rule eval_compbench:
