@@ -147,6 +147,21 @@ def test_save_load_gives_identical_samples(tmp_path):
         assert torch.equal(rollout(policy).images, rollout(loaded).images)
 
 
+def test_loading_a_toy_policy_imports_neither_transformers_nor_diffusers(tmp_path):
+    """Every toy train and sample job loads a policy: importing Harmon's and NOVA's modules to recognise their folders
+    cost each job 3-4 CPU-seconds (transformers' Qwen2, diffusers' VAE)."""
+    import subprocess
+    import sys
+
+    tiny_policy("flow").save_pretrained(tmp_path / "p")
+    code = (
+        "import sys; from margrpo.policy import load_policy; load_policy(sys.argv[1]); "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'transformers', 'diffusers'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "p")], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_missing_and_corrupt_checkpoints_fail_clearly(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
         load_policy(tmp_path)

@@ -40,12 +40,18 @@ def _pointed(p):
 
 def _load_base(p, device) -> MARPolicy:
     from margrpo.infra.files import InputError, read_json
-    from margrpo.policy.harmon import HarmonPolicy
-    from margrpo.policy.nova import NovaPolicy  # cheap: heavy imports happen inside from_pretrained
+    from margrpo.policy.harmon_files import is_harmon_folder
+    from margrpo.policy.nova_files import is_nova_folder
 
-    if NovaPolicy.is_checkpoint(p):  # diffusers-style folder: model_index.json naming the NOVA pipeline
+    # Each real policy's module only where its folder is found: harmon.py imports transformers' Qwen2 (4 CPU-s,
+    # which every toy train and sample job paid)
+    if is_nova_folder(p):  # diffusers-style folder: model_index.json naming the NOVA pipeline
+        from margrpo.policy.nova import NovaPolicy
+
         return NovaPolicy.from_pretrained(p, device)
-    if HarmonPolicy.is_checkpoint(p):  # harmon_1.5b.pth + kl16.ckpt + the Qwen2.5 folder
+    if is_harmon_folder(p):  # harmon_1.5b.pth + kl16.ckpt + the Qwen2.5 folder, or the transformers format
+        from margrpo.policy.harmon import HarmonPolicy
+
         return HarmonPolicy.from_pretrained(p, device)
     config = p / "config.json"
     if not config.exists():

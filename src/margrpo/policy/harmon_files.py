@@ -41,7 +41,6 @@ from margrpo.infra.files import InputError, verify_outside
 from margrpo.infra.weights import load_tensor_file, resolve_weights
 from margrpo.policy.base import MARPolicy  # the policy class itself comes in as `cls`
 from margrpo.policy.harmon_config import HarmonConfig
-from margrpo.policy.mar_h import vae_key_to_ldm
 
 CONFIG = "config.json"
 LLM_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
@@ -247,6 +246,8 @@ def _build(cls, config: HarmonConfig, tokenizer_dir: Path, device) -> MARPolicy:
 
 def _load_into(model: MARPolicy, harmon: dict, harmon_file: Path, ldm: dict, vae_file: Path) -> None:
     """Harmon's own weights and the VAE under its LDM names (1x1-conv attention -> linear), strictly."""
+    from margrpo.policy.mar_h import vae_key_to_ldm  # with diffusers: only where a Harmon folder loads
+
     if model.llm.config.tie_word_embeddings and "llm.model.embed_tokens.weight" in harmon:
         harmon.setdefault("llm.lm_head.weight", harmon["llm.model.embed_tokens.weight"])  # tied: may be stored once
     check_keys(harmon_file, harmon, model.harmon_state_dict())
