@@ -137,6 +137,16 @@ def test_a_second_seed_set_decides_each_claim_again_and_only_agreement_counts(tm
     assert fix.replicate_n_seeds == 4 and fix.replicate_mde80 > 0
     md = to_markdown(c)
     assert "second set" in md and "**differs**" in md and "nan" not in md.lower()
+    # a second set without +Sim (`replicate_variants`): its claims are the first set's alone, the others decided twice
+    part = claims(
+        tmp_path,
+        {**spec, "runs": [r for r in runs if "/sim/" not in r or int(r[-1]) < 4], "replicate_seeds": [4, 5, 6, 7]},
+    )
+    p = part.claims[part.claims.claim == "a"].set_index(["metric", "comparison"])
+    assert (
+        p.loc[("val@best", "+Sim - +Fix*")].both == "–" and p.loc[("val@best", "+Fix* - GRPO*")].both == "reproduced"
+    )
+    assert "nan" not in to_markdown(part).lower()
 
 
 @pytest.mark.parametrize("n", [3, 5, 8])

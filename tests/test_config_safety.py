@@ -90,6 +90,11 @@ REFUSED = {
         "experiments.ladder.replicate_seeds",
         "[1] also in experiments.ladder.seeds",
     ),
+    "second seed set's variants": (
+        edited(lambda c: c["experiments"]["ladder"].update(replicate_seeds=[7], replicate_variants=["fix", "gspo"])),
+        "experiments.ladder.replicate_variants",
+        "['gspo'] not in experiments.ladder.variants",
+    ),
     "float integer": (edited(lambda c: c["grpo"].update(steps=2.0)), "grpo.steps", "2.0 is not of type 'integer'"),
     "float integer in a variant": (
         edited(lambda c: c["variants"]["mte"].update(trajectories=2.0)),

@@ -585,3 +585,14 @@ def test_every_stage_with_a_precision_option_runs_at_the_configs_precision(tmp_p
             assert "--precision" in words and words[words.index("--precision") + 1] == precision, job
             checked.add(stage)
     assert {"sample", "pretrain", "warmup"} <= checked
+
+
+def test_the_second_seed_set_trains_the_variants_it_names(tmp_path):
+    """`replicate_variants` (issue 43): the second seed set trains only those variants; the first set all of them."""
+    out, jobs = _dry_run_train_jobs(tmp_path, {"experiments": {"ladder": {"replicate_variants": ["fix", "sim"]}}})
+    ladder = load_config(REPO / "config/smoke.yaml")["experiments"]["ladder"]
+    trained = set(
+        re.findall(r"^\s+output: results/smoke/train/toy-nova/toypref/(\w+)/seed(\d+)/summary.json", out, re.M)
+    )
+    expected = {(v, str(s)) for v in ladder["variants"] for s in ladder["seeds"]}
+    assert trained == expected | {(v, str(s)) for v in ("fix", "sim") for s in ladder["replicate_seeds"]}

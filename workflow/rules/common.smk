@@ -157,9 +157,11 @@ def get_train_spec(wildcards):
 
 
 def ladder_runs():
+    """Every variant on `seeds`, and the second seed set's variants on `replicate_seeds`; the claims keep the sets apart."""
     L = EXP["ladder"]
-    seeds = L["seeds"] + L["replicate_seeds"]  # the second seed set trains like the first; the claims keep them apart
-    return [f"train/{p}/{r}/{v}/seed{s}" for p in L["policies"] for r in L["rewards"] for v in L["variants"] for s in seeds]
+    again = L["variants"] if L["replicate_variants"] is None else L["replicate_variants"]
+    sets = [(L["variants"], L["seeds"]), (again, L["replicate_seeds"])]
+    return [f"train/{p}/{r}/{v}/seed{s}" for p in L["policies"] for r in L["rewards"] for vs, seeds in sets for v in vs for s in seeds]
 
 
 def table1_runs():

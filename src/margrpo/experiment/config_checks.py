@@ -143,6 +143,11 @@ def check_references(config: dict, source: str) -> None:
             f"{source}: key 'experiments.ladder.replicate_seeds': {both} also in experiments.ladder.seeds; "
             "the second seed set must be other seeds"
         )
+    if extra := sorted(set(exp["ladder"]["replicate_variants"] or []) - set(exp["ladder"]["variants"])):
+        raise ConfigError(
+            f"{source}: key 'experiments.ladder.replicate_variants': {extra} not in experiments.ladder.variants; "
+            "the second seed set trains some of the ladder's variants again"
+        )
     need("variants", [exp["table1"]["baseline"], exp["table1"]["ours"]], "experiments.table1")
     if exp["ablations"]["enabled"]:
         need("policies", [exp["ablations"]["policy"]], "experiments.ablations.policy")
