@@ -13,6 +13,7 @@ from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.policy import load_policy
 from margrpo.policy.base import TextCondition
 from margrpo.policy.harmon import HarmonConfig, HarmonPolicy
+from margrpo.policy.harmon_files import is_harmon_folder
 from margrpo.policy.settings import PolicySettings
 from margrpo.prompts.suites import PromptSet
 
@@ -247,14 +248,14 @@ def test_save_load_gives_identical_samples(tmp_path):
     assert half.mar.z_proj.weight.dtype == torch.bfloat16
 
 
-def test_is_checkpoint_recognises_saved_and_published_folders(tmp_path):
+def test_harmon_folders_are_recognised_saved_published_and_not_otherwise(tmp_path):
     tiny_harmon().save_pretrained(tmp_path / "saved")
     (tmp_path / "published").mkdir()
     (tmp_path / "published" / "harmon_1.5b.pth").write_bytes(b"")
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "config.json").write_text('{"model_type": "toy-mar"}')
-    assert HarmonPolicy.is_checkpoint(tmp_path / "saved") and HarmonPolicy.is_checkpoint(tmp_path / "published")
-    assert not HarmonPolicy.is_checkpoint(tmp_path / "other") and not HarmonPolicy.is_checkpoint(tmp_path)
+    assert is_harmon_folder(tmp_path / "saved") and is_harmon_folder(tmp_path / "published")
+    assert not is_harmon_folder(tmp_path / "other") and not is_harmon_folder(tmp_path)
 
 
 def test_missing_files_are_named(tmp_path):
@@ -376,7 +377,7 @@ def test_transformers_format_folder_gives_the_same_rollout_log_probs(tmp_path, t
     policy.save_pretrained(tmp_path / "ours")
     state = write_transformers_folder(policy, tmp_path / "Harmon-1_5B", shards)
     assert {"vae.encoder.down.0.block.0.norm1.weight", "vae.quant_conv.weight", "mar.fake_latent"} <= set(state)
-    assert HarmonPolicy.is_checkpoint(tmp_path / "Harmon-1_5B")
+    assert is_harmon_folder(tmp_path / "Harmon-1_5B")
     ours, theirs = load_policy(tmp_path / "ours"), load_policy(tmp_path / "Harmon-1_5B")
     assert theirs.config.encoder_width == policy.config.encoder_width and theirs.config.llm["hidden_size"] == 32
     a, b = rollout(ours), rollout(theirs)

@@ -17,6 +17,7 @@ from margrpo.grpo.rollout import SamplingConfig, generate, unknown_after_steps
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.policy import load_policy
 from margrpo.policy.nova import NovaConfig, NovaPolicy, NovaTransformer
+from margrpo.policy.nova_files import is_nova_folder
 from margrpo.prompts.suites import PromptSet
 
 SAMPLING = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=3.0, cfg_schedule="linear", temperature=0.9)
@@ -248,7 +249,7 @@ def test_one_grpo_step_updates_the_ar_parameters(tmp_path):
 def test_save_load_gives_identical_samples(tmp_path):
     policy = tiny_nova()
     policy.save_pretrained(tmp_path / "nova")
-    assert NovaPolicy.is_checkpoint(tmp_path / "nova")
+    assert is_nova_folder(tmp_path / "nova")
     loaded = load_policy(tmp_path / "nova")  # the workflow's entry point dispatches on model_index.json
     assert isinstance(loaded, NovaPolicy) and loaded.config == policy.config
     assert torch.equal(rollout(policy).images, rollout(loaded).images)

@@ -230,13 +230,6 @@ class HarmonPolicy(MARPolicy):
         atomic_write_json(d / CONFIG, {"model_type": "harmon", **settings})
         record_checksums(d)  # checked on load
 
-    @staticmethod
-    def is_checkpoint(path: str | Path) -> bool:
-        """A Harmon folder (`harmon_files.is_harmon_folder`): ours, the release files, or the transformers format."""
-        from margrpo.policy.harmon_files import is_harmon_folder
-
-        return is_harmon_folder(path)
-
     @classmethod
     def from_pretrained(
         cls, local_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None

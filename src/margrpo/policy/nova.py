@@ -417,14 +417,6 @@ class NovaPolicy(MARPolicy):
 
         save_nova(self, directory, copy_frozen)
 
-    @staticmethod
-    def is_checkpoint(directory: str | Path) -> bool:
-        """True for a NOVA pipeline folder (published or written by save_pretrained), or a repository id of one
-        in the Hugging Face cache."""
-        from margrpo.policy.nova_files import is_nova_folder
-
-        return is_nova_folder(directory)
-
     @classmethod
     def from_pretrained(
         cls, directory: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
