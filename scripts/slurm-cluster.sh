@@ -7,8 +7,10 @@
 #   slurmd node1   network namespace mg-node1, host name node1, 10.77.0.11, 2 stand-in GPUs
 #   slurmd node2   network namespace mg-node2, host name node2, 10.77.0.12, 2 stand-in GPUs
 #
-# Each node has a UTS namespace (its own host name) and a mount namespace whose /etc/hosts names both nodes, as a
-# cluster's DNS would; jobs inherit both from their slurmd. The GPUs are generic resources on empty device files:
+# Each node has a UTS namespace (its own host name) and a mount namespace with its own /etc/hosts, as a cluster's
+# DNS would give: both nodes by address, except node1's own name, which its hosts file maps to 127.0.1.1 as Debian's
+# installer writes it (so node1 does not find itself under the address SLURM gives: the rendezvous must not need it).
+# Jobs inherit both from their slurmd. Tasks are bound to their CPUs (task/affinity), two per node: this machine's. The GPUs are generic resources on empty device files:
 # SLURM counts, binds and exports them (CUDA_VISIBLE_DEVICES) without any hardware. Nothing outside this machine is
 # reached. Usage: scripts/slurm-cluster.sh start | stop | status
 set -euo pipefail
@@ -19,7 +21,7 @@ CTL_ADDR=10.77.0.1
 CONF_DIR=/etc/slurm
 STATE=/var/lib/margrpo-slurm
 LOGS=/var/log/slurm
-CPUS=4          # per node: more than the 2 cores here, so that two 2-node jobs can run at once (config_overrides)
+CPUS=2          # per node, bound (task/affinity): this machine's 2 cores, shared by both nodes
 MEM=6000        # MiB per node
 GPUS=2          # stand-in GPUs per node
 
@@ -48,13 +50,23 @@ network() {
   done
 }
 
+MARK="# margrpo test cluster (scripts/slurm-cluster.sh)"
+
 configure() {
+  if [ -e "$CONF_DIR/slurm.conf" ] && ! grep -qxF "$MARK" "$CONF_DIR/slurm.conf"; then
+    echo "slurm-cluster: $CONF_DIR/slurm.conf is not this script's: refusing to overwrite it (a real SLURM here?)" >&2
+    return 1
+  fi
   mkdir -p "$CONF_DIR" "$STATE/ctld" "$LOGS" /run/munge
-  {
-    echo "127.0.0.1 localhost"
-    echo "$CTL_ADDR $(hostname -s)"
-    for i in "${!NODES[@]}"; do echo "${ADDRS[$i]} ${NODES[$i]}"; done
-  } > "$STATE/hosts"
+  for i in "${!NODES[@]}"; do
+    {
+      echo "127.0.0.1 localhost"
+      echo "$CTL_ADDR $(hostname -s)"
+      for j in "${!NODES[@]}"; do
+        if [ "$i" = 0 ] && [ "$j" = 0 ]; then echo "127.0.1.1 ${NODES[$j]}"; else echo "${ADDRS[$j]} ${NODES[$j]}"; fi
+      done
+    } > "$STATE/hosts-${NODES[$i]}"
+  done
   local nodes_conf="" gres_conf="AutoDetect=off"$'\n'
   for i in "${!NODES[@]}"; do
     local node=${NODES[$i]}
@@ -67,6 +79,7 @@ configure() {
   done
   printf '%s' "$gres_conf" > "$CONF_DIR/gres.conf"
   cat > "$CONF_DIR/slurm.conf" <<CONF
+$MARK
 ClusterName=margrpo-test
 SlurmctldHost=$(hostname -s)($CTL_ADDR)
 SlurmUser=root
@@ -79,7 +92,9 @@ SlurmctldLogFile=$LOGS/slurmctld.log
 SlurmdLogFile=$LOGS/slurmd-%n.log
 SlurmdParameters=config_overrides
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin=task/affinity
+KillWait=30
+JobRequeue=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 GresTypes=gpu
@@ -102,7 +117,7 @@ start_node() {  # slurmd in the node's network namespace, with its own host name
   pgrep -f "slurmd -N $node" >/dev/null && return
   # nsenter, not `ip netns exec`: that remounts /sys, and slurmd needs the cgroup file system under it
   nsenter --net="/run/netns/mg-$node" unshare --uts --mount --propagation private sh -c \
-    "hostname $node && mount --bind $STATE/hosts /etc/hosts && exec slurmd -N $node" </dev/null >/dev/null 2>&1
+    "hostname $node && mount --bind $STATE/hosts-$node /etc/hosts && exec slurmd -N $node" </dev/null >/dev/null 2>&1
 }
 
 start() {
@@ -110,7 +125,10 @@ start() {
   stop_daemons
   network
   configure
-  pgrep -x munged >/dev/null || runuser -u munge -- munged || munged --force
+  if ! pgrep -x munged >/dev/null; then
+    runuser -u munge -- munged || munged --force
+    pgrep -nx munged > "$STATE/munged.pid"  # ours: `stop` ends it
+  fi
   slurmctld </dev/null >/dev/null 2>&1
   for node in "${NODES[@]}"; do start_node "$node"; done
   for _ in $(seq 60); do
@@ -126,10 +144,15 @@ start() {
   return 1
 }
 
-stop_daemons() {
-  pkill -x slurmd || true
-  pkill -x slurmctld || true
-  for _ in $(seq 20); do pgrep -x slurmd >/dev/null || pgrep -x slurmctld >/dev/null || break; sleep 0.5; done
+stop_daemons() {  # the daemons this script started, by their pid files: never another SLURM's
+  local pids=() f
+  for f in /run/slurmctld.pid /run/slurmd-*.pid "$STATE/munged.pid"; do
+    [ -s "$f" ] && grep -qxF "$MARK" "$CONF_DIR/slurm.conf" 2>/dev/null && pids+=("$(cat "$f")")
+  done
+  [ "${#pids[@]}" -gt 0 ] || return 0
+  kill "${pids[@]}" 2>/dev/null || true
+  for _ in $(seq 20); do kill -0 "${pids[@]}" 2>/dev/null || break; sleep 0.5; done
+  rm -f /run/slurmctld.pid /run/slurmd-*.pid "$STATE/munged.pid"
 }
 
 stop() {

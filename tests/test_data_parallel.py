@@ -290,3 +290,41 @@ def test_the_launcher_listens_on_loopback_only_and_stops_on_a_failure(tmp_path):
     )
     assert failed.returncode == 3 and time.time() - start < 40, failed.stderr[-2000:]
     assert "process 1 of 2 exited with code 3; stopping the others" in failed.stderr
+
+
+def test_the_rendezvous_port_steps_past_a_taken_one_or_names_its_holder_when_fixed():
+    """`launch.reserve_port`: a port another process listens on is never joined; `auto` takes the next free one,
+    a fixed one is an error that names the process (and its SLURM job) holding it."""
+    import socket
+
+    from margrpo.infra.launch import reserve_port
+
+    taken = socket.create_server(("127.0.0.1", 0))
+    port = taken.getsockname()[1]
+    other = subprocess.Popen(  # the holder as another job: its SLURM_JOB_ID in its environment
+        [
+            sys.executable,
+            "-c",
+            f"import socket, time; s = socket.create_server(('127.0.0.1', {port + 1})); time.sleep(60)",
+        ],
+        env={**os.environ, "SLURM_JOB_ID": "4242"},
+    )
+    try:
+        for _ in range(100):  # until it listens
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port + 1)) == 0:
+                    break
+            time.sleep(0.05)
+        with reserve_port("127.0.0.1", port, fixed=False) as mine:
+            assert mine.getsockname()[1] == port + 2  # past ours and past the other "job"'s
+        with pytest.raises(
+            SystemExit, match=rf"port {port + 1} on 127.0.0.1 is taken by SLURM job 4242 \(pid {other.pid}\)"
+        ):
+            reserve_port("127.0.0.1", port + 1, fixed=True)
+        with pytest.raises(SystemExit, match="is not an address of"):
+            reserve_port(
+                "10.255.255.254", port, fixed=False
+            )  # not this machine: the launcher is not on the first node
+    finally:
+        other.kill()
+        taken.close()

@@ -301,3 +301,51 @@ def test_a_fresh_start_removes_what_a_save_wrote_and_keeps_what_it_did_not(tmp_p
         and not (state / "ckpt-000004").exists()
     )
     assert sorted(p.name for p in (state / "ckpt-000005/policy").iterdir()) == ["notes.txt", "tokenizer"]
+
+
+@pytest.mark.parametrize("why", ["time limit", "SIGTERM"])
+def test_a_run_stopped_before_its_time_limit_saves_and_resumes_to_the_uninterrupted_result(
+    tmp_path, logged, monkeypatch, why
+):
+    """save_every = 4 of 4 steps: the stop after step 2 writes a checkpoint of its own (not one for selection), the
+    stage's exit status says "run again", and the run started again ends where the uninterrupted one does."""
+    import os
+    import signal
+    import time
+
+    from margrpo.infra import stopping
+
+    stop = stopping.StopRequest(read_limit=False)
+    trainer = make_trainer(tmp_path / "run", policy=tiny_policy("flow", seed=1), steps=4, save_every=4, val_every=2)
+    steps_seen = []
+
+    def ask(next_seconds):
+        steps_seen.append(trainer.step)
+        if trainer.step == 2:
+            if why == "SIGTERM":
+                os.kill(os.getpid(), signal.SIGTERM)  # as SLURM's requeue or preemption sends it
+            else:  # SLURM's end time 10 s away: less than a step, a save and the margin
+                stop.end_time = time.time() + 10
+                monkeypatch.setattr(stopping, "job_end_time", lambda: stop.end_time)
+        return stopping.StopRequest.reason(stop, next_seconds)
+
+    monkeypatch.setattr(stop, "reason", ask)
+    try:
+        rows = trainer.train(stop=stop)
+    finally:
+        stop.close()
+    assert signal.getsignal(signal.SIGTERM) is not stop._on_signal  # handlers restored
+    assert steps_seen == [1, 2] and [r["step"] for r in rows] == [1, 2], steps_seen
+    assert trainer.stopped.startswith("SIGTERM" if why == "SIGTERM" else "10 s left"), trainer.stopped
+    assert (tmp_path / "run/state/ckpt-000002").is_dir()
+    assert [c["step"] for c in trainer.checkpoints] == [0]  # step 2 was validated but not listed: it stopped there
+    resumed = make_trainer(tmp_path / "run", policy=tiny_policy("flow", seed=1), steps=4, save_every=4, val_every=2)
+    rows = resumed.train()
+    assert "resumed from" in logged() and [r["step"] for r in rows] == [1, 2, 3, 4]
+    full = make_trainer(tmp_path / "full", policy=tiny_policy("flow", seed=1), steps=4, save_every=4, val_every=2)
+    rows_full = full.train()
+    for a, b in zip(rows, rows_full):
+        for key in METRICS:
+            assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9, nan_ok=True), (a["step"], key)
+    assert_same_weights(resumed.policy, full.policy)
+    assert [c["step"] for c in resumed.checkpoints] == [c["step"] for c in full.checkpoints]

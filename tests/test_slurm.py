@@ -1,9 +1,12 @@
 """The SLURM profile against a real two-node SLURM cluster (scripts/slurm-cluster.sh: slurmctld and two slurmd
-"nodes" in network namespaces of their own, each with two stand-in GPUs): the geometry each GRPO job asks for, as
-SLURM records it; the command run once per job and once per node; each first update equal to the 1-process one.
+"nodes" in network namespaces of their own, each with two stand-in GPUs and two CPUs its tasks are bound to; node1's
+own name resolves to 127.0.1.1 there, as on Debian): the geometry each GRPO job asks for, as SLURM records it; the
+CPUs each process holds; the command run once per job and once per node; each first update equal to the 1-process
+one; rendezvous ports of a job's own; a job cut by its time limit or requeued resumes to the uninterrupted result;
+a failing process ends its job at once.
 
-Only the train jobs go through SLURM: the stages before them run locally once (they are what the smoke DAG tests),
-so this module costs a few minutes. `make test-slurm`; needs root (namespaces, daemons).
+Only the train jobs go through SLURM: the stages before them run locally once (they are what the smoke DAG tests).
+`make test-slurm`; needs root (namespaces, daemons).
 """
 
 import os
@@ -25,7 +28,9 @@ REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 CLUSTER = REPO / "scripts/slurm-cluster.sh"
 RUN = "train/toy-nova/toypref/fix/seed0"
-SMALL = ["cpus_per_task=1", "mem_mb=1000", "runtime=30"]
+SMALL = ["mem_mb=500", "runtime=30"]  # the CPU rules' defaults; a train job's CPUs, memory and time are its own
+LONG = 100  # steps of the runs that a time limit or a requeue interrupts
+MEM = {"train": {"runtime": 30, "mem_mb": 1500}}  # the config's `slurm` section, sized for the test cluster
 TIMEOUT = 600  # a job status SLURM never reports fails the test here, naming where it stopped
 
 
@@ -39,16 +44,30 @@ def cluster():
     subprocess.run(["bash", str(CLUSTER), "stop"], capture_output=True, timeout=120)
 
 
-def write_config(path: Path, name: str, processes: int, nodes: int, sharding: str, gpus: bool = True) -> Path:
-    """The smoke config cut to one +Fix run of one step of 4 prompts x 2 images (whole groups on up to 4 processes)."""
+def write_config(
+    path: Path,
+    name: str,
+    processes: int,
+    nodes: int,
+    sharding: str,
+    gpus: bool = True,
+    threads: int = 1,
+    steps: int = 1,
+    **extra,
+) -> Path:
+    """The smoke config cut to one +Fix run of `steps` steps of 4 prompts x 2 images (whole groups on up to 4
+    processes)."""
     config = yaml.safe_load((REPO / "config/smoke.yaml").read_text())
-    config.update(name=name, train_processes=processes, train_nodes=nodes, request_gpus=gpus)
+    config.update(name=name, train_processes=processes, train_nodes=nodes, request_gpus=gpus, threads=threads, **extra)
+    config["slurm"] = MEM
     config["policies"]["toy-nova"]["sharding"] = sharding
     # one image a micro-batch whatever the process count: the same micro-batches, so the same gradient statistic
     micro = 8 // (processes * nodes)
     config["grpo"].update(
-        steps=1, batch_prompts=4, group_size=2, micro_batches=micro, save_every=1, val_every=1, val_prompts=2
+        steps=steps, batch_prompts=4, group_size=2, micro_batches=micro, save_every=1, val_every=1, val_prompts=2
     )
+    if steps > 1:  # a validated checkpoint every 10 steps: a stop in between saves one of its own
+        config["grpo"].update(save_every=10, val_every=10)
     config["experiments"]["ladder"] = {
         "policies": ["toy-nova"],
         "rewards": ["toypref"],
@@ -74,7 +93,7 @@ def snakemake(workdir: Path, config: Path, *args: str) -> subprocess.CompletedPr
         ) from err
 
 
-def through_slurm(workdir: Path, config: Path, target: str) -> tuple[str, list[str]]:
+def through_slurm(workdir: Path, config: Path, target: str, expect: int = 0) -> tuple[str, list[str]]:
     """Run `target` through the workflow's SLURM profile; its output and the SLURM job ids it submitted."""
     out = snakemake(
         workdir,
@@ -90,11 +109,9 @@ def through_slurm(workdir: Path, config: Path, target: str) -> tuple[str, list[s
         "5",
         "--default-resources",
         *SMALL,
-        "--set-resources",
-        *[f"train:{kv}" for kv in SMALL],
     )
     text = out.stdout + out.stderr
-    assert out.returncode == 0, text[-6000:]
+    assert out.returncode == expect, text[-6000:]
     return text, re.findall(r"SLURM jobid (\d+)", text)
 
 
@@ -112,8 +129,8 @@ def workdir(cluster, tmp_path_factory):
     """The shared stages and the reference runs, locally: one process, and four processes of one machine (the
     two-node job's processes each roll out what these do)."""
     work = tmp_path_factory.mktemp("slurm")
-    for name, processes in (("slurm-ref", 1), ("slurm-4local", 4)):
-        config = write_config(work / f"{name}.yaml", name, processes, 1, "full_shard", gpus=False)
+    for name, processes, steps in (("slurm-ref", 1, 1), ("slurm-4local", 4, 1), ("slurm-long", 1, LONG)):
+        config = write_config(work / f"{name}.yaml", name, processes, 1, "full_shard", gpus=False, steps=steps)
         out = snakemake(work, config, f"results/{name}/{RUN}/summary.json", "--cores", "2")
         assert out.returncode == 0, (out.stdout + out.stderr)[-6000:]
     return work
@@ -141,35 +158,60 @@ def assert_same_first_update(work: Path, name: str, reference: str, tolerance: f
     return diff
 
 
+def worker_cpus(log: str, world: int) -> dict[str, int]:
+    """Each process's CPUs (its affinity, as `margrpo train` logs it), by rank."""
+    seen = re.findall(rf"margrpo: process (\d) of {world} on node\d \(local \d, (\d+) CPUs\)", log)
+    assert len(seen) == world, log[-3000:]
+    return {rank: int(cpus) for rank, cpus in seen}
+
+
+def test_a_one_process_gpu_job_is_one_task_with_one_gpu_and_its_threads(workdir):
+    config = write_config(workdir / "one.yaml", "slurm-1gpu", 1, 1, "replicate", threads=2)
+    text, jobs = through_slurm(workdir, config, f"results/slurm-1gpu/{RUN}/summary.json")
+    assert len(jobs) == 1, text[-3000:]
+    job = job_record(jobs[0])
+    assert (job["JobState"], job["NumNodes"], job["NumTasks"], job["CPUs/Task"]) == ("COMPLETED", "1", "1", "2"), job
+    assert "gres:gpu:1" in (job.get("TresPerJob", "") + job.get("TresPerNode", "")), job
+    assert job["TimeLimit"] == "00:30:00" and job["MinMemoryNode"] == "1500M", job  # the config's `slurm` section
+    assert_same_first_update(workdir, "slurm-1gpu", "slurm-ref", 1e-5)
+
+
 def test_a_single_node_job_is_one_task_with_its_gpus_and_runs_its_launcher_once(workdir):
     config = write_config(workdir / "one-node.yaml", "slurm-1node", 2, 1, "replicate")
     text, jobs = through_slurm(workdir, config, f"results/slurm-1node/{RUN}/summary.json")
     assert len(jobs) == 1, text[-3000:]  # the shared stages were already there: the train job alone
     job = job_record(jobs[0])
     assert (job["JobState"], job["NumNodes"], job["NumTasks"]) == ("COMPLETED", "1", "1"), job
+    assert job["CPUs/Task"] == "2", job  # train_processes x threads, not the profile's fixed 8
     assert "gres:gpu:2" in (job.get("TresPerJob", "") + job.get("TresPerNode", "")), job
     log = (workdir / f"logs/slurm-1node/{RUN}.log").read_text()
     assert len(re.findall(r"margrpo\.infra\.launch: on node\d: 2 processes", log)) == 1, log[-3000:]
     processes = re.findall(r"margrpo: process (\d) of 2 on (node\d)", log)
     assert sorted(p for p, _ in processes) == ["0", "1"] and len({h for _, h in processes}) == 1, log[-3000:]
+    assert min(worker_cpus(log, 2).values()) >= 1
     assert_same_first_update(workdir, "slurm-1node", "slurm-ref", 1e-5)
 
 
 def test_a_two_node_job_runs_torchrun_once_per_node_and_shards_within_nodes(workdir):
+    """node1's name resolves to 127.0.1.1 on node1 (Debian's hosts line): the store is the launcher's, every
+    torchrun its client, gloo on the interface of the node's SLURM address; nothing matches names."""
     config = write_config(workdir / "two-nodes.yaml", "slurm-2node", 2, 2, "hybrid_shard")
     text, jobs = through_slurm(workdir, config, f"results/slurm-2node/{RUN}/summary.json")
     assert len(jobs) == 1, text[-3000:]
     job = job_record(jobs[0])
-    assert (job["JobState"], job["NumNodes"], job["NumTasks"]) == ("COMPLETED", "2", "2"), job
+    assert (job["JobState"], job["NumNodes"], job["NumTasks"], job["CPUs/Task"]) == ("COMPLETED", "2", "2", "2"), job
     assert job.get("TresPerNode") == "gres:gpu:2", job  # 2 GPUs on each node
     assert job["NodeList"] == "node[1-2]", job
     log = (workdir / f"logs/slurm-2node/{RUN}.log").read_text()
     launches = re.findall(
-        r"margrpo\.infra\.launch: on (node\d), job (\d+): srun .*--rdzv-endpoint=([\d.]+):(\d+)", log
+        r"margrpo\.infra\.launch: on (node\d), job (\d+): (srun .*) --node-agent ([\d.]+):(\d+)", log
     )
     assert len(launches) == 1 and launches[0][:2] == ("node1", jobs[0]), log[-3000:]
-    assert launches[0][2] == "10.77.0.11", launches  # the head node's address as SLURM knows it
-    processes = re.findall(r"margrpo: process (\d) of 4 on (node\d) \(local (\d)\)", log)
+    assert "--cpus-per-task=2" in launches[0][2], launches  # srun does not inherit the job's -c
+    assert launches[0][3] == "10.77.0.11", launches  # the head node's address as SLURM knows it
+    agents = re.findall(r"node agent on (node\d) \(node (\d) of 2\): address ([\d.]+) \((\w+)\), (\d+) CPUs", log)
+    assert sorted(agents) == [("node1", "0", "10.77.0.11", "eth0", "2"), ("node2", "1", "10.77.0.12", "eth0", "2")]
+    processes = re.findall(r"margrpo: process (\d) of 4 on (node\d) \(local (\d)", log)
     assert sorted(p for p, _, _ in processes) == ["0", "1", "2", "3"], log[-3000:]
     per_node = {h: sorted(local for _, host, local in processes if host == h) for h in ("node1", "node2")}
     assert per_node == {"node1": ["0", "1"], "node2": ["0", "1"]}, processes  # one torchrun of 2 on each node
@@ -178,12 +220,90 @@ def test_a_two_node_job_runs_torchrun_once_per_node_and_shards_within_nodes(work
     assert_same_first_update(workdir, "slurm-2node", "slurm-ref", 0.05)  # 1 process: see the docstring
 
 
+def test_a_two_node_cpu_job_gives_each_process_its_threads(workdir):
+    """No GPUs, one process of 2 threads per node: each process is bound to the 2 CPUs its node's task holds
+    (without srun's --cpus-per-task, one)."""
+    config = write_config(workdir / "cpu.yaml", "slurm-cpu", 1, 2, "full_shard", gpus=False, threads=2)
+    text, jobs = through_slurm(workdir, config, f"results/slurm-cpu/{RUN}/summary.json")
+    job = job_record(jobs[0])
+    assert (job["JobState"], job["NumTasks"], job["CPUs/Task"]) == ("COMPLETED", "2", "2"), job
+    assert "gpu" not in job.get("TresPerNode", "") + job.get("TresPerJob", ""), job
+    log = (workdir / f"logs/slurm-cpu/{RUN}.log").read_text()
+    assert worker_cpus(log, 2) == {"0": 2, "1": 2}, log[-3000:]
+    assert_same_first_update(workdir, "slurm-cpu", "slurm-ref", 0.05)
+
+
+def metrics_without_timings(run: Path) -> pd.DataFrame:
+    frame = pd.read_csv(run / "metrics.csv")
+    return frame[[c for c in frame.columns if not any(t in c for t in ("time", "_s", "memory", "_mb"))]]
+
+
+def assert_same_run(work: Path, name: str, reference: str = "slurm-long") -> None:
+    """The run's metrics (every column but timings) and final policy are the uninterrupted run's."""
+    got, want = (metrics_without_timings(work / f"results/{n}/{RUN}") for n in (name, reference))
+    assert list(got["step"]) == list(range(1, LONG + 1)), got
+    pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-5, atol=1e-7)
+    a, b = (
+        load_file(next((work / f"results/{n}/{RUN}/state").glob(f"ckpt-{LONG:06d}/policy/*.safetensors")))
+        for n in (name, reference)
+    )
+    assert all(torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-7) for k in a), name
+
+
+def test_a_train_job_cut_by_its_time_limit_saves_is_resubmitted_and_ends_as_the_uninterrupted_run(workdir):
+    """A one-minute limit (the config's slurm.train.runtime) on a run that needs more: each job saves before its
+    limit and exits 75; the profile's retries submit it again, and it resumes."""
+    config = write_config(workdir / "limit.yaml", "slurm-limit", 1, 1, "replicate", gpus=False, steps=LONG)
+    spec = yaml.safe_load(config.read_text())
+    spec["slurm"] = {"train": {"runtime": 1, "mem_mb": 1500}}
+    config.write_text(yaml.safe_dump(spec, sort_keys=False))
+    text, jobs = through_slurm(workdir, config, f"results/slurm-limit/{RUN}/summary.json")
+    assert len(jobs) >= 2, text[-3000:]  # cut at least once
+    states = [job_record(j)["JobState"] for j in jobs]
+    assert states[-1] == "COMPLETED" and "TIMEOUT" not in states, states  # each stopped before SLURM cut it
+    log = (workdir / f"logs/slurm-limit/{RUN}.log").read_text()  # the last attempt's
+    assert "resumed from" in log, log[-3000:]
+    assert_same_run(workdir, "slurm-limit")
+
+
+def test_a_requeued_train_job_resumes_and_snakemake_waits_for_it(workdir):
+    """`scontrol requeue` (what a preemption with PreemptMode=REQUEUE does): SIGTERM, the trainer saves; the same
+    job id runs again, resumes, and Snakemake reports success."""
+    config = write_config(workdir / "requeue.yaml", "slurm-requeue", 1, 1, "replicate", gpus=False, steps=LONG)
+    state = workdir / f"results/slurm-requeue/{RUN}/state"
+    done = {}
+
+    def requeue_once_a_checkpoint_is_there():
+        deadline = time.time() + TIMEOUT
+        while time.time() < deadline and not list(state.glob("ckpt-*")):
+            time.sleep(0.5)
+        running = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i"], capture_output=True, text=True)
+        done["job"] = running.stdout.split()[0] if running.stdout.split() else "none running"
+        done["out"] = subprocess.run(["scontrol", "requeue", str(done["job"])], capture_output=True, text=True)
+
+    import threading
+
+    thread = threading.Thread(target=requeue_once_a_checkpoint_is_there)
+    thread.start()
+    text, jobs = through_slurm(workdir, config, f"results/slurm-requeue/{RUN}/summary.json")
+    thread.join()
+    assert done["out"].returncode == 0, done["out"].stderr
+    assert jobs == [done["job"]], (jobs, done)  # one submission: SLURM ran it again under its id
+    job = job_record(jobs[0])
+    assert job["JobState"] == "COMPLETED" and int(job["Restarts"]) == 1, job
+    log = (workdir / f"logs/slurm-requeue/{RUN}.log").read_text()
+    assert "resumed from" in log, log[-3000:]
+    assert_same_run(workdir, "slurm-requeue")
+
+
 PROBE = """
 import os, socket, sys, time, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 job = int(os.environ["SLURM_JOB_ID"])
+if str(dist.get_rank()) == os.environ.get("FAIL_RANK"):
+    os._exit(3)  # one process fails at once; the others would wait in the collective below
 t = torch.tensor([job, -job], dtype=torch.float64)
-time.sleep(3)  # both jobs hold their rendezvous at once
+time.sleep(float(os.environ.get("HOLD", "3")))  # both jobs hold their rendezvous at once
 dist.all_reduce(t, op=dist.ReduceOp.MAX)
 out = f"{job} {dist.get_world_size()} {int(t[0])} {-int(t[1])} {socket.gethostname()}"
 open(os.path.join(sys.argv[1], f"{job}-rank{dist.get_rank()}"), "w").write(out)
@@ -191,37 +311,100 @@ dist.destroy_process_group()
 """
 
 
-def test_two_multi_node_jobs_on_the_same_first_node_keep_their_own_rendezvous(cluster, tmp_path):
+def submit_probe(tmp_path: Path, name: str, port: str = "auto", hold: bool = False, **env: str) -> str:
+    """A 2-node job of 2 processes a node running PROBE through the launcher; its job id."""
     (tmp_path / "probe.py").write_text(PROBE)
     script = (
-        f"#!/bin/bash\n{sys.executable} -m margrpo.infra.launch --nodes 2 --port auto 2 "
+        f"#!/bin/bash\n{sys.executable} -m margrpo.infra.launch --nodes 2 --port {port} 2 "
         f"{sys.executable} {tmp_path / 'probe.py'} {tmp_path}\n"
     )
     (tmp_path / "job.sh").write_text(script)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")])
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")} | env
+    environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), environ.get("PYTHONPATH", "")])
     sbatch = ["sbatch", "--parsable", "--nodes=2", "--ntasks=2", "--cpus-per-task=1", "--mem=500", "--gres=gpu:1"]
-    jobs = [
-        subprocess.run(
-            [*sbatch, "-o", str(tmp_path / f"job{i}.log"), str(tmp_path / "job.sh")],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        for i in range(2)
-    ]
-    deadline = time.time() + 300
+    sbatch += ["--hold"] if hold else []
+    return subprocess.run(
+        [*sbatch, "-o", str(tmp_path / f"{name}.log"), str(tmp_path / "job.sh")],
+        env=environ,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
+def wait_for(jobs: list[str], seconds: float = 300) -> list[dict[str, str]]:
+    deadline = time.time() + seconds
     while time.time() < deadline and any(job_record(j)["JobState"] in ("PENDING", "RUNNING") for j in jobs):
-        time.sleep(1)
-    records = [job_record(j) for j in jobs]
+        time.sleep(0.5)
+    return [job_record(j) for j in jobs]
+
+
+def endpoint_port(log: str) -> int:
+    return int(re.search(r"--node-agent [\d.]+:(\d+)", log).group(1))
+
+
+def test_two_multi_node_jobs_on_the_same_first_node_keep_their_own_rendezvous(cluster, tmp_path):
+    jobs = [submit_probe(tmp_path, f"job{i}") for i in range(2)]
+    records = wait_for(jobs)
     logs = [(tmp_path / f"job{i}.log").read_text() for i in range(2)]
     assert all(r["JobState"] == "COMPLETED" for r in records), [r["JobState"] for r in records] + logs
     assert records[0]["BatchHost"] == records[1]["BatchHost"] == "node1"
     assert records[1]["StartTime"] <= records[0]["EndTime"], "the two jobs did not overlap"
-    ports = [re.search(r"--rdzv-endpoint=[\d.]+:(\d+)", log).group(1) for log in logs]
+    ports = [endpoint_port(log) for log in logs]
     assert ports[0] != ports[1], ports
     for job in jobs:
         seen = [(tmp_path / f"{job}-rank{r}").read_text().split() for r in range(4)]
         assert all(s[:4] == [job, "4", job, job] for s in seen), seen  # four processes, all of this job
         assert {s[4] for s in seen} == {"node1", "node2"}
+
+
+def hold_port(port: int) -> subprocess.Popen:
+    """Another job's store on node1's address at `port`: a listener in node1's network namespace."""
+    listener = (
+        "import socket, sys, time; s = socket.create_server(('10.77.0.11', int(sys.argv[1]))); "
+        "print('ready', flush=True); time.sleep(600)"
+    )
+    holder = subprocess.Popen(
+        ["nsenter", "--net=/run/netns/mg-node1", sys.executable, "-c", listener, str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")} | {"SLURM_JOB_ID": "999999"},
+    )
+    assert holder.stdout.readline().strip() == "ready"
+    return holder
+
+
+def test_a_taken_port_is_stepped_past_or_named_when_fixed(cluster, tmp_path):
+    """The port a job derives from its id is held by another job's store: `auto` takes the next free one (its own
+    store: the job's four processes and no one else's); a fixed train_port fails at once, naming the holder."""
+    job = submit_probe(tmp_path, "auto", hold=True)
+    derived = 20000 + int(job) % 10000
+    holder = hold_port(derived)
+    try:
+        subprocess.run(["scontrol", "release", job], check=True)
+        (record,) = wait_for([job])
+        log = (tmp_path / "auto.log").read_text()
+        assert record["JobState"] == "COMPLETED", log[-3000:]
+        assert f"port {derived} is taken; the rendezvous uses {derived + 1}" in log, log[-3000:]
+        assert endpoint_port(log) == derived + 1
+        seen = [(tmp_path / f"{job}-rank{r}").read_text().split() for r in range(4)]
+        assert all(s[:4] == [job, "4", job, job] for s in seen), seen
+        fixed = submit_probe(tmp_path, "fixed", port=str(derived))
+        (record,) = wait_for([fixed], 120)
+        log = (tmp_path / "fixed.log").read_text()
+        assert record["JobState"] == "FAILED", log[-3000:]
+        assert f"the rendezvous port {derived} on 10.77.0.11 is taken by SLURM job 999999 (pid" in log, log[-3000:]
+    finally:
+        holder.kill()
+
+
+def test_a_failing_process_ends_its_multi_node_job_at_once_naming_its_rank(cluster, tmp_path):
+    """Rank 3 (node2) exits 3 at once; the others would wait for it for 10 minutes: the job is FAILED within
+    seconds of it, and the log names the rank."""
+    job = submit_probe(tmp_path, "failing", FAIL_RANK="3", HOLD="600")
+    (record,) = wait_for([job], 300)
+    log = (tmp_path / "failing.log").read_text()
+    assert record["JobState"] == "FAILED", (record, log[-3000:])
+    start, end = (time.mktime(time.strptime(record[k], "%Y-%m-%dT%H:%M:%S")) for k in ("StartTime", "EndTime"))
+    assert end - start < 60, (record["StartTime"], record["EndTime"], log[-3000:])
+    assert re.search(r"rank\s*:\s*3 \(local_rank: 1\)", log) and "exitcode  : 3" in log, log[-3000:]

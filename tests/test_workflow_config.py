@@ -495,11 +495,16 @@ def test_train_nodes_start_torchrun_on_each_node_and_ask_slurm_for_the_nodes(tmp
             "train_processes": 2,
             "train_nodes": 2,
             "train_port": 29600,
+            "threads": 3,
+            "slurm": {"train": {"runtime": 90}},
             "grpo": {"batch_prompts": 4, "group_size": 2, "mask_steps": 2, "diffusion_steps": 2},
         },
     )
     for job in jobs:
         assert "Shell command: python -m margrpo.infra.launch --nodes 2 --port 29600 2 margrpo train " in job, job
+        # each node's task: its processes' threads; the time from the config, the memory its default
+        assert re.search(r"\bcpus_per_task=6\b", job) and re.search(r"\bruntime=90\b", job), job
+        assert re.search(r"\bmem_mb=96000\b", job), job
         assert (
             re.search(r"resources: .*\bnodes=2\b", job) and re.search(r"\btasks=2\b", job) and "gres=gpu:2" in job
         ), job
@@ -528,6 +533,7 @@ def test_train_processes_launch_n_local_processes_and_request_one_gpu_each(tmp_p
     for job in jobs:
         assert "Shell command: python -m margrpo.infra.launch 2 margrpo train " in job, job
         assert re.search(r"resources: .*\bgpu=2\b", job) and re.search(r"^\s*threads: 6$", job, re.M), job
+        assert re.search(r"\bcpus_per_task=6\b", job), job  # SLURM's CPUs: the processes' threads
         assert "--threads 3 " in job  # per process
     others = [j for j in out.split("\n\n") if re.search(r"^rule (sample|pretrain):", j, re.M)]
     assert others and all("margrpo.infra.launch" not in j and re.search(r"gpu=1\b", j) for j in others)

@@ -75,8 +75,15 @@ TRAIN_NODES = config["train_nodes"]
 # `margrpo train` as one process; as TRAIN_PROCS processes of one machine (margrpo.infra.launch, its rendezvous on
 # 127.0.0.1 only); or on TRAIN_NODES nodes, torchrun started by srun once per node. What SLURM is asked for in each
 # case, and why: margrpo.infra.slurm
-TRAIN_JOB = train_job(TRAIN_PROCS, TRAIN_NODES, bool(GPU), config["train_port"])
+TRAIN_JOB = train_job(TRAIN_PROCS, TRAIN_NODES, bool(GPU), config["train_port"], config["threads"])
 TRAIN_LAUNCH, TRAIN_RESOURCES = TRAIN_JOB.launch, TRAIN_JOB.resources
+if os.environ.get("SLURM_CONF"):  # the jobstep plugin strips it from the job's command; scontrol and srun need it
+    TRAIN_LAUNCH = f"SLURM_CONF={shlex.quote(os.environ['SLURM_CONF'])} {TRAIN_LAUNCH}"
+
+
+def slurm(stage):
+    """A GPU stage's runtime (minutes) and memory (MB per node) on SLURM: the config's `slurm` section."""
+    return dict(config["slurm"][stage])
 
 
 def is_toy(policy):

@@ -14,6 +14,7 @@ rule sample:
     threads: config["threads"]
     resources:
         gpu=GPU,
+        **slurm("sample"),
     conda:
         "../../envs/margrpo.yaml"
     log:
@@ -41,6 +42,7 @@ rule eval_compbench:
         models=json.dumps(config["evaluation"]["compbench_models"]),
     resources:
         gpu=GPU if config["evaluation"]["compbench"] == "t2i-compbench" else 0,
+        **slurm("eval_compbench"),
     conda:
         "../../envs/margrpo.yaml"
     log:
@@ -71,6 +73,7 @@ rule eval_preference:
     threads: config["threads"]
     resources:
         gpu=GPU,
+        **slurm("eval_preference"),
     conda:
         "../../envs/evaluators.yaml"
     log:

@@ -10,6 +10,7 @@ rule train_toyclip:
     threads: config["threads"]
     resources:
         gpu=GPU,
+        **slurm("train_toyclip"),
     conda:
         "../../envs/margrpo.yaml"
     log:
@@ -35,6 +36,7 @@ rule train_toypref:
     threads: config["threads"]
     resources:
         gpu=GPU,
+        **slurm("train_toypref"),
     conda:
         "../../envs/margrpo.yaml"
     log:
@@ -61,7 +63,7 @@ rule pretrain:
     threads: config["threads"]
     resources:
         gpu=GPU,
-        runtime=120,
+        **slurm("pretrain"),
     conda:
         "../../envs/margrpo.yaml"
     log:

@@ -17,7 +17,7 @@ rule pretrain_mask:
     threads: config["threads"]
     resources:
         gpu=GPU,
-        runtime=60,
+        **slurm("pretrain_mask"),
     conda:
         "../../envs/margrpo.yaml"
     log:
@@ -43,7 +43,7 @@ rule distill_marval:
     threads: config["threads"]
     resources:
         gpu=GPU,
-        runtime=60,
+        **slurm("distill_marval"),
     conda:
         "../../envs/margrpo.yaml"
     log:
@@ -78,7 +78,7 @@ rule train_related:
     threads: config["threads"]
     resources:
         gpu=GPU,
-        runtime=240,
+        **slurm("train_related"),
     conda:
         "../../envs/margrpo.yaml"
     log:

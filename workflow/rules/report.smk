@@ -141,6 +141,7 @@ rule uncertainty_maps:
     threads: config["threads"]
     resources:
         gpu=GPU,
+        **slurm("uncertainty_maps"),
     conda:
         "../../envs/margrpo.yaml"
     log:

@@ -28,7 +28,7 @@ rule train:
     threads: config["threads"] * TRAIN_PROCS
     resources:
         **TRAIN_RESOURCES,
-        runtime=240,
+        **slurm("train"),
     conda:
         "../../envs/margrpo.yaml"
     log:

@@ -15,7 +15,7 @@ rule warmup:
     threads: config["threads"]
     resources:
         gpu=GPU,
-        runtime=120,
+        **slurm("warmup"),
     conda:
         "../../envs/margrpo.yaml"
     log:

@@ -51,6 +51,7 @@ from margrpo.grpo.validation import RewardFn, validate
 from margrpo.infra.ema import EMA
 from margrpo.infra.files import refuse_symlink
 from margrpo.infra.runtime import autocast, peak_memory_mb
+from margrpo.infra.stopping import StopRequest
 from margrpo.infra.trackers import end_trackers, start_trackers
 from margrpo.policy.base import MARPolicy
 from margrpo.policy.lora import adapter_parameters, adapters_disabled, add_lora
@@ -120,6 +121,7 @@ class GRPOTrainer:
             self.params, lr=config.lr, betas=(0.9, 0.999), weight_decay=config.weight_decay
         )
         self.step, self.rows, self.checkpoints, self.nonfinite_run = 0, [], [], 0
+        self.stopped: str | None = None  # why `train` saved and stopped early (None: it ran to the end)
         self.spec_hash = self.run_hash(None)
 
     def _choose_trained(self, config: GRPOConfig, settings: PolicySettings) -> None:
@@ -539,9 +541,10 @@ class GRPOTrainer:
         """Resume from state/ only if it was written under this run's spec (`self.spec_hash`); else clear it."""
         return resume_state(self)
 
-    def train(self, spec: dict | None = None) -> dict:
+    def train(self, spec: dict | None = None, stop: StopRequest | None = None) -> dict:
         """Train to `cfg.steps`, resuming from state/ when it was written under the same spec: this
-        trainer's configs plus `spec` (what the stage adds: inputs, reward, seed)."""
+        trainer's configs plus `spec` (what the stage adds: inputs, reward, seed). With `stop`, save and stop early
+        (`self.stopped` says why) when any process's request says the next step would not end in time."""
         self.spec_hash = self.run_hash(spec)
         refuse_symlink(self.state_dir, "state folder")  # a resume of another spec clears it
         if self.engine.is_main:
@@ -567,7 +570,9 @@ class GRPOTrainer:
             mininterval=5,
             disable=not self.engine.is_main,
         )
+        step_s = save_s = 0.0  # the longest step (with its validation) and save so far: what one more costs
         while self.step < self.cfg.steps:
+            started = time.monotonic()
             row = self.train_step()
             val_scores = (
                 self.validate() if self.step % self.cfg.val_every == 0 or self.step == self.cfg.steps else None
@@ -577,13 +582,35 @@ class GRPOTrainer:
             self.accelerator.log(
                 {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}, step=self.step
             )
+            step_s, saved = max(step_s, time.monotonic() - started), False
             if self.step % self.cfg.save_every == 0 or self.step == self.cfg.steps:
+                started, saved = time.monotonic(), True
                 self._checkpoint(row["val_reward"], val_scores)
+                save_s = max(save_s, time.monotonic() - started)
             bar.update(1)
             bar.set_postfix(reward=f"{row['reward_mean']:.3f}", val=f"{row['val_reward']:.3f}")
+            if (
+                stop is not None
+                and self.step < self.cfg.steps
+                and self._should_stop(stop, step_s + (save_s or step_s))
+            ):
+                if not saved:
+                    self._checkpoint(float("nan"), None)  # resumable state; not a checkpoint for selection
+                break
         bar.close()
         end_trackers(self.accelerator)
         return self.rows
+
+    def _should_stop(self, stop: StopRequest, next_seconds: float) -> bool:
+        """Whether any process's `stop` asks to stop before a step of `next_seconds`: all agree, or a collective
+        would wait for the ones that left."""
+        why = stop.reason(next_seconds)
+        votes = self.engine.all_sum(torch.tensor([float(why is not None)]))
+        if votes.item() == 0:
+            return False
+        self.stopped = why or "another process was asked to stop"
+        log.warning("saving and stopping at step %d of %d: %s", self.step, self.cfg.steps, self.stopped)
+        return True
 
     def _checkpoint(self, val_reward: float, val_scores: list[float] | None) -> None:
         """Save, and list the checkpoint for selection where it was validated."""

@@ -1,11 +1,12 @@
 """`python -m margrpo.infra.launch [--nodes M --port P] N COMMAND...`: COMMAND as N data-parallel processes per node.
 
 One node (`--nodes 1`, the default): the processes of one machine, reachable from it alone (below).
-Several nodes: torchrun itself, started once per node by `srun` inside a SLURM job of M nodes, with a c10d
-rendezvous on the job's first node at port P (`auto`: derived from the job id; the port must be open between the
-nodes; the processes' NCCL / gloo sockets use ports the OS picks). Outside SLURM, start torchrun on each node yourself
-with the same flags (`multi_node_command` prints them). Nothing else is ours: torchrun restarts nothing
-(`--max-restarts 0`), and its exit code is the job's.
+Several nodes (inside a SLURM job of M nodes, from its batch script on the first node): this launcher holds the
+rendezvous port on the first node's address (`auto`: from the job id, stepping past ports other jobs hold) and hosts
+the c10d store there; `srun` starts a node agent once per node with the job's CPUs per task, which becomes torchrun,
+a client of that store, reached by the others at its node's address. Outside SLURM, start torchrun on each node
+yourself (`multi_node_command`, `is_host=1` on the first). torchrun restarts nothing (`--max-restarts 0`); one
+node's failure ends the step (`--kill-on-bad-exit`), and its exit code is the job's.
 
 The single-node job torchrun starts, with its environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
 but not listening on the network. torchrun's flags cannot do that: torch's TCPStore binds the wildcard address
@@ -17,6 +18,8 @@ process to fail stops the others; the launcher names it and exits with its code.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import signal
 import socket
@@ -101,8 +104,19 @@ def first_failure(procs: list[subprocess.Popen]) -> tuple[int, int] | None:
     return None
 
 
-def multi_node_command(nodes: int, per_node: int, endpoint: str, run_id: str, command: list[str]) -> list[str]:
-    """torchrun (`python -m torch.distributed.run`) for one node of an M-node job, its rendezvous at `endpoint`."""
+def multi_node_command(
+    nodes: int,
+    per_node: int,
+    endpoint: str,
+    run_id: str,
+    command: list[str],
+    is_host: bool | None = None,
+    local_addr: str | None = None,
+) -> list[str]:
+    """torchrun (`python -m torch.distributed.run`) for one node of an M-node job, its rendezvous at `endpoint`.
+    `is_host`: whether this node's torchrun hosts the rendezvous store (None: torchrun guesses by matching the
+    endpoint against its own names, which misses secondary interfaces and Debian's `127.0.1.1` hosts line);
+    `local_addr`: the address the other nodes reach this one at (the workers' store when it is rank 0)."""
     return [
         sys.executable,
         "-m",
@@ -112,37 +126,145 @@ def multi_node_command(nodes: int, per_node: int, endpoint: str, run_id: str, co
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={endpoint}",
         f"--rdzv-id={run_id}",
+        *([] if is_host is None else [f"--rdzv-conf=is_host={int(is_host)}"]),
+        *([] if local_addr is None else [f"--local-addr={local_addr}"]),
         "--max-restarts=0",
         "--no-python",  # COMMAND is a program (`margrpo`), as for the single-node launcher, not a Python script
         *command,
     ]
 
 
+def port_holder(port: int) -> str:
+    """Who listens on `port` on this machine, as far as /proc tells: "SLURM job J (pid P)", "pid P", or ""."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state, inode = line.split()[1], line.split()[3], line.split()[9]
+                if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                    inodes.add(f"socket:[{inode}]")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd")):
+                environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+                job = next((e[13:].decode() for e in environ if e.startswith(b"SLURM_JOB_ID=")), None)
+                return f"SLURM job {job} (pid {pid})" if job else f"pid {pid}"
+    return ""
+
+
+def reserve_port(addr: str, first: int, fixed: bool, tries: int = 64) -> socket.socket:
+    """A socket listening on `addr` at `first`, or (not `fixed`) at the next free port after it: held by this
+    launcher for the job's life, so no other job's store can take it and no agent of this job can join another
+    job's store. A fixed port that is taken is an error naming its holder."""
+    for port in range(first, first + (1 if fixed else tries)):
+        sock = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET)
+        try:
+            sock.bind((addr, port))
+            sock.listen(128)
+            if port != first:
+                print(f"margrpo.infra.launch: port {first} is taken; the rendezvous uses {port}", file=sys.stderr)
+            return sock
+        except OSError as err:
+            sock.close()
+            if err.errno == errno.EADDRNOTAVAIL:
+                raise SystemExit(
+                    f"margrpo.infra.launch: {addr} is not an address of {socket.gethostname()}: the launcher runs "
+                    "on the job's first node (the batch script of a job whose rule has the `mpi` resource)"
+                ) from err
+            if err.errno != errno.EADDRINUSE:
+                raise
+    holder = port_holder(first) if fixed else ""
+    raise SystemExit(
+        f"margrpo.infra.launch: the rendezvous port {first} on {addr} is taken"
+        + (f" by {holder}" if holder else "")
+        + ("; train_port fixes it: choose another, or auto" if fixed else f" and so are the {tries - 1} after it")
+    )
+
+
 def launch_slurm(nodes: int, per_node: int, port: int | str, command: list[str]) -> int:
-    """srun starts torchrun once on each of the job's nodes; the first node hosts the rendezvous, at the address
-    SLURM knows it by and a port of this job's own (`infra.slurm`)."""
-    from margrpo.infra.slurm import job_nodes, node_address, rendezvous_port
+    """srun starts our node agent once on each of the job's nodes, each task with the job's CPUs per task; the
+    agents' torchruns meet in a store this launcher hosts on the first node, at the address SLURM knows it by and
+    a port it holds (`reserve_port`): no agent has to find out which node it is."""
+    from torch.distributed import TCPStore
+
+    from margrpo.infra.slurm import cpus_per_task, job_nodes, job_record, node_address, rendezvous_port
 
     job_id = os.environ.get("SLURM_JOB_ID")
     if not job_id:
         raise SystemExit(
             f"margrpo.infra.launch: --nodes {nodes} runs inside a SLURM job of {nodes} nodes "
-            "(SLURM_JOB_ID is unset); elsewhere run on each node: "
-            + " ".join(multi_node_command(nodes, per_node, "FIRST_NODE:PORT", "RUN_ID", command))
+            "(SLURM_JOB_ID is unset); elsewhere run on each node (is_host=1 on the first, 0 on the others): "
+            + " ".join(multi_node_command(nodes, per_node, "FIRST_NODE:PORT", "RUN_ID", command, is_host=True))
         )
-    hosts = job_nodes(job_id)
+    record = job_record(job_id)
+    hosts = job_nodes(record)
     if len(hosts) != nodes:
         raise SystemExit(f"margrpo.infra.launch: --nodes {nodes}, but SLURM job {job_id} holds {len(hosts)}: {hosts}")
-    port = rendezvous_port(job_id) if port == "auto" else int(port)
-    endpoint = f"{node_address(hosts[0])}:{port}"
-    torchrun = multi_node_command(nodes, per_node, endpoint, job_id, command)
-    srun = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+    addr = node_address(hosts[0])
+    listener = reserve_port(addr, rendezvous_port(job_id) if port == "auto" else int(port), fixed=port != "auto")
+    endpoint = f"{addr}:{listener.getsockname()[1]}"
+    store = TCPStore(  # noqa: F841 (kept alive until srun returns)
+        addr,
+        listener.getsockname()[1],
+        is_master=True,
+        wait_for_workers=False,
+        multi_tenant=True,
+        timeout=timedelta(minutes=30),
+        master_listen_fd=listener.fileno(),
+    )
+    cpus = cpus_per_task(record)
+    srun = [
+        "srun",
+        f"--nodes={nodes}",
+        f"--ntasks={nodes}",
+        "--ntasks-per-node=1",
+        *([f"--cpus-per-task={cpus}"] if cpus else []),
+        "--kill-on-bad-exit=1",  # one node's torchrun fails: the step ends, and the job with it
+    ]
+    agent = [sys.executable, "-m", "margrpo.infra.launch", "--node-agent", endpoint, "--nodes", str(nodes)]
+    agent += [str(per_node), *command]
     print(
-        f"margrpo.infra.launch: on {socket.gethostname()}, job {job_id}: {' '.join(srun + torchrun)}",
+        f"margrpo.infra.launch: on {socket.gethostname()}, job {job_id}: {' '.join(srun + agent)}",
         file=sys.stderr,
         flush=True,
     )
-    return subprocess.run(srun + torchrun).returncode
+    return subprocess.run(srun + agent).returncode
+
+
+def interface_of(addr: str) -> str | None:
+    """The network interface holding IPv4 `addr` on this machine (Linux), or None."""
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            with contextlib.suppress(OSError):  # SIOCGIFADDR: an interface without an IPv4 address raises
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+                if socket.inet_ntoa(packed[20:24]) == addr:
+                    return name
+    return None
+
+
+def node_agent(endpoint: str, nodes: int, per_node: int, command: list[str]) -> int:
+    """One node's torchrun (run by `launch_slurm`'s srun): a client of the launcher's store, reached by the others
+    at this node's NodeAddr, and gloo on that address's interface (gloo would bind what the host name resolves to:
+    127.0.1.1 on Debian). The process becomes torchrun, so srun's signals reach it."""
+    from margrpo.infra.slurm import node_address
+
+    name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    addr = node_address(name)
+    interface = interface_of(addr)
+    if interface and "GLOO_SOCKET_IFNAME" not in os.environ:
+        os.environ["GLOO_SOCKET_IFNAME"] = interface
+    print(
+        f"margrpo.infra.launch: node agent on {name} (node {os.environ.get('SLURM_NODEID', '?')} of {nodes}): "
+        f"address {addr} ({interface or 'interface unknown'}), {len(os.sched_getaffinity(0))} CPUs",
+        file=sys.stderr,
+        flush=True,
+    )
+    run_id = os.environ.get("SLURM_JOB_ID", endpoint)
+    torchrun = multi_node_command(nodes, per_node, endpoint, run_id, command, is_host=False, local_addr=addr)
+    os.execv(torchrun[0], torchrun)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--port", default="auto", help="the rendezvous port on the first node (--nodes > 1); auto: from the job id"
     )
+    parser.add_argument("--node-agent", metavar="ADDR:PORT", help=argparse.SUPPRESS)  # srun's command, per node
     parser.add_argument("processes", type=int, help="processes per node (one GPU each on cuda)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
@@ -160,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("N >= 1 processes, --nodes >= 1 and a COMMAND are needed")
     if args.port != "auto" and not (args.port.isdigit() and 1024 <= int(args.port) <= 65535):
         parser.error(f"--port {args.port}: expected auto or a port in 1024-65535")
+    if args.node_agent:
+        return node_agent(args.node_agent, args.nodes, args.processes, args.command)
     if args.nodes > 1:
         return launch_slurm(args.nodes, args.processes, args.port, args.command)
     return launch(args.processes, args.command)

@@ -9,10 +9,11 @@ an `sbatch` line:
 - N processes on each of M nodes: M nodes, M tasks (one torchrun a node), `--gres=gpu:N` (GRES count per node).
   The `mpi` resource makes the jobstep plugin run the rule's command in the batch script, not in a one-task step
   that would hold the first node's CPUs while our `srun` waits for them.
+In every case the task gets `cpus_per_task` = processes x `threads`: each process's torch threads on a CPU of its
+own where the cluster binds tasks to CPUs.
 
-Inside the job the jobstep plugin strips the SLURM_* variables but the job id, so the nodes and the head node's
-address are asked of `scontrol`; the rendezvous port is derived from the job id, so that two jobs sharing a
-first node do not meet in one store.
+Inside the job the jobstep plugin strips the SLURM_* variables but the job id, so the nodes, the head node's
+address, the CPUs each task holds and the job's end time are asked of `scontrol`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import time
 from dataclasses import dataclass
+from datetime import datetime
 
 PORT_BASE, PORT_SPAN = 20000, 10000  # below Linux's ephemeral range (32768-60999): no client socket holds them
 
@@ -33,19 +36,20 @@ class TrainJob:
     resources: dict
 
 
-def train_job(processes: int, nodes: int, gpus: bool, port: int | str = "auto") -> TrainJob:
+def train_job(processes: int, nodes: int, gpus: bool, port: int | str = "auto", threads: int = 1) -> TrainJob:
     """The launcher and resources of a GRPO job of `processes` per node on `nodes` nodes (one GPU a process when
-    `gpus`)."""
+    `gpus`, `threads` torch threads a process)."""
+    cpus = {"cpus_per_task": processes * threads}  # the launcher and torchrun wait on their processes: no more
     if nodes > 1:
         launch = f"python -m margrpo.infra.launch --nodes {nodes} --port {port} {processes} margrpo"
-        resources = {"nodes": nodes, "tasks": nodes, "mpi": "srun", "tasks_per_gpu": 0}
+        resources = {"nodes": nodes, "tasks": nodes, "mpi": "srun", "tasks_per_gpu": 0, **cpus}
         return TrainJob(launch, {**resources, **({"gres": f"gpu:{processes}"} if gpus else {})})
     launch = "margrpo" if processes == 1 else f"python -m margrpo.infra.launch {processes} margrpo"
-    return TrainJob(launch, {"nodes": 1, "tasks_per_gpu": 0, "gpu": processes if gpus else 0})
+    return TrainJob(launch, {"nodes": 1, "tasks_per_gpu": 0, "gpu": processes if gpus else 0, **cpus})
 
 
 def rendezvous_port(job_id: str | None) -> int:
-    """A port on the head node that is this job's alone among the jobs that can share that node."""
+    """The first port a job tries on its head node (`infra.launch` steps on from it while it is taken)."""
     if not job_id or not job_id.split("_")[0].isdigit():
         return PORT_BASE
     return PORT_BASE + int(job_id.split("_")[0]) % PORT_SPAN
@@ -60,15 +64,24 @@ def _fields(record: str) -> dict[str, str]:
     return dict(word.split("=", 1) for word in record.split() if "=" in word)
 
 
-def job_nodes(job_id: str | None = None) -> list[str]:
-    """The host names of this job's nodes, first node first."""
-    nodelist = os.environ.get("SLURM_JOB_NODELIST")
-    if not nodelist:
-        job_id = job_id or os.environ.get("SLURM_JOB_ID")
-        if not job_id:
-            raise RuntimeError("not inside a SLURM job: neither SLURM_JOB_NODELIST nor SLURM_JOB_ID is set")
-        nodelist = _fields(_scontrol("show", "job", "-o", job_id))["NodeList"]
-    return _scontrol("show", "hostnames", nodelist).split()
+def job_record(job_id: str | None = None) -> dict[str, str]:
+    """`scontrol show job -o` of this job (or `job_id`)."""
+    job_id = job_id or os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        raise RuntimeError("not inside a SLURM job: SLURM_JOB_ID is unset")
+    return _fields(_scontrol("show", "job", "-o", job_id))
+
+
+def job_nodes(record: dict[str, str]) -> list[str]:
+    """The host names of a job's nodes, first node first."""
+    return _scontrol("show", "hostnames", record["NodeList"]).split()
+
+
+def cpus_per_task(record: dict[str, str]) -> int | None:
+    """The CPUs each task of the job holds (`CPUs/Task`), which a step inside the job must ask for again: since
+    SLURM 22.05 `srun` does not inherit the job's `--cpus-per-task`."""
+    value = record.get("CPUs/Task", "")
+    return int(value) if value.isdigit() else None
 
 
 def node_address(node: str) -> str:
@@ -79,3 +92,25 @@ def node_address(node: str) -> str:
     except (OSError, subprocess.CalledProcessError):
         addr = None
     return addr or socket.gethostbyname(node)
+
+
+def job_end_time(job_id: str | None = None) -> float | None:
+    """When SLURM ends this job (its time limit, seconds since the epoch); None outside SLURM, without a limit or
+    where `scontrol` cannot say."""
+    job_id = job_id or os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        return None
+    try:
+        record = job_record(job_id)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    if record.get("TimeLimit") in (None, "UNLIMITED", "Partition_Limit"):
+        return None
+    try:  # SLURM writes local time without a zone
+        return datetime.fromisoformat(record["EndTime"]).timestamp()
+    except (KeyError, ValueError):
+        return None
+
+
+def seconds_left(end_time: float | None) -> float:
+    return float("inf") if end_time is None else end_time - time.time()

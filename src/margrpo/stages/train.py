@@ -9,6 +9,7 @@ from pathlib import Path
 
 from margrpo.stages._common import (
     json_arg,
+    leave_process_group,
     prompt_set,
     reward_options,
     run_spec,
@@ -53,6 +54,7 @@ def run(args) -> None:
     from margrpo.grpo.parallel import build_policy
     from margrpo.grpo.run_files import write_outputs
     from margrpo.grpo.trainer import GRPOTrainer
+    from margrpo.infra.stopping import EXIT_RESUMABLE, StopRequest
     from margrpo.policy import load_policy
     from margrpo.rewards import build_reward_mix
 
@@ -92,7 +94,15 @@ def run(args) -> None:
         device=device,
         policy_settings=settings.policy,
     )
-    trainer.train(full_spec)
+    stop = StopRequest(read_limit=trainer.engine.is_main)  # SLURM's time limit, SIGTERM, SIGUSR1
+    try:
+        trainer.train(full_spec, stop)
+    finally:
+        stop.close()
+    if trainer.stopped:  # saved: the same command resumes (the SLURM profile's retries run it again)
+        log.warning(f"stopped at step {trainer.step} of {trainer.cfg.steps} ({trainer.stopped}); run again to go on")
+        leave_process_group()
+        raise SystemExit(EXIT_RESUMABLE)
     if not trainer.engine.is_main:  # data parallel: one process writes the run's files
         return
     write_outputs(trainer, full_spec)

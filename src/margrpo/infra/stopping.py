@@ -1,0 +1,47 @@
+"""When a training job should save and stop before it is cut: its SLURM time limit draws nearer than one more step
+and a save, or the job was told to go (SIGTERM from a preemption, a requeue or `scancel`; SIGUSR1 from `sbatch
+--signal`). The trainer asks between steps; the job then exits with `EXIT_RESUMABLE`, and the run resumes from that
+checkpoint when it is started again (the SLURM profile's `retries`, or SLURM's requeue)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+from margrpo.infra.slurm import job_end_time, seconds_left
+
+EXIT_RESUMABLE = 75  # EX_TEMPFAIL: the run saved and stopped; run the same command again to go on
+MARGIN_S = 30.0  # SLURM ends a job at its limit give or take its own polling; the process's exit takes some too
+
+
+class StopRequest:
+    """Why the job should stop now (`reason`), or None. The time limit is read from SLURM by the one process that
+    asks it (`read_limit`: the main process); signals are caught wherever this is made."""
+
+    def __init__(self, read_limit: bool, margin_s: float = MARGIN_S):
+        self.margin_s = margin_s
+        self.end_time = job_end_time() if read_limit else None
+        self.signalled: str | None = None
+        self._previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGUSR1):
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum, _frame) -> None:
+        self.signalled = signal.Signals(signum).name
+
+    def reason(self, next_seconds: float) -> str | None:
+        """Why to stop before a step expected to take `next_seconds` (the step, its validation and a save)."""
+        if self.signalled:
+            return f"{self.signalled} received"
+        if seconds_left(self.end_time) < next_seconds + self.margin_s:
+            self.end_time = job_end_time()  # read again: `scontrol update TimeLimit=` may have moved it
+            left = seconds_left(self.end_time)
+            if left < next_seconds + self.margin_s:
+                return f"{left:.0f} s left before the job's time limit; a step and a save take ~{next_seconds:.0f} s"
+        return None
+
+    def close(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
