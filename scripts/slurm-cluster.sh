@@ -93,6 +93,7 @@ SlurmdLogFile=$LOGS/slurmd-%n.log
 SlurmdParameters=config_overrides
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/affinity
+TaskPluginParam=Cores
 KillWait=30
 JobRequeue=1
 SelectType=select/cons_tres

@@ -93,12 +93,13 @@ def snakemake(workdir: Path, config: Path, *args: str) -> subprocess.CompletedPr
         ) from err
 
 
-def through_slurm(workdir: Path, config: Path, target: str, expect: int = 0) -> tuple[str, list[str]]:
+def through_slurm(workdir: Path, config: Path, target: str, *args: str, expect: int = 0) -> tuple[str, list[str]]:
     """Run `target` through the workflow's SLURM profile; its output and the SLURM job ids it submitted."""
     out = snakemake(
         workdir,
         config,
         target,
+        *args,
         "--workflow-profile",
         str(REPO / "workflow/profiles/slurm"),
         "--slurm-status-command",
@@ -408,3 +409,31 @@ def test_a_failing_process_ends_its_multi_node_job_at_once_naming_its_rank(clust
     start, end = (time.mktime(time.strptime(record[k], "%Y-%m-%dT%H:%M:%S")) for k in ("StartTime", "EndTime"))
     assert end - start < 60, (record["StartTime"], record["EndTime"], log[-3000:])
     assert re.search(r"rank\s*:\s*3 \(local_rank: 1\)", log) and "exitcode  : 3" in log, log[-3000:]
+
+
+def test_a_process_failing_on_one_node_fails_the_job_and_snakemake_names_its_rank_and_log(workdir, tmp_path):
+    """node2's reward model is unreadable there (an empty file bound over it in node2's mount namespace): rank 1
+    fails at start, rank 0 would wait for it in a collective; srun ends the job, and Snakemake's error names the
+    log and, in it, the rank that failed."""
+    weights = next((workdir / "results").glob("toypref/*/model/*.safetensors"))
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    slurmd = Path("/run/slurmd-node2.pid").read_text().strip()
+    mount = ["nsenter", "-t", slurmd, "-m", "mount", "--bind", str(empty), str(weights)]
+    subprocess.run(mount, check=True)
+    try:
+        config = write_config(workdir / "fail.yaml", "slurm-fail", 1, 2, "full_shard", gpus=False)
+        started = time.time()
+        text, jobs = through_slurm(
+            workdir, config, f"results/slurm-fail/{RUN}/summary.json", "--retries", "0", expect=1
+        )
+        elapsed = time.time() - started
+    finally:
+        subprocess.run(["nsenter", "-t", slurmd, "-m", "umount", str(weights)], check=True)
+    (job,) = jobs
+    record = job_record(job)
+    assert record["JobState"] == "FAILED", record
+    log = f"logs/slurm-fail/{RUN}.log"
+    assert "Error in rule train" in text and log in text, text[-4000:]
+    assert re.search(r"host\s*:\s*node2\s+rank\s*:\s*1 \(local_rank: 0\)", text), text[-4000:]
+    assert elapsed < 120, elapsed  # not rank 0's collective timeout (30 minutes)
