@@ -264,6 +264,35 @@ def test_non_finite_loss_skips_the_update_then_stops(tmp_path):
         trainer.train_step()
 
 
+def test_a_non_finite_total_gradient_norm_skips_the_update_where_the_ar_norm_is_finite(tmp_path):
+    """The guard reads the total norm that clipping computes (logged as grad_norm): an infinite gradient of the
+    head alone (the AR's statistic, grad_norm_ar, stays finite) skips the step instead of writing NaN weights."""
+    trainer = make_trainer(tmp_path)
+    head = next(p for p in trainer.policy.head_parameters() if p.requires_grad)
+    head.register_hook(lambda g: torch.full_like(g, float("inf")))
+    before = [p.detach().clone() for p in trainer.policy.parameters()]
+    row = trainer.train_step()
+    assert math.isfinite(row["grad_norm_ar"]) and not math.isfinite(row["grad_norm"]), row
+    assert row["skipped"] == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.policy.parameters()))
+
+
+def test_grad_norm_is_the_total_norm_of_the_trained_gradients_before_clipping(tmp_path):
+    trainer = make_trainer(tmp_path, grad_clip=0.0)
+    seen = {}
+    step = trainer.optimizer.step
+
+    def read_norm(*args, **kwargs):  # the gradients the optimizer applies: unclipped (grad_clip 0)
+        seen["norm"] = torch.linalg.vector_norm(
+            torch.stack([p.grad.norm() for p in trainer.params if p.grad is not None])
+        )
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = read_norm
+    row = trainer.train_step()
+    assert row["grad_norm"] == pytest.approx(float(seen["norm"]), rel=1e-5) and row["skipped"] == 0
+
+
 def test_first_update_ratio_is_one_under_bf16_with_recomputed_old_log_probs(tmp_path):
     """bf16 rollout and batched replay may round differently; `recomputed` makes ratio == 1 exactly."""
     trainer = make_trainer(

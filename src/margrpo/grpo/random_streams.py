@@ -3,7 +3,20 @@ run draws exactly what it would have, and methods that share a stream index shar
 
 from __future__ import annotations
 
+from enum import IntEnum
+
 import torch
+
+
+class Stream(IntEnum):
+    """What a GRPO step draws from each stream (the numbers are part of every run's samples: never renumber)."""
+
+    PROMPTS = 0  # which training prompts the step takes
+    ROLLOUT = 1  # the rollout's orders and noise, per prompt group
+    MTE = 2  # MTE's extra trajectories, per prompt group
+    STEPS = 3  # the chosen |M| AR steps and their |T| diffusion steps
+    SHUFFLE = 4  # the shuffled-advantage control's permutation
+
 
 VAL_SEED = 20_251_121  # validation noise: the same for every run, method and step (common random numbers)
 

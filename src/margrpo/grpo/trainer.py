@@ -35,7 +35,7 @@ from margrpo.grpo.objective import (
     uncertainty_mask,
 )
 from margrpo.grpo.parallel import parallelize
-from margrpo.grpo.random_streams import group_generators, step_generator
+from margrpo.grpo.random_streams import Stream, group_generators, step_generator
 from margrpo.grpo.replay import recorded, replay
 from margrpo.grpo.rollout import (
     Rollout,
@@ -348,19 +348,15 @@ class GRPOTrainer:
         the paper's batch). Each chunk's loss is its share of the mean over steps (the whole of the sum under
         `reinforce`), so the chunks' gradients sum to the micro-batch's; their stats combine to its stats."""
         size = self.cfg.replay_chunk or len(ar)
-        if size >= len(ar):
-            with self.engine.sync(sync):  # `sync`: this backward reduces the gradients over processes
-                loss, stats = self.engine.loss(
-                    self.micro_loss, rollout, adv, ar, diff, mte_mask, sim_keep, old, counts
-                )
-                self.engine.backward(loss)
-            return loss.item(), stats
-        tokens, parts = self.loss_weights(rollout, ar, diff, sim_keep)[0], []  # [M, U, n, L]: each chunk's token count
-        for a in range(0, len(ar), size):
-            part = slice(a, a + size)
+        chunks = [slice(a, a + size) for a in range(0, len(ar), size)]
+        # each chunk's selected tokens weigh its ratio stats when several combine
+        tokens = self.loss_weights(rollout, ar, diff, sim_keep)[0] if len(chunks) > 1 else None  # [M, U, n, L]
+        parts = []
+        for part in chunks:
             part_old = None if old is None else tuple(None if o is None else o[part] for o in old)
             share = 1.0 if self.cfg.reinforce else len(ar[part]) / len(ar)
-            with self.engine.sync(self.engine.chunk_sync(sync, last=a + size >= len(ar))):
+            # `sync`: this backward reduces the gradients over processes (a chunked replay: its last chunk's)
+            with self.engine.sync(self.engine.chunk_sync(sync, last=part.stop >= len(ar))):
                 loss, stats = self.engine.loss(
                     self.micro_loss,
                     rollout,
@@ -373,7 +369,10 @@ class GRPOTrainer:
                     (counts[0][part], counts[1][part]),
                 )
                 self.engine.backward(loss * share)
-            parts.append((share, tokens[part].count_nonzero().item(), loss.item(), stats))
+            selected = 0 if tokens is None else tokens[part].count_nonzero().item()
+            parts.append((share, selected, loss.item(), stats))
+        if len(parts) == 1:
+            return parts[0][2], parts[0][3]
         return sum(sh * v for sh, _, v, _ in parts), combine_chunk_stats(parts)
 
     def train_step(self) -> dict:
@@ -406,11 +405,11 @@ class GRPOTrainer:
     def rollout_and_score(self) -> StepBatch:
         """Sample prompts, roll out their groups, score them, and derive advantages and the MTE / Sim masks."""
         cfg = self.cfg
-        g_prompts, g_steps = step_generator(cfg.seed, self.step, 0), step_generator(cfg.seed, self.step, 3)
+        g_prompts, g_steps = (step_generator(cfg.seed, self.step, s) for s in (Stream.PROMPTS, Stream.STEPS))
         chosen = torch.randperm(len(self.train_prompts), generator=g_prompts)[: cfg.batch_prompts].tolist()
         idx = [chosen[i] for i in self.groups]  # this process's groups; each draws from its own streams
-        g_roll = group_generators(cfg.seed, self.step, 1, self.groups)
-        g_mte = group_generators(cfg.seed, self.step, 2, self.groups) if cfg.trajectories > 1 else None
+        g_roll = group_generators(cfg.seed, self.step, Stream.ROLLOUT, self.groups)
+        g_mte = group_generators(cfg.seed, self.step, Stream.MTE, self.groups) if cfg.trajectories > 1 else None
         prompts = [self.train_prompts.prompts[i] for i in idx]
         meta = [self.train_prompts.metadata[i] for i in idx for _ in range(cfg.group_size)]
         # the |M| AR steps are chosen before the rollout: MTE draws its S - 1 extra trajectories there (Algorithm 2)
@@ -432,21 +431,22 @@ class GRPOTrainer:
         rewards, components = self.reward_fn(rollout.images, rollout.prompts, meta)
         adv, frac_zero = group_advantages(rewards, cfg.group_size)
         if cfg.advantages == "shuffled":  # the no-signal control (GRPOConfig.advantages)
-            adv = adv[torch.randperm(len(adv), generator=step_generator(cfg.seed, self.step, 4)).to(adv.device)]
+            shuffle = torch.randperm(len(adv), generator=step_generator(cfg.seed, self.step, Stream.SHUFFLE))
+            adv = adv[shuffle.to(adv.device)]
         mte_mask, sim_keep = self.masks(rollout)
         rows = torch.arange(len(rollout.prompts)).chunk(cfg.micro_batches)
         return StepBatch(
-            rollout,
-            [subset_rollout(rollout, r) for r in rows],
-            rows,
-            rewards,
-            components,
-            adv,
-            frac_zero,
-            ar,
-            diff,
-            mte_mask,
-            sim_keep,
+            rollout=rollout,
+            subs=[subset_rollout(rollout, r) for r in rows],
+            rows=rows,
+            rewards=rewards,
+            components=components,
+            adv=adv,
+            frac_zero=frac_zero,
+            ar=ar,
+            diff=diff,
+            mte_mask=mte_mask,
+            sim_keep=sim_keep,
         )
 
     def plan_updates(self, batch: StepBatch) -> list[Update]:
@@ -455,17 +455,15 @@ class GRPOTrainer:
 
         log_prob_old comes from the parameters before the first optimizer step. The first update runs on
         exactly those and reads them off its own pass (None); later updates need a no-grad pass now."""
-        steps = [(batch.ar, batch.diff)] * self.cfg.updates_per_rollout
-        plan, cache = [Update(*steps[0], [None] * len(batch.rows))], {}
-        for ar_u, diff_u in steps[1:]:
-            key = (tuple(ar_u.tolist()), tuple(diff_u.flatten().tolist()))
-            if key not in cache:
-                cache[key] = [
-                    self.old_log_probs(sub, ar_u, diff_u, batch.pick(batch.mte_mask, c))
-                    for c, sub in enumerate(batch.subs)
-                ]
-            plan.append(Update(ar_u, diff_u, cache[key]))
-        return plan
+        n = self.cfg.updates_per_rollout
+        first = Update(batch.ar, batch.diff, [None] * len(batch.rows))
+        if n == 1:
+            return [first]
+        old = [  # every later update is over the same steps: one pass serves them all
+            self.old_log_probs(sub, batch.ar, batch.diff, batch.pick(batch.mte_mask, c))
+            for c, sub in enumerate(batch.subs)
+        ]
+        return [first] + [Update(batch.ar, batch.diff, old)] * (n - 1)
 
     def backward(
         self, batch: StepBatch, update: Update
@@ -504,11 +502,14 @@ class GRPOTrainer:
         (stopping after `max_nonfinite` in a row)."""
         stats, total, grad_stats, tokens = self.backward(batch, update)
         grad_norm_ar, grad_var = grad_stats.result()
-        finite = math.isfinite(total) and math.isfinite(grad_norm_ar)
+        # the total norm of every trained gradient, clipped to grad_clip (0: measured only; a scale of exactly 1)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip or math.inf)
+        grad_norm = float(
+            grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        )  # FSDP: a DTensor
+        finite = all(map(math.isfinite, (total, grad_norm, grad_norm_ar)))
         if finite:
             self.nonfinite_run = 0
-            if self.cfg.grad_clip:
-                torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
             self.optimizer.step()
         else:
             self.nonfinite_run += 1
@@ -520,7 +521,7 @@ class GRPOTrainer:
         log = {k: float(torch.tensor([s[k] for s in stats]).nanmean()) for k in stats[0]}
         log.update({k: sum(s[k] for s in stats) for k in ("policy_loss", "kl")})  # shares of the batch loss
         log.update(ratio_min=min(s["ratio_min"] for s in stats), ratio_max=max(s["ratio_max"] for s in stats))
-        log.update(grad_norm_ar=grad_norm_ar, grad_var_ar=grad_var, skipped=int(not finite))
+        log.update(grad_norm=grad_norm, grad_norm_ar=grad_norm_ar, grad_var_ar=grad_var, skipped=int(not finite))
         if batch.mte_mask is not None:  # the share of the loss tokens that Eq. 10 averages over S trajectories
             share = self.engine.all_sum(
                 torch.stack([(batch.mte_mask[update.ar][:, None] * tokens).sum(), tokens.sum()])
