@@ -17,9 +17,16 @@ from margrpo.grpo import (
     masked_mean,
     mte_loss,
     per_token_policy_objective,
-    policy_loss,
+    policy_ratio_stats,
     uncertainty_mask,
 )
+
+
+def policy_loss(log_prob, old_log_prob, advantages, mask, clip_eps):
+    """One chosen step's policy loss as the trainer composes it (`GRPOTrainer.micro_loss`): minus the masked mean
+    of the clipped surrogate, and its ratio stats."""
+    objective = per_token_policy_objective(log_prob, old_log_prob, advantages, clip_eps)
+    return -masked_mean(objective, mask), policy_ratio_stats(log_prob, old_log_prob, advantages, mask, clip_eps)
 
 
 def gen(seed: int = 0) -> torch.Generator:

@@ -406,7 +406,7 @@ def test_mte_covers_the_top_k_of_every_chosen_steps_loss_tokens(tmp_path):
     others = torch.ones(6, dtype=torch.bool)
     others[ar] = False
     assert not mte[others].any()  # no mask (and no extra trajectories) at the other steps
-    tokens, _ = trainer.loss_weights(r, ar, diff, None)
+    tokens, _ = trainer.loss_weights(trainer.completion_mask(r, ar, diff), r, ar, None)
     frac = float((mte[ar][:, None] * tokens).sum() / tokens.sum())
     assert abs(frac - 0.3) < 0.03, frac  # 0.3 up to per-image rounding
     assert_ratio_is_one(trainer.policy, r)
@@ -602,3 +602,70 @@ def test_the_policy_settings_check_themselves_and_name_the_schema_shardings():
         PolicySettings.from_spec({"policy": {"rl_frozen": ["llm."]}})
     assert PolicySettings.from_spec({"grpo": {}}) == PolicySettings()
     assert PolicySettings.from_spec({"policy": {"frozen": ["llm."]}}).frozen == ("llm.",)
+
+
+@pytest.mark.parametrize("variant", ["fix", "mte", "sim"])
+def test_the_loss_a_micro_batch_backpropagates_is_design_3s_formula(tmp_path, variant):
+    """`micro_loss`, the loss `micro_backward` backpropagates, against DESIGN 3 written out here in float64: the
+    ratio to log_prob_old, the clip, Eq. 10's trajectory mean over M^k (+MTE), Sim's kappa weights (+Sim), the
+    completion mask, the KL of Eq. 14 on the completion mask, both normalised by the whole batch's token counts
+    of each chosen step, then averaged over the chosen steps (Eq. 7) with beta on the KL."""
+    switches = {"fix": {}, "mte": {"trajectories": 3, "top_frac": 0.5}}
+    switches["sim"] = {**switches["mte"], "sim": True, "tau": 0.0}
+    trainer = make_trainer(
+        tmp_path, freeze_head=True, beta=0.1, micro_batches=2, batch_prompts=2, group_size=2, **switches[variant]
+    )
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # away from the reference, so that the KL is not 0
+        for p in trainer.policy.ar_parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=g))
+    batch = trainer.rollout_and_score()
+    ar, diff, cfg = batch.ar, batch.diff, trainer.cfg
+    rows, sub = batch.rows[0], batch.subs[0]
+    mte, keep = batch.pick(batch.mte_mask, 0), batch.pick(batch.sim_keep, 0)
+    assert (mte is not None) == (variant != "fix") and (keep is not None) == (variant == "sim")
+
+    # the whole batch's counts per chosen step, written out: completion tokens (x kappa for the policy term)
+    stochastic = trainer.sampler.is_stochastic(diff.reshape(-1)).view(diff.shape)  # [M, U]
+    completion = (~batch.rollout.known[ar])[:, None] & stochastic[:, :, None, None]  # [M, U, N, L]
+    kappa = (
+        torch.ones_like(completion) if batch.sim_keep is None else batch.sim_keep[ar][:, None].expand_as(completion)
+    )
+    counts = ((completion & kappa.bool()).sum((1, 2, 3)).float(), completion.sum((1, 2, 3)).float())
+
+    with torch.no_grad():  # log_prob_old: this pass's log-probs moved, so that the ratios reach the clip
+        rp = replay(
+            trainer.policy, sub, ar, diff, logprob_cfg=cfg.logprob_cfg, with_mte=mte is not None, mte_tokens=mte
+        )
+        ref = replay(trainer.ref, sub, ar, diff, logprob_cfg=cfg.logprob_cfg)
+    old = rp.log_prob - 0.4 * torch.randn(rp.log_prob.shape, generator=g)
+    old_mte = (
+        None if rp.mte_log_prob is None else rp.mte_log_prob - 0.4 * torch.randn(rp.mte_log_prob.shape, generator=g)
+    )
+    loss, stats = trainer.micro_loss(sub, batch.adv[rows], ar, diff, mte, keep, (old, old_mte), counts)
+
+    def surrogate(lp, lp_old, adv):  # DESIGN 3.5: min(r A, clip(r, 1 - eps, 1 + eps) A)
+        r = torch.exp(lp.double() - lp_old.double())
+        return torch.minimum(r * adv, r.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv)
+
+    adv = batch.adv[rows].double()[:, None]  # [n, 1]: one advantage per image
+    sub_completion = (~sub.known[ar])[:, None] & stochastic[:, :, None, None]  # [M, U, n, L]
+    policy_terms, kl_terms = [], []
+    for m, k in enumerate(ar.tolist()):
+        obj = surrogate(rp.log_prob[m], old[m], adv)  # [U, n, L]
+        if mte is not None and mte[k].any():  # Eq. 10: M^k * mean over the S trajectories + (1 - M^k) * l^(1)
+            extra = surrogate(rp.mte_log_prob[m], old_mte[m], adv)  # [S - 1, U, n, L]
+            obj = torch.where(mte[k], (obj + extra.sum(0)) / cfg.trajectories, obj)
+        weight = sub_completion[m].double() * (1.0 if keep is None else keep[k].double())
+        policy_terms.append(-(obj * weight).sum() / counts[0][m].double())
+        d = ref.mean[m].double() - rp.mean[m].double()  # Eq. 14: sum over channels of exp(d) - d - 1
+        kl = (torch.exp(d) - d - 1).sum(-1)  # [U, n, L]
+        kl_terms.append((kl * sub_completion[m]).sum() / counts[1][m].double())
+    expected = torch.stack(policy_terms).mean() + cfg.beta * torch.stack(kl_terms).mean()
+    assert loss.item() == pytest.approx(float(expected), rel=1e-5, abs=1e-9), variant
+    assert stats["kl"] == pytest.approx(float(torch.stack(kl_terms).mean()), rel=1e-4) and stats["kl"] > 0
+    assert 0 < stats["clip_frac"] < 1, stats  # the clip is exercised on both sides of it
+    if variant != "fix":
+        assert any(mte[k].any() for k in ar.tolist()), "no M^k: Eq. 10 is not exercised"
+    if variant == "sim":
+        assert not keep[ar].all(), "kappa drops no token: the weights are not exercised"

@@ -15,7 +15,6 @@ from margrpo.grpo.objective import (
     masked_mean,
     mte_loss,
     per_token_policy_objective,
-    policy_loss,
     policy_ratio_stats,
     uncertainty_mask,
 )
@@ -28,7 +27,6 @@ __all__ = [
     "masked_mean",
     "mte_loss",
     "per_token_policy_objective",
-    "policy_loss",
     "policy_ratio_stats",
     "uncertainty_mask",
 ]

@@ -32,7 +32,6 @@ __all__ = [
     "per_token_policy_objective",
     "masked_mean",
     "policy_ratio_stats",
-    "policy_loss",
     "kl_paper",
     "kl_gaussian",
     "token_uncertainty",
@@ -186,33 +185,6 @@ def policy_ratio_stats(
         clip_frac = clipped.to(r.dtype).mean()
     values = torch.stack([clip_frac, r.min(), r.max(), r.mean()]).tolist()  # one device sync
     return dict(zip(("clip_frac", "ratio_min", "ratio_max", "ratio_mean"), values))
-
-
-def policy_loss(
-    log_prob: torch.Tensor,
-    old_log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_eps: float | None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """GRPO policy loss of one chosen step (DESIGN 3.5; Eq. 7 then averages over chosen steps).
-
-    Minus the clipped surrogate, averaged over the masked tokens.
-
-    Args:
-        log_prob, old_log_prob: [..., B, L] per-token log-probabilities.
-        advantages: [B].
-        mask: [B, L] completion mask (tokens predicted at this step), bool or float weights
-            (e.g. already multiplied by Sim's kappa).
-        clip_eps: clip range, or None for the official REINFORCE form.
-
-    Returns:
-        loss: scalar, ``-masked_mean(per_token_policy_objective(...), mask)``; 0 for an empty mask.
-        stats: ``policy_ratio_stats`` (clip_frac, ratio_min, ratio_max, ratio_mean).
-    """
-    objective = per_token_policy_objective(log_prob, old_log_prob, advantages, clip_eps)  # [..., B, L]
-    loss = -masked_mean(objective, mask)
-    return loss, policy_ratio_stats(log_prob, old_log_prob, advantages, mask, clip_eps)
 
 
 # --------------------------------------------------------------------------------------------

@@ -223,15 +223,19 @@ class GRPOTrainer:
             sim = torch.stack(keep)
         return mte, sim
 
-    def loss_weights(
-        self, rollout: Rollout, ar: torch.Tensor, diff: torch.Tensor, sim_keep: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Which tokens each chosen (AR step, diffusion step) trains, [M, U, N, L] float: the KL's token
-        mask (the completion mask at stochastic steps, or the committed tokens) and the policy loss's
-        weights (that mask times Sim's kappa)."""
+    def completion_mask(self, rollout: Rollout, ar: torch.Tensor, diff: torch.Tensor) -> torch.Tensor:
+        """[M, U, N, L] bool: the tokens still unknown at each chosen AR step, at its stochastic chosen diffusion
+        steps (what a replay's `mask` holds, without the replay: the whole batch's token counts)."""
         M, U = diff.shape
         stochastic = self.sampler.is_stochastic(diff.reshape(-1)).view(M, U).to(rollout.known.device)
-        tokens = (~rollout.known[ar])[:, None] & stochastic[:, :, None, None]  # [M, U, N, L]
+        return (~rollout.known[ar])[:, None] & stochastic[:, :, None, None]
+
+    def loss_weights(
+        self, completion: torch.Tensor, rollout: Rollout, ar: torch.Tensor, sim_keep: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Which tokens each chosen (AR step, diffusion step) trains, [M, U, N, L] float: the KL's token mask (the
+        completion mask, or its committed tokens) and the policy loss's weights (that mask times Sim's kappa)."""
+        tokens = completion
         if self.cfg.loss_tokens == "committed":
             tokens = tokens & rollout.committed[ar][:, None]
         tokens = tokens.float()
@@ -279,9 +283,6 @@ class GRPOTrainer:
         chosen AR step (policy, KL) [M] each; the micro-batch losses then sum to the batch loss whatever
         the split. None: this rollout is the whole batch."""
         cfg = self.cfg
-        tokens, weight = self.loss_weights(rollout, ar, diff, sim_keep)  # [M, U, n, L]
-        if counts is None:
-            counts = (weight.sum((1, 2, 3)), tokens.sum((1, 2, 3)))
         with autocast(self.device, cfg.precision):
             # the extra trajectories are replayed only where Eq. 10 uses them: the uncertainty mask
             rp = replay(
@@ -293,6 +294,9 @@ class GRPOTrainer:
                 with_mte=cfg.trajectories > 1,
                 mte_tokens=mte_mask,
             )
+        tokens, weight = self.loss_weights(rp.mask, rollout, ar, sim_keep)  # [M, U, n, L]
+        if counts is None:
+            counts = (weight.sum((1, 2, 3)), tokens.sum((1, 2, 3)))
         old, old_mte = self._old_log_probs_of(rp, old, rollout, ar, diff, mte_mask)
         obj = per_token_policy_objective(rp.log_prob, old, adv, cfg.clip_eps)  # [M, U, n, L]
         kl = None
@@ -350,7 +354,11 @@ class GRPOTrainer:
         size = self.cfg.replay_chunk or len(ar)
         chunks = [slice(a, a + size) for a in range(0, len(ar), size)]
         # each chunk's selected tokens weigh its ratio stats when several combine
-        tokens = self.loss_weights(rollout, ar, diff, sim_keep)[0] if len(chunks) > 1 else None  # [M, U, n, L]
+        tokens = (
+            self.loss_weights(self.completion_mask(rollout, ar, diff), rollout, ar, sim_keep)[0]
+            if len(chunks) > 1
+            else None
+        )
         parts = []
         for part in chunks:
             part_old = None if old is None else tuple(None if o is None else o[part] for o in old)
@@ -471,9 +479,8 @@ class GRPOTrainer:
         """The batch gradient of one update, left in the parameters' .grad: the micro-batches' losses (which
         sum to the batch loss) backpropagated and summed over every process. Returns the micro-batches' stats,
         the total loss, the gradient statistics and the loss-token mask of the chosen steps."""
-        tokens, weight = self.loss_weights(
-            batch.rollout, update.ar, update.diff, batch.sim_keep
-        )  # the whole batch's token counts
+        completion = self.completion_mask(batch.rollout, update.ar, update.diff)
+        tokens, weight = self.loss_weights(completion, batch.rollout, update.ar, batch.sim_keep)  # the whole batch's
         engine, n = self.engine, len(batch.rows)
         counts = (engine.all_sum(weight.sum((1, 2, 3))), engine.all_sum(tokens.sum((1, 2, 3))))  # every process's
         self.optimizer.zero_grad(set_to_none=True)
