@@ -11,6 +11,7 @@ from helpers import PROMPTS, tiny_policy
 from margrpo.grpo.replay import recorded, replay
 from margrpo.grpo.rollout import SamplingConfig, generate
 from margrpo.grpo.run_files import write_outputs
+from margrpo.grpo.step_batch import OldLogProbs, TokenCounts
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.policy.settings import PolicySettings
 from margrpo.prompts.suites import PromptSet
@@ -622,7 +623,7 @@ def test_the_loss_a_micro_batch_backpropagates_is_design_3s_formula(tmp_path, va
     batch = trainer.rollout_and_score()
     ar, diff, cfg = batch.ar, batch.diff, trainer.cfg
     rows, sub = batch.rows[0], batch.subs[0]
-    mte, keep = batch.pick(batch.mte_mask, 0), batch.pick(batch.sim_keep, 0)
+    mte, keep = batch.micro_batch_mask(batch.mte_mask, 0), batch.micro_batch_mask(batch.sim_keep, 0)
     assert (mte is not None) == (variant != "fix") and (keep is not None) == (variant == "sim")
 
     # the whole batch's counts per chosen step, written out: completion tokens (x kappa for the policy term)
@@ -631,7 +632,7 @@ def test_the_loss_a_micro_batch_backpropagates_is_design_3s_formula(tmp_path, va
     kappa = (
         torch.ones_like(completion) if batch.sim_keep is None else batch.sim_keep[ar][:, None].expand_as(completion)
     )
-    counts = ((completion & kappa.bool()).sum((1, 2, 3)).float(), completion.sum((1, 2, 3)).float())
+    counts = TokenCounts((completion & kappa.bool()).sum((1, 2, 3)).float(), completion.sum((1, 2, 3)).float())
 
     with torch.no_grad():  # log_prob_old: this pass's log-probs moved, so that the ratios reach the clip
         rp = replay(
@@ -642,7 +643,7 @@ def test_the_loss_a_micro_batch_backpropagates_is_design_3s_formula(tmp_path, va
     old_mte = (
         None if rp.mte_log_prob is None else rp.mte_log_prob - 0.4 * torch.randn(rp.mte_log_prob.shape, generator=g)
     )
-    loss, stats = trainer.micro_loss(sub, batch.adv[rows], ar, diff, mte, keep, (old, old_mte), counts)
+    loss, stats = trainer.micro_loss(sub, batch.adv[rows], ar, diff, mte, keep, OldLogProbs(old, old_mte), counts)
 
     def surrogate(lp, lp_old, adv):  # DESIGN 3.5: min(r A, clip(r, 1 - eps, 1 + eps) A)
         r = torch.exp(lp.double() - lp_old.double())
@@ -657,10 +658,10 @@ def test_the_loss_a_micro_batch_backpropagates_is_design_3s_formula(tmp_path, va
             extra = surrogate(rp.mte_log_prob[m], old_mte[m], adv)  # [S - 1, U, n, L]
             obj = torch.where(mte[k], (obj + extra.sum(0)) / cfg.trajectories, obj)
         weight = sub_completion[m].double() * (1.0 if keep is None else keep[k].double())
-        policy_terms.append(-(obj * weight).sum() / counts[0][m].double())
+        policy_terms.append(-(obj * weight).sum() / counts.policy[m].double())
         d = ref.mean[m].double() - rp.mean[m].double()  # Eq. 14: sum over channels of exp(d) - d - 1
         kl = (torch.exp(d) - d - 1).sum(-1)  # [U, n, L]
-        kl_terms.append((kl * sub_completion[m]).sum() / counts[1][m].double())
+        kl_terms.append((kl * sub_completion[m]).sum() / counts.kl[m].double())
     expected = torch.stack(policy_terms).mean() + cfg.beta * torch.stack(kl_terms).mean()
     assert loss.item() == pytest.approx(float(expected), rel=1e-5, abs=1e-9), variant
     assert stats["kl"] == pytest.approx(float(torch.stack(kl_terms).mean()), rel=1e-4) and stats["kl"] > 0

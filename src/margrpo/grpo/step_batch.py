@@ -26,9 +26,34 @@ class StepBatch:
     mte_mask: torch.Tensor | None  # [K, N, L] M^k (Eq. 10)
     sim_keep: torch.Tensor | None  # [K, N, L] Sim keep-weights (Eq. 11)
 
-    def pick(self, x: torch.Tensor | None, c: int) -> torch.Tensor | None:
+    def micro_batch_mask(self, x: torch.Tensor | None, c: int) -> torch.Tensor | None:
         """A [K, N, L] mask restricted to micro-batch c's images."""
         return None if x is None else x[:, self.rows[c]]
+
+
+@dataclass(frozen=True)
+class OldLogProbs:
+    """log_prob_old of a micro-batch at its chosen steps: the committed trajectory's [M, U, n, L] and MTE's extra
+    trajectories' [M, S-1, U, n, L] (None without MTE)."""
+
+    committed: torch.Tensor
+    mte: torch.Tensor | None = None
+
+    def steps(self, part: slice) -> OldLogProbs:
+        """These log-probs at some of the chosen AR steps (a chunk of the replay)."""
+        return OldLogProbs(self.committed[part], None if self.mte is None else self.mte[part])
+
+
+@dataclass(frozen=True)
+class TokenCounts:
+    """The whole batch's loss-token counts at each chosen AR step [M], the denominators that make the micro-batch
+    losses sum to the batch's token mean: the policy term's (Sim-weighted) and the KL's."""
+
+    policy: torch.Tensor
+    kl: torch.Tensor
+
+    def steps(self, part: slice) -> TokenCounts:
+        return TokenCounts(self.policy[part], self.kl[part])
 
 
 @dataclass
@@ -38,7 +63,7 @@ class Update:
 
     ar: torch.Tensor
     diff: torch.Tensor
-    old: list[tuple[torch.Tensor, torch.Tensor | None] | None]
+    old: list[OldLogProbs | None]
 
 
 def choose_steps(

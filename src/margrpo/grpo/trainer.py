@@ -46,7 +46,15 @@ from margrpo.grpo.rollout import (
     stochastic_steps,
 )
 from margrpo.grpo.run_files import checkpoint_path
-from margrpo.grpo.step_batch import StepBatch, Update, choose_steps, combine_chunk_stats, subset_rollout
+from margrpo.grpo.step_batch import (
+    OldLogProbs,
+    StepBatch,
+    TokenCounts,
+    Update,
+    choose_steps,
+    combine_chunk_stats,
+    subset_rollout,
+)
 from margrpo.grpo.validation import RewardFn, validate
 from margrpo.infra.ema import EMA
 from margrpo.infra.files import refuse_symlink
@@ -244,137 +252,142 @@ class GRPOTrainer:
 
     @torch.no_grad()
     def old_log_probs(
-        self, rollout: Rollout, ar: torch.Tensor, diff: torch.Tensor, mte_mask: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self,
+        rollout: Rollout,
+        ar_steps: torch.Tensor,
+        diffusion_steps: torch.Tensor,
+        mte_mask: torch.Tensor | None = None,
+    ) -> OldLogProbs:
         """log_prob_old of one micro-batch at the current parameters: the record's, or a no-grad pass of
         the training replay (the same arithmetic as the update's own pass)."""
         if self.cfg.old_logprob == "recorded":
-            return recorded(rollout, ar, diff)
+            return OldLogProbs(*recorded(rollout, ar_steps, diffusion_steps))
         with autocast(self.device, self.cfg.precision):
-            rp = replay(
+            replayed = replay(
                 self.policy,
                 rollout,
-                ar,
-                diff,
+                ar_steps,
+                diffusion_steps,
                 logprob_cfg=self.cfg.logprob_cfg,
                 with_mte=self.cfg.trajectories > 1,
                 mte_tokens=mte_mask,
             )
-        return rp.log_prob, rp.mte_log_prob
+        return OldLogProbs(replayed.log_prob, replayed.mte_log_prob)
 
     def micro_loss(
         self,
         rollout: Rollout,
         adv: torch.Tensor,
-        ar: torch.Tensor,
-        diff: torch.Tensor,
+        ar_steps: torch.Tensor,
+        diffusion_steps: torch.Tensor,
         mte_mask: torch.Tensor | None,
         sim_keep: torch.Tensor | None,
-        old: tuple[torch.Tensor, torch.Tensor | None] | None = None,
-        counts: tuple[torch.Tensor, torch.Tensor] | None = None,
+        old: OldLogProbs | None = None,
+        counts: TokenCounts | None = None,
     ) -> tuple[torch.Tensor, dict]:
         """Loss of one micro-batch (already a sub-rollout): mean over chosen AR steps of its share of the
         batch's token-mean loss (Eq. 7); under `reinforce`, the sum over them (the official update).
 
-        `mte_mask` [K, n, L]: M^k of each AR step (Eq. 10). `old`: (log_prob_old, MTE log_prob_old) of
-        these steps, from `old_log_probs` before the first optimizer step; None when the parameters are
-        still those of the rollout: then this pass's own log-probs (detached) are log_prob_old for
-        `recomputed`, the record's for `recorded`. `counts`: the whole batch's weighted token counts per
-        chosen AR step (policy, KL) [M] each; the micro-batch losses then sum to the batch loss whatever
-        the split. None: this rollout is the whole batch."""
+        `mte_mask` [K, n, L]: M^k of each AR step (Eq. 10). `old`: log_prob_old of these steps, from
+        `old_log_probs` before the first optimizer step; None when the parameters are still those of the
+        rollout: then this pass's own log-probs (detached) are log_prob_old for `recomputed`, the record's for
+        `recorded`. `counts`: the whole batch's token counts per chosen AR step; the micro-batch losses then sum
+        to the batch loss whatever the split. None: this rollout is the whole batch."""
         cfg = self.cfg
         with autocast(self.device, cfg.precision):
             # the extra trajectories are replayed only where Eq. 10 uses them: the uncertainty mask
-            rp = replay(
+            replayed = replay(
                 self.policy,
                 rollout,
-                ar,
-                diff,
+                ar_steps,
+                diffusion_steps,
                 logprob_cfg=cfg.logprob_cfg,
                 with_mte=cfg.trajectories > 1,
                 mte_tokens=mte_mask,
             )
-        tokens, weight = self.loss_weights(rp.mask, rollout, ar, sim_keep)  # [M, U, n, L]
+        tokens, weight = self.loss_weights(replayed.mask, rollout, ar_steps, sim_keep)  # [M, U, n, L]
         if counts is None:
-            counts = (weight.sum((1, 2, 3)), tokens.sum((1, 2, 3)))
-        old, old_mte = self._old_log_probs_of(rp, old, rollout, ar, diff, mte_mask)
-        obj = per_token_policy_objective(rp.log_prob, old, adv, cfg.clip_eps)  # [M, U, n, L]
+            counts = TokenCounts(weight.sum((1, 2, 3)), tokens.sum((1, 2, 3)))
+        old = self._old_log_probs_of(replayed, old, rollout, ar_steps, diffusion_steps, mte_mask)
+        objective = per_token_policy_objective(replayed.log_prob, old.committed, adv, cfg.clip_eps)  # [M, U, n, L]
         kl = None
         if self.ref is not None:
             with torch.no_grad(), autocast(self.device, cfg.precision), adapters_disabled(self.ref):
-                ref = replay(self.ref, rollout, ar, diff, logprob_cfg=cfg.logprob_cfg)
-            kl = kl_paper(rp.mean, ref.mean) if cfg.kl == "paper" else kl_gaussian(rp.mean, ref.mean, rp.std, ref.std)
+                ref = replay(self.ref, rollout, ar_steps, diffusion_steps, logprob_cfg=cfg.logprob_cfg)
+            mean, std = replayed.mean, replayed.std
+            kl = kl_paper(mean, ref.mean) if cfg.kl == "paper" else kl_gaussian(mean, ref.mean, std, ref.std)
         losses, kls = [], []
-        for m, k in enumerate(ar.tolist()):
-            o = obj[m]  # [U, n, L]
-            if mte_mask is not None:
-                extra = per_token_policy_objective(rp.mte_log_prob[m], old_mte[m], adv, cfg.clip_eps)  # [S-1, U, n, L]
-                o = mte_loss(torch.cat([o[None], extra]), mte_mask[k])  # Eq. 10 on every loss token of step k
-            losses.append(-masked_mean(o, weight[m], counts[0][m]))
+        for m, k in enumerate(ar_steps.tolist()):
+            step_objective = objective[m]  # [U, n, L]
+            if mte_mask is not None:  # Eq. 10 on every loss token of step k
+                extra = per_token_policy_objective(replayed.mte_log_prob[m], old.mte[m], adv, cfg.clip_eps)
+                step_objective = mte_loss(torch.cat([step_objective[None], extra]), mte_mask[k])
+            losses.append(-masked_mean(step_objective, weight[m], counts.policy[m]))
             if kl is not None:
-                kls.append(masked_mean(kl[m], tokens[m], counts[1][m]))
+                kls.append(masked_mean(kl[m], tokens[m], counts.kl[m]))
         # Eq. 7 averages over the chosen AR steps; the official REINFORCE update calls backward once per
         # chosen step, so its gradients are the sum over the |M| steps
         reduce = torch.sum if cfg.reinforce else torch.mean
         policy_term = reduce(torch.stack(losses))
         kl_term = reduce(torch.stack(kls)) if kls else torch.zeros((), device=policy_term.device)
-        stats = policy_ratio_stats(rp.log_prob, old, adv, tokens, cfg.clip_eps)
+        stats = policy_ratio_stats(replayed.log_prob, old.committed, adv, tokens, cfg.clip_eps)
         stats.update(policy_loss=policy_term.item(), kl=kl_term.item())
         return policy_term + cfg.beta * kl_term, stats
 
-    def _old_log_probs_of(self, rp, old, rollout: Rollout, ar: torch.Tensor, diff: torch.Tensor, mte_mask):
-        """(log_prob_old, MTE log_prob_old) of a micro-batch's replay `rp`: `old` when given, else the record's
-        (`recorded`) or this pass's own, detached (`recomputed`)."""
+    def _old_log_probs_of(
+        self, replayed, old: OldLogProbs | None, rollout: Rollout, ar_steps, diffusion_steps, mte_mask
+    ) -> OldLogProbs:
+        """log_prob_old of a micro-batch's replay: `old` when given, else the record's (`recorded`) or this pass's
+        own, detached (`recomputed`)."""
         if old is None:
             if self.cfg.old_logprob == "recorded":
-                old = recorded(rollout, ar, diff)
+                old = OldLogProbs(*recorded(rollout, ar_steps, diffusion_steps))
             else:
-                old = (rp.log_prob.detach(), None if rp.mte_log_prob is None else rp.mte_log_prob.detach())
-        old, old_mte = old
-        if mte_mask is not None and old_mte is not None:  # entries not replayed: ratio 1, no gradient, never NaN
-            old_mte = torch.where(mte_mask[ar][:, None, None], old_mte, rp.mte_log_prob.detach())
-        return old, old_mte
+                mte = None if replayed.mte_log_prob is None else replayed.mte_log_prob.detach()
+                old = OldLogProbs(replayed.log_prob.detach(), mte)
+        if mte_mask is not None and old.mte is not None:  # entries not replayed: ratio 1, no gradient, never NaN
+            mte = torch.where(mte_mask[ar_steps][:, None, None], old.mte, replayed.mte_log_prob.detach())
+            old = OldLogProbs(old.committed, mte)
+        return old
 
     def micro_backward(
         self,
         rollout: Rollout,
         adv: torch.Tensor,
-        ar: torch.Tensor,
-        diff: torch.Tensor,
+        ar_steps: torch.Tensor,
+        diffusion_steps: torch.Tensor,
         mte_mask: torch.Tensor | None,
         sim_keep: torch.Tensor | None,
-        old: tuple[torch.Tensor, torch.Tensor | None] | None,
-        counts: tuple[torch.Tensor, torch.Tensor],
+        old: OldLogProbs | None,
+        counts: TokenCounts,
         sync: bool = True,
     ) -> tuple[float, dict]:
         """`micro_loss` backpropagated `grpo.replay_chunk` chosen AR steps at a time, so one chunk's activations
         are freed before the next is replayed (the replay of all |M| steps at once is what outgrows a GPU at
         the paper's batch). Each chunk's loss is its share of the mean over steps (the whole of the sum under
         `reinforce`), so the chunks' gradients sum to the micro-batch's; their stats combine to its stats."""
-        size = self.cfg.replay_chunk or len(ar)
-        chunks = [slice(a, a + size) for a in range(0, len(ar), size)]
-        # each chunk's selected tokens weigh its ratio stats when several combine
-        tokens = (
-            self.loss_weights(self.completion_mask(rollout, ar, diff), rollout, ar, sim_keep)[0]
-            if len(chunks) > 1
-            else None
-        )
+        M = len(ar_steps)
+        size = self.cfg.replay_chunk or M
+        chunks = [slice(a, a + size) for a in range(0, M, size)]
+        tokens = None  # each chunk's selected tokens weigh its ratio stats when several combine
+        if len(chunks) > 1:
+            completion = self.completion_mask(rollout, ar_steps, diffusion_steps)
+            tokens = self.loss_weights(completion, rollout, ar_steps, sim_keep)[0]  # [M, U, n, L]
         parts = []
         for part in chunks:
-            part_old = None if old is None else tuple(None if o is None else o[part] for o in old)
-            share = 1.0 if self.cfg.reinforce else len(ar[part]) / len(ar)
+            share = 1.0 if self.cfg.reinforce else len(ar_steps[part]) / M
             # `sync`: this backward reduces the gradients over processes (a chunked replay: its last chunk's)
-            with self.engine.sync(self.engine.chunk_sync(sync, last=part.stop >= len(ar))):
+            with self.engine.sync(self.engine.chunk_sync(sync, last=part.stop >= M)):
                 loss, stats = self.engine.loss(
                     self.micro_loss,
                     rollout,
                     adv,
-                    ar[part],
-                    diff[part],
+                    ar_steps[part],
+                    diffusion_steps[part],
                     mte_mask,
                     sim_keep,
-                    part_old,
-                    (counts[0][part], counts[1][part]),
+                    None if old is None else old.steps(part),
+                    counts.steps(part),
                 )
                 self.engine.backward(loss * share)
             selected = 0 if tokens is None else tokens[part].count_nonzero().item()
@@ -468,7 +481,7 @@ class GRPOTrainer:
         if n == 1:
             return [first]
         old = [  # every later update is over the same steps: one pass serves them all
-            self.old_log_probs(sub, batch.ar, batch.diff, batch.pick(batch.mte_mask, c))
+            self.old_log_probs(sub, batch.ar, batch.diff, batch.micro_batch_mask(batch.mte_mask, c))
             for c, sub in enumerate(batch.subs)
         ]
         return [first] + [Update(batch.ar, batch.diff, old)] * (n - 1)
@@ -482,7 +495,7 @@ class GRPOTrainer:
         completion = self.completion_mask(batch.rollout, update.ar, update.diff)
         tokens, weight = self.loss_weights(completion, batch.rollout, update.ar, batch.sim_keep)  # the whole batch's
         engine, n = self.engine, len(batch.rows)
-        counts = (engine.all_sum(weight.sum((1, 2, 3))), engine.all_sum(tokens.sum((1, 2, 3))))  # every process's
+        counts = TokenCounts(engine.all_sum(weight.sum((1, 2, 3))), engine.all_sum(tokens.sum((1, 2, 3))))
         self.optimizer.zero_grad(set_to_none=True)
         grad_stats, stats, total = engine.start_statistic(self.stat_params, n), [], 0.0
         for c, rows in enumerate(batch.rows):
@@ -492,8 +505,8 @@ class GRPOTrainer:
                     batch.adv[rows],
                     update.ar,
                     update.diff,
-                    batch.pick(batch.mte_mask, c),
-                    batch.pick(batch.sim_keep, c),
+                    batch.micro_batch_mask(batch.mte_mask, c),
+                    batch.micro_batch_mask(batch.sim_keep, c),
                     update.old[c],
                     counts,
                     sync=sync,
