@@ -161,7 +161,7 @@ def assert_same_first_update(work: Path, name: str, reference: str, tolerance: f
 
 def worker_cpus(log: str, world: int) -> dict[str, int]:
     """Each process's CPUs (its affinity, as `margrpo train` logs it), by rank."""
-    seen = re.findall(rf"margrpo: process (\d) of {world} on node\d \(local \d, (\d+) CPUs\)", log)
+    seen = re.findall(r"margrpo: process (\d) on node\d holds (\d+) CPUs", log)
     assert len(seen) == world, log[-3000:]
     return {rank: int(cpus) for rank, cpus in seen}
 

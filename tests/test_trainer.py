@@ -11,7 +11,7 @@ from helpers import PROMPTS, tiny_policy
 from margrpo.grpo.replay import recorded, replay
 from margrpo.grpo.rollout import SamplingConfig, generate
 from margrpo.grpo.run_files import write_outputs
-from margrpo.grpo.step_batch import OldLogProbs, TokenCounts
+from margrpo.grpo.step_batch import OldLogProbs, TokenCounts, completion_mask, loss_weights
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.policy.settings import PolicySettings
 from margrpo.prompts.suites import PromptSet
@@ -407,7 +407,7 @@ def test_mte_covers_the_top_k_of_every_chosen_steps_loss_tokens(tmp_path):
     others = torch.ones(6, dtype=torch.bool)
     others[ar] = False
     assert not mte[others].any()  # no mask (and no extra trajectories) at the other steps
-    tokens, _ = trainer.loss_weights(trainer.completion_mask(r, ar, diff), r, ar, None)
+    tokens, _ = loss_weights(completion_mask(r, ar, diff, trainer.sampler), r, ar, None, trainer.cfg.loss_tokens)
     frac = float((mte[ar][:, None] * tokens).sum() / tokens.sum())
     assert abs(frac - 0.3) < 0.03, frac  # 0.3 up to per-image rounding
     assert_ratio_is_one(trainer.policy, r)

@@ -602,3 +602,17 @@ def test_the_second_seed_set_trains_the_variants_it_names(tmp_path):
     )
     expected = {(v, str(s)) for v in ladder["variants"] for s in ladder["seeds"]}
     assert trained == expected | {(v, str(s)) for v in ("fix", "sim") for s in ladder["replicate_seeds"]}
+
+
+def test_a_train_job_asks_for_its_processes_threads_and_carries_slurm_conf(monkeypatch):
+    """cpus_per_task = processes x threads in every geometry; SLURM_CONF, which the jobstep plugin strips from the
+    job's environment, rides in the command where the submitting shell sets it."""
+    from margrpo.infra.slurm import train_job
+
+    monkeypatch.setenv("SLURM_CONF", "/etc/site slurm/slurm.conf")
+    for processes, nodes in ((1, 1), (2, 1), (2, 2)):
+        job = train_job(processes, nodes, True, threads=3)
+        assert job.launch.startswith("SLURM_CONF='/etc/site slurm/slurm.conf' "), job.launch
+        assert job.resources["cpus_per_task"] == processes * 3, job.resources
+    monkeypatch.delenv("SLURM_CONF")
+    assert train_job(1, 1, True).launch == "margrpo"

@@ -77,8 +77,6 @@ TRAIN_NODES = config["train_nodes"]
 # case, and why: margrpo.infra.slurm
 TRAIN_JOB = train_job(TRAIN_PROCS, TRAIN_NODES, bool(GPU), config["train_port"], config["threads"])
 TRAIN_LAUNCH, TRAIN_RESOURCES = TRAIN_JOB.launch, TRAIN_JOB.resources
-if os.environ.get("SLURM_CONF"):  # the jobstep plugin strips it from the job's command; scontrol and srun need it
-    TRAIN_LAUNCH = f"SLURM_CONF={shlex.quote(os.environ['SLURM_CONF'])} {TRAIN_LAUNCH}"
 
 
 def slurm(stage):

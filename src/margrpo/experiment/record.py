@@ -29,6 +29,7 @@ UNCOMPARED = (
     "experiments.related.methods",
     "toy_weights",  # where the shared stages come from: their folders (and settings) are the same either way
     "toy_release",
+    "slurm",  # what each job asks SLURM for (time, memory): a cut job resumes to the same result
 )
 
 

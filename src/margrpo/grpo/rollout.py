@@ -15,7 +15,7 @@ draws, so the images do not change and the rollout's head does a fraction of the
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -122,6 +122,7 @@ class Rollout:
     # [K] bool: the AR steps whose record holds every unknown token's trajectory; at the others only the
     # committed tokens' (states and log-probs 0 for the rest). None: every step.
     full: Tensor | None = None
+    extra: dict = field(default_factory=dict)
 
     @property
     def trajectories(self) -> int:
@@ -166,6 +167,10 @@ class Rollout:
     def mte_candidates(self) -> Tensor:
         """[M', N, L] bool: the tokens predicted (still unknown) at each MTE step, the candidates of M^m."""
         return ~self.known[self.mte_steps.to(self.known.device)]
+
+    def to(self, device) -> Rollout:
+        moved = {k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in self.__dict__.items()}
+        return Rollout(**moved)
 
 
 def guided_output(
@@ -500,3 +505,6 @@ def _store_extra(rows, S1, traj, lp, mte_states, mte_log_probs):
     R, D = len(rows[0]), traj.shape[-1]
     mte_states[:, :, rows[0], rows[1]] = traj.view(-1, S1, R, D).transpose(0, 1)
     mte_log_probs[:, :, rows[0], rows[1]] = lp.view(-1, S1, R).transpose(0, 1)
+
+
+# replay lives in grpo.replay; re-exported here, where the trainer and the tests have always found it

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from margrpo.grpo.objective import consistency_mask, uncertainty_mask
 from margrpo.grpo.rollout import Rollout
 
 
@@ -113,3 +114,51 @@ def combine_chunk_stats(parts: list[tuple[float, int, float, dict]]) -> dict:
         values = [s[k] for _, sel, _, s in parts if sel]
         out[k] = pick(values) if values else float("nan")
     return out
+
+
+def variant_masks(
+    rollout: Rollout, trajectories: int, top_frac: float, tau: float | None
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """MTE uncertainty masks M^m per AR step [K, N, L] (Eq. 10; empty at steps without extra trajectories; None
+    when trajectories == 1) and Sim keep-weights per AR step [K, N, L] (Eq. 11; None when tau is None: no Sim)."""
+    mte = None
+    if trajectories > 1:
+        finals = rollout.mte_finals()  # [M', S, N, L, D], index 0 the rollout's own sample at step m
+        Mp, S, N, L, D = finals.shape
+        per_step = uncertainty_mask(
+            finals.transpose(0, 1).reshape(S, Mp * N, L, D), top_frac, rollout.mte_candidates().reshape(Mp * N, L)
+        )  # top k% of each image's predicted tokens
+        mte = torch.zeros_like(rollout.known)
+        mte[rollout.mte_steps] = per_step.view(Mp, N, L)
+    sim = None
+    if tau is not None:
+        x0, final, full = rollout.step_clean(), rollout.latents.float(), rollout.full_steps()  # x0: [K, N, L, D]
+        keep = [
+            torch.ones_like(rollout.committed[k])
+            if k == 0 or not full[k - 1 : k + 1].all()  # untrained steps
+            else consistency_mask(x0[k - 1], x0[k], final, rollout.committed[k], tau)
+            for k in range(len(x0))
+        ]
+        sim = torch.stack(keep)
+    return mte, sim
+
+
+def completion_mask(rollout: Rollout, ar_steps: torch.Tensor, diffusion_steps: torch.Tensor, sampler) -> torch.Tensor:
+    """[M, U, N, L] bool: the tokens still unknown at each chosen AR step, at its stochastic chosen diffusion steps
+    (what a replay's `mask` holds, without the replay: the whole batch's token counts)."""
+    M, U = diffusion_steps.shape
+    stochastic = sampler.is_stochastic(diffusion_steps.reshape(-1)).view(M, U).to(rollout.known.device)
+    return (~rollout.known[ar_steps])[:, None] & stochastic[:, :, None, None]
+
+
+def loss_weights(
+    completion: torch.Tensor, rollout: Rollout, ar_steps: torch.Tensor, sim_keep: torch.Tensor | None, loss_tokens: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which tokens each chosen (AR step, diffusion step) trains, [M, U, N, L] float: the KL's token mask (the
+    completion mask, or its committed tokens) and the policy loss's weights (that mask times Sim's kappa)."""
+    tokens = completion
+    if loss_tokens == "committed":
+        tokens = tokens & rollout.committed[ar_steps][:, None]
+    tokens = tokens.float()
+    weight = tokens if sim_keep is None else tokens * sim_keep[ar_steps][:, None].float()
+    return tokens, weight

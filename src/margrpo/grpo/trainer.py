@@ -24,7 +24,6 @@ from margrpo.grpo.config import GRPOConfig, check_policy_settings
 from margrpo.grpo.engine import Engine
 from margrpo.grpo.grad_stats import MicroBatchGradStats
 from margrpo.grpo.objective import (
-    consistency_mask,
     group_advantages,
     kl_gaussian,
     kl_paper,
@@ -32,7 +31,6 @@ from margrpo.grpo.objective import (
     mte_loss,
     per_token_policy_objective,
     policy_ratio_stats,
-    uncertainty_mask,
 )
 from margrpo.grpo.parallel import parallelize
 from margrpo.grpo.random_streams import Stream, group_generators, step_generator
@@ -53,7 +51,10 @@ from margrpo.grpo.step_batch import (
     Update,
     choose_steps,
     combine_chunk_stats,
+    completion_mask,
+    loss_weights,
     subset_rollout,
+    variant_masks,
 )
 from margrpo.grpo.validation import RewardFn, validate
 from margrpo.infra.ema import EMA
@@ -204,51 +205,8 @@ class GRPOTrainer:
         return torch.cat([ar, ar - 1]).clamp(min=0).unique() if self.cfg.sim else ar
 
     def masks(self, rollout: Rollout) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """MTE uncertainty masks M^m per AR step [K, N, L] (Eq. 10; empty at steps without extra
-        trajectories) and Sim keep-weights per AR step [K, N, L] (Eq. 11)."""
-        mte = None
-        if self.cfg.trajectories > 1:
-            finals = rollout.mte_finals()  # [M', S, N, L, D], index 0 the rollout's own sample at step m
-            Mp, S, N, L, D = finals.shape
-            per_step = uncertainty_mask(
-                finals.transpose(0, 1).reshape(S, Mp * N, L, D),
-                self.cfg.top_frac,
-                rollout.mte_candidates().reshape(Mp * N, L),
-            )  # top k% of each image's predicted tokens
-            mte = torch.zeros_like(rollout.known)
-            mte[rollout.mte_steps] = per_step.view(Mp, N, L)
-        sim = None
-        if self.cfg.sim:
-            x0 = rollout.step_clean()  # [K, N, L, D]
-            final = rollout.latents.float()
-            full = rollout.full_steps()
-            keep = [
-                torch.ones_like(rollout.committed[k])
-                if k == 0 or not full[k - 1 : k + 1].all()  # untrained steps
-                else consistency_mask(x0[k - 1], x0[k], final, rollout.committed[k], self.cfg.tau)
-                for k in range(len(x0))
-            ]
-            sim = torch.stack(keep)
-        return mte, sim
-
-    def completion_mask(self, rollout: Rollout, ar: torch.Tensor, diff: torch.Tensor) -> torch.Tensor:
-        """[M, U, N, L] bool: the tokens still unknown at each chosen AR step, at its stochastic chosen diffusion
-        steps (what a replay's `mask` holds, without the replay: the whole batch's token counts)."""
-        M, U = diff.shape
-        stochastic = self.sampler.is_stochastic(diff.reshape(-1)).view(M, U).to(rollout.known.device)
-        return (~rollout.known[ar])[:, None] & stochastic[:, :, None, None]
-
-    def loss_weights(
-        self, completion: torch.Tensor, rollout: Rollout, ar: torch.Tensor, sim_keep: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Which tokens each chosen (AR step, diffusion step) trains, [M, U, N, L] float: the KL's token mask (the
-        completion mask, or its committed tokens) and the policy loss's weights (that mask times Sim's kappa)."""
-        tokens = completion
-        if self.cfg.loss_tokens == "committed":
-            tokens = tokens & rollout.committed[ar][:, None]
-        tokens = tokens.float()
-        weight = tokens if sim_keep is None else tokens * sim_keep[ar][:, None].float()
-        return tokens, weight
+        """MTE's M^k and Sim's keep-weights per AR step (step_batch.variant_masks)."""
+        return variant_masks(rollout, self.cfg.trajectories, self.cfg.top_frac, self.cfg.tau if self.cfg.sim else None)
 
     @torch.no_grad()
     def old_log_probs(
@@ -305,7 +263,7 @@ class GRPOTrainer:
                 with_mte=cfg.trajectories > 1,
                 mte_tokens=mte_mask,
             )
-        tokens, weight = self.loss_weights(replayed.mask, rollout, ar_steps, sim_keep)  # [M, U, n, L]
+        tokens, weight = loss_weights(replayed.mask, rollout, ar_steps, sim_keep, cfg.loss_tokens)  # [M, U, n, L]
         if counts is None:
             counts = TokenCounts(weight.sum((1, 2, 3)), tokens.sum((1, 2, 3)))
         old = self._old_log_probs_of(replayed, old, rollout, ar_steps, diffusion_steps, mte_mask)
@@ -371,8 +329,8 @@ class GRPOTrainer:
         chunks = [slice(a, a + size) for a in range(0, M, size)]
         tokens = None  # each chunk's selected tokens weigh its ratio stats when several combine
         if len(chunks) > 1:
-            completion = self.completion_mask(rollout, ar_steps, diffusion_steps)
-            tokens = self.loss_weights(completion, rollout, ar_steps, sim_keep)[0]  # [M, U, n, L]
+            completion = completion_mask(rollout, ar_steps, diffusion_steps, self.sampler)
+            tokens = loss_weights(completion, rollout, ar_steps, sim_keep, self.cfg.loss_tokens)[0]  # [M, U, n, L]
         parts = []
         for part in chunks:
             share = 1.0 if self.cfg.reinforce else len(ar_steps[part]) / M
@@ -492,8 +450,8 @@ class GRPOTrainer:
         """The batch gradient of one update, left in the parameters' .grad: the micro-batches' losses (which
         sum to the batch loss) backpropagated and summed over every process. Returns the micro-batches' stats,
         the total loss, the gradient statistics and the loss-token mask of the chosen steps."""
-        completion = self.completion_mask(batch.rollout, update.ar, update.diff)
-        tokens, weight = self.loss_weights(completion, batch.rollout, update.ar, batch.sim_keep)  # the whole batch's
+        completion = completion_mask(batch.rollout, update.ar, update.diff, self.sampler)  # the whole batch's
+        tokens, weight = loss_weights(completion, batch.rollout, update.ar, batch.sim_keep, self.cfg.loss_tokens)
         engine, n = self.engine, len(batch.rows)
         counts = TokenCounts(engine.all_sum(weight.sum((1, 2, 3))), engine.all_sum(tokens.sum((1, 2, 3))))
         self.optimizer.zero_grad(set_to_none=True)
@@ -626,8 +584,7 @@ class GRPOTrainer:
         """Whether any process's `stop` asks to stop before a step of `next_seconds`: all agree, or a collective
         would wait for the ones that left."""
         why = stop.reason(next_seconds)
-        votes = self.engine.all_sum(torch.tensor([float(why is not None)]))
-        if votes.item() == 0:
+        if self.engine.all_sum(torch.tensor([float(why is not None)])).item() == 0:
             return False
         self.stopped = why or "another process was asked to stop"
         log.warning("saving and stopping at step %d of %d: %s", self.step, self.cfg.steps, self.stopped)

@@ -19,6 +19,7 @@ address, the CPUs each task holds and the job's end time are asked of `scontrol`
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import subprocess
 import time
@@ -40,12 +41,14 @@ def train_job(processes: int, nodes: int, gpus: bool, port: int | str = "auto", 
     """The launcher and resources of a GRPO job of `processes` per node on `nodes` nodes (one GPU a process when
     `gpus`, `threads` torch threads a process)."""
     cpus = {"cpus_per_task": processes * threads}  # the launcher and torchrun wait on their processes: no more
+    # the jobstep plugin strips SLURM_CONF from the job's command; where a site sets it, scontrol and srun need it
+    conf = f"SLURM_CONF={shlex.quote(os.environ['SLURM_CONF'])} " if os.environ.get("SLURM_CONF") else ""
     if nodes > 1:
-        launch = f"python -m margrpo.infra.launch --nodes {nodes} --port {port} {processes} margrpo"
+        launch = f"{conf}python -m margrpo.infra.launch --nodes {nodes} --port {port} {processes} margrpo"
         resources = {"nodes": nodes, "tasks": nodes, "mpi": "srun", "tasks_per_gpu": 0, **cpus}
         return TrainJob(launch, {**resources, **({"gres": f"gpu:{processes}"} if gpus else {})})
     launch = "margrpo" if processes == 1 else f"python -m margrpo.infra.launch {processes} margrpo"
-    return TrainJob(launch, {"nodes": 1, "tasks_per_gpu": 0, "gpu": processes if gpus else 0, **cpus})
+    return TrainJob(conf + launch, {"nodes": 1, "tasks_per_gpu": 0, "gpu": processes if gpus else 0, **cpus})
 
 
 def rendezvous_port(job_id: str | None) -> int:

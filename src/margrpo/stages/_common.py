@@ -61,10 +61,7 @@ def setup(threads: int | None, device: str = "auto", data_parallel: bool = False
 
         own = join_process_group(device)  # this process's GPU; "cuda" now means it too
         rank, world, host = dist.get_rank(), dist.get_world_size(), os.uname().nodename
-        cpus = len(os.sched_getaffinity(0))  # where the cluster binds tasks to CPUs: this process's share
-        print(
-            f"margrpo: process {rank} of {world} on {host} (local {os.environ['LOCAL_RANK']}, {cpus} CPUs)", flush=True
-        )
+        print(f"margrpo: process {rank} of {world} on {host} (local {os.environ['LOCAL_RANK']})", flush=True)
         if rank:  # one log per job: the other processes report warnings only
             logging.getLogger().setLevel(logging.WARNING)
         return own

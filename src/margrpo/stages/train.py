@@ -54,12 +54,14 @@ def run(args) -> None:
     from margrpo.grpo.parallel import build_policy
     from margrpo.grpo.run_files import write_outputs
     from margrpo.grpo.trainer import GRPOTrainer
-    from margrpo.infra.stopping import EXIT_RESUMABLE, StopRequest
     from margrpo.policy import load_policy
     from margrpo.rewards import build_reward_mix
 
     spec = _read_spec(args)
     device = setup(args.threads, spec.get("device", "auto"), data_parallel=True)  # names a stray WORLD_SIZE first
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # where the cluster binds tasks to CPUs: this process's share
+        cpus = len(os.sched_getaffinity(0))
+        print(f"margrpo: process {os.environ['RANK']} on {os.uname().nodename} holds {cpus} CPUs", flush=True)
     # the dry run's checks of a variant, here on the spec itself: a run by hand passes the same ones
     what = "--spec-json" if args.spec_json else args.config
     named = "" if args.spec_json else f" (variant {args.variant!r})"
@@ -94,15 +96,7 @@ def run(args) -> None:
         device=device,
         policy_settings=settings.policy,
     )
-    stop = StopRequest(read_limit=trainer.engine.is_main)  # SLURM's time limit, SIGTERM, SIGUSR1
-    try:
-        trainer.train(full_spec, stop)
-    finally:
-        stop.close()
-    if trainer.stopped:  # saved: the same command resumes (the SLURM profile's retries run it again)
-        log.warning(f"stopped at step {trainer.step} of {trainer.cfg.steps} ({trainer.stopped}); run again to go on")
-        leave_process_group()
-        raise SystemExit(EXIT_RESUMABLE)
+    _train_or_stop(trainer, full_spec)
     if not trainer.engine.is_main:  # data parallel: one process writes the run's files
         return
     write_outputs(trainer, full_spec)
@@ -114,3 +108,19 @@ def run(args) -> None:
         f"done: {trainer.step} steps; base val reward {trainer.checkpoints[0]['val_reward']:.4f}; "
         f"best {best['val_reward']:.4f}{ema} at step {best['step']}"
     )
+
+
+def _train_or_stop(trainer, spec: dict) -> None:
+    """Train to the end, or save and exit with EXIT_RESUMABLE where SLURM's time limit draws near or the job is told
+    to stop (infra.stopping): the same command resumes (the SLURM profile's retries run it again)."""
+    from margrpo.infra.stopping import EXIT_RESUMABLE, StopRequest
+
+    stop = StopRequest(read_limit=trainer.engine.is_main)  # the main process reads the limit; all catch signals
+    try:
+        trainer.train(spec, stop)
+    finally:
+        stop.close()
+    if trainer.stopped:
+        log.warning(f"stopped at step {trainer.step} of {trainer.cfg.steps} ({trainer.stopped}); run again to go on")
+        leave_process_group()
+        raise SystemExit(EXIT_RESUMABLE)
