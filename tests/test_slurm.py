@@ -210,8 +210,12 @@ def test_a_two_node_job_runs_torchrun_once_per_node_and_shards_within_nodes(work
     assert len(launches) == 1 and launches[0][:2] == ("node1", jobs[0]), log[-3000:]
     assert "--cpus-per-task=2" in launches[0][2], launches  # srun does not inherit the job's -c
     assert launches[0][3] == "10.77.0.11", launches  # the head node's address as SLURM knows it
-    agents = re.findall(r"node agent on (node\d) \(node (\d) of 2\): address ([\d.]+) \((\w+)\), (\d+) CPUs", log)
-    assert sorted(agents) == [("node1", "0", "10.77.0.11", "eth0", "2"), ("node2", "1", "10.77.0.12", "eth0", "2")]
+    agent = r"node agent on (node\d) \(node (\d) of 2\): address ([\d.]+) \((\w+)\), (\d+) CPUs, GPUs ([\d,]+)"
+    agents = sorted(re.findall(agent, log))  # each node's torchrun: its address, its task's CPUs and both GPUs
+    assert agents == [
+        ("node1", "0", "10.77.0.11", "eth0", "2", "0,1"),
+        ("node2", "1", "10.77.0.12", "eth0", "2", "0,1"),
+    ]
     processes = re.findall(r"margrpo: process (\d) of 4 on (node\d) \(local (\d)", log)
     assert sorted(p for p, _, _ in processes) == ["0", "1", "2", "3"], log[-3000:]
     per_node = {h: sorted(local for _, host, local in processes if host == h) for h in ("node1", "node2")}

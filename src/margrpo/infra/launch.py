@@ -258,7 +258,8 @@ def node_agent(endpoint: str, nodes: int, per_node: int, command: list[str]) -> 
         os.environ["GLOO_SOCKET_IFNAME"] = interface
     print(
         f"margrpo.infra.launch: node agent on {name} (node {os.environ.get('SLURM_NODEID', '?')} of {nodes}): "
-        f"address {addr} ({interface or 'interface unknown'}), {len(os.sched_getaffinity(0))} CPUs",
+        f"address {addr} ({interface or 'interface unknown'}), {len(os.sched_getaffinity(0))} CPUs, "
+        f"GPUs {os.environ.get('CUDA_VISIBLE_DEVICES', 'none')}",
         file=sys.stderr,
         flush=True,
     )
