@@ -318,6 +318,10 @@ def test_later_updates_use_log_probs_from_before_the_first_update(tmp_path):
         )
         rows[old] = trainer.train()[0]
     assert rows["recorded"]["ratio_max"] > 1.0  # the second update sees moved parameters
+    # every update's statistics: the first's ratio is 1 (its own pass), the step's columns are the last update's
+    row = rows["recomputed"]
+    assert row["u1/ratio_min"] == row["u1/ratio_max"] == 1.0 and row["u2/ratio_max"] == row["ratio_max"] > 1.0
+    assert row["u1/skipped"] == row["u2/skipped"] == 0 and row["u1/grad_norm"] != row["u2/grad_norm"]
     # per-token log-probs here are sums over 768 channels of magnitude ~400-900, where one float32 ulp
     # is 3e-5-6e-5: the record and the pre-update pass may differ by an ulp (different batch shapes)
     for key in ("ratio_min", "ratio_max", "ratio_mean", "clip_frac", "policy_loss"):

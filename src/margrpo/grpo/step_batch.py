@@ -162,3 +162,11 @@ def loss_weights(
     tokens = tokens.float()
     weight = tokens if sim_keep is None else tokens * sim_keep[ar_steps][:, None].float()
     return tokens, weight
+
+
+def update_columns(logs: list[dict]) -> dict:
+    """A step's logged statistics from its updates' (`updates_per_rollout`): the last update's under the plain
+    column names, and with several updates every one's also as u<i>/<column> (1-based)."""
+    if len(logs) == 1:
+        return logs[0]
+    return {**logs[-1], **{f"u{i}/{k}": v for i, log in enumerate(logs, 1) for k, v in log.items()}}

@@ -54,6 +54,7 @@ from margrpo.grpo.step_batch import (
     completion_mask,
     loss_weights,
     subset_rollout,
+    update_columns,
     variant_masks,
 )
 from margrpo.grpo.validation import RewardFn, validate
@@ -358,9 +359,7 @@ class GRPOTrainer:
         """One GRPO step: rollout and score -> plan the updates -> update (DESIGN 3)."""
         t0 = time.time()
         batch = self.rollout_and_score()
-        updates = self.plan_updates(batch)
-        for update in updates:
-            log = self.update(batch, update)
+        log = update_columns([self.update(batch, update) for update in self.plan_updates(batch)])
         all_cat = self.engine.all_cat
         rewards, adv = all_cat(batch.rewards), all_cat(batch.adv)  # every process's groups
         components = {k: all_cat(v) for k, v in batch.components.items()}
