@@ -8,10 +8,10 @@ import pytest
 import torch
 from helpers import PROMPTS, tiny_policy
 
-from margrpo.grpo.replay import recorded, replay
+from margrpo.grpo.replay import completion_mask, recorded, replay
 from margrpo.grpo.rollout import SamplingConfig, generate
 from margrpo.grpo.run_files import write_outputs
-from margrpo.grpo.step_batch import OldLogProbs, TokenCounts, completion_mask, loss_weights
+from margrpo.grpo.step_batch import OldLogProbs, TokenCounts, loss_weights
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.policy.settings import PolicySettings
 from margrpo.prompts.suites import PromptSet

@@ -81,16 +81,23 @@ def replay(
         lp, mean, std = _score_rows(policy, sampler, rollout, ar_steps, z_c, z_u, groups, chunk_rows)
         device = rollout.latents.device
         committed = groups[0].index
-        stochastic = sampler.is_stochastic(diff_steps.reshape(-1)).view(M, U).to(device)
         return Replay(
             log_prob=torch.zeros(M, U, N, L, device=device).index_put(committed, lp[0]),
             mean=torch.zeros(M, U, N, L, D, device=device).index_put(committed, mean[0]),
             std=torch.ones(M, U, N, L, D, device=device).index_put(committed, std[0]),
-            mask=unknown[:, None].expand(M, U, N, L) & stochastic[:, :, None, None],
+            mask=completion_mask(rollout, ar_steps, diff_steps, sampler),
             mte_log_prob=torch.zeros(M, S1, U, N, L, device=device).index_put(groups[1].index, lp[1])
             if len(groups) > 1
             else None,
         )
+
+
+def completion_mask(rollout: Rollout, ar_steps: Tensor, diff_steps: Tensor, sampler: Sampler) -> Tensor:
+    """[M, U, N, L] bool: the tokens still unknown at each chosen AR step, at its stochastic chosen diffusion steps
+    (a replay's `mask`; the trainer's whole-batch token counts take it without a replay)."""
+    M, U = diff_steps.shape
+    stochastic = sampler.is_stochastic(diff_steps.reshape(-1)).view(M, U).to(rollout.known.device)
+    return (~rollout.known[ar_steps])[:, None] & stochastic[:, :, None, None]
 
 
 def _chosen_step_conditions(policy: MARPolicy, rollout: Rollout, ar_steps: Tensor, guided: bool):

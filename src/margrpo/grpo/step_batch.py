@@ -143,14 +143,6 @@ def variant_masks(
     return mte, sim
 
 
-def completion_mask(rollout: Rollout, ar_steps: torch.Tensor, diffusion_steps: torch.Tensor, sampler) -> torch.Tensor:
-    """[M, U, N, L] bool: the tokens still unknown at each chosen AR step, at its stochastic chosen diffusion steps
-    (what a replay's `mask` holds, without the replay: the whole batch's token counts)."""
-    M, U = diffusion_steps.shape
-    stochastic = sampler.is_stochastic(diffusion_steps.reshape(-1)).view(M, U).to(rollout.known.device)
-    return (~rollout.known[ar_steps])[:, None] & stochastic[:, :, None, None]
-
-
 def loss_weights(
     completion: torch.Tensor, rollout: Rollout, ar_steps: torch.Tensor, sim_keep: torch.Tensor | None, loss_tokens: str
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -34,7 +34,7 @@ from margrpo.grpo.objective import (
 )
 from margrpo.grpo.parallel import parallelize
 from margrpo.grpo.random_streams import Stream, group_generators, step_generator
-from margrpo.grpo.replay import recorded, replay
+from margrpo.grpo.replay import completion_mask, recorded, replay
 from margrpo.grpo.rollout import (
     Rollout,
     SamplingConfig,
@@ -51,7 +51,6 @@ from margrpo.grpo.step_batch import (
     Update,
     choose_steps,
     combine_chunk_stats,
-    completion_mask,
     loss_weights,
     subset_rollout,
     update_columns,

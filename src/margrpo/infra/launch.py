@@ -202,10 +202,11 @@ def launch_slurm(nodes: int, per_node: int, port: int | str, command: list[str])
         raise SystemExit(f"margrpo.infra.launch: --nodes {nodes}, but SLURM job {job_id} holds {len(hosts)}: {hosts}")
     addr = node_address(hosts[0])
     listener = reserve_port(addr, rendezvous_port(job_id) if port == "auto" else int(port), fixed=port != "auto")
-    endpoint = f"{addr}:{listener.getsockname()[1]}"
+    port = listener.getsockname()[1]
+    endpoint = f"{addr}:{port}"
     store = TCPStore(  # noqa: F841 (kept alive until srun returns)
         addr,
-        listener.getsockname()[1],
+        port,
         is_master=True,
         wait_for_workers=False,
         multi_tenant=True,

@@ -98,20 +98,11 @@ def node_address(node: str) -> str:
 
 
 def job_end_time(job_id: str | None = None) -> float | None:
-    """When SLURM ends this job (its time limit, seconds since the epoch); None outside SLURM, without a limit or
-    where `scontrol` cannot say."""
-    job_id = job_id or os.environ.get("SLURM_JOB_ID")
-    if not job_id:
-        return None
-    try:
-        record = job_record(job_id)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    if record.get("TimeLimit") in (None, "UNLIMITED", "Partition_Limit"):
-        return None
+    """When SLURM ends this job (its time limit, its own or the partition's; seconds since the epoch); None outside
+    SLURM, without a limit (EndTime Unknown) or where `scontrol` cannot say."""
     try:  # SLURM writes local time without a zone
-        return datetime.fromisoformat(record["EndTime"]).timestamp()
-    except (KeyError, ValueError):
+        return datetime.fromisoformat(job_record(job_id)["EndTime"]).timestamp()
+    except (RuntimeError, OSError, subprocess.CalledProcessError, KeyError, ValueError):
         return None
 
 
