@@ -6,13 +6,13 @@ the replay (`FSDPEngine.reduce_each_chunk`, the default), or accumulate the chun
 reduce-scatter once, after the last (one collective per micro-batch instead of |M| / chunk). Two processes
 (torchrun, gloo, one thread each) take the same GRPO steps of the toy both ways; per way: the median step time
 (wall and this process's CPU time), the reduce-scatters of one step, and the CPU allocator's peak growth during
-a step as torch's profiler records it (a further, profiled step); with the micro-batch gradient statistic on
-(the trainer's: it keeps an fp32 sum of each process's whole local gradient of the AR through a micro-batch,
-grpo.engine.LocalSquares) and off. The reward is a cheap stand-in (mean brightness). The first updates of the
-two ways agree (printed): the choice changes where the gradient waits, not what it is.
+a step as torch's profiler records it (a further, profiled step); with the gradient-variance probe on
+(`grpo.grad_variance`: a snapshot of this process's shards of the AR's gradient between micro-batches,
+grpo.grad_stats) and off. The reward is a cheap stand-in (mean brightness). The first updates of the two ways
+agree (printed): the choice changes where the gradient waits, not what it is.
 
     python benchmarks/chunk_reduction.py [--config config/config.yaml] [--steps 4] [--model '{"depth": 12}']
-        [--grpo '{"mask_steps": 4, "batch_prompts": 2, "group_size": 2, "micro_batches": 1}']
+        [--grpo '{"mask_steps": 4, "batch_prompts": 2, "group_size": 2, "micro_batches": 2}']
 """
 
 import argparse
@@ -42,19 +42,9 @@ def worker(args) -> None:
     torch.set_num_threads(1)
     join_process_group("cpu")
     parallel.FSDPEngine.reduce_each_chunk = args.each_chunk
-    if args.no_statistic:  # the engine's hooks read no local gradient (grad_var_ar NaN, not wrong)
-        start = parallel.FSDPEngine.start_statistic
-
-        def start_without(self, params, micro_batches):
-            stats = start(self, params, micro_batches)
-            self.squares = None
-            stats.exact = False
-            return stats
-
-        parallel.FSDPEngine.start_statistic = start_without
-    calls = []
-    counting = parallel._CountingReduceScatter.__call__
-    parallel._CountingReduceScatter.__call__ = lambda self, *a, **k: (calls.append(1), counting(self, *a, **k))[1]
+    calls = []  # FSDP2's reduce-scatters (its default communication calls torch.distributed's)
+    counting = torch.distributed.reduce_scatter_single
+    torch.distributed.reduce_scatter_single = lambda *a, **k: (calls.append(1), counting(*a, **k))[1]
     MODEL.update(json.loads(args.model))
     config = load_config(args.config)
     name = config["experiments"]["ladder"]["policies"][0]
@@ -70,6 +60,7 @@ def worker(args) -> None:
         "trackers": [],
         "micro_batches": max(1, config["grpo"]["micro_batches"] // world),
         **json.loads(args.grpo),
+        "grad_variance": not args.no_probe,
     }
     trainer = make_trainer(None, sampling, grpo, {}, args.steps + 1, prompts=PROMPTS * 4)
     walls, cpus, per_step, first = [], [], [], None
@@ -88,7 +79,7 @@ def worker(args) -> None:
         torch.save({k: v.detach() for k, v in first.items()}, args.out)
         result = {
             "each_chunk": args.each_chunk,
-            "statistic": not args.no_statistic,
+            "probe": not args.no_probe,
             "wall_s": statistics.median(walls[1:]),
             "cpu_s": statistics.median(cpus[1:]),
             "reduce_scatters": per_step[-1],
@@ -100,10 +91,10 @@ def worker(args) -> None:
         print("RESULT " + json.dumps(result))
 
 
-def launch(each_chunk: bool, statistic: bool, args, out: Path) -> dict:
+def launch(each_chunk: bool, probe: bool, args, out: Path) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", __file__, "--worker"]
     cmd += ["--config", args.config, "--steps", str(args.steps), "--model", args.model, "--grpo", args.grpo]
-    cmd += ["--out", str(out)] + (["--each-chunk"] if each_chunk else []) + ([] if statistic else ["--no-statistic"])
+    cmd += ["--out", str(out)] + (["--each-chunk"] if each_chunk else []) + ([] if probe else ["--no-probe"])
     run = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if run.returncode:
         raise SystemExit(run.stderr[-3000:])
@@ -117,12 +108,13 @@ def main() -> None:
     p.add_argument("--model", default="{}", help="ToyMARConfig overrides (random init) as JSON")
     p.add_argument(
         "--grpo",
-        default='{"mask_steps": 4, "batch_prompts": 2, "group_size": 2, "micro_batches": 1}',
-        help="grpo overrides as JSON (default: a small batch, so that the gradients weigh)",
+        default='{"mask_steps": 4, "batch_prompts": 2, "group_size": 2, "micro_batches": 2}',
+        help="grpo overrides as JSON (default: a small batch, so that the gradients weigh; the probe needs two "
+        "micro-batches a process)",
     )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--each-chunk", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--no-statistic", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--no-probe", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -131,18 +123,18 @@ def main() -> None:
 
     mib, results = 2**20, {}
     with tempfile.TemporaryDirectory() as tmp:
-        for statistic in (True, False):
+        for probe in (True, False):
             for each in (False, True):
-                out = Path(tmp) / f"{statistic}-{each}.pt"
-                results[statistic, each] = launch(each, statistic, args, out), torch.load(out)
+                out = Path(tmp) / f"{probe}-{each}.pt"
+                results[probe, each] = launch(each, probe, args, out), torch.load(out)
     one = results[True, False][0]
     print(
         f"FSDP full_shard, 2 processes x 1 thread, {os.cpu_count()} cores; toy {one['policy_bytes'] / mib:.1f} MiB of "
         f"fp32 parameters; {one['images']} images a step, |M| = {one['mask_steps']}, replay_chunk 1"
     )
-    for statistic in (True, False):
-        (once, a), (each, b) = results[statistic, False], results[statistic, True]
-        print(f"gradient statistic {'on (the trainer)' if statistic else 'off'}:")
+    for probe in (True, False):
+        (once, a), (each, b) = results[probe, False], results[probe, True]
+        print(f"gradient-variance probe {'on' if probe else 'off'}:")
         for r in (once, each):
             way = "every chunk" if r["each_chunk"] else "last chunk "
             print(

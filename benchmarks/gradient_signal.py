@@ -5,7 +5,7 @@ Why: on the toy, RL at any lr tried lowers the validation reward, the training r
 "Why RL does not climb"). Two causes predict that: a biased estimator (the policy gradient points down) or a
 noise-dominated one (each step moves the policy mostly at random, and a random move away from a trained policy
 costs reward). This tells them apart, at one parameter point, through the real code path (`rollout_and_score`,
-`plan_updates`, `backward`: `GRPOTrainer.update` without its optimizer step):
+`plan_updates`, `update` without its optimizer step):
 
 - the loss gradients g_b of B independent batches (the trainer's own streams, steps 0..B-1);
 - their mean pairwise cosine rho: for g_b = s + n_b (signal s, independent noise), E[cos] ~ |s|^2 / E|g|^2, so
@@ -86,7 +86,8 @@ def build(spec_path: Path, changes, root: Path) -> GRPOTrainer:
     )
     suites = inputs["suites_dir"]
     policy = load_policy(inputs["policy_dir"], torch.device("cpu"))
-    return GRPOTrainer(
+    cfg.grad_clip = 0.0  # the update measures the norm and scales by exactly 1: the batch gradient as it is
+    trainer = GRPOTrainer(
         policy,
         reward,
         prompt_set(suites / "train.jsonl"),
@@ -96,6 +97,8 @@ def build(spec_path: Path, changes, root: Path) -> GRPOTrainer:
         tempfile.mkdtemp(prefix="gradient-signal-"),
         policy_settings=PolicySettings.from_spec(spec),
     )
+    trainer.optimizer.step = lambda *args, **kwargs: None  # `update` leaves the gradient in .grad, the policy as it is
+    return trainer
 
 
 ADVANTAGE_FORMS = ("group", "centered")
@@ -117,7 +120,7 @@ def batch_gradient(tr: GRPOTrainer, step: int, forms: tuple[str, ...] = ("group"
             batch.adv = (r - r.mean(1, keepdim=True)).reshape(-1).to(own.dtype)
         elif form != "group":
             raise ValueError(f"advantage form {form!r}: expected one of {ADVANTAGE_FORMS}")
-        tr.backward(batch, plan)  # what the optimizer would step on
+        tr.update(batch, plan)  # what the optimizer would step on (its step is off: `build`)
         flats.append(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in tr.params]))
     return (flats[0] if len(forms) == 1 else torch.stack(flats)), batch.rewards.mean().item()
 

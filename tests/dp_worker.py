@@ -34,6 +34,8 @@ VARIANTS = {
 META = bool(os.environ.get("META"))  # build the policy on the main process alone (grpo.parallel.build_policy)
 SHARDING = os.environ.get("SHARDING", "replicate")  # grpo.parallel: DDP, or FSDP2's two shardings
 POLICY = os.environ.get("POLICY", "toy")  # the tiny toy, NOVA or Harmon of the tests
+PRECISION = os.environ.get("PRECISION", "no")  # mixed precision of the first updates (bf16: FSDP casts, DDP autocasts)
+ONLY = os.environ.get("ONLY")  # the variants to run, comma-separated (default: all)
 
 
 def make_policy():
@@ -53,10 +55,12 @@ def first_update(out: Path) -> None:
 
     results, loads, metas = {}, [], {}
     for name, variant in VARIANTS.items():
+        if ONLY and name not in ONLY.split(","):
+            continue
         if POLICY == "harmon" and "lora" in variant:  # Harmon's LoRA adapts the LLM, which the paper config freezes
             continue
-        # micro_batches is per process: 2 of 2 images each in one process, 1 of 2 in each of two: the same split
-        micro = 2 // int(os.environ["WORLD_SIZE"])
+        # micro_batches is per process: 4 of 1 image each in one process, 2 of 1 in each of two: the same split
+        micro = 4 // int(os.environ["WORLD_SIZE"])
         frozen = ("llm.", "proj_in.", "proj_out.") if POLICY == "harmon" else ()  # the paper config's rl_frozen
         if META:  # the others receive the main process's structure on the meta device, their shards later
             policy = build_policy(lambda name=name: (loads.append(name), make_policy())[1], SHARDING)
@@ -70,10 +74,13 @@ def first_update(out: Path) -> None:
             trackers=[],
             micro_batches=micro,
             sharding=SHARDING,
+            precision=PRECISION,
             frozen=frozen,
             **variant,
         )
+        accumulated = record_micro_batch_grads(trainer) if trainer.engine.world == 1 else []
         row = trainer.train_step()
+        micro_grads = [a - (accumulated[i - 1] if i else 0) for i, a in enumerate(accumulated)]  # each micro-batch's
         whole = trainer.engine.full_tensors  # FSDP's shards gathered (every process takes part)
         params = whole(dict(trainer.policy.named_parameters()))
         grads = whole(
@@ -83,12 +90,28 @@ def first_update(out: Path) -> None:
             "params": list(params.values()),
             "grads": list(grads.values()),
             "row": {k: v for k, v in row.items() if isinstance(v, float)},
+            "micro_grads": micro_grads,
         }
         metas[name] = len(meta)
     if trainer.engine.is_main:
         torch.save(results, out / "first_update.pt")
     # which variants' policies this process built, and how many of its parameters started on the meta device
     (out / f"built-rank{trainer.engine.rank}.json").write_text(json.dumps({"loads": loads, "meta": metas}))
+
+
+def record_micro_batch_grads(trainer) -> list[torch.Tensor]:
+    """The probe's parameters' accumulated gradient (float64, flat) after each micro-batch, filled as one process
+    runs its step."""
+    accumulated, probe = [], trainer.probe
+    after = probe.after_micro_batch
+
+    def recording(last: bool) -> None:
+        flat = [(p.grad if p.grad is not None else torch.zeros_like(p)).double().flatten() for p in probe.params]
+        accumulated.append(torch.cat(flat))
+        after(last)
+
+    probe.after_micro_batch = recording
+    return accumulated
 
 
 def record_writes(rank: int) -> list[str]:

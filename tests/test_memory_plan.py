@@ -83,7 +83,7 @@ def test_test_mode_agrees_with_real_tensors_and_predicts_the_old_setting_larger(
     assert "| grpo | 3 x 4, mb 2, chunk all | 1 |" in run.stdout
 
 
-def _step(replay_chunk, **kinds):
+def _step(replay_chunk, stat=300, **kinds):
     peaks = {p: (sum(kinds.values()), dict(kinds)) for p in composition.PHASES}
     sizes = {
         "fsdp": 400,
@@ -98,7 +98,7 @@ def _step(replay_chunk, **kinds):
         "buffers": 8,
         "groups": 6,
         "mask_steps": 12,
-        "stat": 300,
+        "stat": stat,  # the probe's snapshot (grpo.grad_variance on)
     }
     return Step(Run("nova", "grpo", replay_chunk=replay_chunk), True, peaks, sizes, 0.0, 0.0)
 
@@ -117,11 +117,20 @@ def test_per_gpu_composition():
     assert zero3["frozen"] == 1008  # the encoders outside the AR and head, and buffers, stay whole
     assert zero3["activations"] == 5000  # no autocast copies: FSDP gathers bf16 parameters
     # replay: the root and two block groups gathered in bf16, the reference's as well, one group's gradient
-    # (bf16 + fp32),
-    # and the gradient statistic's fp32 sum of this process's local gradient (grpo.parallel.LocalSquares)
-    assert zero3["gathered"] == (20 + 2 * 40) * 2 + 80 * 6 // 4 + 300
+    # (bf16 + fp32)
+    assert zero3["gathered"] == (20 + 2 * 40) * 2 + 80 * 6 // 4
     zero2 = composition.per_gpu(step, 4, "shard_grad_op", rewards=50)
-    assert zero2["gathered"] == 200 + (20 + 2 * 40) + 80 * 6 // 4 + 300  # the whole policy stays gathered in bf16
+    assert zero2["gathered"] == 200 + (20 + 2 * 40) + 80 * 6 // 4  # the whole policy stays gathered in bf16
+    # the gradient-variance probe's snapshot of the gradients it reads: whole, or this process's shards under FSDP
+    assert (one["probe"], ddp["probe"], zero3["probe"], zero2["probe"]) == (300, 300, 75, 75)
+    off = composition.per_gpu(_step(None, stat=0, **kinds), 4, "full_shard", rewards=50)
+    assert off["probe"] == 0 and off["total"] < zero3["total"]
+    assert "grad var probe" in composition.table(
+        [{**zero3, "variant": "grpo", "batch": "1", "gpus": 4, "sharding": "full_shard"}]
+    )
+    assert "grad var probe" not in composition.table(
+        [{**off, "variant": "grpo", "batch": "1", "gpus": 4, "sharding": "full_shard"}]
+    )
     for r in (one, ddp, zero3, zero2):
         tensors = sum(r[k] for k in composition.PARTS)
         assert r["total"] == tensors + int(composition.ALLOWANCE_FIXED + composition.ALLOWANCE_SHARE * tensors)

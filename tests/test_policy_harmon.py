@@ -172,7 +172,7 @@ def test_one_grpo_step_trains_the_ar_parameters(tmp_path):
         lr=1e-3,
     )
     rows = GRPOTrainer(policy, redness, prompts, prompts, SAMPLING, cfg, tmp_path).train()
-    for key in ("reward_mean", "policy_loss", "kl", "grad_norm_ar", "ratio_min", "ratio_max"):
+    for key in ("reward_mean", "policy_loss", "kl_paper", "grad_norm_ar", "ratio_min", "ratio_max"):
         assert torch.isfinite(torch.tensor(rows[-1][key])), key
     assert rows[-1]["grad_norm_ar"] > 0
     ar = {n for n, p in policy.named_parameters() if any(p is q for q in policy.ar_parameters())}

@@ -239,7 +239,7 @@ def test_one_grpo_step_updates_the_ar_parameters(tmp_path):
         if p.requires_grad and not n.startswith("image_decoder.")
     }
     rows = trainer.train()
-    for key in ("reward_mean", "policy_loss", "kl", "grad_norm_ar"):
+    for key in ("reward_mean", "policy_loss", "kl_paper", "grad_norm_ar"):
         assert math.isfinite(rows[-1][key]), key
     params = dict(policy.transformer.named_parameters())
     unchanged = [n for n, before in trainable.items() if torch.equal(before, params[n])]

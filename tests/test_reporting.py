@@ -431,7 +431,7 @@ def test_fig2_kl_panel_is_on_a_log_axis(tmp_path):
     ]
     big = [f.assign(kl=f["kl"] * 1e4) for f in frames]
     fig = figures.plot_dynamics([("toy", [("GRPO*", "#D55E00", big), ("+Fix*", "#0072B2", frames)])], 0.95)
-    kl_ax = next(ax for ax in fig.axes if ax.get_title() == "KL to reference policy")
+    kl_ax = next(ax for ax in fig.axes if ax.get_title() == "KL term to the reference")
     assert kl_ax.get_yscale() == "log" and len(kl_ax.get_lines()) == 2
     _check_figure(fig, tmp_path, "dynamics_kl_log")
 

@@ -3,6 +3,7 @@ SIGKILL while a checkpoint is being saved, then a resume, reaches the uninterrup
 
 import csv
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -14,6 +15,7 @@ from helpers import PROMPTS, assert_user_files_kept, plant_user_files, tiny_poli
 from test_trainer import make_trainer
 
 from margrpo.grpo.run_files import write_outputs
+from margrpo.infra.files import InputError
 from margrpo.toylab.pretraining import PretrainConfig, train
 
 TESTS = Path(__file__).resolve().parent
@@ -108,9 +110,11 @@ import safetensors.torch as st
 {setup}
 count, SAVE = 0, torch.save
 
-def dying(save):
-    def wrapped(obj, path, *args, **kwargs):  # save number {kill_at} dies halfway through its file
+def dying(save, only=None):
+    def wrapped(obj, path, *args, **kwargs):  # save number {kill_at} (of files named `only`) dies halfway through
         global count
+        if only is not None and only not in str(path):
+            return save(obj, path, *args, **kwargs)
         count += 1
         if count < {kill_at}:
             return save(obj, path, *args, **kwargs)
@@ -120,6 +124,16 @@ def dying(save):
             f.write(buf.getvalue()[: len(buf.getvalue()) // 2])
             f.flush()
         os.kill(os.getpid(), signal.SIGKILL)
+    return wrapped
+
+def dying_after(save):
+    def wrapped(*args, **kwargs):  # call number {kill_at} finishes, then the process dies
+        global count
+        count += 1
+        out = save(*args, **kwargs)
+        if count >= {kill_at}:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return out
     return wrapped
 
 {patch}
@@ -135,10 +149,19 @@ def run_killed(tmp_path, setup, patch, run, kill_at):
     assert out.returncode == -9, out.stdout[-2000:] + out.stderr[-3000:]  # SIGKILL
 
 
-@pytest.mark.parametrize("during", ["trainer state", "policy weights"])
+KILLS = {
+    "header": "torch.save = dying(torch.save, only='trainer.pt')",
+    "policy weights": "st.save_file = dying(st.save_file)",
+    # every process's shards on disk, killed before they are checked and renamed in
+    "training state": "import torch.distributed.checkpoint as dcp; dcp.save = dying_after(dcp.save)",
+}
+
+
+@pytest.mark.parametrize("during", list(KILLS))
 def test_grpo_killed_while_saving_resumes_to_the_uninterrupted_result(tmp_path, logged, during):
-    """save_every = 1: the kill lands in the step-2 checkpoint (its trainer.pt or its model.safetensors)."""
-    patch = "torch.save = dying(torch.save)" if during == "trainer state" else "st.save_file = dying(st.save_file)"
+    """save_every = 1: the kill lands in the step-2 checkpoint (its trainer.pt, its model.safetensors, or its
+    training state)."""
+    patch = KILLS[during]
     run_killed(
         tmp_path,
         "from test_trainer import make_trainer\nfrom helpers import tiny_policy",
@@ -154,6 +177,48 @@ def test_grpo_killed_while_saving_resumes_to_the_uninterrupted_result(tmp_path, 
     for key in METRICS:
         assert rows[-1][key] == pytest.approx(rows_full[-1][key], rel=1e-6, abs=1e-9), key
     assert_same_weights(resumed.policy, full.policy)
+
+
+# written by the code of commit 708ebe4 (a worktree of it, from its tests/, PYTHONPATH=../src): under
+# margrpo.infra.kernels.apply_caps() and one thread, as the tests run, make_trainer('OUT', policy=tiny_policy('flow',
+# seed=1), steps=3).train() with its train_step raising SystemExit once trainer.step == 2; OUT/state copied here
+STATE_BEFORE_52 = TESTS / "data" / "state-before-52"
+
+
+def test_a_checkpoint_written_before_torch_distributed_checkpoint_still_resumes(tmp_path, logged):
+    """state/ as the trainer wrote it before issue 52 (2 of 3 steps of the tiny run below, trainer.pt holding the
+    optimizer whole and the rows' KL term named `kl`): resumed, the third step reaches the uninterrupted run's
+    metrics and weights, the old rows take the KL term's new name, and the next save writes the new format."""
+    shutil.copytree(STATE_BEFORE_52, tmp_path / "run" / "state")
+    resumed = make_trainer(tmp_path / "run", policy=tiny_policy("flow", seed=1), steps=3)
+    rows = resumed.train()
+    log = logged()
+    assert "resumed from" in log and "at step 2" in log and [r["step"] for r in rows] == [1, 2, 3]
+    assert all("kl_paper" in r and "kl" not in r for r in rows)
+    full = make_trainer(tmp_path / "full", policy=tiny_policy("flow", seed=1), steps=3)
+    rows_full = full.train()
+    for row, row_full in zip(rows, rows_full):
+        for key in (*METRICS, "kl_paper"):
+            assert row[key] == pytest.approx(row_full[key], rel=1e-6, abs=1e-9), key
+    assert_same_weights(resumed.policy, full.policy)
+    header = torch.load(tmp_path / "run" / "state" / "trainer.pt", weights_only=True)
+    assert header["format"] == 2 and "optimizer" not in header
+    assert (tmp_path / "run" / "state" / "ckpt-000003" / "train" / ".metadata").is_file()
+
+
+def test_only_the_latest_checkpoint_keeps_its_training_state(tmp_path):
+    """Every checkpoint keeps its policy folder (selection reads them); the training state of all but the latest
+    is removed once the next is on disk, and a damaged shard is refused naming its file."""
+    trainer = make_trainer(tmp_path, policy=tiny_policy("flow", seed=1), steps=3)
+    trainer.train()
+    state = tmp_path / "state"
+    assert [p.parent.name for p in sorted(state.glob("ckpt-*/train"))] == ["ckpt-000003"]
+    assert len(list(state.glob("ckpt-*/policy"))) == 3
+    shard = next((state / "ckpt-000003" / "train").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:-1] + bytes([shard.read_bytes()[-1] ^ 1]))
+    again = make_trainer(tmp_path, policy=tiny_policy("flow", seed=1), steps=3)
+    with pytest.raises(InputError, match=r"(?s)distcp: sha256 differs.*cannot be resumed"):
+        again.try_resume()
 
 
 def test_pretraining_killed_while_saving_resumes_without_duplicate_log_rows(tmp_path, logged):

@@ -8,6 +8,7 @@ import pytest
 import torch
 from helpers import PROMPTS, tiny_policy
 
+from margrpo.grpo.grad_stats import GradVarianceProbe, grad_square_norm
 from margrpo.grpo.replay import completion_mask, recorded, replay
 from margrpo.grpo.rollout import SamplingConfig, generate
 from margrpo.grpo.run_files import write_outputs
@@ -42,6 +43,7 @@ def make_trainer(tmp_path, policy=None, device=None, **kw):
         lr=1e-3,
     )
     cfg.update(kw)
+    cfg.setdefault("grad_variance", cfg.get("micro_batches", 2) > 1)  # the probe, where there is a variance to take
     return GRPOTrainer(
         policy or tiny_policy("flow"),
         redness,
@@ -74,8 +76,10 @@ def test_every_variant_trains_and_logs(tmp_path, variant):
     rows = trainer.train()
     write_outputs(trainer, {"variant": {"name": "x"}})
     assert len(rows) == 2 and (tmp_path / "metrics.csv").exists() and (tmp_path / "summary.json").exists()
-    for key in ("reward_mean", "policy_loss", "kl", "grad_norm_ar", "clip_frac", "frac_zero_std", "peak_mem_mb"):
+    kl = "kl" if variant.get("kl") == "gaussian" else "kl_paper"  # the KL term, named for what it is
+    for key in ("reward_mean", "policy_loss", kl, "grad_norm_ar", "clip_frac", "frac_zero_std", "peak_mem_mb"):
         assert math.isfinite(rows[-1][key]), key
+    assert ("kl_paper" if kl == "kl" else "kl") not in rows[-1]  # one name only
     assert math.isfinite(rows[-1]["grad_var_ar"])  # two micro-batches: a variance across them
 
 
@@ -328,23 +332,86 @@ def test_later_updates_use_log_probs_from_before_the_first_update(tmp_path):
         assert rows["recomputed"][key] == pytest.approx(rows["recorded"][key], rel=2e-4, abs=1e-7), key
 
 
-def test_micro_batch_gradient_variance_matches_the_explicit_computation():
-    """The streaming statistic equals stacking each micro-batch's gradient (scaled to the batch mean)."""
-    from margrpo.grpo.grad_stats import MicroBatchGradStats
+class OneProcess:
+    """What the probe asks of an engine, for `world` processes whose gradients all live here."""
 
+    def __init__(self, world: int = 1, rounds: bool = False):
+        self.world, self.reduces_each_micro_batch = world, rounds
+
+    def all_sum(self, x):
+        return x
+
+    shard_sum = all_sum
+
+    def observe_local_grads(self, params, fn):
+        pass
+
+
+def feed(probe, params, per_micro) -> float:
+    """Accumulate each micro-batch's gradients into .grad as backward does, the probe reading after each."""
+    for p in params:
+        p.grad = None
+    probe.start()
+    for c, grads in enumerate(per_micro):
+        for p, g in zip(params, grads):
+            p.grad = g.clone() if p.grad is None else p.grad + g
+        probe.after_micro_batch(last=c == len(per_micro) - 1)
+    return probe.result(grad_square_norm(params, probe.engine))
+
+
+def test_gradient_variance_probe_matches_the_explicit_computation():
+    """The streaming probe equals stacking each micro-batch's gradient (scaled to the batch mean); the norm too."""
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.zeros(3, 4)), torch.nn.Parameter(torch.zeros(5))]
     n = 3
     per_micro = [[torch.randn_like(p) for p in params] for _ in range(n)]  # g_c, as accumulated by backward
-    stats = MicroBatchGradStats(params, n)
-    for c, grads in enumerate(per_micro):
-        for p, g in zip(params, grads):
-            p.grad = g.clone() if p.grad is None else p.grad + g
-        stats.after_backward(last=c == n - 1)
-    norm, var = stats.result()
+    probe = GradVarianceProbe(params, n, OneProcess())
+    var = feed(probe, params, per_micro)
     flat = torch.stack([torch.cat([g.flatten() for g in grads]) for grads in per_micro]) * n  # [n, P]
     assert var == pytest.approx(flat.var(dim=0).mean().item(), rel=1e-5)
-    assert norm == pytest.approx(flat.mean(0).norm().item(), rel=1e-6)
+    assert math.sqrt(grad_square_norm(params, probe.engine)) == pytest.approx(flat.mean(0).norm().item(), rel=1e-6)
+    assert feed(probe, params, per_micro) == var  # start() forgets the last update
+    with pytest.raises(ValueError, match="grad_variance.*micro_batches"):
+        GradVarianceProbe(params, 1, OneProcess())
+
+
+def test_the_probe_is_off_where_asked_or_impossible_and_owns_its_hook(tmp_path):
+    """grpo.grad_variance off (the paper configs): no probe, no grad_var_ar column; the AR gradient's norm is logged
+    still. On (the default) with one micro-batch in all: off too, and the log says why. On, the probe registers its
+    one hook where the engine reads local gradients there (DDP) and none where `.grad` shows them (FSDP's shards)."""
+    assert GRPOConfig().grad_variance is True
+    for off in (dict(grad_variance=False), dict(grad_variance=True, micro_batches=1)):
+        trainer = make_trainer(tmp_path / str(len(off)) / str(off["grad_variance"]), **off)
+        row = trainer.train_step()
+        assert trainer.probe is None and "grad_var_ar" not in row and math.isfinite(row["grad_norm_ar"])
+
+    class Recording(OneProcess):
+        hooks = 0
+
+        def observe_local_grads(self, params, fn):
+            self.hooks += 1
+
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    ddp, fsdp = Recording(world=2), Recording(world=2, rounds=True)
+    GradVarianceProbe(params, 2, ddp), GradVarianceProbe(params, 2, fsdp)
+    assert (ddp.hooks, fsdp.hooks) == (1, 0)
+
+
+def test_the_probes_rounds_estimator_under_fsdp_is_unbiased():
+    """Under FSDP the probe sees each round's sum over the W processes (the reduced shards): W times the variance
+    across the n rounds has the expectation of the variance across the n W micro-batches. 4000 draws of
+    W = 4 x n = 3 micro-batch gradients with per-element variances 1..4 (mean 2.5): the probe's mean within 2%."""
+    torch.manual_seed(1)
+    W, n, P = 4, 3, 64
+    params = [torch.nn.Parameter(torch.zeros(P))]
+    scale = torch.linspace(1, 4, P).sqrt()
+    probe = GradVarianceProbe(params, n, OneProcess(world=W, rounds=True))
+    values = []
+    for _ in range(4000):
+        g = torch.randn(W, n, P, dtype=torch.float64) * scale + 0.3  # a common mean: the batch gradient's signal
+        values.append(feed(probe, params, [[g[:, c].sum(0).float() / (n * W)] for c in range(n)]))
+    # x = n W g, scaled to the batch mean, has the per-element variances 1..4: the quantity estimated is their mean
+    assert sum(values) / len(values) == pytest.approx(2.5, rel=0.02)
 
 
 def test_committed_loss_tokens_average_over_the_tokens_each_step_commits(tmp_path):
@@ -480,15 +547,15 @@ def test_from_spec_rejects_unknown_keys_instead_of_dropping_them():
 def test_reinforce_is_the_official_update_one_step_summing_the_chosen_steps(tmp_path):
     """Issue 27.9: no clip; backward once per chosen AR step (each loss a mean over its chosen diffusion steps
     and tokens), so the |M| gradients are summed; one optimizer step per rollout."""
-    trainer = make_trainer(tmp_path, reinforce=True, micro_batches=1, grad_clip=0.0)
+    trainer = make_trainer(tmp_path, reinforce=True, micro_batches=1, grad_clip=0.0, grad_variance=False)
     assert trainer.cfg.clip_eps is None
     steps = []
     trainer.optimizer.register_step_post_hook(lambda *_: steps.append(trainer.step))
     batch = trainer.rollout_and_score()
     assert len(trainer.plan_updates(batch)) == 1
     grads = []
-    for ar, diff in [(batch.ar, batch.diff)] + [
-        (batch.ar[i : i + 1], batch.diff[i : i + 1]) for i in range(len(batch.ar))
+    for ar, diff in [(batch.ar_steps, batch.diffusion_steps)] + [
+        (batch.ar_steps[i : i + 1], batch.diffusion_steps[i : i + 1]) for i in range(len(batch.ar_steps))
     ]:
         trainer.optimizer.zero_grad(set_to_none=True)
         trainer.micro_loss(batch.rollout, batch.adv, ar, diff, None, None)[0].backward()
@@ -547,18 +614,17 @@ def test_replay_chunks_give_the_same_gradient_and_stats(tmp_path, variant):
         )
         batch = trainer.rollout_and_score()
         update = trainer.plan_updates(batch)[-1]
-        stats, total, _, _ = trainer.backward(batch, update)
-        runs[chunk] = (torch.cat([p.grad.flatten() for p in trainer.params if p.grad is not None]), total, stats)
-    grad, total, stats = runs[None]
-    assert grad.norm() > 0 and len(stats) == 2  # two micro-batches
+        trainer.optimizer.step = lambda *args, **kwargs: None  # the batch gradient stays in .grad
+        log = trainer.update(batch, update)
+        runs[chunk] = (torch.cat([p.grad.flatten() for p in trainer.params if p.grad is not None]), log)
+    grad, log = runs[None]
+    assert grad.norm() > 0 and log["skipped"] == 0
     for chunk in (1, 2):
-        g, t, s = runs[chunk]
+        g, other = runs[chunk]
         assert ((g - grad).norm() / grad.norm()).item() < 5e-6, chunk
-        assert t == pytest.approx(total, rel=1e-5, abs=1e-7)
-        for a, b in zip(s, stats):
-            assert a.keys() == b.keys()
-            for k in a:
-                assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6, nan_ok=True), (chunk, k)
+        assert other.keys() == log.keys()
+        for k in log:  # the loss terms, the ratio stats over every chunk's tokens, the norms, the probe
+            assert other[k] == pytest.approx(log[k], rel=1e-5, abs=1e-6, nan_ok=True), (chunk, k)
 
 
 def test_replay_chunk_is_checked_and_stays_out_of_the_cached_spec():
@@ -584,7 +650,7 @@ def test_the_trainers_rollout_records_in_full_only_what_training_reads(tmp_path,
     trainer = make_trainer(tmp_path, mask_steps=1, **variant)
     trainer.sampling, trainer.ar_steps = SamplingConfig(ar_steps=6, diffusion_steps=5, cfg_scale=2.0), 6
     some = trainer.rollout_and_score()
-    ar, diff = some.ar, some.diff
+    ar, diff = some.ar_steps, some.diffusion_steps
     wanted = set(ar.tolist()) | ({max(int(ar[0]) - 1, 0)} if trainer.cfg.sim else set())
     assert set(some.rollout.full.nonzero().flatten().tolist()) == wanted
     every_step = trainer_module.generate
@@ -625,7 +691,7 @@ def test_the_loss_a_micro_batch_backpropagates_is_design_3s_formula(tmp_path, va
         for p in trainer.policy.ar_parameters():
             p.add_(0.02 * torch.randn(p.shape, generator=g))
     batch = trainer.rollout_and_score()
-    ar, diff, cfg = batch.ar, batch.diff, trainer.cfg
+    ar, diff, cfg = batch.ar_steps, batch.diffusion_steps, trainer.cfg
     rows, sub = batch.rows[0], batch.subs[0]
     mte, keep = batch.micro_batch_mask(batch.mte_mask, 0), batch.micro_batch_mask(batch.sim_keep, 0)
     assert (mte is not None) == (variant != "fix") and (keep is not None) == (variant == "sim")

@@ -30,6 +30,7 @@ UNCOMPARED = (
     "toy_weights",  # where the shared stages come from: their folders (and settings) are the same either way
     "toy_release",
     "slurm",  # what each job asks SLURM for (time, memory): a cut job resumes to the same result
+    "grpo.grad_variance",  # a probe: it logs a column and changes no number
 )
 
 

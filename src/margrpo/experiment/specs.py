@@ -20,7 +20,13 @@ from margrpo.experiment.schema import (
 )
 from margrpo.infra.files import spec_hash
 
-LATER_GRPO_KEYS = ("trackers", "ema_decay", "advantages", "replay_chunk")  # grpo keys added after runs were cached
+LATER_GRPO_KEYS = (
+    "trackers",
+    "ema_decay",
+    "advantages",
+    "replay_chunk",
+    "grad_variance",
+)  # grpo keys added after runs were cached
 
 
 def train_spec(config: dict, policy: str, reward: str, variant: str, variant_overrides: dict | None = None) -> dict:

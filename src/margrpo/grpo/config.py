@@ -42,8 +42,8 @@ class GRPOConfig:
     logprob_cfg: str = "exact"  # "exact" or "cond_only"
     # "recorded": log_prob_old from the rollout record (exact in float32). "recomputed": a no-grad pass
     # of the training replay before the first update. Under bf16 the rollout and the batched replay
-    # round differently, so recorded log-probs give ratios of 0.9-1.1 at unchanged parameters
-    # (measured on the toy policy); recomputing makes the first update's ratio exactly 1 again.
+    # round differently, so recorded log-probs give ratios away from 1 at unchanged parameters;
+    # recomputing makes the first update's ratio exactly 1 again (docs/findings.md, "What the RL defaults rest on").
     old_logprob: str = "recomputed"
     # Which tokens of a chosen AR step enter the loss. "completion" (paper / official code): every
     # still-unknown token. "committed": only the tokens committed at that step, the ones whose
@@ -52,8 +52,8 @@ class GRPOConfig:
     loss_tokens: str = "completion"
     # "independent" (paper): every image draws its own generation order. "shared": the G images of a
     # group share one order, so the group-mean baseline removes the reward variance the order causes
-    # (~40% of the within-prompt variance of toyclip on toy-nova, measured); the policy gradient
-    # stays unbiased (the order is not an action of the policy).
+    # (docs/findings.md, "What the RL defaults rest on"); the policy gradient stays unbiased (the order
+    # is not an action of the policy).
     group_order: str = "independent"
     # "independent" (paper): every token's initial diffusion noise is drawn per image. "shared": the
     # G images of a group start each token from the same noise (per prompt and position), so the
@@ -64,7 +64,10 @@ class GRPOConfig:
     # images (its own stream), so a run moves the policy by update noise alone: beside a real run it tells
     # whether a change of reward comes from the reward's signal or from the updates' noise
     advantages: str = "group"
-    micro_batches: int = 2  # gradient-variance statistic (and memory chunking)
+    micro_batches: int = 2  # per process: memory (gradient accumulation) and the gradient-variance probe's samples
+    # the variance of the batch gradient across micro-batches (Fig. 2a / 5, logged as grad_var_ar): a probe that reads
+    # `.grad` after every micro-batch and keeps one snapshot of it (grpo.grad_stats); the paper configs turn it off
+    grad_variance: bool = True
     # memory: the chosen AR steps a micro-batch replays and backpropagates at once (None: all |M|). Activation
     # memory grows with it; the gradient is the same sum (float rounding aside)
     replay_chunk: int | None = None
@@ -74,7 +77,7 @@ class GRPOConfig:
     val_images: int = 1  # images per validation prompt, each from fixed noise: the same for every run
     max_nonfinite: int = 5
     # accelerate trackers, logging every step's metrics and a validation image grid to <out>/tb/ (wandb:
-    # the wandb run); metrics.csv stays the report's source. ["tensorboard"] costs ~ms per step (measured)
+    # the wandb run); metrics.csv stays the report's source
     trackers: tuple[str, ...] = ("tensorboard",)
     ema_decay: float | None = None  # EMA of the trained parameters, for validation and the saved checkpoints
     # variant switches
@@ -170,3 +173,16 @@ def check_policy_settings(config: GRPOConfig, settings: PolicySettings) -> None:
     it before the policy loads; the trainer again, for trainers built by hand)."""
     if config.freeze_ar and settings.lora:
         raise ValueError("lora adapts the AR transformer, which freeze_ar leaves frozen; drop one of them")
+
+
+def check_chosen_steps(config: GRPOConfig, ar_steps: int, stochastic: int) -> None:
+    """|M| and |T| against the schedule's K AR steps and stochastic diffusion steps."""
+    if config.mask_steps > ar_steps:
+        raise ValueError(
+            f"mask_steps |M| = {config.mask_steps} exceeds the {ar_steps} AR steps; lower grpo.mask_steps"
+        )
+    if config.diffusion_steps > stochastic:
+        raise ValueError(
+            f"diffusion_steps |T| = {config.diffusion_steps} exceeds the {stochastic} stochastic steps; "
+            "lower grpo.diffusion_steps"
+        )

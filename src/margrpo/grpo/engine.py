@@ -1,9 +1,9 @@
 """The processes of one GRPO run, as the trainer sees them: the one object that knows them.
 
 `Engine` answers what the trainer asks about processes: which prompt groups and validation batches are this
-process's, how processes meet (barriers, collectives), how a micro-batch's backward is synchronised and its
-gradient statistic read, and how state is saved and loaded (torch's state-dict API: whole tensors on the main
-process, so a run resumes under any number of processes and any sharding). With one process it communicates
+process's, how processes meet (barriers, collectives), when a micro-batch's backward reduces its gradients,
+and how a policy's whole weights are written and read (torch's state-dict API). The training state is each
+process's own (grpo.checkpoints: torch.distributed.checkpoint reshards it on load). With one process it communicates
 nothing. `grpo.parallel` subclasses it for torch's engines (DDP, FSDP2) and `parallelize` picks one.
 
 A group never spans processes, so advantages stay per group; what crosses processes is the loss's token counts
@@ -13,14 +13,13 @@ A group never spans processes, so advantages stay per group; what crosses proces
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from margrpo.grpo.grad_stats import MicroBatchGradStats
+from margrpo.infra.runtime import autocast
 
 
 def distributed() -> bool:
@@ -51,50 +50,15 @@ def shard(n: int, rank: int, world: int) -> range:
     return range(rank * size, (rank + 1) * size)
 
 
-@dataclass
-class LocalSquares:
-    """Squared norms of each micro-batch's local gradient of the statistic's parameters, filled by the engines'
-    hooks, and whether every one was exact.
-
-    FSDP reduces a group once per post-backward, and a group runs several (a module used twice in one backward,
-    the root whose methods' inputs carry gradients back mid-backward, a chunk's accumulated gradient and the
-    next's): each part's input is summed per group (the parts share one layout: the same parameters) and the sum
-    is squared when the micro-batch ends. A part of another layout cannot be added element by element: the
-    micro-batch is then inexact and the variance NaN. The sums cost one fp32 copy of this process's local gradient
-    of the statistic's groups during a micro-batch's backward."""
-
-    total: torch.Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.float64))
-    exact: bool = True
-    pending: dict[int, torch.Tensor] = field(default_factory=dict)  # FSDP: each group's local gradient so far
-
-    def add(self, sq: torch.Tensor) -> None:
-        self.total += sq.detach().double().cpu()
-
-    def add_later(self, key: int, grad: torch.Tensor) -> None:
-        if key not in self.pending:
-            self.pending[key] = grad.detach().float().clone()
-        elif self.pending[key].shape == grad.shape:
-            self.pending[key] += grad.detach().float()
-        else:
-            self.exact = False
-
-    def end_micro_batch(self) -> None:
-        for g in self.pending.values():
-            self.add(g.square().sum(dtype=torch.float64))
-        self.pending.clear()
-
-
 class Engine:
     """One process, or the base of torch's engines: everything here is also right for several replicas."""
 
     collective_forward = False  # every forward is a collective (FSDP): processes run their batches in lockstep
 
-    def __init__(self, policy: nn.Module, device: torch.device):
-        self.policy, self.device = policy, torch.device(device)
+    def __init__(self, policy: nn.Module, device: torch.device, precision: str = "no"):
+        self.policy, self.device, self.precision = policy, torch.device(device), precision
         self.world = dist.get_world_size() if distributed() else 1
         self.rank = dist.get_rank() if distributed() else 0
-        self.squares: LocalSquares | None = None  # set by the gradient statistic for one optimizer step
-        self.prev: dict[int, torch.Tensor] = {}  # DDP: the statistic's snapshot of .grad before the last micro-batch
 
     # --- the processes ------------------------------------------------------------------------------------------
     @property
@@ -154,57 +118,41 @@ class Engine:
         mine = starts[self.rank :: self.world]
         return mine, -(-len(starts) // self.world) if self.collective_forward else len(mine)
 
-    # --- a micro-batch's loss and backward ----------------------------------------------------------------------
-    def loss(self, fn: Callable, *args, **kwargs):
-        return fn(*args, **kwargs)
+    # --- mixed precision ----------------------------------------------------------------------------------------
+    @property
+    def autocast_precision(self) -> str:
+        """The precision the trainer's forwards autocast to: the run's (`mixed_precision`), unless the engine casts
+        the parameters itself (FSDP's MixedPrecisionPolicy): mixed precision is applied once."""
+        return self.precision
 
-    def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
+    def autocast(self):
+        """torch.autocast for this engine's forwards (`autocast_precision`)."""
+        return autocast(self.device, self.autocast_precision)
+
+    # --- a micro-batch's loss and backward ----------------------------------------------------------------------
+    reduces_each_micro_batch = False  # FSDP: every micro-batch's gradient is reduced into the shards after it
+
+    def forward(self, loss: Callable[[], tuple[torch.Tensor, dict]]) -> tuple[torch.Tensor, dict]:
+        """`loss()`, the trainer's micro-batch loss, run where the engine can see it (DDP: inside its forward)."""
+        return loss()
+
+    def reduces(self, last_micro_batch: bool, last_chunk: bool) -> bool:
+        """Whether the backward of this chunk of a micro-batch reduces the gradients over processes. Each process's
+        loss is its share of the batch loss, so the reduced gradients sum to the batch gradient; here (and under
+        DDP) once, after the last micro-batch: micro-batches and a chunked replay's chunks accumulate locally."""
+        return last_micro_batch and last_chunk
 
     def sync(self, enabled: bool):
         """Gradients are reduced over processes in the backward passes run inside this block only when `enabled`."""
         return contextlib.nullcontext()
 
-    def chunk_sync(self, sync: bool, last: bool) -> bool:
-        """Whether one chunk of a micro-batch's chunked replay reduces its gradient over processes (`sync`: the
-        micro-batch does; `last`: its last chunk). Here only the last: the chunks accumulate locally first."""
-        return sync and last
-
-    @property
-    def reads_local_grads(self) -> bool:
-        """Whether each micro-batch's local gradient is in `.grad` after its backward (else the engine reports
-        its square through `squares`)."""
-        return True
-
-    def start_statistic(self, params: list[nn.Parameter], micro_batches: int) -> MicroBatchGradStats:
-        """The micro-batch gradient statistic of one optimizer step of `micro_batches` per process."""
-        self.squares = LocalSquares() if self.world > 1 else None
-        return MicroBatchGradStats(params, micro_batches * self.world, reduce=self.shard_sum)
+    def observe_local_grads(self, params: list[nn.Parameter], fn: Callable[[nn.Parameter, torch.Tensor], None]):
+        """Call `fn(param, this process's accumulated gradient)` for `params` just before a reducing backward
+        reduces them (DDP's communication hook). Here and under FSDP nothing: `.grad` shows them."""
 
     def shard_sum(self, x: torch.Tensor) -> torch.Tensor:
         """A per-shard quantity (a sharded gradient's squared norm) summed once over the shards of every process."""
         return self.all_sum(x)
-
-    @contextlib.contextmanager
-    def micro_batch(self, stats: MicroBatchGradStats, last: bool) -> Iterator[bool]:
-        """One micro-batch's backward: yields whether it reduces over processes. Each process's loss is its share of
-        the batch loss, so the reduced gradients sum to the batch gradient; DDP reduces once, after the last
-        micro-batch, FSDP reduces each into the shards."""
-        if last and self.squares is not None and self.reads_local_grads:
-            self.prev = stats.snapshot()  # DDP reads the last local gradient against this snapshot
-        yield last or not self.reads_local_grads
-        if self.reads_local_grads and not (last and self.squares is not None):
-            stats.after_backward(last=last)
-        if self.squares is not None:
-            self.squares.end_micro_batch()
-
-    def end_statistic(self, stats: MicroBatchGradStats) -> None:
-        """Every process's local squares into the statistic."""
-        if self.squares is not None:
-            stats.sq_sum += self.squares.total
-            stats.exact = self.squares.exact
-            self.squares, self.prev = None, {}
-        stats.sq_sum = self.all_sum(stats.sq_sum)
 
     # --- state --------------------------------------------------------------------------------------------------
     def save_policy(self, module: nn.Module, write: Callable[[nn.Module], None]) -> None:
@@ -245,17 +193,9 @@ class Engine:
         """Whole tensors cut as `like`'s are (this process's share of a shard, else whole), on like's devices."""
         return {k: _shard_like(v.to(_local(like[k]).device), like[k]) for k, v in values.items()}
 
-    def optimizer_state(self, optimizer: torch.optim.Optimizer, model: nn.Module) -> dict:
-        """The optimizer's state keyed by parameter name, whole, on the main process's CPU (collective)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-        return get_optimizer_state_dict(
-            model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-        )
-
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, model: nn.Module, state: dict | None) -> None:
-        """A state of `optimizer_state` (names; read by the main process alone, None elsewhere), or an older one
-        keyed by parameter index (one process)."""
+        """A whole optimizer state keyed by parameter name (a checkpoint of before issue 52; read by the main process
+        alone, None elsewhere), or an older one keyed by parameter index (one process)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         if self.world == 1 and all(isinstance(i, int) for g in state.get("param_groups", []) for i in g["params"]):

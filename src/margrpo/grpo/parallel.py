@@ -9,10 +9,9 @@ tree gives (`shard_units`), with the policy's interface methods registered as fo
 encoders left whole (`ignored_params`). Both sum gradients over processes, so N processes take the step one
 process takes on the whole batch.
 
-The micro-batch gradient statistic (Fig. 2a / 5) needs each micro-batch's local gradient, which both engines
-reduce inside backward: DDP's communication hook reads it before its all-reduce, FSDP's custom reduce-scatter
-reads it as its input (`LocalSquares`). What cannot be read exactly makes the statistic NaN, never wrong
-(docs/real-scale.md, "What the engines cannot do").
+What the engines differ in for the trainer: when a micro-batch's gradient is reduced (DDP once, after the last
+micro-batch; FSDP every micro-batch, into the shards) and, for the opt-in gradient-variance probe
+(grpo.grad_stats), where a process's own gradient can be read (DDP's communication hook; FSDP's shards).
 """
 
 from __future__ import annotations
@@ -34,65 +33,66 @@ FORWARD_METHODS = ("encode_prompts", "prepare_condition", "null_condition", "ar_
 
 
 class LossModule(nn.Module):
-    """The trainer's micro-batch loss as a module's forward, so DDP can wrap it; the policy is its child."""
+    """A module whose forward runs the trainer's micro-batch loss (a closure), so that DDP can wrap the policy once:
+    DDP synchronises only passes through its wrapper's forward, and a MAR policy is driven through its methods."""
 
-    def __init__(self, policy: nn.Module, loss_fn: Callable):
+    def __init__(self, policy: nn.Module):
         super().__init__()
-        self.policy, self.loss_fn = policy, loss_fn
+        self.policy = policy
 
-    def forward(self, *args, **kwargs):
-        return self.loss_fn(*args, **kwargs)
+    def forward(self, loss: Callable[[], tuple[torch.Tensor, dict]]):
+        return loss()
 
 
 class DDPEngine(Engine):
-    def __init__(self, policy: nn.Module, loss_fn: Callable, stat_params: list[nn.Parameter], device: torch.device):
-        super().__init__(policy, device)
+    def __init__(self, policy: nn.Module, device: torch.device, precision: str):
+        super().__init__(policy, device, precision)
         from torch.nn.parallel import DistributedDataParallel
 
-        self.module = LossModule(policy, loss_fn)
         ids = None if device.type == "cpu" else [device.index]
         # broadcast_buffers off: the policies' buffers are constants, and a broadcast per forward costs time;
         # init_sync off: `parallelize` has broadcast the weights once already
-        self.ddp = DistributedDataParallel(self.module, device_ids=ids, broadcast_buffers=False, init_sync=False)
-        self.stat_ids = {id(p) for p in stat_params}
+        self.ddp = DistributedDataParallel(
+            LossModule(policy), device_ids=ids, broadcast_buffers=False, init_sync=False
+        )
+        self.observers: list[tuple[set[int], Callable]] = []
         self.ddp.register_comm_hook(None, self._sum_hook)
 
-    def loss(self, fn: Callable, *args, **kwargs):
-        return self.ddp(*args, **kwargs)
+    def forward(self, loss: Callable[[], tuple[torch.Tensor, dict]]) -> tuple[torch.Tensor, dict]:
+        return self.ddp(loss)
 
     def sync(self, enabled: bool):
         return nullcontext() if enabled else self.ddp.no_sync()
 
+    def observe_local_grads(self, params: list[nn.Parameter], fn: Callable[[nn.Parameter, torch.Tensor], None]):
+        self.observers.append(({id(p) for p in params}, fn))
+
     def _sum_hook(self, _, bucket):  # no return annotation: DDP checks it against Future[Tensor], and ours is a string
-        """Sum (not average) the bucket over processes; first, the local gradient of the last micro-batch:
-        the bucket (the accumulated local gradient) minus the snapshot taken before it."""
-        if self.squares is not None:
+        """Sum (not average) the bucket over processes, after showing the observers its local gradients."""
+        for ids, fn in self.observers:
             for p, g in zip(bucket.parameters(), bucket.gradients()):
-                if id(p) in self.stat_ids:
-                    prev = self.prev.get(id(p))
-                    local = g.float() if prev is None else g.float() - prev.float()
-                    self.squares.add(local.square().sum(dtype=torch.float64))
+                if id(p) in ids:
+                    fn(p, g)
         return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
 
 
 class FSDPEngine(Engine):
     collective_forward = True
+    reduces_each_micro_batch = True  # the shards hold the sum; no micro-batch's whole gradient outlives its backward
     # a chunked replay's chunks accumulate this process's whole gradient and the last reduce-scatters it (one
-    # collective per micro-batch). True: every chunk reduce-scatters, so the gradients stay sharded, which lowers the
-    # peak only where the gradient statistic (LocalSquares) does not keep its own whole copy of the local gradient:
-    # docs/findings.md, benchmarks/chunk_reduction.py
+    # collective per micro-batch). True: every chunk reduce-scatters, so the gradients stay sharded between chunks
+    # (docs/findings.md, benchmarks/chunk_reduction.py)
     reduce_each_chunk = False
 
     def __init__(
         self,
         policy: nn.Module,
         sharding: str,
-        stat_params: list[nn.Parameter],
         head_params: set[int],
         mixed_precision: str,
         device: torch.device,
     ):
-        super().__init__(policy, device)
+        super().__init__(policy, device, mixed_precision)
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
         # the main process's plain twin of the policy on the meta device, for writing checkpoints (`save_policy`)
@@ -100,42 +100,41 @@ class FSDPEngine(Engine):
         self.mesh = fsdp_mesh(sharding, self.world, device)
         if self.is_main:
             logging.getLogger(__name__).info("%s over a device mesh of shape %s", sharding, tuple(self.mesh.shape))
-        bf16 = mixed_precision == "bf16" and device.type == "cuda"  # on CPU the toy runs in fp32
+        # mixed precision by FSDP alone (no autocast around it): the parameters gathered in the low precision, the
+        # policy's methods' float outputs cast back to float32 (log-probs are float32), gradients reduced in float32
+        low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision)
         self.kwargs = dict(
             mesh=self.mesh,
             reshard_after_forward=sharding in ("full_shard", "hybrid_shard"),
-            mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            if bf16
+            mp_policy=MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32, output_dtype=torch.float32)
+            if low
             else MixedPrecisionPolicy(),
         )
-        trained_ids = {id(p) for p in policy.parameters() if p.requires_grad}
-        stat_ids = {id(p) for p in stat_params}
+        self.casts = low is not None
         self.units = shard_units(policy, head_params)
         ignored = outside_units(policy, head_params)
-        # which groups the statistic reads, decided on the plain parameters (FSDP replaces them by shards)
-        counted = [
-            _counts_for_statistic(m, [u for u in self.units if u is not m], trained_ids, stat_ids)
-            for m in [*self.units, policy]
-        ]
         methods = root_methods(policy, self.units, head_params)
         for unit in self.units:
             fully_shard(unit, **self.kwargs)
         fully_shard(policy, **self.kwargs, ignored_params=ignored)
         for name in methods:
             register_fsdp_forward_method(policy, name)
-        for key, (module, counts) in enumerate(zip([*self.units, policy], counted)):
+        for module in [*self.units, policy]:
             # sum, not mean: each process's loss is its share of the batch loss (gloo has no pre-multiplied sum)
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
-            module.set_custom_reduce_scatter(_CountingReduceScatter(self, key if counts else None))
         self.policy = policy
+
+    @property
+    def autocast_precision(self) -> str:
+        return "no" if self.casts else self.precision
 
     def sync(self, enabled: bool):
         @contextmanager
         def block():
             self.policy.set_requires_gradient_sync(enabled)
             # the root always reduces: its methods' inputs can carry gradients back mid-backward, which reduces it in
-            # parts, and parts of chunks accumulated locally would mix layouts the statistic cannot add (add_later)
+            # parts, and the parts of chunks accumulated locally would not be one gradient
             self.policy.set_requires_gradient_sync(True, recurse=False)
             try:
                 yield
@@ -144,12 +143,9 @@ class FSDPEngine(Engine):
 
         return block()
 
-    @property
-    def reads_local_grads(self) -> bool:
-        return False
-
-    def chunk_sync(self, sync: bool, last: bool) -> bool:
-        return sync and (last or self.reduce_each_chunk)
+    def reduces(self, last_micro_batch: bool, last_chunk: bool) -> bool:
+        """Every micro-batch, into the shards (its last chunk; every chunk with `reduce_each_chunk`)."""
+        return last_chunk or self.reduce_each_chunk
 
     def shard_sum(self, x: torch.Tensor) -> torch.Tensor:
         """Each shard once: under `hybrid_shard` every shard is held by one process on each node (the replicas)."""
@@ -178,39 +174,6 @@ class FSDPEngine(Engine):
             self.skeleton.to("meta")
 
 
-class _CountingReduceScatter:
-    """FSDP's reduce-scatter (a sum) that first adds the squared norm of its input, this process's unsharded
-    gradient of the group, to the statistic (`key` None: a group outside the statistic)."""
-
-    def __init__(self, engine: FSDPEngine, key: int | None):
-        self.engine, self.key = engine, key
-
-    def allocate(self, size, *, dtype, device):
-        return torch.empty(*size, dtype=dtype, device=device)
-
-    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-        squares = self.engine.squares
-        if squares is not None and self.key is not None:
-            squares.add_later(self.key, input_tensor)
-        return dist.reduce_scatter_single(
-            output=output_tensor, input=input_tensor, group=group, op=op, async_op=async_op
-        )
-
-
-def _register_reduce_scatter_type() -> None:
-    """FSDP checks custom comms against its ReduceScatter interface, which torch keeps in a private module: the
-    one private name margrpo uses, checked here so that a torch that moved it fails with a message."""
-    try:
-        from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
-    except ImportError as err:
-        raise RuntimeError(
-            f"torch {torch.__version__} has no torch.distributed.fsdp._fully_shard._fsdp_api.ReduceScatter, which "
-            "the FSDP gradient statistic registers its reduce-scatter with (set_custom_reduce_scatter); margrpo is "
-            "tested on torch 2.13 (constraints.txt)"
-        ) from err
-    ReduceScatter.register(_CountingReduceScatter)
-
-
 def build_policy(load: Callable[[], nn.Module], sharding: str) -> nn.Module:
     """This process's policy before `parallelize`. Sharded over several processes (FSDP), the main process alone
     builds it and reads its weights (`load`); the others receive its structure with every parameter on the meta
@@ -231,8 +194,6 @@ def parallelize(
     policy: nn.Module,
     settings: PolicySettings,
     mixed_precision: str,
-    loss_fn: Callable,
-    stat_params: list[nn.Parameter],
     head_params: list[nn.Parameter],
     device: torch.device,
     reference: nn.Module | None = None,
@@ -243,18 +204,17 @@ def parallelize(
     sharding (the others' parameters may be on the meta device, `build_policy`)."""
     sharding = settings.sharding  # checked by PolicySettings
     if not distributed():
-        return Engine(policy, device)
+        return Engine(policy, device, mixed_precision)
     if sharding == "replicate":
         if any(t.is_meta for t in policy.parameters()):
             raise ValueError("replicate (DDP) needs the whole policy on every process: build it with build_policy")
         for t in [*policy.parameters(), *policy.buffers()]:  # the one broadcast: LoRA adapters start at random
             dist.broadcast(t.data, src=0)
-        return DDPEngine(policy, loss_fn, stat_params, device)
-    _register_reduce_scatter_type()
+        return DDPEngine(policy, device, mixed_precision)
     modules = [policy] + ([reference] if reference is not None and reference is not policy else [])
     # the main process's whole weights, kept beside the sharded modules until every process has its shards
     sources = [twin(m, lambda t: t.detach()) for m in modules] if dist.get_rank() == 0 else [None] * len(modules)
-    engine = FSDPEngine(policy, sharding, stat_params, {id(p) for p in head_params}, mixed_precision, device)
+    engine = FSDPEngine(policy, sharding, {id(p) for p in head_params}, mixed_precision, device)
     if len(modules) > 1:
         _shard_reference(reference, engine)
     for module in modules:
@@ -340,20 +300,6 @@ def outside_units(policy: nn.Module, head: set[int]) -> set[nn.Parameter]:
     """Parameters in neither the AR nor the head (frozen encoders): FSDP leaves them whole and alone."""
     model = _ar_and_head(policy, head)
     return {p for p in policy.parameters() if id(p) not in model}
-
-
-def _counts_for_statistic(module: nn.Module, others: list[nn.Module], trained: set[int], stat: set[int]) -> bool:
-    """Whether the FSDP group of `module` (its parameters outside the groups `others` nested in it) holds the
-    gradient statistic's parameters; a group holding them beside other trained ones cannot be read whole."""
-    nested = {id(p) for m in others if any(m is x for x in module.modules()) for p in m.parameters()}
-    own = [id(p) for p in module.parameters() if id(p) not in nested and id(p) in trained]
-    hits = [i for i in own if i in stat]
-    if hits and len(hits) != len(own):
-        raise ValueError(
-            f"FSDP group {type(module).__name__} mixes parameters of the gradient statistic with other "
-            "trained ones; the statistic reads whole groups"
-        )
-    return bool(hits)
 
 
 def fsdp_mesh(sharding: str, world: int, device: torch.device):

@@ -9,7 +9,7 @@ AR steps chosen for training, drawn from the same z_k inside the loop.
 Only the steps that training reads need every unknown token's trajectory (`full_steps`: the chosen steps, and
 their predecessors for Sim); at the others the head denoises the committed tokens alone, from the same noise
 draws, so the images do not change and the rollout's head does a fraction of the work.
-`replay` recomputes log-probs from the record; with unchanged parameters the ratio is exactly 1.
+`grpo.replay` recomputes log-probs from the record; with unchanged parameters the ratio is exactly 1.
 """
 
 from __future__ import annotations
@@ -505,6 +505,3 @@ def _store_extra(rows, S1, traj, lp, mte_states, mte_log_probs):
     R, D = len(rows[0]), traj.shape[-1]
     mte_states[:, :, rows[0], rows[1]] = traj.view(-1, S1, R, D).transpose(0, 1)
     mte_log_probs[:, :, rows[0], rows[1]] = lp.view(-1, S1, R).transpose(0, 1)
-
-
-# replay lives in grpo.replay; re-exported here, where the trainer and the tests have always found it

@@ -30,9 +30,24 @@ def checkpoint_path(state_dir: str | Path, step: int) -> Path:
     return Path(state_dir) / f"ckpt-{step:06d}" / "policy"
 
 
+def training_state_path(state_dir: str | Path, step: int) -> Path:
+    """Where a checkpoint's training state goes (torch.distributed.checkpoint's shards): state/ckpt-XXXXXX/train."""
+    return Path(state_dir) / f"ckpt-{step:06d}" / "train"
+
+
+def drop_training_states(state_dir: str | Path, keep: int) -> None:
+    """The training states of every checkpoint but step `keep`'s (each would resume an older step): what their
+    manifests list, as clear_written_state removes it. Their policy folders stay for selection."""
+    for folder in Path(state_dir).glob("ckpt-*/train"):
+        if CHECKPOINT.fullmatch(folder.parent.name) and folder != training_state_path(state_dir, keep):
+            if folder.is_dir() and not folder.is_symlink():
+                _remove_listed(folder)
+
+
 TRAINER_FILES = ("trainer.pt", CHECKSUMS)  # what a trainer's save writes at the top of state/, beside its ckpt-<step>/
 CHECKPOINT = re.compile(r"ckpt-\d{6}")  # `checkpoint_path`'s folder of one checkpoint
 POLICY = ("policy", ".policy.old")  # the policy folder in it, and where atomic_dir moves the old one aside
+TRAIN = "train"  # the training state beside it (torch.distributed.checkpoint), with its manifest
 FROZEN_LINKS = (
     "vae",
     "text_encoder",
@@ -56,6 +71,7 @@ def clear_written_state(state_dir: str | Path) -> None:
     - ckpt-<6 digits>/policy/: of it, only what its own checksums.json (the manifest every policy folder margrpo
       writes carries) lists, the manifest itself, the temporary files of those, and NOVA's links to its frozen
       parts; atomic_dir's .policy.<random>.tmp/ and .policy.old/ beside it (the former whole: a killed write's);
+    - ckpt-<6 digits>/train/ (the training state's shards) as policy/, and its .train.<random>.tmp/ whole;
     - then the folders these removals left empty (policy/, its subfolders, ckpt-<step>/), no other folder.
 
     So a user's file anywhere in state/ stays, beside a checkpoint or inside its policy folder too (unless
@@ -82,9 +98,9 @@ def _clear_checkpoint(folder: Path) -> None:
     for p in folder.iterdir():
         if p.is_symlink() or not p.is_dir():
             continue
-        if p.name in POLICY:
+        if p.name in POLICY or p.name == TRAIN:
             _remove_listed(p)
-        elif temporary_of(p.name) == "policy":  # atomic_dir's folder of a killed save
+        elif temporary_of(p.name) in ("policy", TRAIN):  # the temporary folder of a killed save
             shutil.rmtree(p)
     _prune([folder], folder)
 

@@ -1,5 +1,6 @@
 """What one GRPO step carries between its phases: the rollout split into micro-batches with its advantages and
-masks (`StepBatch`), the optimizer steps planned on it (`Update`), and the helpers that cut and combine them."""
+masks (`StepBatch`), the optimizer steps planned on it (`Update`), the backward passes of each (`Backward`), and
+the helpers that cut and combine them."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ class StepBatch:
     components: dict[str, torch.Tensor]  # each reward term [N], for logging
     adv: torch.Tensor  # [N] group advantages
     frac_zero: float  # share of groups whose rewards have zero spread
-    ar: torch.Tensor  # [M] chosen AR steps
-    diff: torch.Tensor  # [M, U] chosen diffusion steps
+    ar_steps: torch.Tensor  # [M] the chosen AR steps
+    diffusion_steps: torch.Tensor  # [M, U] the chosen diffusion steps of each
     mte_mask: torch.Tensor | None  # [K, N, L] M^k (Eq. 10)
     sim_keep: torch.Tensor | None  # [K, N, L] Sim keep-weights (Eq. 11)
 
@@ -59,12 +60,48 @@ class TokenCounts:
 
 @dataclass
 class Update:
-    """One optimizer step: chosen AR steps [M_u], diffusion steps [M_u, U], and log_prob_old per micro-batch
-    (None: read off the update's own pass, the parameters being still those of the rollout)."""
+    """One optimizer step: chosen AR steps [M], diffusion steps [M, U], log_prob_old per micro-batch (None: read off
+    the update's own pass, the parameters being still those of the rollout), and the whole batch's loss tokens."""
 
-    ar: torch.Tensor
-    diff: torch.Tensor
+    ar_steps: torch.Tensor
+    diffusion_steps: torch.Tensor
     old: list[OldLogProbs | None]
+    tokens: torch.Tensor  # [M, U, N, L] float: the loss tokens of this process's images (loss_weights)
+    counts: TokenCounts  # the loss tokens of every process's images, per chosen AR step
+
+
+@dataclass(frozen=True)
+class Backward:
+    """One backward pass of an update: micro-batch `index`'s images at a chunk of the chosen AR steps
+    (`grpo.replay_chunk`), with what its loss reads, and its share of the micro-batch's loss."""
+
+    index: int  # the micro-batch
+    rollout: Rollout  # its images' sub-rollout
+    adv: torch.Tensor  # [n]
+    ar_steps: torch.Tensor  # [m] the chunk's chosen AR steps
+    diffusion_steps: torch.Tensor  # [m, U]
+    mte_mask: torch.Tensor | None  # [K, n, L]
+    sim_keep: torch.Tensor | None  # [K, n, L]
+    old: OldLogProbs | None  # at the chunk's steps
+    counts: TokenCounts  # the batch's, at the chunk's steps
+    share: float  # of the micro-batch's loss: the chunk's steps' share of the mean (1 under reinforce)
+    selected: int  # loss tokens of the chunk (weigh its ratio stats when chunks combine)
+    last_chunk: bool
+    last_micro_batch: bool
+
+    @property
+    def loss_inputs(self) -> tuple:
+        """The arguments of the trainer's `micro_loss`, in its order."""
+        return (
+            self.rollout,
+            self.adv,
+            self.ar_steps,
+            self.diffusion_steps,
+            self.mte_mask,
+            self.sim_keep,
+            self.old,
+            self.counts,
+        )
 
 
 def choose_steps(
@@ -99,6 +136,19 @@ def subset_rollout(r: Rollout, rows: torch.Tensor) -> Rollout:
         mte_log_probs=pick(r.mte_log_probs, 3),
         full=r.full,
     )
+
+
+def micro_batch_stats(done: list[tuple[Backward, float, dict]]) -> list[tuple[float, dict]]:
+    """Each micro-batch's loss and stats from its backward passes' (backward, loss, stats): a chunked replay's
+    chunks combine (`combine_chunk_stats`)."""
+    out = []
+    for c in sorted({part.index for part, _, _ in done}):
+        parts = [(p.share, p.selected, loss, stats) for p, loss, stats in done if p.index == c]
+        if len(parts) == 1:
+            out.append((parts[0][2], parts[0][3]))
+        else:
+            out.append((sum(sh * v for sh, _, v, _ in parts), combine_chunk_stats(parts)))
+    return out
 
 
 def combine_chunk_stats(parts: list[tuple[float, int, float, dict]]) -> dict:

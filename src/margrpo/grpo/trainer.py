@@ -1,9 +1,10 @@
 """The one GRPO trainer: every policy plugs in through the MAR policy interface (DESIGN 3).
 
-A step: sample prompts -> rollout with CFG (recording the trajectory, and S trajectories for MTE)
--> rewards -> group advantages -> choose |M| AR steps and |T| diffusion steps -> recompute the
-log-probs there in batched passes -> clipped surrogate with the MTE and Sim masks, plus beta * KL to
-the frozen reference -> one optimizer step. Variants (grpo / fix / mte / sim) are config switches.
+A step (`train_step`, then `update` for each optimizer step; read top-down): sample prompts -> choose |M| AR steps
+and |T| diffusion steps -> rollout with CFG (recording the trajectory, and S trajectories for MTE) -> rewards ->
+group advantages -> for each micro-batch and replay chunk, the log-probs recomputed there in batched passes and the
+clipped surrogate with the MTE and Sim masks plus beta * KL to the frozen reference (`micro_loss`), backpropagated
+-> clip, guard, one optimizer step. Variants (grpo / fix / mte / sim) are config switches.
 """
 
 from __future__ import annotations
@@ -12,17 +13,19 @@ import copy
 import logging
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
-from margrpo.grpo.checkpoints import resume_key, resume_state, save_state
-from margrpo.grpo.config import GRPOConfig, check_policy_settings
+from margrpo.grpo.checkpoints import Checkpointer, resume_key
+from margrpo.grpo.config import GRPOConfig, check_chosen_steps, check_policy_settings
 from margrpo.grpo.engine import Engine
-from margrpo.grpo.grad_stats import MicroBatchGradStats
+from margrpo.grpo.grad_stats import GradVarianceProbe, grad_square_norm
 from margrpo.grpo.objective import (
     group_advantages,
     kl_gaussian,
@@ -45,13 +48,14 @@ from margrpo.grpo.rollout import (
 )
 from margrpo.grpo.run_files import checkpoint_path
 from margrpo.grpo.step_batch import (
+    Backward,
     OldLogProbs,
     StepBatch,
     TokenCounts,
     Update,
     choose_steps,
-    combine_chunk_stats,
     loss_weights,
+    micro_batch_stats,
     subset_rollout,
     update_columns,
     variant_masks,
@@ -59,7 +63,7 @@ from margrpo.grpo.step_batch import (
 from margrpo.grpo.validation import RewardFn, validate
 from margrpo.infra.ema import EMA
 from margrpo.infra.files import refuse_symlink
-from margrpo.infra.runtime import autocast, peak_memory_mb
+from margrpo.infra.runtime import peak_memory_mb
 from margrpo.infra.stopping import StopRequest
 from margrpo.infra.trackers import end_trackers, start_trackers
 from margrpo.policy.base import MARPolicy
@@ -105,15 +109,7 @@ class GRPOTrainer:
         self.state_dir = self.out_dir / "state"
         self.ar_steps = len(ar_schedule(policy, sampling))  # K of every rollout (NOVA's rounding may drop steps)
         self.sampler = make_sampler(policy, sampling)
-        if config.mask_steps > self.ar_steps:
-            raise ValueError(
-                f"mask_steps |M| = {config.mask_steps} exceeds the {self.ar_steps} AR steps; lower grpo.mask_steps"
-            )
-        if config.diffusion_steps > stochastic_steps(sampling):
-            raise ValueError(
-                f"diffusion_steps |T| = {config.diffusion_steps} exceeds the {stochastic_steps(sampling)} "
-                "stochastic steps; lower grpo.diffusion_steps"
-            )
+        check_chosen_steps(config, self.ar_steps, stochastic_steps(sampling))
         self._choose_trained(config, self.policy_settings)
         self._parallelize()
         # data parallel: this process rolls out these prompt groups of every step's batch
@@ -124,10 +120,14 @@ class GRPOTrainer:
                 "images each process rolls out"
             )
         # the gradient statistics of Fig. 2a / 5 (logged as grad_*_ar): the AR's (the head's with the AR frozen)
-        self.stat_params = list(self._stat_params())  # read again: FSDP replaces the parameters by shards
+        self.stat_params = list(self._stat_params())  # read after the engine: FSDP replaces the parameters by shards
+        self.probe = self._probe(config)
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.params, lr=config.lr, betas=(0.9, 0.999), weight_decay=config.weight_decay
+        )
+        self.checkpointer = Checkpointer(
+            self.policy, self.optimizer, self.engine, self.state_dir, lora=bool(self.policy_settings.lora)
         )
         self.step, self.rows, self.checkpoints, self.nonfinite_run = 0, [], [], 0
         self.stopped: str | None = None  # why `train` saved and stopped early (None: it ran to the end)
@@ -174,12 +174,22 @@ class GRPOTrainer:
             self.policy,
             self.policy_settings,
             config.precision,
-            self.micro_loss,
-            list(self._stat_params()),
             list(self.policy.head_parameters()),
             self.device,
             reference=self.ref,
         )
+
+    def _probe(self, config: GRPOConfig) -> GradVarianceProbe | None:
+        """The gradient-variance probe where it is asked for and can be taken (two micro-batches or more)."""
+        try:
+            return (
+                GradVarianceProbe(self.stat_params, config.micro_batches, self.engine)
+                if config.grad_variance
+                else None
+            )
+        except ValueError as err:
+            log.warning("%s: logging no grad_var_ar", err)
+            return None
 
     def _stat_params(self):
         part = self.policy.head_parameters() if self.cfg.freeze_ar else self.policy.ar_parameters()
@@ -192,331 +202,6 @@ class GRPOTrainer:
     def settings(self) -> dict:
         """The GRPO settings and the policy's, in one flat record (summary.json's `config`, the trackers')."""
         return {**asdict(self.cfg), **asdict(self.policy_settings)}
-
-    # --- one GRPO step ----------------------------------------------------------------------------
-    def choose_steps(self, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """|M| AR steps and, for each, |T| stochastic diffusion steps, uniformly (DESIGN 3.3)."""
-        return choose_steps(
-            self.ar_steps, stochastic_steps(self.sampling), self.cfg.mask_steps, self.cfg.diffusion_steps, g
-        )
-
-    def recorded_steps(self, ar: torch.Tensor) -> torch.Tensor:
-        """The AR steps the rollout records in full: the chosen ones and, for Sim, each one's predecessor (kappa)."""
-        return torch.cat([ar, ar - 1]).clamp(min=0).unique() if self.cfg.sim else ar
-
-    def masks(self, rollout: Rollout) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """MTE's M^k and Sim's keep-weights per AR step (step_batch.variant_masks)."""
-        return variant_masks(rollout, self.cfg.trajectories, self.cfg.top_frac, self.cfg.tau if self.cfg.sim else None)
-
-    @torch.no_grad()
-    def old_log_probs(
-        self,
-        rollout: Rollout,
-        ar_steps: torch.Tensor,
-        diffusion_steps: torch.Tensor,
-        mte_mask: torch.Tensor | None = None,
-    ) -> OldLogProbs:
-        """log_prob_old of one micro-batch at the current parameters: the record's, or a no-grad pass of
-        the training replay (the same arithmetic as the update's own pass)."""
-        if self.cfg.old_logprob == "recorded":
-            return OldLogProbs(*recorded(rollout, ar_steps, diffusion_steps))
-        with autocast(self.device, self.cfg.precision):
-            replayed = replay(
-                self.policy,
-                rollout,
-                ar_steps,
-                diffusion_steps,
-                logprob_cfg=self.cfg.logprob_cfg,
-                with_mte=self.cfg.trajectories > 1,
-                mte_tokens=mte_mask,
-            )
-        return OldLogProbs(replayed.log_prob, replayed.mte_log_prob)
-
-    def micro_loss(
-        self,
-        rollout: Rollout,
-        adv: torch.Tensor,
-        ar_steps: torch.Tensor,
-        diffusion_steps: torch.Tensor,
-        mte_mask: torch.Tensor | None,
-        sim_keep: torch.Tensor | None,
-        old: OldLogProbs | None = None,
-        counts: TokenCounts | None = None,
-    ) -> tuple[torch.Tensor, dict]:
-        """Loss of one micro-batch (already a sub-rollout): mean over chosen AR steps of its share of the
-        batch's token-mean loss (Eq. 7); under `reinforce`, the sum over them (the official update).
-
-        `mte_mask` [K, n, L]: M^k of each AR step (Eq. 10). `old`: log_prob_old of these steps, from
-        `old_log_probs` before the first optimizer step; None when the parameters are still those of the
-        rollout: then this pass's own log-probs (detached) are log_prob_old for `recomputed`, the record's for
-        `recorded`. `counts`: the whole batch's token counts per chosen AR step; the micro-batch losses then sum
-        to the batch loss whatever the split. None: this rollout is the whole batch."""
-        cfg = self.cfg
-        with autocast(self.device, cfg.precision):
-            # the extra trajectories are replayed only where Eq. 10 uses them: the uncertainty mask
-            replayed = replay(
-                self.policy,
-                rollout,
-                ar_steps,
-                diffusion_steps,
-                logprob_cfg=cfg.logprob_cfg,
-                with_mte=cfg.trajectories > 1,
-                mte_tokens=mte_mask,
-            )
-        tokens, weight = loss_weights(replayed.mask, rollout, ar_steps, sim_keep, cfg.loss_tokens)  # [M, U, n, L]
-        if counts is None:
-            counts = TokenCounts(weight.sum((1, 2, 3)), tokens.sum((1, 2, 3)))
-        old = self._old_log_probs_of(replayed, old, rollout, ar_steps, diffusion_steps, mte_mask)
-        objective = per_token_policy_objective(replayed.log_prob, old.committed, adv, cfg.clip_eps)  # [M, U, n, L]
-        kl = None
-        if self.ref is not None:
-            with torch.no_grad(), autocast(self.device, cfg.precision), adapters_disabled(self.ref):
-                ref = replay(self.ref, rollout, ar_steps, diffusion_steps, logprob_cfg=cfg.logprob_cfg)
-            mean, std = replayed.mean, replayed.std
-            kl = kl_paper(mean, ref.mean) if cfg.kl == "paper" else kl_gaussian(mean, ref.mean, std, ref.std)
-        losses, kls = [], []
-        for m, k in enumerate(ar_steps.tolist()):
-            step_objective = objective[m]  # [U, n, L]
-            if mte_mask is not None:  # Eq. 10 on every loss token of step k
-                extra = per_token_policy_objective(replayed.mte_log_prob[m], old.mte[m], adv, cfg.clip_eps)
-                step_objective = mte_loss(torch.cat([step_objective[None], extra]), mte_mask[k])
-            losses.append(-masked_mean(step_objective, weight[m], counts.policy[m]))
-            if kl is not None:
-                kls.append(masked_mean(kl[m], tokens[m], counts.kl[m]))
-        # Eq. 7 averages over the chosen AR steps; the official REINFORCE update calls backward once per
-        # chosen step, so its gradients are the sum over the |M| steps
-        reduce = torch.sum if cfg.reinforce else torch.mean
-        policy_term = reduce(torch.stack(losses))
-        kl_term = reduce(torch.stack(kls)) if kls else torch.zeros((), device=policy_term.device)
-        stats = policy_ratio_stats(replayed.log_prob, old.committed, adv, tokens, cfg.clip_eps)
-        stats.update(policy_loss=policy_term.item(), kl=kl_term.item())
-        return policy_term + cfg.beta * kl_term, stats
-
-    def _old_log_probs_of(
-        self, replayed, old: OldLogProbs | None, rollout: Rollout, ar_steps, diffusion_steps, mte_mask
-    ) -> OldLogProbs:
-        """log_prob_old of a micro-batch's replay: `old` when given, else the record's (`recorded`) or this pass's
-        own, detached (`recomputed`)."""
-        if old is None:
-            if self.cfg.old_logprob == "recorded":
-                old = OldLogProbs(*recorded(rollout, ar_steps, diffusion_steps))
-            else:
-                mte = None if replayed.mte_log_prob is None else replayed.mte_log_prob.detach()
-                old = OldLogProbs(replayed.log_prob.detach(), mte)
-        if mte_mask is not None and old.mte is not None:  # entries not replayed: ratio 1, no gradient, never NaN
-            mte = torch.where(mte_mask[ar_steps][:, None, None], old.mte, replayed.mte_log_prob.detach())
-            old = OldLogProbs(old.committed, mte)
-        return old
-
-    def micro_backward(
-        self,
-        rollout: Rollout,
-        adv: torch.Tensor,
-        ar_steps: torch.Tensor,
-        diffusion_steps: torch.Tensor,
-        mte_mask: torch.Tensor | None,
-        sim_keep: torch.Tensor | None,
-        old: OldLogProbs | None,
-        counts: TokenCounts,
-        sync: bool = True,
-    ) -> tuple[float, dict]:
-        """`micro_loss` backpropagated `grpo.replay_chunk` chosen AR steps at a time, so one chunk's activations
-        are freed before the next is replayed (the replay of all |M| steps at once is what outgrows a GPU at
-        the paper's batch). Each chunk's loss is its share of the mean over steps (the whole of the sum under
-        `reinforce`), so the chunks' gradients sum to the micro-batch's; their stats combine to its stats."""
-        M = len(ar_steps)
-        size = self.cfg.replay_chunk or M
-        chunks = [slice(a, a + size) for a in range(0, M, size)]
-        tokens = None  # each chunk's selected tokens weigh its ratio stats when several combine
-        if len(chunks) > 1:
-            completion = completion_mask(rollout, ar_steps, diffusion_steps, self.sampler)
-            tokens = loss_weights(completion, rollout, ar_steps, sim_keep, self.cfg.loss_tokens)[0]  # [M, U, n, L]
-        parts = []
-        for part in chunks:
-            share = 1.0 if self.cfg.reinforce else len(ar_steps[part]) / M
-            # `sync`: this backward reduces the gradients over processes (a chunked replay: its last chunk's)
-            with self.engine.sync(self.engine.chunk_sync(sync, last=part.stop >= M)):
-                loss, stats = self.engine.loss(
-                    self.micro_loss,
-                    rollout,
-                    adv,
-                    ar_steps[part],
-                    diffusion_steps[part],
-                    mte_mask,
-                    sim_keep,
-                    None if old is None else old.steps(part),
-                    counts.steps(part),
-                )
-                self.engine.backward(loss * share)
-            selected = 0 if tokens is None else tokens[part].count_nonzero().item()
-            parts.append((share, selected, loss.item(), stats))
-        if len(parts) == 1:
-            return parts[0][2], parts[0][3]
-        return sum(sh * v for sh, _, v, _ in parts), combine_chunk_stats(parts)
-
-    def train_step(self) -> dict:
-        """One GRPO step: rollout and score -> plan the updates -> update (DESIGN 3)."""
-        t0 = time.time()
-        batch = self.rollout_and_score()
-        log = update_columns([self.update(batch, update) for update in self.plan_updates(batch)])
-        all_cat = self.engine.all_cat
-        rewards, adv = all_cat(batch.rewards), all_cat(batch.adv)  # every process's groups
-        components = {k: all_cat(v) for k, v in batch.components.items()}
-        frac_zero = all_cat(torch.tensor([batch.frac_zero], device=batch.adv.device)).mean().item()  # equal shares
-        row = {
-            "step": self.step + 1,
-            "reward_mean": rewards.mean().item(),
-            "reward_std": rewards.std().item(),
-            **{f"reward/{k}": v.mean().item() for k, v in components.items()},
-            "adv_mean": adv.mean().item(),
-            "adv_std": adv.std().item(),
-            "frac_zero_std": frac_zero,
-            **log,
-            "lr": self.optimizer.param_groups[0]["lr"],
-            "step_time_s": time.time() - t0,
-            "peak_mem_mb": peak_memory_mb(),
-        }
-        self.step += 1
-        return row
-
-    def rollout_and_score(self) -> StepBatch:
-        """Sample prompts, roll out their groups, score them, and derive advantages and the MTE / Sim masks."""
-        cfg = self.cfg
-        g_prompts, g_steps = (step_generator(cfg.seed, self.step, s) for s in (Stream.PROMPTS, Stream.STEPS))
-        chosen = torch.randperm(len(self.train_prompts), generator=g_prompts)[: cfg.batch_prompts].tolist()
-        idx = [chosen[i] for i in self.groups]  # this process's groups; each draws from its own streams
-        g_roll = group_generators(cfg.seed, self.step, Stream.ROLLOUT, self.groups)
-        g_mte = group_generators(cfg.seed, self.step, Stream.MTE, self.groups) if cfg.trajectories > 1 else None
-        prompts = [self.train_prompts.prompts[i] for i in idx]
-        meta = [self.train_prompts.metadata[i] for i in idx for _ in range(cfg.group_size)]
-        # the |M| AR steps are chosen before the rollout: MTE draws its S - 1 extra trajectories there (Algorithm 2)
-        ar, diff = self.choose_steps(g_steps)
-        with autocast(self.device, cfg.precision):
-            rollout = generate(
-                self.policy,
-                prompts,
-                self.sampling,
-                group_size=cfg.group_size,
-                generator=g_roll,
-                trajectories=cfg.trajectories,
-                mte_steps=ar,
-                mte_generator=g_mte,
-                shared_order=cfg.group_order == "shared",
-                shared_noise=cfg.group_noise == "shared",
-                full_steps=self.recorded_steps(ar),
-            )
-        rewards, components = self.reward_fn(rollout.images, rollout.prompts, meta)
-        adv, frac_zero = group_advantages(rewards, cfg.group_size)
-        if cfg.advantages == "shuffled":  # the no-signal control (GRPOConfig.advantages)
-            shuffle = torch.randperm(len(adv), generator=step_generator(cfg.seed, self.step, Stream.SHUFFLE))
-            adv = adv[shuffle.to(adv.device)]
-        mte_mask, sim_keep = self.masks(rollout)
-        rows = torch.arange(len(rollout.prompts)).chunk(cfg.micro_batches)
-        return StepBatch(
-            rollout=rollout,
-            subs=[subset_rollout(rollout, r) for r in rows],
-            rows=rows,
-            rewards=rewards,
-            components=components,
-            adv=adv,
-            frac_zero=frac_zero,
-            ar=ar,
-            diff=diff,
-            mte_mask=mte_mask,
-            sim_keep=sim_keep,
-        )
-
-    def plan_updates(self, batch: StepBatch) -> list[Update]:
-        """The optimizer steps of this rollout, each over all chosen AR steps (`updates_per_rollout`; one
-        under `reinforce`, as the official code), with the log_prob_old each one uses.
-
-        log_prob_old comes from the parameters before the first optimizer step. The first update runs on
-        exactly those and reads them off its own pass (None); later updates need a no-grad pass now."""
-        n = self.cfg.updates_per_rollout
-        first = Update(batch.ar, batch.diff, [None] * len(batch.rows))
-        if n == 1:
-            return [first]
-        old = [  # every later update is over the same steps: one pass serves them all
-            self.old_log_probs(sub, batch.ar, batch.diff, batch.micro_batch_mask(batch.mte_mask, c))
-            for c, sub in enumerate(batch.subs)
-        ]
-        return [first] + [Update(batch.ar, batch.diff, old)] * (n - 1)
-
-    def backward(
-        self, batch: StepBatch, update: Update
-    ) -> tuple[list[dict], float, MicroBatchGradStats, torch.Tensor]:
-        """The batch gradient of one update, left in the parameters' .grad: the micro-batches' losses (which
-        sum to the batch loss) backpropagated and summed over every process. Returns the micro-batches' stats,
-        the total loss, the gradient statistics and the loss-token mask of the chosen steps."""
-        completion = completion_mask(batch.rollout, update.ar, update.diff, self.sampler)  # the whole batch's
-        tokens, weight = loss_weights(completion, batch.rollout, update.ar, batch.sim_keep, self.cfg.loss_tokens)
-        engine, n = self.engine, len(batch.rows)
-        counts = TokenCounts(engine.all_sum(weight.sum((1, 2, 3))), engine.all_sum(tokens.sum((1, 2, 3))))
-        self.optimizer.zero_grad(set_to_none=True)
-        grad_stats, stats, total = engine.start_statistic(self.stat_params, n), [], 0.0
-        for c, rows in enumerate(batch.rows):
-            with engine.micro_batch(grad_stats, last=c == n - 1) as sync:
-                loss, s = self.micro_backward(
-                    batch.subs[c],
-                    batch.adv[rows],
-                    update.ar,
-                    update.diff,
-                    batch.micro_batch_mask(batch.mte_mask, c),
-                    batch.micro_batch_mask(batch.sim_keep, c),
-                    update.old[c],
-                    counts,
-                    sync=sync,
-                )
-            stats.append(s)
-            total += loss
-        engine.end_statistic(grad_stats)
-        total = float(engine.all_sum(torch.tensor(total, dtype=torch.float64)))
-        return [s for part in engine.all_objects(stats) for s in part], total, grad_stats, tokens
-
-    def update(self, batch: StepBatch, update: Update) -> dict:
-        """One optimizer step on the batch gradient (`backward`): clip and step, or skip a non-finite update
-        (stopping after `max_nonfinite` in a row)."""
-        stats, total, grad_stats, tokens = self.backward(batch, update)
-        grad_norm_ar, grad_var = grad_stats.result()
-        # the total norm of every trained gradient, clipped to grad_clip (0: measured only; a scale of exactly 1)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip or math.inf)
-        grad_norm = float(
-            grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-        )  # FSDP: a DTensor
-        finite = all(map(math.isfinite, (total, grad_norm, grad_norm_ar)))
-        if finite:
-            self.nonfinite_run = 0
-            self.optimizer.step()
-        else:
-            self.nonfinite_run += 1
-            if self.nonfinite_run >= self.cfg.max_nonfinite:
-                raise FloatingPointError(
-                    f"{self.nonfinite_run} non-finite updates in a row at step {self.step}; "
-                    "stopping (grpo.max_nonfinite)"
-                )
-        log = {k: float(torch.tensor([s[k] for s in stats]).nanmean()) for k in stats[0]}
-        log.update({k: sum(s[k] for s in stats) for k in ("policy_loss", "kl")})  # shares of the batch loss
-        log.update(ratio_min=min(s["ratio_min"] for s in stats), ratio_max=max(s["ratio_max"] for s in stats))
-        log.update(grad_norm=grad_norm, grad_norm_ar=grad_norm_ar, grad_var_ar=grad_var, skipped=int(not finite))
-        if batch.mte_mask is not None:  # the share of the loss tokens that Eq. 10 averages over S trajectories
-            share = self.engine.all_sum(
-                torch.stack([(batch.mte_mask[update.ar][:, None] * tokens).sum(), tokens.sum()])
-            )
-            log["mte_frac"] = float(share[0] / share[1].clamp(min=1))
-        return log
-
-    # --- validation, checkpoints, resume (grpo.validation, grpo.checkpoints) ------------------------------------
-    def validate(self) -> list[float]:
-        """Reward of each validation prompt (mean over its `val_images` images), under the same noise every step."""
-        return validate(self)
-
-    def save(self) -> None:
-        """Checkpoint (policy folder) + resumable trainer state, written atomically by the main process."""
-        save_state(self)
-
-    def try_resume(self) -> bool:
-        """Resume from state/ only if it was written under this run's spec (`self.spec_hash`); else clear it."""
-        return resume_state(self)
 
     def train(self, spec: dict | None = None, stop: StopRequest | None = None) -> dict:
         """Train to `cfg.steps`, resuming from state/ when it was written under the same spec: this
@@ -531,6 +216,7 @@ class GRPOTrainer:
                 self.policy, self.cfg.ema_decay, [n for n, p in self.policy.named_parameters() if p.requires_grad]
             )
             self.optimizer.register_step_post_hook(lambda *_: self.ema.update(self.policy))
+            self.checkpointer.ema = self.ema
         resumed = self.try_resume()
         wandb = {"name": self.out_dir.name, "id": f"{self.out_dir.name}-{self.spec_hash}", "config": self.settings()}
         start_trackers(self.accelerator, self.out_dir / "tb", RUN_NAME, self.step if resumed else None, wandb=wandb)
@@ -596,3 +282,310 @@ class GRPOTrainer:
                 {"step": self.step, "val_reward": val_reward, "val_scores": val_scores, "path": path}
             )
         self.save()
+
+    # --- one GRPO step (DESIGN 3) ----------------------------------------------------------------------------------
+    def train_step(self) -> dict:
+        """One GRPO step: rollout and rewards -> group advantages (with MTE's extra trajectories and Sim's weights)
+        -> each optimizer step of the rollout -> the step's row."""
+        t0 = time.time()
+        batch = self.rollout_and_score()
+        logs = [self.update(batch, update) for update in self.plan_updates(batch)]
+        return self.step_row(batch, update_columns(logs), time.time() - t0)
+
+    def update(self, batch: StepBatch, update: Update) -> dict:
+        """One optimizer step on the batch gradient: every micro-batch's loss backpropagated, one replay chunk at a
+        time (their gradients sum to the batch's, over every process), then clip, guard and step."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.probe is not None:
+            self.probe.start()
+        done = []  # (backward, its loss, its stats)
+        for part in self.backwards(batch, update):
+            with self.engine.sync(self.engine.reduces(part.last_micro_batch, part.last_chunk)):
+                loss, stats = self.engine.forward(partial(self.micro_loss, *part.loss_inputs))
+                (loss * part.share).backward()
+            done.append((part, loss.item(), stats))
+            if self.probe is not None and part.last_chunk:
+                self.probe.after_micro_batch(last=part.last_micro_batch)
+        square_norm_ar = grad_square_norm(self.stat_params, self.engine)  # before clipping: Fig. 2a / 5
+        grad_var = float("nan") if self.probe is None else self.probe.result(square_norm_ar)
+        # the total norm of every trained gradient, clipped to grad_clip (0: measured only; a scale of exactly 1)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip or math.inf)
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)  # FSDP
+        micro_batches = micro_batch_stats(done)
+        total = float(self.engine.all_sum(torch.tensor(sum(loss for loss, _ in micro_batches), dtype=torch.float64)))
+        finite = math.isfinite(total) and math.isfinite(grad_norm)
+        self.nonfinite_run = 0 if finite else self.nonfinite_run + 1
+        if finite:
+            self.optimizer.step()
+        elif self.nonfinite_run >= self.cfg.max_nonfinite:
+            raise FloatingPointError(
+                f"{self.nonfinite_run} non-finite updates in a row at step {self.step}; stopping (grpo.max_nonfinite)"
+            )
+        variance = {} if self.probe is None else {"grad_var_ar": grad_var}
+        norms = dict(grad_norm=grad_norm, grad_norm_ar=math.sqrt(square_norm_ar), **variance)
+        return self.update_log([s for _, s in micro_batches], batch, update, **norms, skipped=int(not finite))
+
+    def rollout_and_score(self) -> StepBatch:
+        """Sample prompts, roll out their groups, score them, and derive advantages and the MTE / Sim masks."""
+        cfg = self.cfg
+        g_prompts, g_steps = (step_generator(cfg.seed, self.step, s) for s in (Stream.PROMPTS, Stream.STEPS))
+        chosen = torch.randperm(len(self.train_prompts), generator=g_prompts)[: cfg.batch_prompts].tolist()
+        idx = [chosen[i] for i in self.groups]  # this process's groups; each draws from its own streams
+        g_roll = group_generators(cfg.seed, self.step, Stream.ROLLOUT, self.groups)
+        g_mte = group_generators(cfg.seed, self.step, Stream.MTE, self.groups) if cfg.trajectories > 1 else None
+        prompts = [self.train_prompts.prompts[i] for i in idx]
+        meta = [self.train_prompts.metadata[i] for i in idx for _ in range(cfg.group_size)]
+        # the |M| AR steps are chosen before the rollout: MTE draws its S - 1 extra trajectories there (Algorithm 2)
+        ar, diff = self.choose_steps(g_steps)
+        with self.engine.autocast():
+            rollout = generate(
+                self.policy,
+                prompts,
+                self.sampling,
+                group_size=cfg.group_size,
+                generator=g_roll,
+                trajectories=cfg.trajectories,
+                mte_steps=ar,
+                mte_generator=g_mte,
+                shared_order=cfg.group_order == "shared",
+                shared_noise=cfg.group_noise == "shared",
+                full_steps=self.recorded_steps(ar),
+            )
+        rewards, components = self.reward_fn(rollout.images, rollout.prompts, meta)
+        adv, frac_zero = group_advantages(rewards, cfg.group_size)
+        if cfg.advantages == "shuffled":  # the no-signal control (GRPOConfig.advantages)
+            shuffle = torch.randperm(len(adv), generator=step_generator(cfg.seed, self.step, Stream.SHUFFLE))
+            adv = adv[shuffle.to(adv.device)]
+        mte_mask, sim_keep = self.masks(rollout)
+        rows = torch.arange(len(rollout.prompts)).chunk(cfg.micro_batches)
+        return StepBatch(
+            rollout=rollout,
+            subs=[subset_rollout(rollout, r) for r in rows],
+            rows=rows,
+            rewards=rewards,
+            components=components,
+            adv=adv,
+            frac_zero=frac_zero,
+            ar_steps=ar,
+            diffusion_steps=diff,
+            mte_mask=mte_mask,
+            sim_keep=sim_keep,
+        )
+
+    def plan_updates(self, batch: StepBatch) -> list[Update]:
+        """The optimizer steps of this rollout, each over all chosen AR steps (`updates_per_rollout`; one
+        under `reinforce`, as the official code), with the log_prob_old each one uses and the batch's loss tokens.
+
+        log_prob_old comes from the parameters before the first optimizer step. The first update runs on
+        exactly those and reads them off its own pass (None); later updates need a no-grad pass now."""
+        ar, diff, n = batch.ar_steps, batch.diffusion_steps, self.cfg.updates_per_rollout
+        completion = completion_mask(batch.rollout, ar, diff, self.sampler)  # the whole batch's
+        tokens, weight = loss_weights(completion, batch.rollout, ar, batch.sim_keep, self.cfg.loss_tokens)
+        counts = TokenCounts(self.engine.all_sum(weight.sum((1, 2, 3))), self.engine.all_sum(tokens.sum((1, 2, 3))))
+        first = Update(ar, diff, [None] * len(batch.rows), tokens, counts)
+        if n == 1:
+            return [first]
+        old = [  # every later update is over the same steps: one pass serves them all
+            self.old_log_probs(sub, ar, diff, batch.micro_batch_mask(batch.mte_mask, c))
+            for c, sub in enumerate(batch.subs)
+        ]
+        return [first] + [Update(ar, diff, old, tokens, counts)] * (n - 1)
+
+    def backwards(self, batch: StepBatch, update: Update) -> Iterator[Backward]:
+        """The backward passes of one update: each micro-batch's images at `grpo.replay_chunk` chosen AR steps at a
+        time, so that one chunk's activations are freed before the next is replayed (all |M| at once is what
+        outgrows a GPU at the paper's batch). A chunk's loss is its share of the mean over steps (the whole of the
+        sum under `reinforce`), so the passes' gradients sum to the batch gradient."""
+        M, n = len(update.ar_steps), len(batch.rows)
+        size = self.cfg.replay_chunk or M
+        for c, rows in enumerate(batch.rows):
+            for start in range(0, M, size):
+                part = slice(start, start + size)
+                yield Backward(
+                    index=c,
+                    rollout=batch.subs[c],
+                    adv=batch.adv[rows],
+                    ar_steps=update.ar_steps[part],
+                    diffusion_steps=update.diffusion_steps[part],
+                    mte_mask=batch.micro_batch_mask(batch.mte_mask, c),
+                    sim_keep=batch.micro_batch_mask(batch.sim_keep, c),
+                    old=None if update.old[c] is None else update.old[c].steps(part),
+                    counts=update.counts.steps(part),
+                    share=1.0 if self.cfg.reinforce or size >= M else len(update.ar_steps[part]) / M,
+                    selected=0 if size >= M else update.tokens[part][:, :, rows].count_nonzero().item(),
+                    last_chunk=start + size >= M,
+                    last_micro_batch=c == n - 1,
+                )
+
+    def micro_loss(
+        self,
+        rollout: Rollout,
+        adv: torch.Tensor,
+        ar_steps: torch.Tensor,
+        diffusion_steps: torch.Tensor,
+        mte_mask: torch.Tensor | None,
+        sim_keep: torch.Tensor | None,
+        old: OldLogProbs | None = None,
+        counts: TokenCounts | None = None,
+    ) -> tuple[torch.Tensor, dict]:
+        """Loss of one micro-batch (already a sub-rollout): mean over chosen AR steps of its share of the
+        batch's token-mean loss (Eq. 7); under `reinforce`, the sum over them (the official update).
+
+        `mte_mask` [K, n, L]: M^k of each AR step (Eq. 10). `old`: log_prob_old of these steps, from
+        `old_log_probs` before the first optimizer step; None when the parameters are still those of the
+        rollout: then this pass's own log-probs (detached) are log_prob_old for `recomputed`, the record's for
+        `recorded`. `counts`: the whole batch's token counts per chosen AR step; the micro-batch losses then sum
+        to the batch loss whatever the split. None: this rollout is the whole batch."""
+        cfg = self.cfg
+        with self.engine.autocast():
+            # the extra trajectories are replayed only where Eq. 10 uses them: the uncertainty mask
+            replayed = replay(
+                self.policy,
+                rollout,
+                ar_steps,
+                diffusion_steps,
+                logprob_cfg=cfg.logprob_cfg,
+                with_mte=cfg.trajectories > 1,
+                mte_tokens=mte_mask,
+            )
+        tokens, weight = loss_weights(replayed.mask, rollout, ar_steps, sim_keep, cfg.loss_tokens)  # [M, U, n, L]
+        if counts is None:
+            counts = TokenCounts(weight.sum((1, 2, 3)), tokens.sum((1, 2, 3)))
+        old = self._old_log_probs_of(replayed, old, rollout, ar_steps, diffusion_steps, mte_mask)
+        objective = per_token_policy_objective(replayed.log_prob, old.committed, adv, cfg.clip_eps)  # [M, U, n, L]
+        kl = None
+        if self.ref is not None:
+            with torch.no_grad(), self.engine.autocast(), adapters_disabled(self.ref):
+                ref = replay(self.ref, rollout, ar_steps, diffusion_steps, logprob_cfg=cfg.logprob_cfg)
+            mean, std = replayed.mean, replayed.std
+            kl = kl_paper(mean, ref.mean) if cfg.kl == "paper" else kl_gaussian(mean, ref.mean, std, ref.std)
+        losses, kls = [], []
+        for m, k in enumerate(ar_steps.tolist()):
+            step_objective = objective[m]  # [U, n, L]
+            if mte_mask is not None:  # Eq. 10 on every loss token of step k
+                extra = per_token_policy_objective(replayed.mte_log_prob[m], old.mte[m], adv, cfg.clip_eps)
+                step_objective = mte_loss(torch.cat([step_objective[None], extra]), mte_mask[k])
+            losses.append(-masked_mean(step_objective, weight[m], counts.policy[m]))
+            if kl is not None:
+                kls.append(masked_mean(kl[m], tokens[m], counts.kl[m]))
+        # Eq. 7 averages over the chosen AR steps; the official REINFORCE update calls backward once per
+        # chosen step, so its gradients are the sum over the |M| steps
+        reduce = torch.sum if cfg.reinforce else torch.mean
+        policy_term = reduce(torch.stack(losses))
+        kl_term = reduce(torch.stack(kls)) if kls else torch.zeros((), device=policy_term.device)
+        stats = policy_ratio_stats(replayed.log_prob, old.committed, adv, tokens, cfg.clip_eps)
+        stats.update(policy_loss=policy_term.item(), kl=kl_term.item())
+        return policy_term + cfg.beta * kl_term, stats
+
+    def _old_log_probs_of(
+        self, replayed, old: OldLogProbs | None, rollout: Rollout, ar_steps, diffusion_steps, mte_mask
+    ) -> OldLogProbs:
+        """log_prob_old of a micro-batch's replay: `old` when given, else the record's (`recorded`) or this pass's
+        own, detached (`recomputed`)."""
+        if old is None:
+            if self.cfg.old_logprob == "recorded":
+                old = OldLogProbs(*recorded(rollout, ar_steps, diffusion_steps))
+            else:
+                mte = None if replayed.mte_log_prob is None else replayed.mte_log_prob.detach()
+                old = OldLogProbs(replayed.log_prob.detach(), mte)
+        if mte_mask is not None and old.mte is not None:  # entries not replayed: ratio 1, no gradient, never NaN
+            mte = torch.where(mte_mask[ar_steps][:, None, None], old.mte, replayed.mte_log_prob.detach())
+            old = OldLogProbs(old.committed, mte)
+        return old
+
+    @torch.no_grad()
+    def old_log_probs(
+        self,
+        rollout: Rollout,
+        ar_steps: torch.Tensor,
+        diffusion_steps: torch.Tensor,
+        mte_mask: torch.Tensor | None = None,
+    ) -> OldLogProbs:
+        """log_prob_old of one micro-batch at the current parameters: the record's, or a no-grad pass of
+        the training replay (the same arithmetic as the update's own pass)."""
+        if self.cfg.old_logprob == "recorded":
+            return OldLogProbs(*recorded(rollout, ar_steps, diffusion_steps))
+        with self.engine.autocast():
+            replayed = replay(
+                self.policy,
+                rollout,
+                ar_steps,
+                diffusion_steps,
+                logprob_cfg=self.cfg.logprob_cfg,
+                with_mte=self.cfg.trajectories > 1,
+                mte_tokens=mte_mask,
+            )
+        return OldLogProbs(replayed.log_prob, replayed.mte_log_prob)
+
+    # --- one GRPO step ----------------------------------------------------------------------------
+    def choose_steps(self, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """|M| AR steps and, for each, |T| stochastic diffusion steps, uniformly (DESIGN 3.3)."""
+        return choose_steps(
+            self.ar_steps, stochastic_steps(self.sampling), self.cfg.mask_steps, self.cfg.diffusion_steps, g
+        )
+
+    def recorded_steps(self, ar: torch.Tensor) -> torch.Tensor:
+        """The AR steps the rollout records in full: the chosen ones and, for Sim, each one's predecessor (kappa)."""
+        return torch.cat([ar, ar - 1]).clamp(min=0).unique() if self.cfg.sim else ar
+
+    def masks(self, rollout: Rollout) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """MTE's M^k and Sim's keep-weights per AR step (step_batch.variant_masks)."""
+        return variant_masks(rollout, self.cfg.trajectories, self.cfg.top_frac, self.cfg.tau if self.cfg.sim else None)
+
+    # --- what a step logs --------------------------------------------------------------------------------------------
+    def update_log(self, micro_batches: list[dict], batch: StepBatch, update: Update, **columns) -> dict:
+        """An update's statistics over every process's micro-batches (means, the loss terms' sums, ratio extremes),
+        then `columns` (norms, the guard's verdict), then the share of MTE's tokens."""
+        stats = [s for part in self.engine.all_objects(micro_batches) for s in part]
+        log = {k: float(torch.tensor([s[k] for s in stats]).nanmean()) for k in stats[0]}
+        log.update({k: sum(s[k] for s in stats) for k in ("policy_loss", "kl")})  # shares of the batch loss
+        log.update(ratio_min=min(s["ratio_min"] for s in stats), ratio_max=max(s["ratio_max"] for s in stats))
+        if self.cfg.kl == "paper":  # Eq. 14 on the means' differences (not a KL divergence): named for what it is
+            log = {("kl_paper" if k == "kl" else k): v for k, v in log.items()}
+        log.update(columns)
+        if batch.mte_mask is not None:  # the share of the loss tokens that Eq. 10 averages over S trajectories
+            tokens = update.tokens
+            share = torch.stack([(batch.mte_mask[update.ar_steps][:, None] * tokens).sum(), tokens.sum()])
+            share = self.engine.all_sum(share)
+            log["mte_frac"] = float(share[0] / share[1].clamp(min=1))
+        return log
+
+    def step_row(self, batch: StepBatch, log: dict, seconds: float) -> dict:
+        """The step's row of metrics.csv: rewards and advantages over every process's groups, the updates' log."""
+        all_cat = self.engine.all_cat
+        rewards, adv = all_cat(batch.rewards), all_cat(batch.adv)  # every process's groups
+        components = {k: all_cat(v) for k, v in batch.components.items()}
+        frac_zero = all_cat(torch.tensor([batch.frac_zero], device=batch.adv.device)).mean().item()  # equal shares
+        self.step += 1
+        return {
+            "step": self.step,
+            "reward_mean": rewards.mean().item(),
+            "reward_std": rewards.std().item(),
+            **{f"reward/{k}": v.mean().item() for k, v in components.items()},
+            "adv_mean": adv.mean().item(),
+            "adv_std": adv.std().item(),
+            "frac_zero_std": frac_zero,
+            **log,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "step_time_s": seconds,
+            "peak_mem_mb": peak_memory_mb(),
+        }
+
+    # --- validation, checkpoints, resume (grpo.validation, grpo.checkpoints) ------------------------------------
+    validate = validate  # each validation prompt's reward under the same noise every step (grpo.validation)
+
+    def save(self) -> None:
+        """Checkpoint (policy folder) + resumable training state (grpo.checkpoints)."""
+        header = {"rows": self.rows, "checkpoints": self.checkpoints, "nonfinite_run": self.nonfinite_run}
+        self.checkpointer.save(self.step, {**header, "spec_hash": self.spec_hash})
+
+    def try_resume(self) -> bool:
+        """Resume from state/ only if it was written under this run's spec (`self.spec_hash`); else clear it."""
+        header = self.checkpointer.resume(self.spec_hash)
+        if header is None:
+            return False
+        self.step, self.rows, self.checkpoints = header["step"], header["rows"], header["checkpoints"]
+        self.nonfinite_run = header["nonfinite_run"]
+        if header.get("format", 1) < 2 and self.cfg.kl == "paper":  # rows logged before the KL term had its name
+            self.rows = [{("kl_paper" if k == "kl" else k): v for k, v in row.items()} for row in self.rows]
+        return True

@@ -101,10 +101,23 @@ def space_named(path: str | os.PathLike) -> Iterator[None]:
     path = Path(path)
     try:
         yield
-    except (OSError, RuntimeError) as err:
-        if not isinstance(err, NoSpaceError) and _out_of_space(err, path if path.is_dir() else path.parent):
-            raise _no_space(err, path) from err
+    except BaseException as err:
+        for cause in failure_causes(err):
+            if (
+                isinstance(cause, (OSError, RuntimeError))
+                and not isinstance(cause, NoSpaceError)
+                and _out_of_space(cause, path if path.is_dir() else path.parent)
+            ):
+                raise _no_space(cause, path) from err
         raise
+
+
+def failure_causes(err: BaseException) -> list[BaseException]:
+    """`err`, or each process's failure where torch.distributed.checkpoint gathered them (CheckpointException)."""
+    failures = getattr(err, "failures", None)
+    if isinstance(failures, dict):
+        return [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+    return [err]
 
 
 def _current_umask() -> int:

@@ -41,13 +41,12 @@ Per GPU, from the one-process measurement and parameter counts (N processes, one
   the reduce-scatter). No autocast weight copies (FSDP all-gathers bf16 parameters). In a chunked replay the
   chunks before the last run without gradient sync (`FSDPEngine.reduce_each_chunk` False), and FSDP2 keeps their
   gradients unsharded, accumulated in fp32, until the last chunk reduces them: during the replay the gradients are
-  whole (reducing every chunk would not lower the peak while the gradient statistic keeps its own whole copy:
-  benchmarks/chunk_reduction.py);
+  whole (benchmarks/chunk_reduction.py);
 - shard_grad_op (FSDP2, reshard_after_forward=False, ZeRO-2): as full_shard, but the policy's FSDP parameters stay
   gathered in bf16 for the whole step; the reference reshards after each forward.
-  Both FSDP shardings also hold, during the replay's backward, one fp32 copy of this process's local (unreduced)
-  gradient of the parameters the micro-batch gradient statistic reads (`grpo.parallel.LocalSquares`: the AR's
-  trained parameters; the head's for head-only).
+With `grpo.grad_variance` on, the gradient-variance probe (`grpo.grad_stats`) holds one snapshot of the gradients
+it reads (the AR's trained parameters; the head's for head-only) between the replay's micro-batches: whole on one
+process and under DDP, this process's shards under FSDP (its own column, only then).
 FSDP groups are `margrpo.grpo.parallel.shard_units` (every block of an nn.ModuleList made of AR / head
 parameters, then the children of each largest head-only module) and the root (the rest of the AR and the head).
 Reward models' weights (per `reward_models.<name>.dtype`, float32 by default) are whole on every GPU; their

@@ -22,7 +22,18 @@ ALLOWANCE_FIXED, ALLOWANCE_SHARE = 2 * GiB, 0.10
 
 SHARDINGS = ("replicate", "full_shard", "shard_grad_op")
 PHASES = ("rollout", "replay", "optimizer")
-PARTS = ("trained", "frozen", "grads", "optimizer", "reference", "record", "activations", "gathered", "rewards")
+PARTS = (
+    "trained",
+    "frozen",
+    "grads",
+    "optimizer",
+    "reference",
+    "record",
+    "activations",
+    "gathered",
+    "probe",
+    "rewards",
+)
 
 
 def per_gpu(step: Step, n: int, sharding: str, rewards: int) -> dict:
@@ -60,10 +71,11 @@ def per_gpu(step: Step, n: int, sharding: str, rewards: int) -> dict:
             held = bf16(s["fsdp"]) if sharding == "shard_grad_op" else bf16(s["root"]) + 2 * bf16(s["unit"])
             ref = bf16(s["root"]) + 2 * bf16(s["unit"]) if s["reference"] and phase == "replay" else 0
             grads = max(s["unit_trained"], s["root_trained"]) * 6 // 4 if phase == "replay" else 0  # bf16 + fp32
-            # the gradient statistic: each group's local (unreduced) gradient summed in fp32 during the backward
-            stat = s.get("stat", s["fsdp_trained"]) if phase == "replay" else 0
-            gathered = held + ref + grads + stat
+            gathered = held + ref + grads
         parts["gathered"] = gathered
+        # the gradient-variance probe (grpo.grad_variance): a snapshot of the gradients it reads, held between the
+        # replay's micro-batches; this process's shards under FSDP
+        parts["probe"] = s.get("stat", 0) * share if phase == "replay" else 0
         parts["rewards"] = rewards
         parts = {k: int(parts[k]) for k in PARTS}
         tensors = sum(parts.values())
@@ -98,14 +110,17 @@ def table(rows: list[dict], unit: int = GiB) -> str:
     """Markdown: one row per (variant, setting, GPUs), parts in GiB (MiB: `unit`), the verdicts against 80 and 139
     GiB."""
     name = "GiB" if unit == GiB else "MiB"
+    columns = COLUMNS
+    if any(r.get("probe") for r in rows):  # the gradient-variance probe's snapshot, where grpo.grad_variance is on
+        columns = [*COLUMNS[:-2], ("probe", "grad var probe"), *COLUMNS[-2:]]
     head = (
         ["variant", "batch / GPU", "GPUs", "sharding"]
-        + [f"{h} {name}" for _, h in COLUMNS]
+        + [f"{h} {name}" for _, h in columns]
         + ["phase", "80 GiB", "139 GiB"]
     )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["variant"], r["batch"], str(r["gpus"]), r["sharding"]] + [f"{r[k] / unit:.1f}" for k, _ in COLUMNS]
+        cells = [r["variant"], r["batch"], str(r["gpus"]), r["sharding"]] + [f"{r[k] / unit:.1f}" for k, _ in columns]
         cells += [r["phase"]] + [
             ("fits, " if r["total"] <= v else "OOM, ") + f"{(v - r['total']) / GiB:+.1f}" for v in LIMITS.values()
         ]

@@ -66,9 +66,9 @@ def _grow(ledger: Ledger, K: int, R: int, tensors) -> None:
 
 
 def _wrap_phases(ledger: Ledger, trainer, chosen: str, grow) -> None:
-    """The ledger's phases around the trainer's methods: rollout (rollout_and_score), replay (backward), optimizer
-    (clip and AdamW); with `chosen` "first", the first |M| AR steps are the chosen ones."""
-    rollout_and_score, backward, choose = trainer.rollout_and_score, trainer.backward, trainer.choose_steps
+    """The ledger's phases around the trainer's methods: rollout (rollout_and_score), replay (the backward passes of
+    `backwards`), optimizer (clip and AdamW); with `chosen` "first", the first |M| AR steps are the chosen ones."""
+    rollout_and_score, backwards, choose = trainer.rollout_and_score, trainer.backwards, trainer.choose_steps
 
     def rollout():
         ledger.set_phase("rollout")
@@ -82,22 +82,21 @@ def _wrap_phases(ledger: Ledger, trainer, chosen: str, grow) -> None:
 
     def replay(*args):
         ledger.set_phase("replay")
-        out = backward(*args)
+        yield from backwards(*args)
         ledger.set_phase("optimizer", "optim")
-        return out
 
     def worst(g):
         ar, diff = choose(g)
         return torch.arange(len(ar)), diff
 
-    trainer.rollout_and_score, trainer.backward = rollout, replay
+    trainer.rollout_and_score, trainer.backwards = rollout, replay
     if chosen == "first":
         trainer.choose_steps = worst
     trainer.optimizer.register_step_post_hook(lambda *_: ledger.set_phase("after"))
 
 
 def _module_patches(saved: tuple, amp: CudaAutocast, R: int, grow) -> tuple:
-    """Replacements for (trainer.autocast, trainer.subset_rollout, rollout.ar_schedule, rollout._Record.empty):
+    """Replacements for (engine.autocast, trainer.subset_rollout, rollout.ar_schedule, rollout._Record.empty):
     CUDA's policy in the trainer's autocast regions, a schedule cut at R AR steps, and the record of the missing
     steps added to the ledger where a rollout's record is made."""
 
@@ -130,7 +129,7 @@ def _module_patches(saved: tuple, amp: CudaAutocast, R: int, grow) -> tuple:
 @contextlib.contextmanager
 def instrumented(ledger: Ledger, trainer, amp: CudaAutocast, steps: int | None, chosen: str = "first"):
     """The step as the plan takes it, around the trainer's own code:
-    - the ledger's phases: rollout (rollout_and_score), replay (backward), optimizer (clip and AdamW);
+    - the ledger's phases: rollout (rollout_and_score), replay (backwards), optimizer (clip and AdamW);
     - CUDA's autocast policy where the trainer opens autocast;
     - `chosen` "first": the worst case of the |M| chosen AR steps for memory, the first |M|, which predict the most
       tokens (the trainer draws them at random; over a run every one is drawn). Its diffusion steps are the
@@ -141,19 +140,20 @@ def instrumented(ledger: Ledger, trainer, amp: CudaAutocast, steps: int | None, 
     - CPU-only code takes its CUDA branch: `margrpo.policy.invariant.batch_invariant` (fixed row blocks for F.linear
       on CPU tensors; CUDA tensors pass through it untouched), where that module exists, is left out.
     Yields (K, R): the AR steps of the schedule and those the rollout runs."""
+    import margrpo.grpo.engine as engine_module  # the trainer's autocast regions: Engine.autocast
     import margrpo.grpo.rollout as rollout_module
     import margrpo.grpo.trainer as module
     import margrpo.policy.checkpointing as checkpointing
 
     blocks = _batch_invariant_owners()
     forward_mode = checkpointing.forward_mode
-    saved = (module.autocast, module.subset_rollout, rollout_module.ar_schedule, rollout_module._Record.empty)
+    saved = (engine_module.autocast, module.subset_rollout, rollout_module.ar_schedule, rollout_module._Record.empty)
     K = len(saved[2](trainer.policy, trainer.sampling))
     R = _rollout_steps(trainer, K, steps, chosen)
     grow = partial(_grow, ledger, K, R)
     _wrap_phases(ledger, trainer, chosen, grow)
     cuda_policy, subset, schedule, empty = _module_patches(saved, amp, R, grow)
-    module.autocast, module.subset_rollout, rollout_module.ar_schedule = cuda_policy, subset, schedule
+    engine_module.autocast, module.subset_rollout, rollout_module.ar_schedule = cuda_policy, subset, schedule
     rollout_module._Record.empty = empty
     checkpointing.forward_mode = partial(_forward_mode_with_amp, forward_mode, amp)
     for owner, _ in blocks:
@@ -161,7 +161,7 @@ def instrumented(ledger: Ledger, trainer, amp: CudaAutocast, steps: int | None, 
     try:
         yield K, R
     finally:
-        module.autocast, module.subset_rollout, rollout_module.ar_schedule = saved[:3]
+        engine_module.autocast, module.subset_rollout, rollout_module.ar_schedule = saved[:3]
         rollout_module._Record.empty = saved[3]
         checkpointing.forward_mode = forward_mode
         for owner, value in blocks:

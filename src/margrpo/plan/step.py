@@ -84,8 +84,15 @@ def make_trainer(run: Run, policy, out: str, precision: str | None = None):
     # the policy's own settings (frozen parts, gradient checkpointing, LoRA) as the config sets them; one process:
     # nothing to shard
     spec["policy"] = {k: v for k, v in (spec.get("policy") or {}).items() if k != "sharding"}
+    # the gradient-variance probe's snapshot is planned from its size (`group_sizes`), not measured: on one process
+    # it would need two micro-batches, and under FSDP it is a shard of what one process measures
     spec["grpo"].update(
-        grpo, batch_prompts=run.prompts, micro_batches=run.micro_batches, replay_chunk=run.replay_chunk, trackers=[]
+        grpo,
+        batch_prompts=run.prompts,
+        micro_batches=run.micro_batches,
+        replay_chunk=run.replay_chunk,
+        trackers=[],
+        grad_variance=False,
     )
     prompts = PromptSet(PROMPTS, [{}] * len(PROMPTS))
     cfg = GRPOConfig.from_spec(spec, precision=precision or spec["mixed_precision"])
@@ -192,7 +199,7 @@ def measure(run: Run, fake: bool, narrow: bool = False, tape: list | None = None
             m.__dict__.pop("to", None)
         warm(trainer)
         register(ledger, trainer)
-        sizes = group_sizes(trainer)
+        sizes = group_sizes(trainer, probe=run.config()["grpo"].get("grad_variance", False))
         start, rss = ledger.total(), _rss(reset=True)
         with (
             instrumented(ledger, trainer, amp, steps, run.chosen) as ar_steps,
@@ -282,9 +289,10 @@ def _shard_units(policy, head: set[int]) -> list:
     return shard_units(policy, head)
 
 
-def group_sizes(trainer) -> dict[str, int]:
+def group_sizes(trainer, probe: bool = False) -> dict[str, int]:
     """Bytes (fp32) the composition needs: the FSDP-managed parameters (AR and head) and their trained part, the
-    root group and the largest block group (all, trained), the reference's own copy, everything else."""
+    root group and the largest block group (all, trained), the reference's own copy, everything else, and (`probe`:
+    grpo.grad_variance on) the gradient-variance probe's snapshot of the gradients it reads."""
     policy = trainer.policy
     head = {id(p) for p in policy.head_parameters()}
     model = head | {id(p) for p in policy.ar_parameters()}
@@ -320,5 +328,5 @@ def group_sizes(trainer) -> dict[str, int]:
         "mask_steps": trainer.cfg.mask_steps,
         "frozen": nbytes([p for p in params if not p.requires_grad]),
         "buffers": nbytes(list(policy.buffers())),
-        "stat": sum(p.numel() * 4 for p in trainer._stat_params()),
+        "stat": sum(p.numel() * 4 for p in trainer._stat_params()) if probe else 0,
     }

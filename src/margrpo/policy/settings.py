@@ -22,7 +22,9 @@ class PolicySettings:
     # LoRA {rank, alpha, dropout, target_modules} on the AR transformer (policy.lora): RL then trains the
     # adapters alone and replays the KL reference as the same model with the adapters disabled
     lora: dict | None = None
-    sharding: str = "replicate"  # several processes only; no effect on results
+    # several processes only. What it computes is the same; under bf16 its rounding is not: FSDP casts the parameters
+    # (MixedPrecisionPolicy), DDP and one process autocast each op (docs/real-scale.md, "Mixed precision")
+    sharding: str = "replicate"
 
     def __post_init__(self):
         self.frozen = tuple(self.frozen)  # from JSON: a list

@@ -168,7 +168,7 @@ DYNAMICS_PANELS = [
     ("grad_var_ar", "AR gradient variance", "variance across micro-batches (log)", True, None, "ar"),
     ("val_reward", "Validation reward", "mean reward, validation prompts", False, None, None),
     ("reward_mean", "Training reward", "mean reward, rollout batch", False, None, None),
-    ("kl", "KL to reference policy", "KL per token (sum over channels; log)", True, None, None),
+    ("kl", "KL term to the reference", "Eq. 14 or Gaussian KL per token (log)", True, None, None),
 ]
 # with the AR frozen (freeze_ar, the `head` variant) the trainer logs its head's gradient under the same columns
 # (GRPOTrainer.stat_params): a norm over other parameters, so on axes of its own, beside the AR's

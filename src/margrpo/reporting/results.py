@@ -68,7 +68,7 @@ METRIC_COLUMNS = [
     "adv_std",
     "frac_zero_std",
     "policy_loss",
-    "kl",
+    "kl",  # the KL term: read from `kl_paper` (grpo.kl "paper", Eq. 14) where a run logged that (load_metrics)
     "clip_frac",
     "ratio_min",
     "ratio_max",
@@ -245,6 +245,8 @@ def _read_csv(path: Path, producer: str, required: Sequence[str]) -> pd.DataFram
 def load_metrics(root: str | Path, run: str) -> pd.DataFrame:
     """``<root>/<run>/metrics.csv`` sorted by step; absent optional columns are added as NaN."""
     df = _read_csv(Path(root) / run / "metrics.csv", "margrpo train", ["step"])
+    if "kl_paper" in df.columns and "kl" not in df.columns:  # the KL term under either name (runs before issue 52: kl)
+        df["kl"] = df["kl_paper"]
     for col in METRIC_COLUMNS:
         if col not in df.columns:
             df[col] = np.nan
