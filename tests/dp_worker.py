@@ -124,7 +124,7 @@ def record_writes(rank: int) -> list[str]:
         torch.save,
         shutil.rmtree,
     )
-    real_mkdir = Path.mkdir
+    real_mkdir, real_path_open = Path.mkdir, Path.open
 
     def open_(file, mode="r", *a, **k):
         if any(c in mode for c in "wax+"):
@@ -136,10 +136,21 @@ def record_writes(rank: int) -> list[str]:
             writes.append(f"mkdir {self}")
         return real_mkdir(self, *a, **k)
 
+    def path_open(self, mode="r", *a, **k):
+        if any(c in mode for c in "wax+"):
+            writes.append(f"open {self}")
+        return real_path_open(self, mode, *a, **k)
+
+    def save(obj, f, *a, **k):  # into a file by name (a stream's file was recorded when it was opened)
+        if isinstance(f, (str, os.PathLike)):
+            writes.append(f"save {f}")
+        return real_save(obj, f, *a, **k)
+
     builtins.open = open_
+    Path.open = path_open
     os.replace = lambda a, b: (writes.append(f"replace {b}"), real_replace(a, b))[1]
     Path.rename = lambda self, t: (writes.append(f"rename {t}"), real_rename(self, t))[1]
-    torch.save = lambda obj, f, *a, **k: (writes.append(f"save {f}"), real_save(obj, f, *a, **k))[1]
+    torch.save = save
     shutil.rmtree = lambda p, *a, **k: (writes.append(f"rmtree {p}"), real_rmtree(p, *a, **k))[1]
     Path.mkdir = mkdir
     return writes

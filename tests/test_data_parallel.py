@@ -113,10 +113,10 @@ def test_two_processes_take_the_one_process_first_update(tmp_path, one_process_u
 
 
 def test_bf16_first_updates_of_replicate_and_full_shard_agree(tmp_path):
-    """Mixed precision is applied once: DDP (and one process) autocast each op, FSDP casts the gathered parameters
-    (MixedPrecisionPolicy, no autocast around it). In bf16 the two round differently, so their first updates agree
-    to bf16's precision, not to float32's: the gradients within 5e-2 relative (measured: BF16_SEEN), and both far
-    from the float32 update's rounding (1e-5) on the toy; the sharding changes digits, not the update."""
+    """Mixed precision is applied once, by autocast, whatever the sharding (FSDP gathers fp32 parameters and casts
+    nothing): under bf16 the first updates of `replicate` and `full_shard` agree as closely as in fp32 (1e-5; seen
+    2e-7 and 1e-7), while bf16 moves either from the fp32 update by 1e-2 (seen 1.5e-2 and 1.9e-2): the sharding
+    changes the summation order, not the rounding."""
     runs = {}
     for sharding in ("replicate", "full_shard"):
         ok(torchrun(2, "first-update", tmp_path / sharding, SHARDING=sharding, PRECISION="bf16", ONLY="grpo,fix"))
@@ -131,10 +131,10 @@ def test_bf16_first_updates_of_replicate_and_full_shard_agree(tmp_path):
             f"{relative_error(ddp['grads'], fp32[variant]['grads']):.2e}; full_shard bf16 vs fp32 "
             f"{relative_error(fsdp['grads'], fp32[variant]['grads']):.2e}"
         )
-        assert between < 5e-2, variant
-        assert relative_error(ddp["grads"], fp32[variant]["grads"]) > 1e-5  # bf16 did round (not fp32 in disguise)
-        assert relative_error(fsdp["grads"], fp32[variant]["grads"]) > 1e-5
-        assert fsdp["row"]["policy_loss"] == pytest.approx(ddp["row"]["policy_loss"], rel=5e-2, abs=1e-3)
+        assert between < 1e-5, variant
+        assert relative_error(ddp["grads"], fp32[variant]["grads"]) > 1e-3  # bf16 did round (not fp32 in disguise)
+        assert relative_error(fsdp["grads"], fp32[variant]["grads"]) > 1e-3
+        assert fsdp["row"]["policy_loss"] == pytest.approx(ddp["row"]["policy_loss"], rel=1e-4, abs=1e-7)
 
 
 @pytest.mark.parametrize(
@@ -205,8 +205,10 @@ def test_only_rank_zero_writes_and_a_killed_run_resumes_to_the_same_result(tmp_p
     ok(torchrun(2, "train", tmp_path / "straight", SHARDING=sharding, **ema))
     writes = [json.loads((tmp_path / "straight" / f"writes-rank{r}.json").read_text()) for r in range(2)]
     assert any("trainer.pt" in w for w in writes[0]) and any("metrics.csv" in w for w in writes[0])
-    # the other process writes its shards of the training state (torch.distributed.checkpoint) and nothing else
-    assert all(re.search(r"ckpt-\d{6}/\.train\.\w+\.tmp/__1_\d+\.distcp$", w) for w in writes[1]), writes[1]
+    # the other process writes its shards of the training state (torch.distributed.checkpoint) and no other file
+    assert writes[1] and all(re.search(r"ckpt-\d{6}/\.train\.\w+\.tmp/__1_\d+\.distcp$", w) for w in writes[1]), (
+        writes[1]
+    )
     rows = (tmp_path / "straight" / "run" / "metrics.csv").read_text().splitlines()
     assert len(rows) == 5  # header + 4 steps, written once
 

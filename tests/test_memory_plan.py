@@ -115,12 +115,12 @@ def test_per_gpu_composition():
     zero3 = composition.per_gpu(step, 4, "full_shard", rewards=50)
     assert (zero3["trained"], zero3["grads"], zero3["optimizer"], zero3["reference"]) == (100, 100, 200, 100)
     assert zero3["frozen"] == 1008  # the encoders outside the AR and head, and buffers, stay whole
-    assert zero3["activations"] == 5000  # no autocast copies: FSDP gathers bf16 parameters
-    # replay: the root and two block groups gathered in bf16, the reference's as well, one group's gradient
+    assert zero3["activations"] == 5200  # autocast's bf16 weight copies, as on one process (one mechanism)
+    # replay: the root and two block groups gathered in fp32, the reference's as well, one group's gradient
     # (bf16 + fp32)
-    assert zero3["gathered"] == (20 + 2 * 40) * 2 + 80 * 6 // 4
+    assert zero3["gathered"] == (40 + 2 * 80) * 2 + 80 * 6 // 4
     zero2 = composition.per_gpu(step, 4, "shard_grad_op", rewards=50)
-    assert zero2["gathered"] == 200 + (20 + 2 * 40) + 80 * 6 // 4  # the whole policy stays gathered in bf16
+    assert zero2["gathered"] == 400 + (40 + 2 * 80) + 80 * 6 // 4  # the whole policy stays gathered in fp32
     # the gradient-variance probe's snapshot of the gradients it reads: whole, or this process's shards under FSDP
     assert (one["probe"], ddp["probe"], zero3["probe"], zero2["probe"]) == (300, 300, 75, 75)
     off = composition.per_gpu(_step(None, stat=0, **kinds), 4, "full_shard", rewards=50)

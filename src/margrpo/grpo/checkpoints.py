@@ -204,7 +204,7 @@ def _checkpoint_policy(ckpt: Path) -> torch.nn.Module:
 def resume_key(settings: dict, sampling: dict, spec: dict | None) -> str:
     """The hash a resumable state must match: the trainer's settings (GRPO and policy, flat) and sampling, plus
     the stage's `spec` (inputs, reward, seed). The trackers, the gradient-variance probe and the sharding do not
-    count (the sharding changes a bf16 run's rounding, not what it computes: a run resumes under another), and
+    count (the sharding changes no result but its summation order: a run resumes under another), and
     neither do switches that are off (EMA, LoRA, checkpointing, replay_chunk), so that states written before those
     switches existed still resume."""
     off = {"ema_decay": None, "lora": None, "gradient_checkpointing": False, "replay_chunk": None}

@@ -119,15 +119,10 @@ class Engine:
         return mine, -(-len(starts) // self.world) if self.collective_forward else len(mine)
 
     # --- mixed precision ----------------------------------------------------------------------------------------
-    @property
-    def autocast_precision(self) -> str:
-        """The precision the trainer's forwards autocast to: the run's (`mixed_precision`), unless the engine casts
-        the parameters itself (FSDP's MixedPrecisionPolicy): mixed precision is applied once."""
-        return self.precision
-
     def autocast(self):
-        """torch.autocast for this engine's forwards (`autocast_precision`)."""
-        return autocast(self.device, self.autocast_precision)
+        """torch.autocast for the run's precision (`mixed_precision`), around every forward the trainer runs: the one
+        mixed-precision mechanism, whatever the sharding (FSDP gathers float32 parameters and casts nothing)."""
+        return autocast(self.device, self.precision)
 
     # --- a micro-batch's loss and backward ----------------------------------------------------------------------
     reduces_each_micro_batch = False  # FSDP: every micro-batch's gradient is reduced into the shards after it

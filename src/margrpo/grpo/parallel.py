@@ -100,17 +100,15 @@ class FSDPEngine(Engine):
         self.mesh = fsdp_mesh(sharding, self.world, device)
         if self.is_main:
             logging.getLogger(__name__).info("%s over a device mesh of shape %s", sharding, tuple(self.mesh.shape))
-        # mixed precision by FSDP alone (no autocast around it): the parameters gathered in the low precision, the
-        # policy's methods' float outputs cast back to float32 (log-probs are float32), gradients reduced in float32
-        low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision)
+        # mixed precision once, by the trainer's autocast as under DDP: FSDP gathers the float32 parameters and
+        # reduces float32 gradients. Its own MixedPrecisionPolicy (bf16 parameters, no autocast) fails on the policies'
+        # float32 buffers (a layer norm on CPU: "mixed dtype (CPU): expect parameter to have scalar type of Float"),
+        # and with autocast on top it would round twice (docs/real-scale.md, "Mixed precision")
         self.kwargs = dict(
             mesh=self.mesh,
             reshard_after_forward=sharding in ("full_shard", "hybrid_shard"),
-            mp_policy=MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32, output_dtype=torch.float32)
-            if low
-            else MixedPrecisionPolicy(),
+            mp_policy=MixedPrecisionPolicy(),
         )
-        self.casts = low is not None
         self.units = shard_units(policy, head_params)
         ignored = outside_units(policy, head_params)
         methods = root_methods(policy, self.units, head_params)
@@ -124,10 +122,6 @@ class FSDPEngine(Engine):
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
         self.policy = policy
-
-    @property
-    def autocast_precision(self) -> str:
-        return "no" if self.casts else self.precision
 
     def sync(self, enabled: bool):
         @contextmanager

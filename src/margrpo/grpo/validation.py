@@ -61,7 +61,7 @@ def validate(trainer) -> list[float]:  # a GRPOTrainer
                 n,
                 trainer.sampling,
                 G,
-                trainer.engine.autocast_precision,
+                trainer.engine.precision,
             )
             if i >= len(mine):
                 continue

@@ -36,14 +36,15 @@ Per GPU, from the one-process measurement and parameter counts (N processes, one
 - full_shard (FSDP2, reshard_after_forward=True, ZeRO-3): the parameters FSDP manages (the AR and the head,
   trained or frozen, and the reference's copy) are stored 1/N in fp32; gradients and AdamW state 1/N; the frozen
   encoders outside the AR and the head (text encoder, VAE) and all buffers stay whole on every GPU. Transient:
-  the root group's unsharded bf16 parameters while it runs plus two block groups (the one running and the one
+  the root group's unsharded fp32 parameters while it runs plus two block groups (the one running and the one
   prefetched), the reference's as much in the replay, and one group's unsharded gradient (bf16, then fp32 for
-  the reduce-scatter). No autocast weight copies (FSDP all-gathers bf16 parameters). In a chunked replay the
+  the reduce-scatter); autocast's bf16 weight copies as on one process (the one mixed-precision mechanism,
+  issue 52: FSDP gathers fp32 parameters and casts nothing). In a chunked replay the
   chunks before the last run without gradient sync (`FSDPEngine.reduce_each_chunk` False), and FSDP2 keeps their
   gradients unsharded, accumulated in fp32, until the last chunk reduces them: during the replay the gradients are
   whole (benchmarks/chunk_reduction.py);
 - shard_grad_op (FSDP2, reshard_after_forward=False, ZeRO-2): as full_shard, but the policy's FSDP parameters stay
-  gathered in bf16 for the whole step; the reference reshards after each forward.
+  gathered in fp32 for the whole step; the reference reshards after each forward.
 With `grpo.grad_variance` on, the gradient-variance probe (`grpo.grad_stats`) holds one snapshot of the gradients
 it reads (the AR's trained parameters; the head's for head-only) between the replay's micro-batches: whole on one
 process and under DDP, this process's shards under FSDP (its own column, only then).

@@ -44,10 +44,6 @@ def per_gpu(step: Step, n: int, sharding: str, rewards: int) -> dict:
     share = 1 / n if fsdp else 1.0
     chunked = step.run.replay_chunk is not None and step.run.replay_chunk < s["mask_steps"]
 
-    # gathered parameters (FSDP's mixed precision)
-    def bf16(b):
-        return b // 2
-
     phases = {}
     for phase in PHASES:
         if phase not in step.peaks:
@@ -62,14 +58,15 @@ def per_gpu(step: Step, n: int, sharding: str, rewards: int) -> dict:
             "optimizer": got["optim"] * share,
             "reference": got["reference"] * share,
             "record": got["record"],
-            "activations": got["act"] + (0 if fsdp else got["cast"]),
+            "activations": got["act"] + got["cast"],  # autocast's bf16 weight copies, under FSDP too
         }
         gathered = 0
         if n > 1 and sharding == "replicate":
             gathered = s["fsdp_trained"]  # DDP's gradient buckets
         elif fsdp and phase != "optimizer":
-            held = bf16(s["fsdp"]) if sharding == "shard_grad_op" else bf16(s["root"]) + 2 * bf16(s["unit"])
-            ref = bf16(s["root"]) + 2 * bf16(s["unit"]) if s["reference"] and phase == "replay" else 0
+            # gathered in fp32 (autocast casts per op): the whole policy (shard_grad_op) or the root and two groups
+            held = s["fsdp"] if sharding == "shard_grad_op" else s["root"] + 2 * s["unit"]
+            ref = s["root"] + 2 * s["unit"] if s["reference"] and phase == "replay" else 0
             grads = max(s["unit_trained"], s["root_trained"]) * 6 // 4 if phase == "replay" else 0  # bf16 + fp32
             gathered = held + ref + grads
         parts["gathered"] = gathered

@@ -22,8 +22,8 @@ class PolicySettings:
     # LoRA {rank, alpha, dropout, target_modules} on the AR transformer (policy.lora): RL then trains the
     # adapters alone and replays the KL reference as the same model with the adapters disabled
     lora: dict | None = None
-    # several processes only. What it computes is the same; under bf16 its rounding is not: FSDP casts the parameters
-    # (MixedPrecisionPolicy), DDP and one process autocast each op (docs/real-scale.md, "Mixed precision")
+    # several processes only; no effect on results but the summation order (one autocast for every sharding:
+    # docs/real-scale.md, "Mixed precision, once")
     sharding: str = "replicate"
 
     def __post_init__(self):
