@@ -1,6 +1,6 @@
 """What a reader of one GRPO step has to follow: the files and functions of margrpo that one step passes through
 (with a validation before and after it and a checkpoint, as a run's first step), and the calls from `train_step`
-down to the diffusion head (issue 52 counted 19 files, 50 functions and 10 calls before its change).
+down to the diffusion head in the update's replay (issue 52 counted 10 before its change).
 
 Traced with `sys.setprofile` on the tiny toy policy of the tests, one process, the gradient-variance probe on; the
 same script runs on older commits (it builds the trainer from fields every version has).
@@ -60,12 +60,13 @@ def main() -> None:
             code = frame.f_code
             functions.add((Path(code.co_filename).relative_to(PACKAGE).as_posix(), code.co_qualname))
             if not chain and code.co_name == "head" and "policy" in code.co_filename:
-                f, calls = frame, []
+                f, calls = frame, []  # the first head call of the update's replay (not the rollout's)
                 while f is not None:
                     if f.f_code.co_filename.startswith(PACKAGE):
                         calls.append(f"{Path(f.f_code.co_filename).stem}.{f.f_code.co_qualname}")
                     if f.f_code.co_name == "train_step":
-                        chain.extend(reversed(calls))
+                        if any(c.endswith("micro_loss") for c in calls):
+                            chain.extend(reversed(calls))
                         break
                     f = f.f_back
 
