@@ -79,7 +79,7 @@ def instrument(trainer: GRPOTrainer, parts: Parts) -> None:
     policy, ref = trainer.policy, trainer.ref
     parts.wrap(trainer, "rollout_and_score", "generate (samplers, masks, record)", "rollout")
     parts.wrap(trainer, "reward_fn", "reward function", "reward")
-    parts.wrap(trainer, "backward", "backward, log-densities, loss", "replay")
+    parts.wrap(trainer, "update", "backward, log-densities, loss", "replay")  # clip and AdamW: their own parts
     parts.wrap(trainer.optimizer, "step", "AdamW", "optimizer")
     parts.wrap(torch.nn.utils, "clip_grad_norm_", "clipping", "optimizer")
     for name, part in (

@@ -677,7 +677,7 @@ def test_the_policy_settings_check_themselves_and_name_the_schema_shardings():
 
 @pytest.mark.parametrize("variant", ["fix", "mte", "sim"])
 def test_the_loss_a_micro_batch_backpropagates_is_design_3s_formula(tmp_path, variant):
-    """`micro_loss`, the loss `micro_backward` backpropagates, against DESIGN 3 written out here in float64: the
+    """`micro_loss`, the loss `update` backpropagates, against DESIGN 3 written out here in float64: the
     ratio to log_prob_old, the clip, Eq. 10's trajectory mean over M^k (+MTE), Sim's kappa weights (+Sim), the
     completion mask, the KL of Eq. 14 on the completion mask, both normalised by the whole batch's token counts
     of each chosen step, then averaged over the chosen steps (Eq. 7) with beta on the KL."""

@@ -1,6 +1,6 @@
 """Per-GPU memory plan of one GRPO step of NOVA-0.6B / Harmon-1.5B, computed on a CPU with fake tensors (no GPU).
 
-How. The real trainer (`GRPOTrainer.train_step`: rollout_and_score, plan_updates, update with micro_backward in
+How. The real trainer (`GRPOTrainer.train_step`: rollout_and_score, plan_updates, update with its backward passes in
 `grpo.replay_chunk` chunks) takes one step of ONE process on the full-size policy (random init) under torch's
 `FakeTensorMode` on a fake `cpu` device: every tensor has its shape and dtype, none its memory. A dispatch mode
 (`Ledger`) adds up the bytes of the live tensor storages by kind (weights, reference copy, gradients, AdamW
