@@ -207,7 +207,11 @@ def parallelize(
         return DDPEngine(policy, device, mixed_precision)
     modules = [policy] + ([reference] if reference is not None and reference is not policy else [])
     # the main process's whole weights, kept beside the sharded modules until every process has its shards
-    sources = [twin(m, lambda t: t.detach()) for m in modules] if dist.get_rank() == 0 else [None] * len(modules)
+    sources = (
+        [copy_with_tensors(m, lambda t: t.detach()) for m in modules]
+        if dist.get_rank() == 0
+        else [None] * len(modules)
+    )
     engine = FSDPEngine(policy, sharding, {id(p) for p in head_params}, mixed_precision, device)
     if len(modules) > 1:
         _shard_reference(reference, engine)
@@ -312,7 +316,9 @@ def fsdp_mesh(sharding: str, world: int, device: torch.device):
     return init_device_mesh(device.type, (world // per_node, per_node), mesh_dim_names=("replicate", "shard"))
 
 
-def twin(module: nn.Module, tensor: Callable[[torch.Tensor], torch.Tensor], buffers: bool = True) -> nn.Module:
+def copy_with_tensors(
+    module: nn.Module, tensor: Callable[[torch.Tensor], torch.Tensor], buffers: bool = True
+) -> nn.Module:
     """A copy of `module` (its structure and settings: tokenizers, configs) whose parameters are `tensor(p)`, and
     whose buffers too unless `buffers` is False (then kept as they are)."""
     memo = {}
@@ -325,4 +331,4 @@ def twin(module: nn.Module, tensor: Callable[[torch.Tensor], torch.Tensor], buff
 def meta_twin(module: nn.Module, keep_buffers: bool = False) -> nn.Module:
     """A copy of `module` without a byte of its weights: parameters (and buffers, unless `keep_buffers`) on the
     meta device."""
-    return twin(module, lambda t: torch.empty_like(t, device="meta"), buffers=not keep_buffers)
+    return copy_with_tensors(module, lambda t: torch.empty_like(t, device="meta"), buffers=not keep_buffers)

@@ -114,27 +114,27 @@ def choose_steps(
     return ar, diff
 
 
-def subset_rollout(r: Rollout, rows: torch.Tensor) -> Rollout:
+def subset_rollout(rollout: Rollout, rows: torch.Tensor) -> Rollout:
     """The rollout restricted to some images (micro-batch)."""
 
-    def pick(x, dim):
+    def rows_of(x, dim):
         return None if x is None else x.index_select(dim, rows.to(x.device))
 
     return Rollout(
-        prompts=[r.prompts[i] for i in rows.tolist()],
-        latents=pick(r.latents, 0),
-        images=pick(r.images, 0),
-        orders=pick(r.orders, 0),
-        known=pick(r.known, 1),
-        committed=pick(r.committed, 1),
-        states=pick(r.states, 2),
-        log_probs=pick(r.log_probs, 2),
-        cfg=r.cfg,
-        sampling=r.sampling,
-        mte_steps=r.mte_steps,
-        mte_states=pick(r.mte_states, 3),
-        mte_log_probs=pick(r.mte_log_probs, 3),
-        full=r.full,
+        prompts=[rollout.prompts[i] for i in rows.tolist()],
+        latents=rows_of(rollout.latents, 0),
+        images=rows_of(rollout.images, 0),
+        orders=rows_of(rollout.orders, 0),
+        known=rows_of(rollout.known, 1),
+        committed=rows_of(rollout.committed, 1),
+        states=rows_of(rollout.states, 2),
+        log_probs=rows_of(rollout.log_probs, 2),
+        cfg=rollout.cfg,
+        sampling=rollout.sampling,
+        mte_steps=rollout.mte_steps,
+        mte_states=rows_of(rollout.mte_states, 3),
+        mte_log_probs=rows_of(rollout.mte_log_probs, 3),
+        full=rollout.full,
     )
 
 
@@ -160,9 +160,9 @@ def combine_chunk_stats(parts: list[tuple[float, int, float, dict]]) -> dict:
         out[k] = (
             sum(sel * s[k] for _, sel, _, s in parts if sel) / n if n else (0.0 if k == "clip_frac" else float("nan"))
         )
-    for k, pick in (("ratio_min", min), ("ratio_max", max)):
+    for k, extreme in (("ratio_min", min), ("ratio_max", max)):
         values = [s[k] for _, sel, _, s in parts if sel]
-        out[k] = pick(values) if values else float("nan")
+        out[k] = extreme(values) if values else float("nan")
     return out
 
 
