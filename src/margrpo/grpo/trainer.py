@@ -437,17 +437,7 @@ class GRPOTrainer:
         `recorded`. `counts`: the whole batch's token counts per chosen AR step; the micro-batch losses then sum
         to the batch loss whatever the split. None: this rollout is the whole batch."""
         cfg = self.cfg
-        with self.engine.autocast():
-            # the extra trajectories are replayed only where Eq. 10 uses them: the uncertainty mask
-            replayed = replay(
-                self.policy,
-                rollout,
-                ar_steps,
-                diffusion_steps,
-                logprob_cfg=cfg.logprob_cfg,
-                with_mte=cfg.trajectories > 1,
-                mte_tokens=mte_mask,
-            )
+        replayed = self._replay(rollout, ar_steps, diffusion_steps, mte_mask)
         tokens, weight = loss_weights(replayed.mask, rollout, ar_steps, sim_keep, cfg.loss_tokens)  # [M, U, n, L]
         if counts is None:
             counts = TokenCounts(weight.sum((1, 2, 3)), tokens.sum((1, 2, 3)))
@@ -505,8 +495,14 @@ class GRPOTrainer:
         the training replay (the same arithmetic as the update's own pass)."""
         if self.cfg.old_logprob == "recorded":
             return OldLogProbs(*recorded(rollout, ar_steps, diffusion_steps))
+        replayed = self._replay(rollout, ar_steps, diffusion_steps, mte_mask)
+        return OldLogProbs(replayed.log_prob, replayed.mte_log_prob)
+
+    def _replay(self, rollout: Rollout, ar_steps, diffusion_steps, mte_mask):
+        """The policy's replay of the chosen steps under the run's autocast, the update's and log_prob_old's alike;
+        the extra trajectories only where Eq. 10 uses them (the uncertainty mask)."""
         with self.engine.autocast():
-            replayed = replay(
+            return replay(
                 self.policy,
                 rollout,
                 ar_steps,
@@ -515,7 +511,6 @@ class GRPOTrainer:
                 with_mte=self.cfg.trajectories > 1,
                 mte_tokens=mte_mask,
             )
-        return OldLogProbs(replayed.log_prob, replayed.mte_log_prob)
 
     # --- one GRPO step ----------------------------------------------------------------------------
     def choose_steps(self, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
