@@ -46,7 +46,8 @@ lint: $(STAMP)         ## ruff's formatter and linter (pyproject.toml), then Sna
 	$(BIN)/snakemake --lint
 
 toy-weights: $(STAMP)  ## train the toy's shared stages of config/config.yaml here and pack them into the package's release
-	$(BIN)/snakemake --cores all --config toy_weights=train $(SNAKEMAKE_ARGS) trained_toy_stages
+	# the target before --config: --config takes every word after it as a name=value pair
+	$(BIN)/snakemake trained_toy_stages --cores all $(SNAKEMAKE_ARGS) --config toy_weights=train
 	$(BIN)/margrpo pack-weights --config config/config.yaml
 
 evaluators:            ## the real-scale evaluator stack in its own venv (.venv-eval); not needed for the toy run

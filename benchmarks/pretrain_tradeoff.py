@@ -7,6 +7,10 @@ baseline. Prints one row per step count with the training wall time on this devi
 
     python benchmarks/pretrain_tradeoff.py --steps 500 1000 2000 --head flow
     python benchmarks/pretrain_tradeoff.py --steps 1000 --pretrain '{"mask_ratio_min": 0.0}' --out curve.json
+    python benchmarks/pretrain_tradeoff.py --data results/data/shapesworld-<hash8> --steps 1600 \
+        --model '{"latent_channels": 24}'      # the pipeline's world and evaluation suite; PCA latent tokens
+
+With `latent_channels` > 0 the policy's PCA codec is fitted first, as the pretrain stage fits it.
 """
 
 import argparse
@@ -14,6 +18,7 @@ import dataclasses
 import json
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -22,7 +27,8 @@ from margrpo.grpo.rollout import SamplingConfig
 from margrpo.policy import ToyMAR, ToyMARConfig
 from margrpo.policy.toy import count_parameters
 from margrpo.prompts.shapesworld import build_suites
-from margrpo.stages.pretrain import world_batches
+from margrpo.prompts.suites import load_suite
+from margrpo.stages.pretrain import fit_world_codec, load_world, world_batches
 from margrpo.toylab.pretraining import PretrainConfig, train
 from margrpo.world import PRESETS, prompt_vocabulary
 
@@ -32,6 +38,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, nargs="+", default=[250, 500, 1000, 2000])
     p.add_argument("--head", default="flow", choices=["flow", "ddpm"])
     p.add_argument("--preset", default="grid4", choices=sorted(PRESETS))
+    p.add_argument("--data", default=None, help="a pipeline data folder: its world.json and eval.jsonl (not --preset)")
+    p.add_argument("--seed", type=int, default=0, help="the policy's initialisation and pre-training stream")
     p.add_argument("--pretrain", default="{}", help="PretrainConfig overrides as JSON")
     p.add_argument("--model", default="{}", help="ToyMARConfig overrides as JSON")
     p.add_argument("--sampling", default='{"ar_steps": 8}', help="SamplingConfig overrides as JSON")
@@ -43,18 +51,24 @@ def main() -> None:
     p.add_argument("--save", default=None, help="save_pretrained the last policy here")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    world = PRESETS[args.preset]
-    records = build_suites(world, 0, 8, 8, args.n_eval)["eval"]
+    if args.data:
+        world = load_world(Path(args.data) / "world.json")
+        records = load_suite(Path(args.data) / "eval.jsonl")
+    else:
+        world = PRESETS[args.preset]
+        records = build_suites(world, 0, 8, 8, args.n_eval)["eval"]
     sampling = SamplingConfig(**json.loads(args.sampling))
     rows = []
     for steps in args.steps:
-        torch.manual_seed(0)
+        torch.manual_seed(args.seed)
         policy = ToyMAR(
             ToyMARConfig(
                 head_type=args.head, image_size=world.image_size, vocab=prompt_vocabulary(), **json.loads(args.model)
             )
-        ).to(args.device)
-        cfg = PretrainConfig(**{"steps": steps, "save_every": 10**9, **json.loads(args.pretrain)})
+        )
+        kept = fit_world_codec(policy, world)  # the pretrain stage's own fit (None for pixel tokens)
+        policy = policy.to(args.device)
+        cfg = PretrainConfig(**{"steps": steps, "save_every": 10**9, "seed": args.seed, **json.loads(args.pretrain)})
         with tempfile.TemporaryDirectory() as state:  # resume checkpoints: not wanted here
             t0 = time.perf_counter()
             train(policy, world_batches(world), cfg, state)
@@ -67,6 +81,7 @@ def main() -> None:
             "train_s": round(train_s, 1),
             "device": args.device,
             "params_M": round(count_parameters(policy) / 1e6, 2),
+            "codec_variance_kept": kept,
             "single_object": report["single_object_color_and_shape"]["accuracy"],
             "single_object_seen_pairs": report["single_object_color_and_shape"]["seen_pairs"]["accuracy"],
             "single_object_heldout_pairs": report["single_object_color_and_shape"]["heldout_pairs"]["accuracy"],

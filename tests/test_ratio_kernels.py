@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from margrpo.infra.kernels import CAPS as KERNEL_CAPS
 from margrpo.policy.invariant import batch_invariant, batch_invariant_active, row_blocked_linear
 
 TESTS = Path(__file__).resolve().parent
@@ -34,8 +35,8 @@ def cpu_flags() -> set[str]:
 FLAGS = cpu_flags()
 CAPS = ["default"] + [cap for cap, flag in (("avx2", "avx2"), ("avx512", "avx512f")) if flag in FLAGS]
 CASES = [pytest.param({"ATEN_CPU_CAPABILITY": cap}, 1, id=cap) for cap in CAPS]
-if torch.backends.mkl.is_available() and "avx2" in FLAGS:  # MKL's AVX2 kernels, dispatched as on Intel, 8 threads
-    CASES.append(pytest.param({"MKL_CBWR": "AVX2"}, 8, id="mkl-avx2-8threads"))
+if torch.backends.mkl.is_available() and "avx2" in FLAGS:  # the stages' MKL branch (Intel-like AVX2), 8 threads
+    CASES.append(pytest.param({"MKL_CBWR": KERNEL_CAPS["MKL_CBWR"]}, 8, id="mkl-avx2-8threads"))
 
 
 @pytest.mark.parametrize("env, threads", CASES)

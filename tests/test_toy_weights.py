@@ -13,7 +13,7 @@ import pytest
 from margrpo.experiment.config import load_config
 from margrpo.experiment.specs import SOURCE_PLUMBING, STAGE_SOURCES, toy_stages
 from margrpo.infra.files import InputError
-from margrpo.infra.weights import MANIFEST, PACKAGE, RELEASE, fresh_folders, place_folder, source_digest
+from margrpo.infra.weights import MANIFEST, PACKAGE, RELEASE, fresh_folders, place_folder, read_manifest, source_digest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -143,3 +143,60 @@ def test_a_shipped_folder_of_other_settings_or_older_code_is_trained_instead(tmp
     assert fresh_folders({"results/pretrain/toy-nova-1": want[f"results/{key}"]}, release)[1] == {
         "results/pretrain/toy-nova-1": "not in the release"
     }
+
+
+def test_every_shipped_base_draws_what_it_is_told_or_the_release_says_why():
+    """Issue 58's bar (margrpo.evaluation.competence) on the release as shipped: each base's recorded quality (a
+    Harmon-like base's after its warm-up) clears it, or the manifest records the shortfall and why it was packed."""
+    from margrpo.evaluation.competence import shortfalls
+
+    folders = read_manifest(RELEASE)["folders"]
+    bases = {key: entry for key, entry in folders.items() if entry["stage"] == "pretrain"}
+    assert bases, "the release ships no base policy"
+    for key, entry in bases.items():
+        competence = entry.get("competence")
+        assert competence, f"{key}: the manifest records no quality bar (repack with `make toy-weights`)"
+        if competence["gate"] == "pretrain":  # its own quality.json ships with it: read again here
+            assert competence["shortfalls"] == shortfalls(entry["metrics"]["quality.json"], "pretrain"), key
+        if competence["shortfalls"]:
+            assert competence.get("accepted_weak"), f"{key} is below its bar: {competence['shortfalls']}"
+
+
+def _weak_results(tmp_path: Path, strict: float) -> tuple[dict, Path]:
+    """The smoke config's toy stages as trained folders (placeholder files) whose bases report `strict`."""
+    from margrpo.stages.toy_weights import base_competence
+
+    config = load_config(REPO / "config/smoke.yaml")
+    results = tmp_path / "results"
+    for folder in toy_stages(config):
+        key = Path(*Path(folder).parts[-2:])
+        (results / key / "model").mkdir(parents=True)
+        (results / key / "model" / "weights.bin").write_bytes(b"w")
+    quality = {
+        "overall": {"strict": strict, "shuffled_strict": 0.1},
+        "single_object_color_and_shape": {"seen_pairs": {"accuracy": 1.0}},
+    }
+    for key in base_competence(config, results):
+        (results / key / "quality.json").write_text(json.dumps(quality))
+    from margrpo.experiment.specs import shared_dirs
+
+    for folder in shared_dirs(config)["warmup"].values():
+        (results / Path(*Path(folder).parts[-2:])).mkdir(parents=True, exist_ok=True)
+        (results / Path(*Path(folder).parts[-2:]) / "quality.json").write_text(json.dumps(quality))
+    return config, results
+
+
+def test_pack_weights_refuses_a_base_below_its_bar_unless_told_why(tmp_path):
+    from margrpo.stages.toy_weights import pack
+
+    _, results = _weak_results(tmp_path, strict=0.2)
+    weak = r"below their quality bar.*strict 0.200 \(needs >= 0.60\).*--accept-weak-base"
+    with pytest.raises(InputError, match=weak):
+        pack(str(REPO / "config/smoke.yaml"), results, tmp_path / "release")
+    assert not (tmp_path / "release").exists()  # nothing packed
+    manifest = pack(str(REPO / "config/smoke.yaml"), results, tmp_path / "release", "a smoke-sized toy")
+    bases = [e for e in manifest["folders"].values() if e["stage"] == "pretrain"]
+    assert bases and all(e["competence"]["accepted_weak"] == "a smoke-sized toy" for e in bases)
+    _, strong = _weak_results(tmp_path / "strong", strict=0.7)
+    manifest = pack(str(REPO / "config/smoke.yaml"), strong, tmp_path / "release2")
+    assert all(not e["competence"]["shortfalls"] for e in manifest["folders"].values() if e["stage"] == "pretrain")

@@ -77,6 +77,8 @@ if SHIPPED_BASES:
 
 
 rule trained_toy_stages:
-    """Every shared toy stage of this config: `make toy-weights` builds it (toy_weights=train), then packs it."""
+    """Every shared toy stage of this config: `make toy-weights` builds it (toy_weights=train), then packs it; the
+    warm-ups' quality too, which a Harmon-like base's quality bar reads (margrpo.evaluation.competence)."""
     input:
         [f"{d}/{'policy' if s['stage'] == 'pretrain' else 'model'}" for d, s in toy_stages(config, RESULTS).items()],
+        [f"{d}/quality.json" for d in shared_dirs(config, RESULTS)["warmup"].values()],

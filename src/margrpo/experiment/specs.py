@@ -108,7 +108,8 @@ def pretrain_settings(policy: dict) -> dict:
 # builds, not only of the config, moves those folders: no result of an older toy is read as new.
 # 2: the toy in the real models' proportions (a 64-wide head, 9% of the parameters; our own text stack).
 # 3: scenes on a backdrop that varies per scene (the aesthetic of the toy preference reward, toypref).
-TOY_REVISION = 3
+# 4: the kernel caps' strict MKL branch; the bases on 24-channel latent tokens of a frozen PCA codec.
+TOY_REVISION = 4
 
 # The code each shared toy stage's result depends on (files under margrpo/): every file whose functions run in the
 # stage, the data stage's included, except plumbing that cannot change a number (SOURCE_PLUMBING).

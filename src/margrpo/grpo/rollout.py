@@ -15,7 +15,7 @@ draws, so the images do not change and the rollout's head does a fraction of the
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -122,7 +122,6 @@ class Rollout:
     # [K] bool: the AR steps whose record holds every unknown token's trajectory; at the others only the
     # committed tokens' (states and log-probs 0 for the rest). None: every step.
     full: Tensor | None = None
-    extra: dict = field(default_factory=dict)
 
     @property
     def trajectories(self) -> int:
@@ -167,10 +166,6 @@ class Rollout:
     def mte_candidates(self) -> Tensor:
         """[M', N, L] bool: the tokens predicted (still unknown) at each MTE step, the candidates of M^m."""
         return ~self.known[self.mte_steps.to(self.known.device)]
-
-    def to(self, device) -> Rollout:
-        moved = {k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in self.__dict__.items()}
-        return Rollout(**moved)
 
 
 def guided_output(

@@ -6,8 +6,11 @@ last-bit difference into other numbers and, at the margins, other verdicts. Ever
 starts with the paths capped at AVX2, which every x86 CPU of the last decade has:
 
     ATEN_CPU_CAPABILITY=avx2        torch's kernels (read when torch first dispatches)
-    MKL_CBWR=AVX2                   MKL's conditional-numerical-reproducibility branch (Intel CPUs; MKL's docs:
-                                    other CPUs take its AUTO branch, with fixed cache sizes and reductions)
+    MKL_CBWR=AVX2,STRICT            MKL's conditional-numerical-reproducibility branch (Intel CPUs; MKL's docs:
+                                    other CPUs take its AUTO branch, with fixed cache sizes and reductions), in
+                                    its strict mode: without it, on an AVX-512 Xeon, a row of a narrow product
+                                    (32 outputs) got other bits at some places of a 256-row block (rows 163-175
+                                    and 243-255), so no row blocking made the products batch-invariant
     ONEDNN_MAX_CPU_ISA=AVX2         oneDNN's JIT kernels (convolutions)
     NPY_DISABLE_CPU_FEATURES=...    numpy's AVX-512 dispatch targets
 
@@ -23,7 +26,7 @@ import platform
 
 CAPS = {
     "ATEN_CPU_CAPABILITY": "avx2",
-    "MKL_CBWR": "AVX2",
+    "MKL_CBWR": "AVX2,STRICT",
     "ONEDNN_MAX_CPU_ISA": "AVX2",
     "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR",
 }

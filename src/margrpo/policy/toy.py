@@ -30,6 +30,7 @@ from margrpo.infra.files import (
 )
 from margrpo.policy.base import MARPolicy, TextCondition
 from margrpo.policy.checkpointing import run_blocks
+from margrpo.policy.codec import PatchPCA, from_patches, to_patches
 from margrpo.policy.layers import Block, SimpleMLPAdaLN, TextEncoder
 from margrpo.policy.text import SPECIAL_TOKENS, WordTokenizer, build_tokenizer  # noqa: F401  (re-exported)
 
@@ -69,6 +70,9 @@ class ToyMARConfig:
     # token itself; its sampler is OneStepSampler, x = g(eps_0, z) + one_step_std * eps.
     head_sampler: str = "native"
     one_step_std: float = 0.05  # std of the one-step Gaussian (token units): exploration noise and exact log-prob
+    # 0: tokens are the standardised pixel patches (3 p p channels). C > 0: tokens are C-channel latents of a
+    # frozen PCA codec of the patches (policy.codec, fitted on the world's renders before pre-training)
+    latent_channels: int = 0
 
     def __post_init__(self):
         if self.head_type not in ("flow", "ddpm"):
@@ -79,6 +83,8 @@ class ToyMARConfig:
             raise ValueError(f"Unknown head_prediction: {self.head_prediction!r}; expected 'x0' or 'native'")
         if self.head_sampler not in ("native", "one_step"):
             raise ValueError(f"Unknown head_sampler: {self.head_sampler!r}; expected 'native' or 'one_step'")
+        if not 0 <= self.latent_channels <= 3 * self.patch_size**2:
+            raise ValueError(f"latent_channels must lie in 0..{3 * self.patch_size**2}, got {self.latent_channels}")
         if self.width % self.heads or self.text_width % self.text_heads:
             raise ValueError("width must be divisible by heads and text_width by text_heads")
 
@@ -93,7 +99,9 @@ class ToyMAR(MARPolicy):
         c = self.config = config
         self.tokenizer = tokenizer or build_tokenizer(c.vocab)
         self.head_type = c.head_type
-        self.seq_len, self.token_dim, self.z_dim = c.grid**2, 3 * c.patch_size**2, c.width
+        pixels = 3 * c.patch_size**2
+        self.seq_len, self.token_dim, self.z_dim = c.grid**2, c.latent_channels or pixels, c.width
+        self.codec = PatchPCA(pixels, c.latent_channels) if c.latent_channels else None
         out_factor = 2 if (c.head_type == "ddpm" and c.ddpm_variance == "learned_range") else 1
         self.text_encoder = text_encoder(len(self.tokenizer), c)
         self.text_proj = nn.Linear(c.text_width, c.width)
@@ -173,19 +181,27 @@ class ToyMAR(MARPolicy):
         abar = self.alphas_cumprod[t.round().long().clamp(0, len(self.alphas_cumprod) - 1)].float()
         return ((1 - abar) / abar).clamp(max=1.0)
 
-    # --- codec: pixel patches ---------------------------------------------------------------------
+    # --- codec: pixel patches, or their frozen PCA latents ------------------------------------------
     def encode(self, images: Tensor) -> Tensor:
-        p, g = self.config.patch_size, self.config.grid
+        x = to_patches(images * 2 - 1, self.config.patch_size)  # [B, L, 3 p p] in [-1, 1]
+        if self.codec is not None:
+            return self.codec.encode(x)
         mean, std = self.config.token_norm
-        x = (images * 2 - 1 - mean) / std  # [B, 3, H, W], standardised pixel values
-        x = x.reshape(-1, 3, g, p, g, p).permute(0, 2, 4, 1, 3, 5)  # [B, g, g, 3, p, p]
-        return x.reshape(-1, g * g, 3 * p * p)
+        return (x - mean) / std
 
     def decode(self, tokens: Tensor) -> Tensor:
-        p, g = self.config.patch_size, self.config.grid
-        mean, std = self.config.token_norm
-        x = tokens.float().reshape(-1, g, g, 3, p, p).permute(0, 3, 1, 4, 2, 5).reshape(-1, 3, g * p, g * p)
-        return ((x * std + mean).clamp(-1, 1) + 1) / 2
+        if self.codec is not None:
+            x = self.codec.decode(tokens)
+        else:
+            mean, std = self.config.token_norm
+            x = tokens.float() * std + mean
+        return (from_patches(x, self.config.grid, self.config.patch_size).clamp(-1, 1) + 1) / 2
+
+    def fit_codec(self, images: Tensor) -> float:
+        """Fit the latent codec on images [N, 3, H, W] in [0, 1] (the world's renders): the variance kept."""
+        if self.codec is None:
+            raise ValueError("this toy policy has pixel tokens (latent_channels 0): there is no codec to fit")
+        return self.codec.fit(to_patches(images * 2 - 1, self.config.patch_size))
 
     @property
     def token_grid(self) -> tuple[int, int]:

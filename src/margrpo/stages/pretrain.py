@@ -44,6 +44,21 @@ def world_batches(world_cfg):
     return batch
 
 
+CODEC_SCENES, CODEC_SEED = 2000, 20261201  # the latent codec's fit: one set of renders for every base of a world
+
+
+def fit_world_codec(policy, world_cfg) -> float | None:
+    """Fit a latent-token policy's frozen codec on CODEC_SCENES renders of the world, the same renders for every
+    base (so toy-nova and toy-harmon share one codec, as a world has one VAE): the variance kept, or None for
+    pixel tokens."""
+    if policy.codec is None:
+        return None
+    images, _ = world_batches(world_cfg)(CODEC_SCENES, torch.Generator().manual_seed(CODEC_SEED))
+    kept = policy.fit_codec(images)
+    log.info(f"latent codec: {policy.token_dim} channels a token keep {kept:.4f} of the patches' variance")
+    return kept
+
+
 def load_world(path):
     from margrpo.infra.files import read_json
     from margrpo.world import WorldConfig
@@ -117,7 +132,9 @@ def run(args) -> None:
         precision=args.precision,
     )
     torch.manual_seed(cfg.seed)
-    policy = ToyMAR(model_cfg).to(device)
+    policy = ToyMAR(model_cfg)
+    fit_world_codec(policy, world_cfg)
+    policy = policy.to(device)
     log.info(
         f"toy MAR ({spec['head']} head): {count_parameters(policy) / 1e6:.2f}M parameters, "
         f"head {count_parameters(policy.diffloss) / 1e6:.2f}M, {policy.seq_len} tokens x {policy.token_dim}"

@@ -26,6 +26,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="pack-weights: the config whose toy stages ship (its results must be there)")
     p.add_argument("--results", default="results", help="pack-weights: where the trained folders are")
     p.add_argument("--release", default=None, help="the release folder (default: margrpo/data/toy_weights)")
+    p.add_argument(
+        "--accept-weak-base",
+        default=None,
+        metavar="WHY",
+        help="pack-weights: pack bases below their quality bar (evaluation.competence), recording WHY in the manifest",
+    )
 
 
 def run(args: argparse.Namespace) -> None:
@@ -40,17 +46,49 @@ def run(args: argparse.Namespace) -> None:
     else:
         if not args.config:
             raise SystemExit("margrpo pack-weights: --config is required")
-        pack(args.config, Path(args.results), release)
+        pack(args.config, Path(args.results), release, args.accept_weak_base)
 
 
-def pack(config_file: str, results: Path, release: Path) -> dict:
-    """Copy the config's trained toy stages (state/ and dot files left out) into `release` with the manifest."""
+def base_competence(config: dict, results: Path) -> dict[str, dict]:
+    """{release key of a base: {"gate", "measured", "shortfalls"}}: each toy base against its bar, a Harmon-like base
+    (its warm-up on) by its warm-up's quality.json, which must be there (`make toy-weights` runs the warm-ups)."""
+    from margrpo.evaluation.competence import measures, shortfalls
+    from margrpo.experiment.specs import shared_dirs
+    from margrpo.infra.files import read_json
+    from margrpo.infra.weights import release_key
+
+    dirs, out = shared_dirs(config), {}
+    for name, base in dirs["base"].items():
+        if Path(base).parts[-2] != "pretrain" or name not in config["policies"]:
+            continue
+        gate, folder = ("warmup", dirs["warmup"][name]) if name in dirs["warmup"] else ("pretrain", base)
+        path = results / release_key(folder) / "quality.json"
+        if not path.is_file():
+            out[release_key(base)] = {"gate": gate, "measured": None, "shortfalls": [f"{path}: not measured"]}
+            continue
+        quality = read_json(path)
+        out[release_key(base)] = {"gate": gate, "measured": measures(quality), "shortfalls": shortfalls(quality, gate)}
+    return out
+
+
+def pack(config_file: str, results: Path, release: Path, accept_weak: str | None = None) -> dict:
+    """Copy the config's trained toy stages (state/ and dot files left out) into `release` with the manifest; a base
+    below its quality bar is refused unless `accept_weak` says why (recorded with the shortfall)."""
     from margrpo.experiment.config import load_config
     from margrpo.experiment.specs import toy_stages
     from margrpo.infra.files import InputError, atomic_write_json, read_json, sha256_file
     from margrpo.infra.weights import MANIFEST, cpu_description, read_manifest, release_key, source_digest
 
-    stages = toy_stages(load_config(config_file))  # named as the DAG names them: hashes hold results/... paths
+    config = load_config(config_file)
+    stages = toy_stages(config)  # named as the DAG names them: hashes hold results/... paths
+    competence = base_competence(config, results)
+    weak = {key: c["shortfalls"] for key, c in competence.items() if c["shortfalls"]}
+    if weak and not accept_weak:
+        raise InputError(
+            "margrpo pack-weights: bases below their quality bar (margrpo.evaluation.competence): "
+            + "; ".join(f"{key}: {', '.join(why)}" for key, why in weak.items())
+            + ". Train them further, or pack them anyway with --accept-weak-base 'why'"
+        )
     folders = {}
     for folder, stage in stages.items():
         key = release_key(folder)
@@ -77,6 +115,8 @@ def pack(config_file: str, results: Path, release: Path) -> dict:
             "metrics": metrics,
             "files": {name: sha256_file(dest / name) for name in files},
         }
+        if key in competence:
+            folders[key]["competence"] = {**competence[key], **({"accepted_weak": accept_weak} if key in weak else {})}
     for old in set(read_manifest(release).get("folders", {})) - set(folders):
         shutil.rmtree(release / old, ignore_errors=True)
     manifest = {
