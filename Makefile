@@ -7,7 +7,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)  # rules call the `margrpo` consol
 export HF_HUB_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test test-fast test-slurm install evaluators report report-html clean-results lint toy-weights
+.PHONY: run test test-fast test-slurm install evaluators report report-html clean-results lint toy-weights toy-weights-check
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -48,7 +48,10 @@ lint: $(STAMP)         ## ruff's formatter and linter (pyproject.toml), then Sna
 toy-weights: $(STAMP)  ## train the toy's shared stages of config/config.yaml here and pack them into the package's release
 	# the target before --config: --config takes every word after it as a name=value pair
 	$(BIN)/snakemake trained_toy_stages --cores all $(SNAKEMAKE_ARGS) --config toy_weights=train
-	$(BIN)/margrpo pack-weights --config config/config.yaml
+	$(BIN)/margrpo pack-weights --config config/config.yaml $(PACK_ARGS)
+
+toy-weights-check: $(STAMP)  ## after a change of a shipped stage's code: keep the release current if no number moved
+	$(BIN)/margrpo refresh-release --config config/config.yaml
 
 evaluators:            ## the real-scale evaluator stack in its own venv (.venv-eval); not needed for the toy run
 	bash scripts/install-evaluators.sh

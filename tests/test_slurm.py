@@ -141,22 +141,35 @@ def assert_same_first_update(work: Path, name: str, reference: str, tolerance: f
     """The run's first update and its logged row are the reference run's, to `tolerance` (relative); returns the
     difference. Across process counts the rollouts' images differ in their last bits (the rewards' mean by ~1e-7),
     and the smoke toy's groups nearly tie, so group normalisation (std + 1e-4) magnifies that into the advantages;
-    with the same processes' batches the difference is the sums' order alone (docs/findings.md)."""
+    with the same processes' batches the difference is the sums' order alone (docs/findings.md).
+
+    Left out: the attention key biases (the middle third of each `qkv.bias`). Their gradient is exactly zero (a key
+    bias adds q . b to every logit of a query's row, which the softmax cancels), so what the backward computes for
+    them is rounding noise, and Adam's first step, about the sign of each gradient, turns that noise into +-lr:
+    another kernel or thread count flips it (a 1-process job on 2 threads: 0.030 relative on an Intel Xeon)."""
     base = load_file(next((work / "results").glob("pretrain/toy-nova-*/policy/*.safetensors")))
     one, two = first_update(work / f"results/{reference}/{RUN}"), first_update(work / f"results/{name}/{RUN}")
     assert one.keys() == two.keys()
 
     def step(w):
-        return torch.cat([(w[k] - base[k]).flatten() for k in sorted(base)])
+        return torch.cat([_without_key_biases(k, w[k] - base[k]).flatten() for k in sorted(base)])
 
     u1, u2 = step(one), step(two)
     assert u1.norm() > 0, "the update changed nothing"
     diff = float((u2 - u1).norm() / u1.norm())
     assert diff < tolerance, (name, reference, diff)
     rows = [pd.read_csv(work / f"results/{n}/{RUN}/metrics.csv").iloc[0] for n in (reference, name)]
-    for key in ("reward_mean", "grad_norm_ar"):
-        assert rows[1][key] == pytest.approx(rows[0][key], rel=1e-3), key
+    for key in ("reward_mean", "grad_norm_ar"):  # the same magnification as the update's, and never above 1e-3
+        assert rows[1][key] == pytest.approx(rows[0][key], rel=max(1e-3, tolerance)), key
     return diff
+
+
+def _without_key_biases(name: str, delta: torch.Tensor) -> torch.Tensor:
+    """`delta` with the key slice of an attention's fused qkv bias removed (see assert_same_first_update)."""
+    if not name.endswith("attn.qkv.bias"):
+        return delta
+    width = delta.numel() // 3
+    return torch.cat([delta[:width], delta[2 * width :]])
 
 
 def worker_cpus(log: str, world: int) -> dict[str, int]:

@@ -36,7 +36,8 @@ def test_the_shipped_toy_weights_are_current_for_the_default_config():
     assert not stale, (
         "stale shipped toy weights: "
         + "; ".join(f"{folder} ({wanted[folder]['stage']}): {why}" for folder, why in stale.items())
-        + ": run `make toy-weights` and commit src/margrpo/data/toy_weights"
+        + ": run `make toy-weights-check` (a change that moves no number) or `make toy-weights`, and commit"
+        " src/margrpo/data/toy_weights"
     )
     assert sorted(fresh) == sorted(wanted)
 
@@ -200,3 +201,58 @@ def test_pack_weights_refuses_a_base_below_its_bar_unless_told_why(tmp_path):
     _, strong = _weak_results(tmp_path / "strong", strict=0.7)
     manifest = pack(str(REPO / "config/smoke.yaml"), strong, tmp_path / "release2")
     assert all(not e["competence"]["shortfalls"] for e in manifest["folders"].values() if e["stage"] == "pretrain")
+
+
+def test_a_shipped_folder_stays_current_under_a_digest_proved_equivalent(tmp_path):
+    release, key = _release(tmp_path)
+    want = {
+        f"results/{key}": {"stage": "toyclip", "settings": {"steps": 3}, "sources": list(STAGE_SOURCES["toyclip"])}
+    }
+    manifest = json.loads((release / MANIFEST).read_text())
+    today = manifest["folders"][key]["source_digest"]
+    manifest["folders"][key]["source_digest"] = "0" * 64  # packed with older code ...
+    manifest["folders"][key]["equivalent_digests"] = [today]  # ... that refresh-release proved today's equal to
+    (release / MANIFEST).write_text(json.dumps(manifest))
+    assert fresh_folders(want, release) == ([f"results/{key}"], {})
+
+
+def _package_copy(tmp_path: Path, name: str, edit: tuple[str, str, str] | None = None) -> Path:
+    """A checkout-like copy of the package (root/src/margrpo) with one textual edit (file, old, new)."""
+    import shutil
+
+    root = tmp_path / name
+    shutil.copytree(PACKAGE, root / "src" / "margrpo", ignore=shutil.ignore_patterns("__pycache__", "data"))
+    shutil.copytree(PACKAGE / "data" / "t2i-compbench", root / "src" / "margrpo" / "data" / "t2i-compbench")
+    if edit:
+        path = root / "src" / "margrpo" / edit[0]
+        text = path.read_text()
+        assert edit[1] in text, edit
+        path.write_text(text.replace(edit[1], edit[2]))
+    return root
+
+
+@pytest.mark.slow
+def test_the_release_digest_moves_with_the_numbers_and_not_with_a_refactor(tmp_path):
+    """Issue 60 item 7: a refactor of a shipped stage's code (a renamed local) changes its code digest and not its
+    fingerprint, so refresh-release keeps the release current; a change that moves a number (the EMA's default
+    decay) changes both, and the stage is retrained."""
+    from margrpo.infra.fingerprint import fingerprint
+
+    sources = STAGE_SOURCES["pretrain"]
+    same = _package_copy(tmp_path, "same")
+    refactor = _package_copy(tmp_path, "refactor", ("policy/toy.py", "pixels = 3 *", "pixel_channels = 3 *"))
+    text = (refactor / "src/margrpo/policy/toy.py").read_text().replace("or pixels,", "or pixel_channels,")
+    (refactor / "src/margrpo/policy/toy.py").write_text(text.replace("PatchPCA(pixels,", "PatchPCA(pixel_channels,"))
+    moved = _package_copy(
+        tmp_path, "moved", ("toylab/pretraining.py", "ema_decay: float = 0.995", "ema_decay: float = 0.99")
+    )
+    digests = {
+        name: source_digest(sources, root / "src" / "margrpo")
+        for name, root in (("same", same), ("refactor", refactor), ("moved", moved))
+    }
+    assert digests["same"] != digests["refactor"] != digests["moved"] != digests["same"]
+    prints = {
+        name: fingerprint(root, "pretrain", "toy-nova")
+        for name, root in (("same", same), ("refactor", refactor), ("moved", moved))
+    }
+    assert prints["refactor"] == prints["same"] != prints["moved"]

@@ -21,6 +21,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "pretrain": ("pretrain", "train a toy MAR base policy on ShapesWorld from scratch"),
     "place-weights": ("toy_weights", "copy a shipped toy stage (toy_weights: shipped) into results/, checksums first"),
     "pack-weights": ("toy_weights", "pack a config's trained toy stages into the release (make toy-weights)"),
+    "refresh-release": ("toy_weights", "keep the release current across a change of its code that moves no number"),
     "check-weights": ("check_weights", "check a local real-scale weights folder and write a pointer to it"),
     "weights": ("weights", "list the released models a config needs: found, or the `hf download` command"),
     "warmup": ("warmup", "fine-tune only the diffusion head (Harmon warm-up, DESIGN 3.11)"),

@@ -4,7 +4,11 @@ place-weights: the DAG's stand-in for a shared toy stage (toyclip, toypref, a ba
 folder the package ships for the same settings and code (`margrpo.infra.weights.fresh_folders`): the folder is
 copied into results/ after every file's sha256 is checked against the manifest.
 pack-weights: `make toy-weights` trains those stages with the pipeline (`toy_weights: train`) and then packs their
-folders, with the manifest, into margrpo/data/toy_weights/.
+folders, with the manifest, into margrpo/data/toy_weights/, from a clean tree: the manifest names the commit
+(`code_at`) whose code each digest was taken of.
+refresh-release: after a change of a shipped stage's code, prove it moves no number (infra.fingerprint: the stage
+on the smoke input with the code at `code_at` and with today's, bit for bit) and record today's digest as
+equivalent; a stage whose numbers moved is named, and stays stale until `make toy-weights`.
 """
 
 from __future__ import annotations
@@ -38,6 +42,15 @@ def run(args: argparse.Namespace) -> None:
     from margrpo.infra.weights import RELEASE, place_folder
 
     release = Path(args.release) if args.release else RELEASE
+    if args.stage == "refresh-release":
+        if not args.config:
+            raise SystemExit("margrpo refresh-release: --config is required")
+        stale = refresh(args.config, release)
+        if stale:
+            raise SystemExit(
+                "stale shipped stages (their numbers moved): " + ", ".join(stale) + "; run make toy-weights"
+            )
+        return
     if args.stage == "place-weights":
         if not args.folder:
             raise SystemExit("margrpo place-weights: --folder is required")
@@ -46,7 +59,7 @@ def run(args: argparse.Namespace) -> None:
     else:
         if not args.config:
             raise SystemExit("margrpo pack-weights: --config is required")
-        pack(args.config, Path(args.results), release, args.accept_weak_base)
+        pack(args.config, Path(args.results), release, args.accept_weak_base, require_clean=True)
 
 
 def base_competence(config: dict, results: Path) -> dict[str, dict]:
@@ -71,14 +84,23 @@ def base_competence(config: dict, results: Path) -> dict[str, dict]:
     return out
 
 
-def pack(config_file: str, results: Path, release: Path, accept_weak: str | None = None) -> dict:
+def pack(
+    config_file: str, results: Path, release: Path, accept_weak: str | None = None, require_clean: bool = False
+) -> dict:
     """Copy the config's trained toy stages (state/ and dot files left out) into `release` with the manifest; a base
-    below its quality bar is refused unless `accept_weak` says why (recorded with the shortfall)."""
+    below its quality bar is refused unless `accept_weak` says why (recorded with the shortfall), and with
+    `require_clean` a checkout whose tracked files differ from its commit is refused (digests must be a commit's)."""
     from margrpo.experiment.config import load_config
     from margrpo.experiment.specs import toy_stages
     from margrpo.infra.files import InputError, atomic_write_json, read_json, sha256_file
     from margrpo.infra.weights import MANIFEST, cpu_description, read_manifest, release_key, source_digest
 
+    commit = _commit()
+    if require_clean and commit.endswith("-dirty"):
+        raise InputError(
+            "margrpo pack-weights: the checkout has uncommitted changes (git status); commit them first, so that the "
+            "release's code digests are those of a commit (code_at) that refresh-release can check a change against"
+        )
     config = load_config(config_file)
     stages = toy_stages(config)  # named as the DAG names them: hashes hold results/... paths
     competence = base_competence(config, results)
@@ -122,7 +144,8 @@ def pack(config_file: str, results: Path, release: Path, accept_weak: str | None
     manifest = {
         "format": 1,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "packed_at": _commit(),
+        "packed_at": commit,
+        "code_at": commit,
         "cpu": cpu_description(),
         "torch": _torch_version(),
         "config": config_file,
@@ -132,6 +155,55 @@ def pack(config_file: str, results: Path, release: Path, accept_weak: str | None
     size = sum(f.stat().st_size for f in release.rglob("*") if f.is_file())
     log.info("packed %d folders into %s (%.1f MB)", len(folders), release, size / 1e6)
     return manifest
+
+
+def refresh(config_file: str, release: Path) -> list[str]:
+    """Record today's code digest of each shipped stage of `config_file` whose code changed since `code_at` but whose
+    fingerprint did not (this machine, both codes); returns the release keys of the stages whose numbers moved."""
+    import tempfile
+
+    from margrpo.experiment.config import load_config
+    from margrpo.experiment.specs import toy_stages
+    from margrpo.infra.files import InputError, atomic_write_json
+    from margrpo.infra.fingerprint import checkout, fingerprint
+    from margrpo.infra.fingerprint import release as remove_worktree
+    from margrpo.infra.weights import MANIFEST, read_manifest, release_key, source_digest
+
+    manifest = read_manifest(release)
+    if "code_at" not in manifest:
+        raise InputError(f"{release / MANIFEST}: names no code_at commit (packed before refresh-release); repack")
+    repo, stale = Path(__file__).resolve().parents[3], []
+    with tempfile.TemporaryDirectory(prefix="margrpo-release-code-") as tmp:
+        old_root = None
+        for folder, want in toy_stages(load_config(config_file)).items():
+            key = release_key(folder)
+            entry = manifest["folders"].get(key)
+            today = source_digest(want["sources"])
+            if entry is None or today in (entry["source_digest"], *entry.get("equivalent_digests", [])):
+                continue
+            if old_root is None:
+                old_root = checkout(manifest["code_at"], Path(tmp) / "code")
+            if source_digest(want["sources"], old_root / "src" / "margrpo") != entry["source_digest"]:
+                raise InputError(
+                    f"{release / MANIFEST}: code_at {manifest['code_at']} is not the code {key} was packed with"
+                )
+            policy = Path(folder).name.rsplit("-", 1)[0] if want["stage"] == "pretrain" else None
+            try:
+                before, after = (fingerprint(root, want["stage"], policy) for root in (old_root, repo))
+            except RuntimeError as err:  # the old code cannot run today's input (a new setting): nothing proven
+                stale.append(key)
+                log.info("%s: no fingerprint to compare (%s): retrain it", key, str(err).splitlines()[0])
+                continue
+            if before == after:
+                entry.setdefault("equivalent_digests", []).append(today)
+                log.info("%s: code changed, its numbers did not (fingerprint %s): still current", key, after[:12])
+            else:
+                stale.append(key)
+                log.info("%s: its numbers moved (fingerprint %s -> %s): retrain it", key, before[:12], after[:12])
+        if old_root is not None:
+            remove_worktree(old_root)
+    atomic_write_json(release / MANIFEST, manifest)
+    return stale
 
 
 def _commit() -> str:
