@@ -396,7 +396,7 @@ def test_a_fresh_start_removes_what_a_save_wrote_and_keeps_what_it_did_not(tmp_p
     assert sorted(p.name for p in (state / "ckpt-000005/policy").iterdir()) == ["notes.txt", "tokenizer"]
 
 
-@pytest.mark.parametrize("why", ["time limit", "SIGTERM"])
+@pytest.mark.parametrize("why", ["time limit", "SIGTERM", "SIGINT"])
 def test_a_run_stopped_before_its_time_limit_saves_and_resumes_to_the_uninterrupted_result(
     tmp_path, logged, monkeypatch, why
 ):
@@ -415,8 +415,8 @@ def test_a_run_stopped_before_its_time_limit_saves_and_resumes_to_the_uninterrup
     def ask(next_seconds):
         steps_seen.append(trainer.step)
         if trainer.step == 2:
-            if why == "SIGTERM":
-                os.kill(os.getpid(), signal.SIGTERM)  # as SLURM's requeue or preemption sends it
+            if why in ("SIGTERM", "SIGINT"):  # as SLURM's requeue or preemption sends it; Ctrl-C at a terminal
+                os.kill(os.getpid(), getattr(signal, why))
             else:  # SLURM's end time 10 s away: less than a step, a save and the margin
                 stop.end_time = time.time() + 10
                 monkeypatch.setattr(stopping, "job_end_time", lambda: stop.end_time)
@@ -428,8 +428,9 @@ def test_a_run_stopped_before_its_time_limit_saves_and_resumes_to_the_uninterrup
     finally:
         stop.close()
     assert signal.getsignal(signal.SIGTERM) is not stop._on_signal  # handlers restored
+    assert signal.getsignal(signal.SIGINT) is not stop._on_signal
     assert steps_seen == [1, 2] and [r["step"] for r in rows] == [1, 2], steps_seen
-    assert trainer.stopped.startswith("SIGTERM" if why == "SIGTERM" else "10 s left"), trainer.stopped
+    assert trainer.stopped.startswith(why if why != "time limit" else "10 s left"), trainer.stopped
     assert (tmp_path / "run/state/ckpt-000002").is_dir()
     assert [c["step"] for c in trainer.checkpoints] == [0]  # step 2 was validated but not listed: it stopped there
     resumed = make_trainer(tmp_path / "run", policy=tiny_policy("flow", seed=1), steps=4, save_every=4, val_every=2)
@@ -442,3 +443,61 @@ def test_a_run_stopped_before_its_time_limit_saves_and_resumes_to_the_uninterrup
             assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9, nan_ok=True), (a["step"], key)
     assert_same_weights(resumed.policy, full.policy)
     assert [c["step"] for c in resumed.checkpoints] == [c["step"] for c in full.checkpoints]
+
+
+def test_a_second_ctrl_c_interrupts_at_once():
+    """The first SIGINT asks for a save and a stop between steps; a second one is Python's KeyboardInterrupt."""
+    import os
+    import signal
+
+    from margrpo.infra import stopping
+
+    stop = stopping.StopRequest(read_limit=False)
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.reason(0.0) == "SIGINT received"
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)  # the handler runs at once, in this (the main) thread
+    finally:
+        stop.close()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+_HOLDER = """
+import sys, time
+sys.path.insert(0, {src!r})
+from margrpo.infra.run_lock import hold_run_folder
+with hold_run_folder({state!r}):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_second_train_job_into_one_run_folder_fails_at_once_naming_the_first(tmp_path):
+    """Issue 59 item 4: `margrpo train` into a folder another live job writes stops before it reads anything,
+    naming that job's pid and host; once the holder dies (SIGKILL: no cleanup), its lock no longer blocks."""
+    import os
+    import socket
+
+    from margrpo.cli import main
+
+    spec, run = train_inputs(tmp_path), tmp_path / "run"
+    src = str(TESTS.parent / "src")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER.format(src=src, state=str(run / "state"))], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        argv = ["train", "--policy-dir", str(tmp_path / "policy"), "--suites-dir", str(tmp_path / "suites")]
+        argv += ["--spec-json", json.dumps(spec), "--out-dir", str(run), "--threads", "1"]
+        with pytest.raises(SystemExit, match=rf"another train job writes this run folder \(pid {holder.pid} on "):
+            main(argv)
+        assert socket.gethostname() in (run / "state" / ".lock").read_text()
+        assert not (run / "state" / "trainer.pt").exists()  # it wrote nothing
+    finally:
+        holder.kill()
+        holder.wait()
+    from margrpo.infra.run_lock import hold_run_folder
+
+    with hold_run_folder(run / "state"):  # the dead holder's lock went with it
+        assert f"pid {os.getpid()} " in (run / "state" / ".lock").read_text()

@@ -1,7 +1,8 @@
 """When a training job should save and stop before it is cut: its SLURM time limit draws nearer than one more step
 and a save, or the job was told to go (SIGTERM from a preemption, a requeue or `scancel`; SIGUSR1 from `sbatch
---signal`). The trainer asks between steps; the job then exits with `EXIT_RESUMABLE`, and the run resumes from that
-checkpoint when it is started again (the SLURM profile's `retries`, or SLURM's requeue)."""
+--signal`; SIGINT, Ctrl-C at a terminal: a second Ctrl-C interrupts at once, as Python's own handler does). The
+trainer asks between steps; the job then exits with `EXIT_RESUMABLE`, and the run resumes from that checkpoint
+when it is started again (the SLURM profile's `retries`, or SLURM's requeue)."""
 
 from __future__ import annotations
 
@@ -24,10 +25,13 @@ class StopRequest:
         self.signalled: str | None = None
         self._previous = {}
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGUSR1):
+            for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
                 self._previous[sig] = signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum, _frame) -> None:
+        if signum == signal.SIGINT and self.signalled == "SIGINT":  # asked twice: the user will not wait for a save
+            signal.signal(signal.SIGINT, self._previous.pop(signal.SIGINT))
+            raise KeyboardInterrupt
         self.signalled = signal.Signals(signum).name
 
     def reason(self, next_seconds: float) -> str | None:

@@ -133,6 +133,7 @@ def pack(
         folders[key] = {
             **stage,
             "trained_at": spec.get("git_rev", "unknown"),  # the commit the stage's job ran at (its spec.json)
+            "ran_on": spec.get("kernels", {}),  # its CPU, kernel caps and threads (a CUDA job's device: its spec)
             "source_digest": source_digest(stage["sources"]),
             "metrics": metrics,
             "files": {name: sha256_file(dest / name) for name in files},

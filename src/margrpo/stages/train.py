@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -113,11 +114,15 @@ def run(args) -> None:
 def _train_or_stop(trainer, spec: dict) -> None:
     """Train to the end, or save and exit with EXIT_RESUMABLE where SLURM's time limit draws near or the job is told
     to stop (infra.stopping): the same command resumes (the SLURM profile's retries run it again)."""
+    from margrpo.infra.run_lock import hold_run_folder
     from margrpo.infra.stopping import EXIT_RESUMABLE, StopRequest
 
     stop = StopRequest(read_limit=trainer.engine.is_main)  # the main process reads the limit; all catch signals
+    # one job per run folder: the main process holds state/'s lock (its other processes are the same job)
+    held = hold_run_folder(trainer.state_dir) if trainer.engine.is_main else contextlib.nullcontext()
     try:
-        trainer.train(spec, stop)
+        with held:
+            trainer.train(spec, stop)
     finally:
         stop.close()
     if trainer.stopped:
