@@ -98,7 +98,7 @@ def pack(
     commit = _commit()
     if require_clean and commit.endswith("-dirty"):
         raise InputError(
-            "margrpo pack-weights: the checkout has uncommitted changes (git status); commit them first, so that the "
+            "the checkout has uncommitted changes (git status); commit them first, so that the "
             "release's code digests are those of a commit (code_at) that refresh-release can check a change against"
         )
     config = load_config(config_file)
@@ -107,7 +107,7 @@ def pack(
     weak = {key: c["shortfalls"] for key, c in competence.items() if c["shortfalls"]}
     if weak and not accept_weak:
         raise InputError(
-            "margrpo pack-weights: bases below their quality bar (margrpo.evaluation.competence): "
+            "bases below their quality bar (margrpo.evaluation.competence): "
             + "; ".join(f"{key}: {', '.join(why)}" for key, why in weak.items())
             + ". Train them further, or pack them anyway with --accept-weak-base 'why'"
         )
