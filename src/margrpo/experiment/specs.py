@@ -151,6 +151,7 @@ STAGE_SOURCES = {
         "infra/runtime.py",
         "policy/base.py",
         "policy/checkpointing.py",
+        "policy/codec.py",
         "policy/invariant.py",
         "policy/layers.py",
         "policy/text.py",
