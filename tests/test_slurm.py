@@ -139,9 +139,9 @@ def workdir(cluster, tmp_path_factory):
 
 # Against one process, another process count's first update is a sanity check, not an equality: each process scores
 # its own images, and toypref's alignment term is not batch-invariant (its convolutions: 4.8e-7 between batches of
-# 16 and 4 images, measured), which group normalisation of the smoke toy's nearly tied groups (std + 1e-4) magnifies
-# by a factor the data sets, not float32 (0.060 seen for 4 processes). The exact check of a multi-node job is against the
-# same processes on one machine (1e-5); this one only catches an update that went elsewhere.
+# 16 and 4 images, measured), which group normalisation of the smoke toy's nearly tied groups (std + 1e-4)
+# magnifies by a factor the data sets, not float32 (0.060 seen for 4 processes). The exact check of a multi-node job
+# is against the same processes on one machine (1e-5); this one only catches an update that went elsewhere.
 ACROSS_PROCESS_COUNTS = 0.5
 
 

@@ -236,7 +236,7 @@ def test_the_release_digest_moves_with_the_numbers_and_not_with_a_refactor(tmp_p
     """Issue 60 item 7: a refactor of a shipped stage's code (a renamed local) changes its code digest and not its
     fingerprint, so refresh-release keeps the release current; a change that moves a number (the EMA's default
     decay) changes both, and the stage is retrained."""
-    from margrpo.infra.fingerprint import fingerprint
+    from margrpo.experiment.fingerprint import fingerprint
 
     sources = STAGE_SOURCES["pretrain"]
     same = _package_copy(tmp_path, "same")

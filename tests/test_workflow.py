@@ -457,6 +457,7 @@ def test_the_smoke_dag_takes_its_toy_stages_from_a_release(smoke_run, tmp_path):
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     packed = subprocess.run(
         [str(Path(sys.executable).with_name("margrpo")), "pack-weights", "--config", str(REPO / "config/smoke.yaml")]
+        + ["--accept-weak-base", "smoke-sized bases (10 steps)"]
         + ["--results", str(smoke_run / "results"), "--release", str(release)],
         capture_output=True,
         text=True,

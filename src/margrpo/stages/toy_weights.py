@@ -6,7 +6,7 @@ copied into results/ after every file's sha256 is checked against the manifest.
 pack-weights: `make toy-weights` trains those stages with the pipeline (`toy_weights: train`) and then packs their
 folders, with the manifest, into margrpo/data/toy_weights/, from a clean tree: the manifest names the commit
 (`code_at`) whose code each digest was taken of.
-refresh-release: after a change of a shipped stage's code, prove it moves no number (infra.fingerprint: the stage
+refresh-release: after a change of a shipped stage's code, prove it moves no number (experiment.fingerprint: the stage
 on the smoke input with the code at `code_at` and with today's, bit for bit) and record today's digest as
 equivalent; a stage whose numbers moved is named, and stays stale until `make toy-weights`.
 """
@@ -114,20 +114,8 @@ def pack(
     folders = {}
     for folder, stage in stages.items():
         key = release_key(folder)
-        src = results / key
-        files = sorted(
-            str(f.relative_to(src))
-            for f in src.rglob("*")
-            if f.is_file() and not any(part.startswith(".") or part == "state" for part in f.relative_to(src).parts)
-        )
-        if not files:
-            raise InputError(f"{src}: nothing trained here; run `make toy-weights` (it trains before it packs)")
-        dest = release / key
-        if dest.exists():
-            shutil.rmtree(dest)
-        for name in files:
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src / name, dest / name)
+        src, dest = results / key, release / key
+        files = _copy_folder(src, dest)
         metrics = {m: read_json(src / m) for m in METRICS if (src / m).is_file()}
         spec = read_json(src / "spec.json") if (src / "spec.json").is_file() else {}
         folders[key] = {
@@ -158,16 +146,35 @@ def pack(
     return manifest
 
 
+def _copy_folder(src: Path, dest: Path) -> list[str]:
+    """`src`'s files into a fresh `dest`, state/ and dot files left out: their names, relative to it."""
+    from margrpo.infra.files import InputError
+
+    files = sorted(
+        str(f.relative_to(src))
+        for f in src.rglob("*")
+        if f.is_file() and not any(part.startswith(".") or part == "state" for part in f.relative_to(src).parts)
+    )
+    if not files:
+        raise InputError(f"{src}: nothing trained here; run `make toy-weights` (it trains before it packs)")
+    if dest.exists():
+        shutil.rmtree(dest)
+    for name in files:
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src / name, dest / name)
+    return files
+
+
 def refresh(config_file: str, release: Path) -> list[str]:
     """Record today's code digest of each shipped stage of `config_file` whose code changed since `code_at` but whose
     fingerprint did not (this machine, both codes); returns the release keys of the stages whose numbers moved."""
     import tempfile
 
     from margrpo.experiment.config import load_config
+    from margrpo.experiment.fingerprint import checkout, fingerprint
+    from margrpo.experiment.fingerprint import release as remove_worktree
     from margrpo.experiment.specs import toy_stages
     from margrpo.infra.files import InputError, atomic_write_json
-    from margrpo.infra.fingerprint import checkout, fingerprint
-    from margrpo.infra.fingerprint import release as remove_worktree
     from margrpo.infra.weights import MANIFEST, read_manifest, release_key, source_digest
 
     manifest = read_manifest(release)
