@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> None:
     else:
         if not args.config:
             raise SystemExit("margrpo pack-weights: --config is required")
-        pack(args.config, Path(args.results), release, args.accept_weak_base, require_clean=True)
+        # the package's own release must name a commit its code digests are of; a release elsewhere is the user's
+        pack(args.config, Path(args.results), release, args.accept_weak_base, require_clean=release == RELEASE)
 
 
 def base_competence(config: dict, results: Path) -> dict[str, dict]:
