@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import PROMPTS, assert_user_files_kept, plant_user_files, tiny_policy
+from helpers import PROMPTS, USER_FILES, assert_user_files_kept, plant_user_files, tiny_policy
 from test_trainer import make_trainer
 
 from margrpo.grpo.run_files import write_outputs
@@ -49,29 +49,104 @@ def assert_same_weights(a, b):
         assert torch.equal(x, y), name
 
 
-def test_grpo_run_with_a_changed_spec_starts_fresh(tmp_path, logged):
-    """Same out-dir, new lr: the old state is not resumed (the summary used to claim the new lr over the old run)."""
-    make_trainer(tmp_path / "run", policy=tiny_policy("flow", seed=1), lr=1e-3).train()
-    changed = make_trainer(tmp_path / "run", policy=tiny_policy("flow", seed=1), lr=2e-3)
-    rows = changed.train()
-    assert "not resuming from" in logged()
+def tree_digest(folder: Path) -> dict:
+    """Every file under `folder` and its sha256: what "nothing was deleted or changed" is checked against."""
+    return {p.relative_to(folder).as_posix(): sha256_file(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_run_under_a_changed_lr_stops_naming_it_and_deletes_nothing(tmp_path, logged):
+    """Issue 59: the same out-dir with another lr used to empty state/. Now it stops, naming `lr` and both values
+    and the two ways on, with every file as it was; --restart moves the old state aside and starts afresh."""
+    run = tmp_path / "run"
+    make_trainer(run, policy=tiny_policy("flow", seed=1), lr=1e-3).train()
+    before = tree_digest(run / "state")
+    changed = make_trainer(run, policy=tiny_policy("flow", seed=1), lr=2e-3)
+    with pytest.raises(InputError) as err:
+        changed.train()
+    assert "grpo.lr: 0.001 there, 0.002 now" in str(err.value) and "--restart" in str(err.value)
+    assert "Nothing was deleted" in str(err.value) and tree_digest(run / "state") == before
+    rows = make_trainer(run, policy=tiny_policy("flow", seed=1), lr=2e-3).train(restart=True)
+    (aside,) = run.glob("aside-*")
+    assert tree_digest(aside / "state") == before  # moved whole, the lock aside (it stays with the folder)
     fresh = make_trainer(tmp_path / "fresh", policy=tiny_policy("flow", seed=1), lr=2e-3).train()
     for key in METRICS:
         assert rows[-1][key] == pytest.approx(fresh[-1][key], rel=1e-6, abs=1e-9), key
-    same = make_trainer(tmp_path / "run", policy=tiny_policy("flow", seed=1), lr=2e-3, steps=2)
-    same.train()
-    assert "resumed from" in logged()  # the unchanged spec resumes (here: nothing left to do)
+    make_trainer(run, policy=tiny_policy("flow", seed=1), lr=2e-3).train()
+    assert "resumed from" in logged()  # the unchanged settings resume (here: nothing left to do)
 
 
-def test_grpo_run_with_other_inputs_starts_fresh(tmp_path, logged):
-    """The stage's part of the spec (base policy folder, reward, seed, ...) counts as much as the trainer's."""
-    make_trainer(tmp_path, policy=tiny_policy("flow", seed=1)).train(
-        {"inputs": {"policy_dir": "results/pretrain/toy-nova-aaaaaaaa"}}
-    )
-    make_trainer(tmp_path, policy=tiny_policy("flow", seed=1)).train(
-        {"inputs": {"policy_dir": "results/pretrain/toy-nova-bbbbbbbb"}}
-    )
-    assert "not resuming from" in logged()
+def test_other_inputs_refuse_and_the_same_inputs_spelled_otherwise_resume(tmp_path, logged, monkeypatch):
+    """Inputs count by content (their manifest), not by how their path is written: an absolute path and a
+    relative one to the same folder resume; a folder holding other weights refuses, naming the input."""
+    for name, seed in (("a", 1), ("b", 2)):
+        tiny_policy("flow", seed=seed).save_pretrained(tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+
+    def spec(path):
+        return {"inputs": {"policy_dir": str(path), "toyclip_dir": None}}
+
+    make_trainer(tmp_path / "run", policy=tiny_policy("flow", seed=1), steps=1).train(spec(tmp_path / "a"))
+    make_trainer(tmp_path / "run", policy=tiny_policy("flow", seed=1), steps=2).train(spec("a"))
+    log = logged()
+    assert "resumed from" in log and "grpo.steps 1 -> 2" in log
+    with pytest.raises(InputError, match=r"spec\.inputs\.policy_dir: 'checksums\.json:\w+' there"):
+        make_trainer(tmp_path / "run", policy=tiny_policy("flow", seed=1), steps=2).train(spec("b"))
+
+
+def test_raising_steps_extends_the_run_to_the_longer_run_s_bits(tmp_path, logged):
+    """`steps` (and the cadences) only extend a run: 2 steps then 3 in one folder reach the 3-step run's weights
+    and rows bit for bit; fewer steps than the state has run refuse."""
+    make_trainer(tmp_path / "run", policy=tiny_policy("flow", seed=1), steps=2, val_every=2).train()
+    longer = make_trainer(tmp_path / "run", policy=tiny_policy("flow", seed=1), steps=3, val_every=1)
+    rows = longer.train()
+    assert "resuming with grpo.steps 2 -> 3, grpo.val_every 2 -> 1" in logged()
+    full = make_trainer(tmp_path / "full", policy=tiny_policy("flow", seed=1), steps=3, val_every=1)
+    rows_full = full.train()
+    assert_same_weights(longer.policy, full.policy)
+    assert [{k: r[k] for k in METRICS[:3]} for r in rows] == [{k: r[k] for k in METRICS[:3]} for r in rows_full]
+    with pytest.raises(InputError, match="at step 3, past this run's grpo.steps 1"):
+        make_trainer(tmp_path / "run", policy=tiny_policy("flow", seed=1), steps=1).train()
+
+
+@pytest.mark.parametrize("damage", ["header deleted", "header garbled", "checksums deleted"])
+def test_a_damaged_header_falls_back_to_the_newest_intact_checkpoint(tmp_path, logged, damage):
+    """Issue 59: a missing or unreadable trainer.pt used to read as "no run" and the intact state was deleted at
+    the first save. Now the run resumes from the header copy in the newest checkpoint whose shards verify, says
+    so, and ends where the uninterrupted run ends."""
+    run = tmp_path / "run"
+    make_trainer(run, policy=tiny_policy("flow", seed=1), steps=2).train()
+    {
+        "header deleted": lambda: (run / "state/trainer.pt").unlink(),
+        "header garbled": lambda: (run / "state/trainer.pt").write_bytes(b"garbage"),
+        "checksums deleted": lambda: (run / "state/checksums.json").unlink(),
+    }[damage]()
+    resumed = make_trainer(run, policy=tiny_policy("flow", seed=1), steps=3)
+    rows = resumed.train()
+    log = logged()
+    assert "resuming from" in log and "ckpt-000002/train, the newest checkpoint" in log and "at step 2" in log
+    full = make_trainer(tmp_path / "full", policy=tiny_policy("flow", seed=1), steps=3)
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["reward_mean"] == full.train()[-1]["reward_mean"]
+    assert_same_weights(resumed.policy, full.policy)
+
+
+def test_a_header_and_shards_both_damaged_refuse_and_keep_everything(tmp_path):
+    run = tmp_path / "run"
+    make_trainer(run, policy=tiny_policy("flow", seed=1), steps=2).train()
+    (run / "state/trainer.pt").unlink()
+    shard = next(p for p in (run / "state/ckpt-000002/train").iterdir() if p.suffix == ".distcp")
+    shard.write_bytes(shard.read_bytes()[:-8])
+    before = tree_digest(run / "state")
+    with pytest.raises(InputError, match=r"cannot be resumed .*\.distcp: sha256 differs"):
+        make_trainer(run, policy=tiny_policy("flow", seed=1), steps=3).train()
+    assert tree_digest(run / "state") == before
+
+
+def test_a_deleted_shard_is_an_error_naming_it(tmp_path):
+    run = tmp_path / "run"
+    make_trainer(run, policy=tiny_policy("flow", seed=1), steps=2).train()
+    (run / "state/ckpt-000002/train/.metadata").unlink()
+    with pytest.raises(InputError, match=r"ckpt-000002/train/\.metadata: listed in .* but missing"):
+        make_trainer(run, policy=tiny_policy("flow", seed=1), steps=3).train()
 
 
 def test_summary_is_strict_json_with_the_reason_for_each_null(tmp_path):
@@ -292,14 +367,14 @@ def train_inputs(tmp_path) -> dict:
 def test_margrpo_train_deletes_nothing_it_did_not_write(tmp_path, monkeypatch, logged):
     """Issue #36: a run deletes nothing it did not write. Files a user put in the run folder, in state/ (before any
     trainer state was there), in tb/grpo/, beside a checkpoint, or under names like the trainer's own, outlive a
-    fresh start, a resume that continues, and a restart under another spec, which still removes what the trainer
-    wrote."""
+    fresh start, a resume that continues, and a run under other settings, which stops (issue 59), then with --restart
+    moves what the trainer wrote aside (deleting nothing)."""
     from margrpo.cli import main
     from margrpo.grpo.trainer import GRPOTrainer
 
     spec, run = train_inputs(tmp_path), tmp_path / "run"
 
-    def train(spec):
+    def train(spec, *flags):
         main(
             [
                 "train",
@@ -313,6 +388,7 @@ def test_margrpo_train_deletes_nothing_it_did_not_write(tmp_path, monkeypatch, l
                 str(run),
                 "--threads",
                 "1",
+                *flags,
             ]
         )
 
@@ -336,12 +412,19 @@ def test_margrpo_train_deletes_nothing_it_did_not_write(tmp_path, monkeypatch, l
     (run / "state/.trainer.pt.x1y2z3w4.tmp.pt").write_bytes(b"torn")  # the temporary file of a killed trainer.pt write
     events = sorted((run / "tb/grpo").glob("events.out.tfevents.*"))
     assert len(events) == 2  # one per invocation
-    train({**spec, "grpo": {**spec["grpo"], "steps": 1}})  # another spec: starts fresh
-    assert "starting fresh" in logged() and json.loads((run / "summary.json").read_text())["steps"] == 1
-    assert_user_files_kept(run, "restart")
-    # ... and what the earlier run wrote is gone: its step-2 checkpoint, the torn temporary file, its event files
-    assert not (run / "state/ckpt-000002").exists() and not (run / "state/.trainer.pt.x1y2z3w4.tmp.pt").exists()
-    assert not any(p.exists() for p in events) and len(list((run / "tb/grpo").glob("events.out.tfevents.*"))) == 1
+    other = {**spec, "grpo": {**spec["grpo"], "lr": spec["grpo"]["lr"] * 2}}
+    with pytest.raises(SystemExit, match="grpo.lr: .* there, .* now"):  # other settings: stops, deleting nothing
+        train(other)
+    assert (run / "state/ckpt-000002/train").is_dir() and all(p.exists() for p in events)
+    assert not (run / "state/.trainer.pt.x1y2z3w4.tmp.pt").exists()  # a killed write's leftover goes at any start
+    train(other, "--restart")  # starts afresh, the earlier run moved aside
+    assert "moved it to" in logged() and json.loads((run / "summary.json").read_text())["steps"] == 2
+    (aside,) = run.glob("aside-*")
+    for name, data in USER_FILES.items():  # each where it was, or moved aside with the checkpoint it sat beside
+        assert data in {p.read_bytes() for p in (run / name, aside / name) if p.is_file()}, name
+    assert (aside / "state/ckpt-000002/train").is_dir() and (aside / "state/trainer.pt").is_file()
+    assert all((aside / "tb/grpo" / p.name).is_file() for p in events) and not any(p.exists() for p in events)
+    assert len(list((run / "tb/grpo").glob("events.out.tfevents.*"))) == 1
 
 
 def test_a_fresh_start_removes_what_a_save_wrote_and_keeps_what_it_did_not(tmp_path):
@@ -501,3 +584,14 @@ def test_a_second_train_job_into_one_run_folder_fails_at_once_naming_the_first(t
 
     with hold_run_folder(run / "state"):  # the dead holder's lock went with it
         assert f"pid {os.getpid()} " in (run / "state" / ".lock").read_text()
+
+
+def test_a_run_folder_that_cannot_be_written_is_an_error_naming_it(tmp_path):
+    """A run folder under a file (or one gone read-only) used to surface as the TensorBoard writer's OSError."""
+    from margrpo.cli import main
+
+    spec = train_inputs(tmp_path)
+    (tmp_path / "blocked").write_text("a file where the run folder's parent should be")
+    argv = ["train", "--policy-dir", str(tmp_path / "policy"), "--suites-dir", str(tmp_path / "suites")]
+    with pytest.raises(SystemExit, match=r"blocked/run: the run folder cannot be made \(Not a directory\)"):
+        main([*argv, "--spec-json", json.dumps(spec), "--out-dir", str(tmp_path / "blocked/run"), "--threads", "1"])

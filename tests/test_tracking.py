@@ -2,6 +2,7 @@
 validation and the saved checkpoints use (the resumable state keeps the raw weights beside it)."""
 
 import importlib.util
+import json
 from dataclasses import asdict
 from pathlib import Path
 
@@ -16,7 +17,15 @@ from margrpo.infra.files import spec_hash
 from margrpo.policy import load_policy
 
 REPO = Path(__file__).resolve().parents[1]
-HEADER_KEYS = {"step", "rows", "checkpoints", "nonfinite_run", "spec_hash", "format"}  # the optimizer: train/
+HEADER_KEYS = {
+    "step",
+    "rows",
+    "checkpoints",
+    "nonfinite_run",
+    "spec_hash",
+    "record",
+    "format",
+}  # the optimizer: train/
 
 
 def events(run_dir):
@@ -133,7 +142,9 @@ def test_ema_off_and_trackers_leave_metrics_and_checkpoints_as_before(tmp_path):
         if k
         not in ("trackers", "ema_decay", "lora", "gradient_checkpointing", "replay_chunk", "sharding", "grad_variance")
     }
-    assert state["spec_hash"] == spec_hash({"grpo": old, "sampling": asdict(logged.sampling), "spec": None})
+    assert logged.legacy_hash == spec_hash({"grpo": old, "sampling": asdict(logged.sampling), "spec": None})
+    flat = {f"grpo.{k}": v for k, v in old.items()} | {f"sampling.{k}": v for k, v in asdict(logged.sampling).items()}
+    assert state["record"] == json.loads(json.dumps({**flat, "spec": None}))  # one entry per setting, named
     for run in (logged, plain):
         saved = load_policy(run.state_dir / "ckpt-000002/policy").state_dict()
         assert all(torch.equal(v, run.policy.state_dict()[k]) for k, v in saved.items())

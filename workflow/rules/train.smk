@@ -1,5 +1,6 @@
 # GRPO runs write their checkpoints under <run>/state (not a declared output), so a killed job
-# rerun with --rerun-incomplete resumes instead of starting over.
+# rerun with --rerun-incomplete resumes instead of starting over. --restart: a rerun for changed settings
+# moves the old state to <run>/aside-<time>/ (nothing is deleted) where a run by hand would stop and say why.
 
 
 rule train:
@@ -38,4 +39,4 @@ rule train:
     shell:
         "{params.launch} train --policy-dir {input.policy:q} --suites-dir {params.suites_dir:q} --spec-json {params.spec:q}"
         " --toyclip-dir {params.toyclip:q} --toypref-dir {params.toypref:q} --seed {wildcards.seed:q} --out-dir {params.run_dir:q}"
-        " --threads {params.threads:q} > {log:q} 2>&1"
+        " --threads {params.threads:q} --restart > {log:q} 2>&1"

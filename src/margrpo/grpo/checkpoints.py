@@ -1,16 +1,20 @@
 """A GRPO run's checkpoints. Each one is a policy folder of whole tensors (what selection and evaluation read) and
 the training state, saved with torch.distributed.checkpoint: every process writes its own shards, and a load
 reshards them to the processes and the sharding that read them, so a killed run resumes under any process count.
-A header (state/trainer.pt: step, metrics rows, the spec's hash) names the latest; a state of another spec is never
-resumed, and the states of earlier checkpoints are dropped once a later one is written."""
+A header (state/trainer.pt: step, metrics rows, the run's settings) names the latest, and a copy of it travels in
+each checkpoint's training state, so a damaged header falls back to the newest checkpoint that verifies. A state
+is resumed only under settings that give the same steps; one it cannot resume is never deleted (issue 59): the
+run stops naming what differs, or, asked to restart, moves it aside."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -18,12 +22,22 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from margrpo.grpo.run_files import checkpoint_path, clear_written_state, drop_training_states, training_state_path
+from margrpo.grpo.run_files import (
+    CHECKPOINT,
+    checkpoint_path,
+    drop_training_states,
+    remove_killed_writes,
+    set_aside,
+    training_state_path,
+)
 from margrpo.infra.ema import EMA
 from margrpo.infra.files import (
+    CHECKSUMS,
     InputError,
     checked_path,
+    content_id,
     failure_causes,
+    listed_files,
     record_checksums,
     space_named,
     spec_hash,
@@ -33,6 +47,9 @@ from margrpo.policy.lora import save_adapters
 
 log = logging.getLogger("margrpo.grpo.trainer")
 HEADER = "trainer.pt"
+HEADER_COPY = "header.pt"  # the header as it was when a checkpoint was written, in its training state's folder
+# settings that only extend a run: no step's numbers depend on them, so a state resumes under new values
+EXTENDING = ("steps", "val_every", "save_every")
 
 
 class Checkpointer:
@@ -99,36 +116,40 @@ class Checkpointer:
                 raise causes[0] from err
             raise
         if engine.is_main:
-            record_checksums(tmp, sorted(p.name for p in Path(tmp).iterdir()))  # every shard and .metadata
+            header = {**header, "step": step, "format": 2}
+            torch.save(header, Path(tmp) / HEADER_COPY)  # what a damaged trainer.pt is rebuilt from
+            record_checksums(tmp, sorted(p.name for p in Path(tmp).iterdir()))  # every shard, .metadata, the copy
             shutil.rmtree(target, ignore_errors=True)  # a checkpoint saved again (a resumed run's)
             Path(tmp).rename(target)
             with checked_path(self.state_dir / HEADER) as path:
-                torch.save({**header, "step": step, "format": 2}, path)
+                torch.save(header, path)
             drop_training_states(self.state_dir, keep=step)
         # no process goes on before the checkpoint is on disk: one that dies in the next step cannot take it along
         engine.barrier()
 
-    def resume(self, run_hash: str) -> dict | None:
+    def resume(self, record: dict, legacy_hash: str, restart: bool = False) -> dict | None:
         """The header of the checkpoint to resume from, its state loaded into the policy, optimizer and EMA; None
-        when state/ holds none, or one of another spec (`run_hash`: then state/ is cleared of what saves wrote)."""
-        engine, path = self.engine, self.state_dir / HEADER
-        whole, why = _read_header(path, run_hash) if engine.is_main else ({}, "")
-        header = engine.from_main(
-            {k: v for k, v in whole.items() if k not in ("optimizer", "raw", "ema")} | {"why": why}
-        )
-        if not header["why"] and not header.get("spec_hash"):  # nothing written yet
-            return None
-        if header.get("spec_hash") != run_hash:
-            log.info("not resuming from %s: %s; starting fresh", path, header["why"])
-            if engine.is_main:
-                clear_written_state(self.state_dir)
-            engine.barrier()
+        when state/ holds no run. `record` (`resume_record`) is this run's settings: a state written under others
+        that change the steps, or one that cannot be read, stops the run with an InputError naming what differs,
+        unless `restart` (then it is moved aside and the run starts afresh). `legacy_hash`: a header written
+        before the settings were recorded one by one is resumed when its hash is this run's old-style key."""
+        engine = self.engine
+        decision = _decide(self.state_dir, record, legacy_hash, restart) if engine.is_main else None
+        decision = engine.from_main(decision)
+        engine.barrier()
+        if decision["refuse"]:
+            raise InputError(decision["refuse"])
+        header = decision["header"]
+        if header is None:
             return None
         if header.get("format", 1) < 2:  # a checkpoint of before torch.distributed.checkpoint (trainer.pt whole)
+            whole = (
+                torch.load(self.state_dir / HEADER, map_location="cpu", weights_only=True) if engine.is_main else {}
+            )
             self._resume_whole(header["step"], whole)
         else:
             self._load(training_state_path(self.state_dir, header["step"]))
-        log.info("resumed from %s at step %d", path, header["step"])
+        log.info("resumed from %s at step %d", decision["source"], header["step"])
         return header
 
     def _load(self, folder: Path) -> None:
@@ -138,7 +159,7 @@ class Checkpointer:
         problem = ""
         if self.engine.is_main:
             try:
-                verify_checksums(folder)
+                _verify_whole(folder)
             except InputError as err:
                 problem = str(err)
         problem = self.engine.from_main(problem)
@@ -178,20 +199,118 @@ def _one_process(engine):
         yield
 
 
-def _read_header(path: Path, run_hash: str) -> tuple[dict, str]:
-    """trainer.pt, checked, and why it cannot be resumed from ("" when it can, or when there is none)."""
+def _decide(state_dir: Path, record: dict, legacy_hash: str, restart: bool) -> dict:
+    """The main process's reading of state/: the header to resume from (None: start afresh) and where it came from,
+    or why the run must stop ("refuse"). Nothing is deleted here; a state set aside on `restart` is moved whole."""
+    remove_killed_writes(state_dir)
+    header, why = _read_header(state_dir / HEADER)
+    source = state_dir / HEADER
+    if not header:  # missing or damaged: never read as "no run" while a checkpoint's training state is there
+        header, source, problems = _newest_intact(state_dir)
+        if header:
+            log.warning(
+                "%s %s; resuming from %s, the newest checkpoint whose training state verifies",
+                state_dir / HEADER,
+                why or "is missing",
+                source,
+            )
+        elif why or problems:
+            found = "; ".join(([f"{state_dir / HEADER}: {why}"] if why else []) + problems)
+            return _stop_or_set_aside(state_dir, restart, f"{state_dir} holds a run that cannot be resumed ({found})")
+        else:
+            return {"header": None, "source": None, "refuse": ""}
+    differ = _differences(header, record, legacy_hash)
+    changed = [d for d in differ if not _extends(d[0])]
+    if changed:
+        named = "; ".join(f"{k}: {_shown(old)} there, {_shown(new)} now" for k, old, new in changed[:6])
+        more = f" (and {len(changed) - 6} more)" if len(changed) > 6 else ""
+        return _stop_or_set_aside(state_dir, restart, f"{state_dir} holds a run of other settings: {named}{more}")
+    steps = record.get("grpo.steps")
+    if isinstance(steps, int) and header.get("step", 0) > steps:  # fewer steps cannot be had from it
+        return _stop_or_set_aside(
+            state_dir, restart, f"{state_dir} holds a run at step {header['step']}, past this run's grpo.steps {steps}"
+        )
+    if differ:
+        log.info("resuming with %s: these extend the run, no step's numbers depend on them", _listed(differ))
+    light = {k: v for k, v in header.items() if k not in ("optimizer", "raw", "ema")}
+    return {"header": light, "source": str(source), "refuse": ""}
+
+
+def _stop_or_set_aside(state_dir: Path, restart: bool, found: str) -> dict:
+    if restart:
+        aside = set_aside(state_dir, time.strftime("%Y%m%d-%H%M%S"))
+        log.warning("%s; --restart: moved it to %s and starting afresh", found, aside)
+        return {"header": None, "source": None, "refuse": ""}
+    return {
+        "header": None,
+        "source": None,
+        "refuse": f"{found}. Nothing was deleted. To go on with that run, run again with its settings; to start "
+        f"this one afresh, pass --restart (the old state moves to {state_dir.parent}/aside-<time>/)",
+    }
+
+
+def _read_header(path: Path) -> tuple[dict, str]:
+    """trainer.pt, checked, and why it cannot be read ("" when it can, or when there is none)."""
     if not path.exists():
         return {}, ""
     try:
         verify_checksums(path.parent, [path.name])
-        header = torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True), ""
     except InputError as err:  # changed or damaged since it was written
         return {}, str(err)
     except Exception as err:  # an older or foreign state file: it cannot be trusted either
         return {}, f"it cannot be read with weights_only=True ({type(err).__name__})"
-    if header.get("spec_hash") != run_hash:
-        return header, f"it holds a run of another spec ({header.get('spec_hash')}; this run: {run_hash})"
-    return header, ""
+
+
+def _newest_intact(state_dir: Path) -> tuple[dict, Path | None, list[str]]:
+    """The header copy of the newest checkpoint whose training state verifies, that folder, and what was wrong
+    with the newer ones."""
+    problems = []
+    for folder in sorted(state_dir.glob("ckpt-*/train"), reverse=True):
+        if not CHECKPOINT.fullmatch(folder.parent.name) or not folder.is_dir():
+            continue
+        try:
+            _verify_whole(folder)
+            header = torch.load(folder / HEADER_COPY, map_location="cpu", weights_only=True)
+        except InputError as err:
+            problems.append(str(err))
+            continue
+        except Exception as err:
+            problems.append(f"{folder / HEADER_COPY}: cannot be read ({type(err).__name__})")
+            continue
+        return header, folder, problems
+    return {}, None, problems
+
+
+def _verify_whole(folder: Path) -> None:
+    """`verify_checksums`, and every file the manifest lists is there (a deleted shard is named, not torch's)."""
+    verify_checksums(folder)
+    missing = [n for n in listed_files(folder) or [] if not (folder / n).is_file()]
+    if missing:
+        raise InputError(f"{folder / missing[0]}: listed in {folder / CHECKSUMS} but missing")
+
+
+def _differences(header: dict, record: dict, legacy_hash: str) -> list[tuple[str, object, object]]:
+    """(setting, its value in the state, this run's) for each setting that differs."""
+    if "record" not in header:  # written before the settings were recorded one by one (issue 59)
+        old = header.get("spec_hash")
+        return [] if old == legacy_hash else [("the settings' hash (an older state)", old, legacy_hash)]
+    old, unset = header["record"], "(unset)"
+    keys = sorted(old.keys() | record.keys())
+    return [(k, old.get(k, unset), record.get(k, unset)) for k in keys if old.get(k, unset) != record.get(k, unset)]
+
+
+def _extends(key: str) -> bool:
+    parts = key.split(".")
+    return len(parts) >= 2 and parts[-1] in EXTENDING and parts[-2] == "grpo"
+
+
+def _shown(value) -> str:
+    return json.dumps(value) if not isinstance(value, str) or value == "(unset)" else repr(value)
+
+
+def _listed(differ) -> str:
+    return ", ".join(f"{k} {_shown(old)} -> {_shown(new)}" for k, old, new in differ)
 
 
 def _checkpoint_policy(ckpt: Path) -> torch.nn.Module:
@@ -201,19 +320,47 @@ def _checkpoint_policy(ckpt: Path) -> torch.nn.Module:
     return load_policy(ckpt)
 
 
-def resume_key(settings: dict, sampling: dict, spec: dict | None) -> str:
-    """The hash a resumable state must match: the trainer's settings (GRPO and policy, flat) and sampling, plus
-    the stage's `spec` (inputs, reward, seed). The trackers, the gradient-variance probe and the sharding do not
-    count (the sharding changes no result but its summation order: a run resumes under another), and
-    neither do switches that are off (EMA, LoRA, checkpointing, replay_chunk), so that states written before those
-    switches existed still resume."""
+def _quiet(settings: dict) -> dict:
+    """The trainer's settings less what changes no number: the trackers, the gradient-variance probe and the
+    sharding (it changes the summation order only: a run resumes under another), and switches that are off (EMA,
+    LoRA, checkpointing, replay_chunk), so that states written before those switches existed still resume."""
     off = {"ema_decay": None, "lora": None, "gradient_checkpointing": False, "replay_chunk": None}
+    ignored = ("trackers", "sharding", "grad_variance")
+    return {k: v for k, v in settings.items() if k not in ignored and not (k in off and v == off[k])}
 
-    def quiet(g: dict) -> dict:
-        ignored = ("trackers", "sharding", "grad_variance")
-        return {k: v for k, v in g.items() if k not in ignored and not (k in off and v == off[k])}
 
+def _with_policy(spec: dict | None) -> dict | None:
     if spec and "grpo" in spec:  # the policy's settings count as they did inside the grpo section
-        grpo = quiet({**spec["grpo"], **spec.get("policy", {})})
+        grpo = _quiet({**spec["grpo"], **spec.get("policy", {})})
         spec = {**{k: v for k, v in spec.items() if k != "policy"}, "grpo": grpo}
-    return spec_hash({"grpo": quiet(settings), "sampling": sampling, "spec": spec})
+    return spec
+
+
+def resume_record(settings: dict, sampling: dict, spec: dict | None) -> dict:
+    """What a resumable state must match, one entry per setting (dotted keys, so that a refusal names it): the
+    trainer's settings (GRPO and policy, flat) and sampling, plus the stage's `spec` (reward, seed, inputs), the
+    inputs by content (`content_id`), not by the spelling of their paths."""
+    spec = _with_policy(spec)
+    if spec and "inputs" in spec:
+        spec = {**spec, "inputs": {k: content_id(v) for k, v in spec["inputs"].items()}}
+    flat = {}
+
+    def walk(value, prefix: str) -> None:
+        if isinstance(value, dict) and value:
+            for k, v in value.items():
+                walk(v, f"{prefix}.{k}")
+        else:
+            flat[prefix] = value
+
+    walk({"grpo": _quiet(settings), "sampling": sampling, "spec": spec}, "")
+    return json.loads(json.dumps({k[1:]: v for k, v in flat.items()}, default=str))
+
+
+def record_hash(record: dict) -> str:
+    """The run's key: its record less the settings that only extend it (the trackers' run id, the wandb id)."""
+    return spec_hash({k: v for k, v in record.items() if not _extends(k)})
+
+
+def legacy_resume_key(settings: dict, sampling: dict, spec: dict | None) -> str:
+    """The key states were written under before issue 59 (inputs as paths; one hash for everything)."""
+    return spec_hash({"grpo": _quiet(settings), "sampling": sampling, "spec": _with_policy(spec)})

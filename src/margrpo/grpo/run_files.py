@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from margrpo.infra.files import CHECKSUMS, atomic_write_json, atomic_write_rows, listed_files, non_finite
+from margrpo.infra.trackers import TB_EVENTS
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,35 @@ def clear_written_state(state_dir: str | Path) -> None:
                 log.info("keeping %s: it holds files this trainer did not write", p)
             continue
         log.info("keeping %s: not written by this trainer", p)
+
+
+def remove_killed_writes(state_dir: str | Path) -> None:
+    """The temporary files a killed write of trainer.pt or its manifest left at the top of state/ (never a file
+    those writers did not name): called under the run folder's lock, so no live writer owns them."""
+    state_dir = Path(state_dir)
+    if not state_dir.is_dir():
+        return
+    for p in state_dir.iterdir():
+        if temporary_of(p.name) in TRAINER_FILES and p.is_file() and not p.is_symlink():
+            p.unlink()
+
+
+def set_aside(state_dir: str | Path, stamp: str) -> Path:
+    """Move what a trainer wrote in state/ (the header, its manifest, each ckpt-<step>/ folder that holds a saved
+    policy or training state) and the run's TensorBoard event files to <run>/aside-<stamp>/: a run that starts
+    afresh over one it cannot resume deletes nothing (issue 59). A user's other files stay where they are."""
+    state_dir = Path(state_dir)
+    aside = state_dir.parent / f"aside-{stamp}"
+    (aside / state_dir.name).mkdir(parents=True)
+    for p in state_dir.iterdir():
+        saved = CHECKPOINT.fullmatch(p.name) and any(listed_files(p / part) is not None for part in (*POLICY, TRAIN))
+        if (p.name in TRAINER_FILES or saved) and not p.is_symlink():
+            p.rename(aside / state_dir.name / p.name)
+    for events in (state_dir.parent / "tb").glob(f"*/{TB_EVENTS}*"):  # the old run's curves, beside it
+        if events.is_file() and not events.is_symlink() and not events.parent.is_symlink():
+            (aside / "tb" / events.parent.name).mkdir(parents=True, exist_ok=True)
+            events.rename(aside / "tb" / events.parent.name / events.name)
+    return aside
 
 
 def _clear_checkpoint(folder: Path) -> None:

@@ -22,7 +22,7 @@ import torch
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
-from margrpo.grpo.checkpoints import Checkpointer, resume_key
+from margrpo.grpo.checkpoints import Checkpointer, legacy_resume_key, record_hash, resume_record
 from margrpo.grpo.config import GRPOConfig, check_chosen_steps, check_policy_settings
 from margrpo.grpo.engine import Engine
 from margrpo.grpo.grad_stats import GradVarianceProbe, grad_square_norm
@@ -196,19 +196,21 @@ class GRPOTrainer:
         return (p for p in part if p.requires_grad)
 
     def run_hash(self, spec: dict | None) -> str:
-        """What a resumable state must match (grpo.checkpoints.resume_key)."""
-        return resume_key(self.settings(), asdict(self.sampling), spec)
+        """This run's key (the trackers' run id): its settings less those that only extend it."""
+        self.record = resume_record(self.settings(), asdict(self.sampling), spec)
+        self.legacy_hash = legacy_resume_key(self.settings(), asdict(self.sampling), spec)
+        return record_hash(self.record)
 
     def settings(self) -> dict:
         """The GRPO settings and the policy's, in one flat record (summary.json's `config`, the trackers')."""
         return {**asdict(self.cfg), **asdict(self.policy_settings)}
 
-    def train(self, spec: dict | None = None, stop: StopRequest | None = None) -> dict:
-        """Train to `cfg.steps`, resuming from state/ when it was written under the same spec: this
-        trainer's configs plus `spec` (what the stage adds: inputs, reward, seed). With `stop`, save and stop early
+    def train(self, spec: dict | None = None, stop: StopRequest | None = None, restart: bool = False) -> dict:
+        """Train to `cfg.steps`, resuming state/ where its settings (these configs and the stage's `spec`) give the
+        same steps; else stop, or with `restart` move it aside (grpo.checkpoints). With `stop`, save and stop early
         (`self.stopped` says why) when any process's request says the next step would not end in time."""
         self.spec_hash = self.run_hash(spec)
-        refuse_symlink(self.state_dir, "state folder")  # a resume of another spec clears it
+        refuse_symlink(self.state_dir, "state folder")  # a restart moves what is in it
         if self.engine.is_main:
             self.state_dir.mkdir(parents=True, exist_ok=True)
         if self.cfg.ema_decay is not None and self.ema is None:  # averaged after every optimizer step
@@ -217,7 +219,7 @@ class GRPOTrainer:
             )
             self.optimizer.register_step_post_hook(lambda *_: self.ema.update(self.policy))
             self.checkpointer.ema = self.ema
-        resumed = self.try_resume()
+        resumed = self.try_resume(restart)
         wandb = {"name": self.out_dir.name, "id": f"{self.out_dir.name}-{self.spec_hash}", "config": self.settings()}
         start_trackers(self.accelerator, self.out_dir / "tb", RUN_NAME, self.step if resumed else None, wandb=wandb)
         if not resumed:
@@ -572,11 +574,11 @@ class GRPOTrainer:
     def save(self) -> None:
         """Checkpoint (policy folder) + resumable training state (grpo.checkpoints)."""
         header = {"rows": self.rows, "checkpoints": self.checkpoints, "nonfinite_run": self.nonfinite_run}
-        self.checkpointer.save(self.step, {**header, "spec_hash": self.spec_hash})
+        self.checkpointer.save(self.step, {**header, "spec_hash": self.spec_hash, "record": self.record})
 
-    def try_resume(self) -> bool:
-        """Resume from state/ only if it was written under this run's spec (`self.spec_hash`); else clear it."""
-        header = self.checkpointer.resume(self.spec_hash)
+    def try_resume(self, restart: bool = False) -> bool:
+        """Resume from state/ where it was written under settings that give the same steps (`self.record`)."""
+        header = self.checkpointer.resume(self.record, self.legacy_hash, restart)
         if header is None:
             return False
         self.step, self.rows, self.checkpoints = header["step"], header["rows"], header["checkpoints"]

@@ -390,6 +390,22 @@ def verify_outside(folder: str | os.PathLike, what: str) -> bool:
     return False
 
 
+def content_id(path: str | os.PathLike | None) -> str | None:
+    """An input folder or file by what it holds, not by how its path is spelled: the sha256 of its manifest
+    (checksums.json, every file's sha256) or of its stage's spec.json (the settings that wrote it), of a file's
+    bytes; a folder with neither is named by its resolved path. A resume key built on these survives
+    `--policy-dir results/...` against `/abs/results/...` and a re-placed copy of the same weights."""
+    if path is None:
+        return None
+    path = Path(path)
+    for name in (CHECKSUMS, "spec.json"):
+        if (path / name).is_file():
+            return f"{name}:{sha256_file(path / name)[:16]}"
+    if path.is_file():
+        return f"file:{sha256_file(path)[:16]}"
+    return f"path:{path.resolve()}"
+
+
 @contextlib.contextmanager
 def checked_path(path: str | os.PathLike) -> Iterator[Path]:
     """`atomic_path` for a file its folder's checksums.json vouches for and that is rewritten in place (resumable

@@ -36,6 +36,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", required=True, help="run folder: metrics.csv, summary.json, state/ (checkpoints)")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument(
+        "--restart",
+        action="store_true",
+        help="when state/ holds a run these settings cannot resume (or cannot be read), move it to "
+        "<out-dir>/aside-<time>/ and start afresh; without it such a run stops with an error naming what differs",
+    )
 
 
 def _read_spec(args) -> dict:
@@ -76,7 +82,7 @@ def run(args) -> None:
     settings = train_settings(spec, what, processes, len(val_prompts), suites / "val.jsonl", key)
     cfg = settings.grpo
     cfg.seed = args.seed
-    out = Path(args.out_dir)
+    out = _writable(Path(args.out_dir))
     full_spec = run_spec(settings.spec, args)
     if int(os.environ.get("RANK", "0")) == 0:
         write_spec(out, full_spec)
@@ -97,7 +103,7 @@ def run(args) -> None:
         device=device,
         policy_settings=settings.policy,
     )
-    _train_or_stop(trainer, full_spec)
+    _train_or_stop(trainer, full_spec, args.restart)
     if not trainer.engine.is_main:  # data parallel: one process writes the run's files
         return
     write_outputs(trainer, full_spec)
@@ -111,7 +117,21 @@ def run(args) -> None:
     )
 
 
-def _train_or_stop(trainer, spec: dict) -> None:
+def _writable(out: Path) -> Path:
+    """The run folder, made if need be; one that cannot be written is an error naming it, not a writer's traceback."""
+    from margrpo.infra.files import InputError
+
+    try:
+        (out / "state").mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise InputError(f"{out}: the run folder cannot be made ({err.strerror})") from None
+    for folder in (out, out / "state"):
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise InputError(f"{folder}: the run folder is not writable by this user; a train job writes there")
+    return out
+
+
+def _train_or_stop(trainer, spec: dict, restart: bool = False) -> None:
     """Train to the end, or save and exit with EXIT_RESUMABLE where SLURM's time limit draws near or the job is told
     to stop (infra.stopping): the same command resumes (the SLURM profile's retries run it again)."""
     from margrpo.infra.run_lock import hold_run_folder
@@ -122,7 +142,7 @@ def _train_or_stop(trainer, spec: dict) -> None:
     held = hold_run_folder(trainer.state_dir) if trainer.engine.is_main else contextlib.nullcontext()
     try:
         with held:
-            trainer.train(spec, stop)
+            trainer.train(spec, stop, restart)
     finally:
         stop.close()
     if trainer.stopped:
