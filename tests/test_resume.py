@@ -3,6 +3,7 @@ SIGKILL while a checkpoint is being saved, then a resume, reaches the uninterrup
 
 import csv
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -141,11 +142,13 @@ def test_a_header_and_shards_both_damaged_refuse_and_keep_everything(tmp_path):
     assert tree_digest(run / "state") == before
 
 
-def test_a_deleted_shard_is_an_error_naming_it(tmp_path):
+@pytest.mark.parametrize("name", [".metadata", "__0_0.distcp"])
+def test_a_deleted_shard_is_an_error_naming_it(tmp_path, name):
+    """Torch's CheckpointException or AssertionError traceback before issue 59."""
     run = tmp_path / "run"
     make_trainer(run, policy=tiny_policy("flow", seed=1), steps=2).train()
-    (run / "state/ckpt-000002/train/.metadata").unlink()
-    with pytest.raises(InputError, match=r"ckpt-000002/train/\.metadata: listed in .* but missing"):
+    (run / "state/ckpt-000002/train" / name).unlink()
+    with pytest.raises(InputError, match=rf"ckpt-000002/train/{re.escape(name)}: listed in .* but missing"):
         make_trainer(run, policy=tiny_policy("flow", seed=1), steps=3).train()
 
 
