@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers import VOCAB, tiny_policy
 
-from margrpo.policy import ToyMAR
+from margrpo.policy import ToyMAR, ToyMARConfig
 from margrpo.policy.codec import PatchPCA, from_patches, to_patches
 from margrpo.prompts.shapesworld import build_suites
 from margrpo.stages.pretrain import fit_world_codec, world_batches
@@ -42,7 +42,7 @@ def test_24_channels_pass_the_fidelity_gates_on_rendered_scenes():
     pixels = torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255
 
     def decoded(channels: int) -> np.ndarray:
-        policy = ToyMAR(tiny_policy().config.__class__(vocab=VOCAB, image_size=64, latent_channels=channels))
+        policy = ToyMAR(ToyMARConfig(vocab=VOCAB, image_size=64, latent_channels=channels))
         fit_world_codec(policy, WORLD)
         out = policy.decode(policy.encode(pixels))
         return (out * 255).round().clamp(0, 255).byte().permute(0, 2, 3, 1).numpy()

@@ -62,42 +62,22 @@ finally:
 def test_stage_sources_cover_every_file_the_toy_stages_run(tmp_path):
     """Every margrpo file whose functions run in a shipped stage (smoke-sized) is in its STAGE_SOURCES, plumbing
     aside: a stage that starts to depend on a new file makes its shipped weights stale only if the list names it."""
-    cfg = load_config(REPO / "config/smoke.yaml")
-    w, data = cfg["world"], tmp_path / "data"
-    toy = cfg["policies"]["toy-nova"]
-    from margrpo.experiment.specs import pretrain_settings
+    from margrpo.experiment.fingerprint import stage_commands
 
-    runs = {
-        "data": [
-            "make-suites",
-            "--out-dir",
-            str(data),
-            "--seed",
-            "0",
-            "--n-train",
-            "8",
-            "--n-val",
-            "2",
-            "--n-eval",
-            "4",
-        ]
-        + [arg for k, v in w.items() for arg in (f"--{k.replace('_', '-')}", str(v).lower())],
-        "toyclip": ["train-toyclip", "--world", str(data / "world.json"), "--config-json", json.dumps(cfg["toyclip"])]
-        + ["--out-dir", str(tmp_path / "toyclip"), "--metrics", str(tmp_path / "toyclip.json")],
-        "toypref": ["train-toypref", "--world", str(data / "world.json"), "--toyclip-dir", str(tmp_path / "toyclip")]
-        + ["--config-json", json.dumps(cfg["toypref"]), "--out-dir", str(tmp_path / "toypref")]
-        + ["--metrics", str(tmp_path / "toypref.json")],
-        "pretrain": ["pretrain", "--world", str(data / "world.json"), "--eval-suite", str(data / "eval.jsonl")]
-        + ["--policy-json", json.dumps(pretrain_settings(toy)), "--out-dir", str(tmp_path / "policy")]
-        + ["--quality", str(tmp_path / "q.json"), "--samples-png", str(tmp_path / "s.png"), "--precision", "no"],
-    }
+    cfg, root = load_config(REPO / "config/smoke.yaml"), f"{PACKAGE}/"
     ran = {}
-    for stage, argv in runs.items():
-        out = tmp_path / f"{stage}.files.json"
-        proc = subprocess.run([sys.executable, "-c", _TRACER, str(out), *argv], capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        root = f"{PACKAGE}/"
-        ran[stage] = {f[len(root) :] for f in json.loads(out.read_text()) if f.startswith(root)}
+    for stage, policy in (("toyclip", None), ("toypref", None), ("pretrain", "toy-nova")):
+        commands = stage_commands(cfg, stage, policy, tmp_path / stage)  # what the release's fingerprint runs
+        commands[-1] += ["--samples-png", str(tmp_path / "s.png")] if stage == "pretrain" else []  # as the rule
+        for i, argv in enumerate(commands):
+            out = tmp_path / f"{stage}-{i}.files.json"
+            proc = subprocess.run([sys.executable, "-c", _TRACER, str(out), *argv], capture_output=True, text=True)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            if i in (0, len(commands) - 1):  # the data stage and the stage itself (not toypref's toyclip)
+                key = "data" if i == 0 else stage
+                ran[key] = ran.get(key, set()) | {
+                    f[len(root) :] for f in json.loads(out.read_text()) if f.startswith(root)
+                }
     for stage in ("toyclip", "toypref", "pretrain"):
         missing = (ran["data"] | ran[stage]) - set(STAGE_SOURCES[stage]) - set(SOURCE_PLUMBING)
         assert not missing, f"STAGE_SOURCES[{stage!r}] (margrpo.experiment.specs) misses {sorted(missing)}"

@@ -21,7 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-SMOKE = Path(__file__).resolve().parents[3] / "config" / "smoke.yaml"
+REPO = Path(__file__).resolve().parents[3]  # the checkout this package runs from (git worktrees are made of it)
+SMOKE = REPO / "config" / "smoke.yaml"
 _TIMING = ("second", "time", "wall", "_s")  # metrics keys that measure the machine, not the model
 
 
@@ -101,12 +102,10 @@ def _numbers(value):
 
 def checkout(commit: str, into: Path) -> Path:
     """A detached git worktree of `commit` at `into` (the code a release was packed from); remove with `release`."""
-    repo = Path(__file__).resolve().parents[3]
-    add = ["git", "-C", str(repo), "worktree", "add", "--detach", str(into), commit]
+    add = ["git", "-C", str(REPO), "worktree", "add", "--detach", str(into), commit]
     subprocess.run(add, check=True, capture_output=True)
     return into
 
 
 def release(worktree: Path) -> None:
-    repo = Path(__file__).resolve().parents[3]
-    subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(worktree)], capture_output=True)
+    subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(worktree)], capture_output=True)
