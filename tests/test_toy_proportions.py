@@ -15,6 +15,7 @@ from test_trainer import make_trainer
 
 from margrpo.experiment.config import load_config
 from margrpo.grpo.rollout import SamplingConfig, generate
+from margrpo.grpo.step_batch import LossInputs
 from margrpo.policy import ToyMAR, ToyMARConfig
 from margrpo.world import prompt_vocabulary
 
@@ -87,16 +88,16 @@ def test_default_toy_reductions_give_the_plain_loss(tmp_path):
     )
     ar, diff = torch.tensor([0, 3, 6]), torch.tensor([[0, 1], [1, 2], [0, 2]])
     adv = torch.tensor([0.5, -0.5, 1.0, -1.0])
-    base, _ = make_trainer(tmp_path / "a", policy=policy, beta=0.0).micro_loss(r, adv, ar, diff, None, None)
+    base, _ = make_trainer(tmp_path / "a", policy=policy, beta=0.0).micro_loss(LossInputs(r, adv, ar, diff))
     one, _ = make_trainer(tmp_path / "s", policy=policy, beta=0.0, trajectories=1).micro_loss(
-        r, adv, ar, diff, None, None
+        LossInputs(r, adv, ar, diff)
     )
     k0 = make_trainer(tmp_path / "b", policy=policy, beta=0.0, trajectories=3, top_frac=0.0)
     mte_mask, _ = k0.masks(r)
-    loss_k0, _ = k0.micro_loss(r, adv, ar, diff, mte_mask, None)
+    loss_k0, _ = k0.micro_loss(LossInputs(r, adv, ar, diff, mte_mask))
     sim = make_trainer(tmp_path / "c", policy=policy, beta=0.0, sim=True, tau=-math.inf)
     _, keep = sim.masks(r)
-    loss_tau, _ = sim.micro_loss(r, adv, ar, diff, None, keep)
+    loss_tau, _ = sim.micro_loss(LossInputs(r, adv, ar, diff, sim_keep=keep))
     assert not mte_mask.any() and keep.all()
     assert torch.equal(base, one) and torch.equal(base, loss_k0) and torch.equal(base, loss_tau)
 

@@ -65,19 +65,20 @@ def test_stage_sources_cover_every_file_the_toy_stages_run(tmp_path):
     from margrpo.experiment.fingerprint import stage_commands
 
     cfg, root = load_config(REPO / "config/smoke.yaml"), f"{PACKAGE}/"
+    traced: dict[
+        tuple, set
+    ] = {}  # each command once: the stages share one work folder, so toypref's toyclip is toyclip's
     ran = {}
     for stage, policy in (("toyclip", None), ("toypref", None), ("pretrain", "toy-nova")):
-        commands = stage_commands(cfg, stage, policy, tmp_path / stage)  # what the release's fingerprint runs
+        commands = stage_commands(cfg, stage, policy, tmp_path)  # what the release's fingerprint runs
         commands[-1] += ["--samples-png", str(tmp_path / "s.png")] if stage == "pretrain" else []  # as the rule
-        for i, argv in enumerate(commands):
-            out = tmp_path / f"{stage}-{i}.files.json"
-            proc = subprocess.run([sys.executable, "-c", _TRACER, str(out), *argv], capture_output=True, text=True)
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            if i in (0, len(commands) - 1):  # the data stage and the stage itself (not toypref's toyclip)
-                key = "data" if i == 0 else stage
-                ran[key] = ran.get(key, set()) | {
-                    f[len(root) :] for f in json.loads(out.read_text()) if f.startswith(root)
-                }
+        for argv in commands:
+            if tuple(argv) not in traced:
+                out = tmp_path / f"{len(traced)}.files.json"
+                proc = subprocess.run([sys.executable, "-c", _TRACER, str(out), *argv], capture_output=True, text=True)
+                assert proc.returncode == 0, proc.stderr[-3000:]
+                traced[tuple(argv)] = {f[len(root) :] for f in json.loads(out.read_text()) if f.startswith(root)}
+        ran["data"], ran[stage] = traced[tuple(commands[0])], traced[tuple(commands[-1])]
     for stage in ("toyclip", "toypref", "pretrain"):
         missing = (ran["data"] | ran[stage]) - set(STAGE_SOURCES[stage]) - set(SOURCE_PLUMBING)
         assert not missing, f"STAGE_SOURCES[{stage!r}] (margrpo.experiment.specs) misses {sorted(missing)}"

@@ -8,11 +8,11 @@ import pytest
 import torch
 from helpers import PROMPTS, tiny_policy
 
-from margrpo.grpo.grad_stats import GradVarianceProbe, grad_square_norm
+from margrpo.grpo.grad_stats import GradVarianceProbe, NoProbe, grad_square_norm
 from margrpo.grpo.replay import completion_mask, recorded, replay
 from margrpo.grpo.rollout import SamplingConfig, generate
 from margrpo.grpo.run_files import write_outputs
-from margrpo.grpo.step_batch import OldLogProbs, TokenCounts, loss_weights
+from margrpo.grpo.step_batch import LossInputs, OldLogProbs, TokenCounts, loss_weights
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.policy.settings import PolicySettings
 from margrpo.prompts.suites import PromptSet
@@ -120,7 +120,7 @@ def test_positive_advantage_raises_that_samples_log_prob(tmp_path):
     trainer = make_trainer(tmp_path, policy=policy, beta=0.0, lr=1e-5)  # small enough for the first-order effect
     adv = torch.tensor([1.0, -1.0])
     trainer.optimizer.zero_grad()
-    loss, _ = trainer.micro_loss(r, adv, ar, diff, None, None)
+    loss, _ = trainer.micro_loss(LossInputs(r, adv, ar, diff))
     loss.backward()
     trainer.optimizer.step()
     after = replay(policy, r, ar, diff)
@@ -144,15 +144,15 @@ def test_reductions_give_the_plain_loss(tmp_path):
     ar, diff = torch.tensor([0, 2, 3]), torch.tensor([[0, 1], [1, 3], [2, 3]])
     adv = torch.tensor([0.5, -0.5, 1.0, -1.0])
     plain = make_trainer(tmp_path / "a", policy=policy, beta=0.0)
-    base, _ = plain.micro_loss(r, adv, ar, diff, None, None)
+    base, _ = plain.micro_loss(LossInputs(r, adv, ar, diff))
     k0 = make_trainer(tmp_path / "b", policy=policy, beta=0.0, trajectories=3, top_frac=0.0)
     mte_mask, _ = k0.masks(r)
     assert not mte_mask.any()
-    loss_k0, _ = k0.micro_loss(r, adv, ar, diff, mte_mask, None)
+    loss_k0, _ = k0.micro_loss(LossInputs(r, adv, ar, diff, mte_mask))
     sim = make_trainer(tmp_path / "c", policy=policy, beta=0.0, sim=True, tau=-math.inf)
     _, keep = sim.masks(r)
     assert keep.all()
-    loss_tau, _ = sim.micro_loss(r, adv, ar, diff, None, keep)
+    loss_tau, _ = sim.micro_loss(LossInputs(r, adv, ar, diff, sim_keep=keep))
     assert torch.equal(base, loss_k0) and torch.equal(base, loss_tau)
 
 
@@ -383,7 +383,7 @@ def test_the_probe_is_off_where_asked_or_impossible_and_owns_its_hook(tmp_path):
     for off in (dict(grad_variance=False), dict(grad_variance=True, micro_batches=1)):
         trainer = make_trainer(tmp_path / str(len(off)) / str(off["grad_variance"]), **off)
         row = trainer.train_step()
-        assert trainer.probe is None and "grad_var_ar" not in row and math.isfinite(row["grad_norm_ar"])
+        assert isinstance(trainer.probe, NoProbe) and "grad_var_ar" not in row and math.isfinite(row["grad_norm_ar"])
 
     class Recording(OneProcess):
         hooks = 0
@@ -431,14 +431,14 @@ def test_committed_loss_tokens_average_over_the_tokens_each_step_commits(tmp_pat
         )
 
     trainer = make_trainer(tmp_path, policy=policy, beta=0.0, loss_tokens="committed")
-    got = grads(trainer.micro_loss(r, adv, ar, diff, None, None)[0])
+    got = grads(trainer.micro_loss(LossInputs(r, adv, ar, diff))[0])
     rp = replay(policy, r, ar, diff)
     obj = per_token_policy_objective(rp.log_prob, rp.log_prob.detach(), adv, 0.2)
     tokens = rp.mask & r.committed[ar][:, None]  # [M, U, N, L]
     expected = grads(torch.stack([-masked_mean(obj[m], tokens[m].float()) for m in range(len(ar))]).mean())
     assert torch.allclose(got, expected, rtol=1e-4, atol=1e-7) and expected.abs().max() > 0
     completion = grads(
-        make_trainer(tmp_path / "c", policy=policy, beta=0.0).micro_loss(r, adv, ar, diff, None, None)[0]
+        make_trainer(tmp_path / "c", policy=policy, beta=0.0).micro_loss(LossInputs(r, adv, ar, diff))[0]
     )
     assert not torch.allclose(got, completion, rtol=1e-3)  # the completion mask also holds tokens committed later
 
@@ -558,7 +558,7 @@ def test_reinforce_is_the_official_update_one_step_summing_the_chosen_steps(tmp_
         (batch.ar_steps[i : i + 1], batch.diffusion_steps[i : i + 1]) for i in range(len(batch.ar_steps))
     ]:
         trainer.optimizer.zero_grad(set_to_none=True)
-        trainer.micro_loss(batch.rollout, batch.adv, ar, diff, None, None)[0].backward()
+        trainer.micro_loss(LossInputs(batch.rollout, batch.adv, ar, diff))[0].backward()
         grads.append(torch.cat([p.grad.flatten() for p in trainer.params if p.grad is not None]))
     assert len(grads) == 4 and grads[0].norm() > 0
     total = sum(grads[1:])  # float32: the batched pass and the single-step ones round differently (~1e-7 relative)
@@ -713,7 +713,9 @@ def test_the_loss_a_micro_batch_backpropagates_is_design_3s_formula(tmp_path, va
     old_mte = (
         None if rp.mte_log_prob is None else rp.mte_log_prob - 0.4 * torch.randn(rp.mte_log_prob.shape, generator=g)
     )
-    loss, stats = trainer.micro_loss(sub, batch.adv[rows], ar, diff, mte, keep, OldLogProbs(old, old_mte), counts)
+    loss, stats = trainer.micro_loss(
+        LossInputs(sub, batch.adv[rows], ar, diff, mte, keep, OldLogProbs(old, old_mte), counts)
+    )
 
     def surrogate(lp, lp_old, adv):  # DESIGN 3.5: min(r A, clip(r, 1 - eps, 1 + eps) A)
         r = torch.exp(lp.double() - lp_old.double())

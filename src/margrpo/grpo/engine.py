@@ -145,6 +145,11 @@ class Engine:
         """Call `fn(param, this process's accumulated gradient)` for `params` just before a reducing backward
         reduces them (DDP's communication hook). Here and under FSDP nothing: `.grad` shows them."""
 
+    def clip_grad_norm(self, params: list[nn.Parameter], max_norm: float) -> float:
+        """The total norm of `params`' reduced gradients over every process, clipped to `max_norm` (inf: measured
+        only, a scale of exactly 1). Under FSDP torch returns it as a DTensor, gathered here."""
+        return float(full_tensor(torch.nn.utils.clip_grad_norm_(params, max_norm)))
+
     def shard_sum(self, x: torch.Tensor) -> torch.Tensor:
         """A per-shard quantity (a sharded gradient's squared norm) summed once over the shards of every process."""
         return self.all_sum(x)
@@ -178,15 +183,15 @@ class Engine:
                 full = source[name] if self.is_main else torch.empty(like.shape, dtype=like.dtype)
                 full = full.to(self._comm_device(), like.dtype).contiguous()
                 dist.broadcast(full, src=0)
-                _local(like).copy_(_local(_shard_like(full, like)))
+                local_shard(like).copy_(local_shard(_shard_like(full, like)))
 
     def full_tensors(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Whole CPU copies of tensors that may be shards (collective when sharded)."""
-        return {k: _full(v).cpu() for k, v in values.items()}
+        return {k: full_tensor(v).cpu() for k, v in values.items()}
 
     def shard_like(self, values: dict[str, torch.Tensor], like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Whole tensors cut as `like`'s are (this process's share of a shard, else whole), on like's devices."""
-        return {k: _shard_like(v.to(_local(like[k]).device), like[k]) for k, v in values.items()}
+        return {k: _shard_like(v.to(local_shard(like[k]).device), like[k]) for k, v in values.items()}
 
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, model: nn.Module, state: dict | None) -> None:
         """A whole optimizer state keyed by parameter name (a checkpoint of before issue 52; read by the main process
@@ -210,13 +215,15 @@ def _named_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
     return {**dict(module.named_buffers()), **dict(module.named_parameters())}
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_shard(t: torch.Tensor) -> torch.Tensor:
+    """This process's shard of a DTensor (FSDP), else `t`: the one place a sharded tensor is unwrapped."""
     from torch.distributed.tensor import DTensor
 
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _full(t: torch.Tensor) -> torch.Tensor:
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor gathered whole (a collective under FSDP: every process calls it), else `t`."""
     from torch.distributed.tensor import DTensor
 
     return t.full_tensor() if isinstance(t, DTensor) else t
@@ -226,7 +233,7 @@ def _shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """`full` cut as `like` is (this process's share of a DTensor, else whole), on like's device, in its own dtype."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
-    full = full.to(_local(like).device)
+    full = full.to(local_shard(like).device)
     if isinstance(like, DTensor):
         return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None)
     return full

@@ -6,12 +6,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from margrpo.grpo.engine import local_shard
+
 
 def grad_square_norm(params: list[nn.Parameter], engine) -> float:
     """||G||^2 of `params`' accumulated (reduced) gradients; under FSDP each process holds shards, summed once."""
-    squares = [_local(p.grad.detach()).float().square().sum(dtype=torch.float64) for p in params if p.grad is not None]
+    squares = [
+        local_shard(p.grad.detach()).float().square().sum(dtype=torch.float64) for p in params if p.grad is not None
+    ]
     total = torch.stack(squares).sum() if squares else torch.zeros((), dtype=torch.float64)
-    if any(_local(p) is not p for p in params):  # shards: each element lives on one process
+    if any(local_shard(p) is not p for p in params):  # shards: each element lives on one process
         total = engine.shard_sum(total.cpu())
     return float(total)
 
@@ -64,7 +68,7 @@ class GradVarianceProbe:
             for i, p in enumerate(self.params):
                 if p.grad is None:
                     continue
-                grad = _local(p.grad.detach())
+                grad = local_shard(p.grad.detach())
                 g = grad.float() if self.prev[i] is None else grad.float() - self.prev[i].float()
                 squares.append(g.square().sum(dtype=torch.float64))
                 self.prev[i] = None if last else grad.clone()
@@ -79,6 +83,10 @@ class GradVarianceProbe:
         self.last.append(g.square().sum(dtype=torch.float64))
         self.prev[i] = None
 
+    def columns(self, square_norm: float) -> dict[str, float]:
+        """The update's log columns, given ||G||^2 (`grad_square_norm`)."""
+        return {"grad_var_ar": self.result(square_norm)}
+
     def result(self, square_norm: float) -> float:
         """The variance, given ||G||^2 (`grad_square_norm`)."""
         sq_sum = self.engine.shard_sum(self.sq_sum) if self.rounds else self.engine.all_sum(self.sq_sum)
@@ -89,6 +97,14 @@ class GradVarianceProbe:
         return max(var, 0.0)
 
 
-def _local(x: torch.Tensor) -> torch.Tensor:
-    """This process's shard of a DTensor (FSDP), else x."""
-    return x.to_local() if hasattr(x, "to_local") else x
+class NoProbe:
+    """The probe's place where `grpo.grad_variance` is off or cannot be taken: it reads nothing and logs no column."""
+
+    def start(self) -> None:
+        pass
+
+    def after_micro_batch(self, last: bool) -> None:
+        pass
+
+    def columns(self, square_norm: float) -> dict[str, float]:
+        return {}

@@ -71,37 +71,33 @@ class Update:
 
 
 @dataclass(frozen=True)
+class LossInputs:
+    """What one micro-batch's loss reads (the trainer's `micro_loss`), by name: its images' sub-rollout and
+    advantages, the chosen AR steps [m] and diffusion steps [m, U], MTE's M^k and Sim's keep-weights [K, n, L]
+    (None: off), log_prob_old at these steps (None: read off this pass), and the whole batch's token counts (None:
+    this rollout is the whole batch)."""
+
+    rollout: Rollout
+    adv: torch.Tensor  # [n]
+    ar_steps: torch.Tensor
+    diffusion_steps: torch.Tensor
+    mte_mask: torch.Tensor | None = None
+    sim_keep: torch.Tensor | None = None
+    old: OldLogProbs | None = None
+    counts: TokenCounts | None = None
+
+
+@dataclass(frozen=True)
 class Backward:
     """One backward pass of an update: micro-batch `index`'s images at a chunk of the chosen AR steps
     (`grpo.replay_chunk`), with what its loss reads, and its share of the micro-batch's loss."""
 
     index: int  # the micro-batch
-    rollout: Rollout  # its images' sub-rollout
-    adv: torch.Tensor  # [n]
-    ar_steps: torch.Tensor  # [m] the chunk's chosen AR steps
-    diffusion_steps: torch.Tensor  # [m, U]
-    mte_mask: torch.Tensor | None  # [K, n, L]
-    sim_keep: torch.Tensor | None  # [K, n, L]
-    old: OldLogProbs | None  # at the chunk's steps
-    counts: TokenCounts  # the batch's, at the chunk's steps
+    inputs: LossInputs  # the chunk's: its steps, their log_prob_old and the batch's token counts there
     share: float  # of the micro-batch's loss: the chunk's steps' share of the mean (1 under reinforce)
     selected: int  # loss tokens of the chunk (weigh its ratio stats when chunks combine)
     last_chunk: bool
     last_micro_batch: bool
-
-    @property
-    def loss_inputs(self) -> tuple:
-        """The arguments of the trainer's `micro_loss`, in its order."""
-        return (
-            self.rollout,
-            self.adv,
-            self.ar_steps,
-            self.diffusion_steps,
-            self.mte_mask,
-            self.sim_keep,
-            self.old,
-            self.counts,
-        )
 
 
 def choose_steps(

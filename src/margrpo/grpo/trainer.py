@@ -20,12 +20,11 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from tqdm.auto import tqdm
 
 from margrpo.grpo.checkpoints import Checkpointer, legacy_resume_key, record_hash, resume_record
 from margrpo.grpo.config import GRPOConfig, check_chosen_steps, check_policy_settings
 from margrpo.grpo.engine import Engine
-from margrpo.grpo.grad_stats import GradVarianceProbe, grad_square_norm
+from margrpo.grpo.grad_stats import GradVarianceProbe, NoProbe, grad_square_norm
 from margrpo.grpo.objective import (
     group_advantages,
     kl_gaussian,
@@ -46,9 +45,11 @@ from margrpo.grpo.rollout import (
     make_sampler,
     stochastic_steps,
 )
-from margrpo.grpo.run_files import checkpoint_path
+from margrpo.grpo.run_files import RunState
+from margrpo.grpo.run_loop import Cadence, run_loop
 from margrpo.grpo.step_batch import (
     Backward,
+    LossInputs,
     OldLogProbs,
     StepBatch,
     TokenCounts,
@@ -129,8 +130,9 @@ class GRPOTrainer:
         self.checkpointer = Checkpointer(
             self.policy, self.optimizer, self.engine, self.state_dir, lora=bool(self.policy_settings.lora)
         )
-        self.step, self.rows, self.checkpoints, self.nonfinite_run = 0, [], [], 0
+        self.run, self.nonfinite_run = RunState(), 0  # steps run, their rows, the validations (grpo.run_loop)
         self.stopped: str | None = None  # why `train` saved and stopped early (None: it ran to the end)
+        self.stop_request: StopRequest | None = None
         self.spec_hash = self.run_hash(None)
 
     def _choose_trained(self, config: GRPOConfig, settings: PolicySettings) -> None:
@@ -179,17 +181,17 @@ class GRPOTrainer:
             reference=self.ref,
         )
 
-    def _probe(self, config: GRPOConfig) -> GradVarianceProbe | None:
+    def _probe(self, config: GRPOConfig) -> GradVarianceProbe | NoProbe:
         """The gradient-variance probe where it is asked for and can be taken (two micro-batches or more)."""
         try:
             return (
                 GradVarianceProbe(self.stat_params, config.micro_batches, self.engine)
                 if config.grad_variance
-                else None
+                else NoProbe()
             )
         except ValueError as err:
             log.warning("%s: logging no grad_var_ar", err)
-            return None
+            return NoProbe()
 
     def _stat_params(self):
         part = self.policy.head_parameters() if self.cfg.freeze_ar else self.policy.ar_parameters()
@@ -222,68 +224,35 @@ class GRPOTrainer:
         resumed = self.try_resume(restart)
         wandb = {"name": self.out_dir.name, "id": f"{self.out_dir.name}-{self.spec_hash}", "config": self.settings()}
         start_trackers(self.accelerator, self.out_dir / "tb", RUN_NAME, self.step if resumed else None, wandb=wandb)
-        if not resumed:
-            scores = self.validate()
-            self.rows = []
-            self.checkpoints = [
-                {"step": 0, "val_reward": sum(scores) / len(scores), "val_scores": scores, "path": None}
-            ]
-        bar = tqdm(
-            total=self.cfg.steps,
-            initial=self.step,
-            desc=f"grpo[{self.cfg.seed}]",
-            mininterval=5,
-            disable=not self.engine.is_main,
-        )
-        step_s = save_s = 0.0  # the longest step (with its validation) and save so far: what one more costs
-        while self.step < self.cfg.steps:
-            started = time.monotonic()
-            row = self.train_step()
-            val_scores = (
-                self.validate() if self.step % self.cfg.val_every == 0 or self.step == self.cfg.steps else None
-            )
-            row["val_reward"] = float("nan") if val_scores is None else sum(val_scores) / len(val_scores)
-            self.rows.append(row)
-            self.accelerator.log(
-                {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}, step=self.step
-            )
-            step_s, saved = max(step_s, time.monotonic() - started), False
-            if self.step % self.cfg.save_every == 0 or self.step == self.cfg.steps:
-                started, saved = time.monotonic(), True
-                self._checkpoint(row["val_reward"], val_scores)
-                save_s = max(save_s, time.monotonic() - started)
-            bar.update(1)
-            bar.set_postfix(reward=f"{row['reward_mean']:.3f}", val=f"{row['val_reward']:.3f}")
-            if (
-                stop is not None
-                and self.step < self.cfg.steps
-                and self._should_stop(stop, step_s + (save_s or step_s))
-            ):
-                if not saved:
-                    self._checkpoint(float("nan"), None)  # resumable state; not a checkpoint for selection
-                break
-        bar.close()
+        if not resumed:  # the loop validates the base policy first
+            self.rows, self.checkpoints = [], []
+        self.stop_request = stop
+        cadence = Cadence(self.cfg.steps, self.cfg.val_every, self.cfg.save_every)
+        self.stopped = run_loop(self, self.run, cadence, f"grpo[{self.cfg.seed}]", show=self.engine.is_main)
         end_trackers(self.accelerator)
         return self.rows
 
-    def _should_stop(self, stop: StopRequest, next_seconds: float) -> bool:
-        """Whether any process's `stop` asks to stop before a step of `next_seconds`: all agree, or a collective
-        would wait for the ones that left."""
-        why = stop.reason(next_seconds)
-        if self.engine.all_sum(torch.tensor([float(why is not None)])).item() == 0:
-            return False
-        self.stopped = why or "another process was asked to stop"
-        log.warning("saving and stopping at step %d of %d: %s", self.step, self.cfg.steps, self.stopped)
-        return True
+    # --- the run loop's side (grpo.run_loop): the run's state, a step, trackers, stopping ----------------------------
+    step = property(lambda self: self.run.step, lambda self, v: setattr(self.run, "step", v))
+    rows = property(lambda self: self.run.rows, lambda self, v: setattr(self.run, "rows", v))
+    checkpoints = property(lambda self: self.run.checkpoints, lambda self, v: setattr(self.run, "checkpoints", v))
 
-    def _checkpoint(self, val_reward: float, val_scores: list[float] | None) -> None:
-        """Save, and list the checkpoint for selection where it was validated."""
-        if math.isfinite(val_reward):
-            path = str(checkpoint_path(self.state_dir, self.step))
-            self.checkpoints.append(
-                {"step": self.step, "val_reward": val_reward, "val_scores": val_scores, "path": path}
-            )
-        self.save()
+    def log(self, row: dict) -> None:
+        self.accelerator.log(
+            {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))}, step=self.step
+        )
+
+    def should_stop(self, next_seconds: float) -> str | None:
+        """Why to save and stop before a step of `next_seconds`: any process's stop request says so; all agree, or a
+        collective would wait for the ones that left."""
+        if self.stop_request is None:  # every process alike: no collective
+            return None
+        why = self.stop_request.reason(next_seconds)
+        if self.engine.all_sum(torch.tensor([float(why is not None)])).item() == 0:
+            return None
+        why = why or "another process was asked to stop"
+        log.warning("saving and stopping at step %d of %d: %s", self.step, self.cfg.steps, why)
+        return why
 
     # --- one GRPO step (DESIGN 3) ----------------------------------------------------------------------------------
     def train_step(self) -> dict:
@@ -298,21 +267,18 @@ class GRPOTrainer:
         """One optimizer step on the batch gradient: every micro-batch's loss backpropagated, one replay chunk at a
         time (their gradients sum to the batch's, over every process), then clip, guard and step."""
         self.optimizer.zero_grad(set_to_none=True)
-        if self.probe is not None:
-            self.probe.start()
+        self.probe.start()
         done = []  # (backward, its loss, its stats)
         for part in self.backwards(batch, update):
             with self.engine.sync(self.engine.reduces(part.last_micro_batch, part.last_chunk)):
-                loss, stats = self.engine.forward(partial(self.micro_loss, *part.loss_inputs))
+                loss, stats = self.engine.forward(partial(self.micro_loss, part.inputs))
                 (loss * part.share).backward()
             done.append((part, loss.item(), stats))
-            if self.probe is not None and part.last_chunk:
+            if part.last_chunk:
                 self.probe.after_micro_batch(last=part.last_micro_batch)
         square_norm_ar = grad_square_norm(self.stat_params, self.engine)  # before clipping: Fig. 2a / 5
-        grad_var = float("nan") if self.probe is None else self.probe.result(square_norm_ar)
         # the total norm of every trained gradient, clipped to grad_clip (0: measured only; a scale of exactly 1)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip or math.inf)
-        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)  # FSDP
+        grad_norm = self.engine.clip_grad_norm(self.params, self.cfg.grad_clip or math.inf)
         micro_batches = micro_batch_stats(done)
         total = float(self.engine.all_sum(torch.tensor(sum(loss for loss, _ in micro_batches), dtype=torch.float64)))
         finite = math.isfinite(total) and math.isfinite(grad_norm)
@@ -323,8 +289,7 @@ class GRPOTrainer:
             raise FloatingPointError(
                 f"{self.nonfinite_run} non-finite updates in a row at step {self.step}; stopping (grpo.max_nonfinite)"
             )
-        variance = {} if self.probe is None else {"grad_var_ar": grad_var}
-        norms = dict(grad_norm=grad_norm, grad_norm_ar=math.sqrt(square_norm_ar), **variance)
+        norms = dict(grad_norm=grad_norm, grad_norm_ar=math.sqrt(square_norm_ar), **self.probe.columns(square_norm_ar))
         return self.update_log([s for _, s in micro_batches], batch, update, **norms, skipped=int(not finite))
 
     def rollout_and_score(self) -> StepBatch:
@@ -403,8 +368,7 @@ class GRPOTrainer:
         for c, rows in enumerate(batch.rows):
             for start in range(0, M, size):
                 part = slice(start, start + size)
-                yield Backward(
-                    index=c,
+                inputs = LossInputs(
                     rollout=batch.subs[c],
                     adv=batch.adv[rows],
                     ar_steps=update.ar_steps[part],
@@ -413,32 +377,29 @@ class GRPOTrainer:
                     sim_keep=batch.micro_batch_mask(batch.sim_keep, c),
                     old=None if update.old[c] is None else update.old[c].steps(part),
                     counts=update.counts.steps(part),
+                )
+                yield Backward(
+                    index=c,
+                    inputs=inputs,
                     share=1.0 if self.cfg.reinforce or size >= M else len(update.ar_steps[part]) / M,
                     selected=0 if size >= M else update.tokens[part][:, :, rows].count_nonzero().item(),
                     last_chunk=start + size >= M,
                     last_micro_batch=c == n - 1,
                 )
 
-    def micro_loss(
-        self,
-        rollout: Rollout,
-        adv: torch.Tensor,
-        ar_steps: torch.Tensor,
-        diffusion_steps: torch.Tensor,
-        mte_mask: torch.Tensor | None,
-        sim_keep: torch.Tensor | None,
-        old: OldLogProbs | None = None,
-        counts: TokenCounts | None = None,
-    ) -> tuple[torch.Tensor, dict]:
-        """Loss of one micro-batch (already a sub-rollout): mean over chosen AR steps of its share of the
-        batch's token-mean loss (Eq. 7); under `reinforce`, the sum over them (the official update).
+    def micro_loss(self, inputs: LossInputs) -> tuple[torch.Tensor, dict]:
+        """Loss of one micro-batch (already a sub-rollout, `inputs`: step_batch.LossInputs): mean over chosen AR
+        steps of its share of the batch's token-mean loss (Eq. 7); under `reinforce`, the sum over them (the
+        official update).
 
         `mte_mask` [K, n, L]: M^k of each AR step (Eq. 10). `old`: log_prob_old of these steps, from
         `old_log_probs` before the first optimizer step; None when the parameters are still those of the
         rollout: then this pass's own log-probs (detached) are log_prob_old for `recomputed`, the record's for
         `recorded`. `counts`: the whole batch's token counts per chosen AR step; the micro-batch losses then sum
         to the batch loss whatever the split. None: this rollout is the whole batch."""
-        cfg = self.cfg
+        cfg, x = self.cfg, inputs
+        rollout, adv, ar_steps, diffusion_steps = x.rollout, x.adv, x.ar_steps, x.diffusion_steps
+        mte_mask, sim_keep, old, counts = x.mte_mask, x.sim_keep, x.old, x.counts
         replayed = self._replay(rollout, ar_steps, diffusion_steps, mte_mask)
         tokens, weight = loss_weights(replayed.mask, rollout, ar_steps, sim_keep, cfg.loss_tokens)  # [M, U, n, L]
         if counts is None:

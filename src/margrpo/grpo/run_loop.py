@@ -1,0 +1,108 @@
+"""The one training loop of every RL run (the GRPO trainer and the related methods): it owns the run's `RunState`,
+the validation and checkpoint cadence, the progress bar and stop requests; a method supplies what a step is.
+
+A method (`Method`) shares the loop's `RunState`: it runs one step and returns its metrics row (advancing the
+state's `step` itself: the GRPO trainer's random streams are keyed by it), validates from fixed noise, writes a
+checkpoint of the state, logs a row to its trackers, and says whether to stop before another step. The loop
+decides when:
+
+- the base policy is validated once, before the first step (checkpoint 0, no folder: `base_val_*`);
+- a step is validated every `val_every` steps and at the last step (`val_reward` NaN between);
+- a checkpoint is written every `save_every` steps and at the last step, or, with `save_every` None, at each
+  validation; it is listed for selection where the step was validated;
+- with a stop request, when the method says the next step would not end in time, the state is saved and the loop
+  returns why (a resumed run goes on from there).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from tqdm.auto import tqdm
+
+from margrpo.grpo.run_files import RunState, checkpoint_path
+
+
+@dataclass(frozen=True)
+class Cadence:
+    steps: int
+    val_every: int
+    save_every: int | None = None  # None: a checkpoint at each validation
+
+    def validates(self, step: int) -> bool:
+        return step % self.val_every == 0 or step == self.steps
+
+    def saves(self, step: int, validated: bool) -> bool:
+        if self.save_every is None:
+            return validated
+        return step % self.save_every == 0 or step == self.steps
+
+
+class Method(Protocol):
+    state_dir: Path
+
+    def train_step(self) -> dict:
+        """Run the next step (advancing the run state's `step`) and return its metrics row."""
+
+    def validate(self) -> list[float]:
+        """One reward per validation prompt, from fixed noise (paired across steps and runs)."""
+
+    def save(self) -> None:
+        """The checkpoint of the run state's step (the loop has listed it in its `checkpoints` where validated)."""
+
+    def log(self, row: dict) -> None:
+        """The row to the run's trackers (nothing where it has none)."""
+
+    def should_stop(self, next_seconds: float) -> str | None:
+        """Why the run should save and stop before a step of `next_seconds` (None: go on)."""
+
+
+def mean(scores: list[float]) -> float:
+    return sum(scores) / len(scores) if scores else float("nan")
+
+
+def run_loop(method: Method, state: RunState, cadence: Cadence, desc: str, show: bool = True) -> str | None:
+    """Run `method` from `state` (a resumed run's, or a fresh one) to `cadence.steps`; returns why it stopped early,
+    or None when it ran to the end. `show`: the progress bar (the main process's)."""
+    if not state.checkpoints:  # the base policy, before any update
+        scores = method.validate()
+        state.checkpoints = [{"step": 0, "val_reward": mean(scores), "val_scores": scores, "path": None}]
+    bar = tqdm(total=cadence.steps, initial=state.step, desc=desc, mininterval=5, disable=not show)
+    step_s = save_s = 0.0  # the longest step (with its validation) and save so far: what one more costs
+    stopped = None
+    while state.step < cadence.steps:
+        started = time.monotonic()
+        row = method.train_step()
+        scores = method.validate() if cadence.validates(state.step) else None
+        row["val_reward"] = float("nan") if scores is None else mean(scores)
+        state.rows.append(row)
+        method.log(row)
+        step_s, saved = max(step_s, time.monotonic() - started), cadence.saves(state.step, scores is not None)
+        if saved:
+            started = time.monotonic()
+            _save(method, state, row["val_reward"], scores)
+            save_s = max(save_s, time.monotonic() - started)
+        bar.update(1)
+        bar.set_postfix(
+            reward=f"{row.get('reward_mean', math.nan):.3f}", val=f"{row['val_reward']:.3f}", refresh=False
+        )
+        if state.step < cadence.steps:
+            stopped = method.should_stop(step_s + (save_s or step_s))
+            if stopped:
+                if not saved:
+                    _save(method, state, float("nan"), None)  # resumable state; not a checkpoint for selection
+                break
+    bar.close()
+    return stopped
+
+
+def _save(method: Method, state: RunState, val_reward: float, scores: list[float] | None) -> None:
+    """Save, and list the checkpoint for selection where it was validated."""
+    if math.isfinite(val_reward):
+        path = str(checkpoint_path(method.state_dir, state.step))
+        state.checkpoints.append({"step": state.step, "val_reward": val_reward, "val_scores": scores, "path": path})
+    method.save()
