@@ -100,10 +100,11 @@ def test_a_folder_margrpo_writes_loads_only_with_its_manifest(run, tmp_path, log
         ToyClip.from_pretrained(clip)
 
     out = tmp_path / "run"
-    (out / "state/checksums.json").unlink()  # trainer.pt without its record: not resumed
+    (out / "state/checksums.json").unlink()  # trainer.pt without its record: not read; its checkpoint's copy is
     logged()
-    assert not make_trainer(out, lora={"rank": 4}).try_resume()
-    assert f"{out / 'state'}: no checksums.json" in logged()
+    assert make_trainer(out, lora={"rank": 4}).try_resume()
+    log = logged()
+    assert f"{out / 'state'}: no checksums.json" in log and "the newest checkpoint whose training state" in log
 
 
 def test_checkpoints_follow_the_umask(run):
@@ -121,24 +122,35 @@ def _umask():
     return mask
 
 
-def test_a_changed_trainer_state_is_not_resumed(run, tmp_path, logged):
+def test_a_changed_trainer_state_is_not_read_and_its_checkpoint_resumes(run, tmp_path, logged):
     out = copy_run(run, tmp_path)
     flip_last_byte(out / "state/trainer.pt")
     again = make_trainer(out, lora={"rank": 4})
     logged()
-    assert not again.try_resume()
+    assert again.try_resume() and again.step == 2  # from ckpt-000002/train's copy of the header (issue 59)
     assert f"{out / 'state/trainer.pt'}: sha256 differs" in logged()
 
 
-def test_a_fresh_start_removes_only_the_files_the_trainer_wrote(run, tmp_path):
-    """Issue #31.5: starting fresh cleared the whole state/, files the user put there included."""
+def test_a_restart_moves_aside_only_the_files_the_trainer_wrote(run, tmp_path):
+    """Issue #31.5: starting fresh cleared the whole state/, files the user put there included; issue 59: nothing
+    the trainer wrote is deleted either, it is moved aside."""
     out = copy_run(run, tmp_path)
     (out / "state/notes.txt").write_text("mine")
     (out / "state/ckpt-old").mkdir()
     (out / "state/.trainer.pt.abc.tmp.pt").write_bytes(b"torn")  # a killed write's temporary file
     flip_last_byte(out / "state/trainer.pt")
-    assert not make_trainer(out, lora={"rank": 4}).try_resume()
+    flip_last_byte(out / "state/ckpt-000002/train/.metadata")  # and no checkpoint to fall back to
+    with pytest.raises(InputError, match="cannot be resumed"):
+        make_trainer(out, lora={"rank": 4}).try_resume()
+    assert not make_trainer(out, lora={"rank": 4}).try_resume(restart=True)
     assert sorted(p.name for p in (out / "state").iterdir()) == ["ckpt-old", "notes.txt"]
+    (aside,) = out.glob("aside-*")
+    assert sorted(p.name for p in (aside / "state").iterdir()) == [
+        "checksums.json",
+        "ckpt-000001",
+        "ckpt-000002",
+        "trainer.pt",
+    ]
 
 
 def test_a_symlinked_state_folder_is_refused_not_cleared(tmp_path):
