@@ -201,7 +201,8 @@ def _one_process(engine):
 
 def _decide(state_dir: Path, record: dict, legacy_hash: str, restart: bool) -> dict:
     """The main process's reading of state/: the header to resume from (None: start afresh) and where it came from,
-    or why the run must stop ("refuse"). Nothing is deleted here; a state set aside on `restart` is moved whole."""
+    or why the run must stop ("refuse"). Only a killed header write's temporary files are deleted here; a state set
+    aside on `restart` is moved whole."""
     remove_killed_writes(state_dir)
     header, why = _read_header(state_dir / HEADER)
     source = state_dir / HEADER
