@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_user_files_kept, flip_last_byte, plant_user_files
+from helpers import USER_FILES, assert_user_files_kept, flip_last_byte, plant_user_files
 
 from margrpo.cli import main
 from margrpo.world import WorldConfig, prompt_vocabulary
@@ -137,7 +137,7 @@ def related_spec(method: str, data: Path, weights: dict, sampling: dict, **relat
     }
 
 
-def train_related(method, policy, data, spec, out, toyclip=None):
+def related_argv(method, policy, data, spec, out, toyclip=None, restart=False) -> list[str]:
     argv = [
         "train-related",
         "--method",
@@ -155,7 +155,11 @@ def train_related(method, policy, data, spec, out, toyclip=None):
         "--threads",
         "1",
     ]
-    main(argv + (["--toyclip-dir", str(toyclip)] if toyclip else []))
+    return argv + (["--toyclip-dir", str(toyclip)] if toyclip else []) + (["--restart"] if restart else [])
+
+
+def train_related(method, policy, data, spec, out, toyclip=None, restart=False):
+    main(related_argv(method, policy, data, spec, out, toyclip, restart))
 
 
 def check_run(out: Path, method: str, steps: int = 2, val_prompts: int = 3) -> dict:
@@ -242,23 +246,79 @@ def test_train_related_on_toy_mask_writes_the_files_of_margrpo_train(method, mas
     assert again["checkpoints"] == summary["checkpoints"]
 
 
-def test_a_fresh_related_run_removes_only_the_files_its_trainer_wrote(mask_policy, data, tmp_path, logged):
-    """train-related cleared its whole state/ when the state there was of another run; now, as `margrpo train`,
-    it keeps what it did not write."""
+def test_a_damaged_related_state_stops_the_run_and_a_restart_moves_it_aside(mask_policy, data, tmp_path, logged):
+    """train-related started fresh over a state it could not read (issue 59): now, as `margrpo train`, it stops
+    naming the damage and deletes nothing; `--restart` moves the trainer's files aside and keeps the user's."""
     out, spec = tmp_path / "run", related_spec("grpo-mask", data, {"shapes": 1.0}, MASK_SAMPLING, iterations=2)
     train_related("grpo-mask", mask_policy, data, spec, out)
     (out / "state/notes.txt").write_text("mine")
     (out / "state/ckpt-old").mkdir()
-    (out / "state/.trainer.pt.abc.tmp.pt").write_bytes(b"torn")  # a killed write's temporary file
     flip_last_byte(out / "state/trainer.pt")
+    before = {p: p.read_bytes() for p in (out / "state").rglob("*") if p.is_file()}
+    with pytest.raises(SystemExit, match=r"sha256 differs.*Nothing was deleted.*--restart"):
+        train_related("grpo-mask", mask_policy, data, spec, out)
+    assert {p: p.read_bytes() for p in (out / "state").rglob("*") if p.is_file()} == before
+    (out / "state/.trainer.pt.abc.tmp.pt").write_bytes(b"torn")  # a killed write's temporary file
     logged()
-    train_related("grpo-mask", mask_policy, data, spec, out)
-    log = logged()
-    assert "sha256 differs" in log and "starting fresh" in log and "keeping" in log
-    kept = {"ckpt-old", "notes.txt", "trainer.pt", "checksums.json"}
-    assert kept <= {p.name for p in (out / "state").iterdir()} and (out / "state/notes.txt").read_text() == "mine"
+    train_related("grpo-mask", mask_policy, data, spec, out, restart=True)
+    assert "--restart: moved it to" in logged()
+    (aside,) = out.glob("aside-*")
+    assert (aside / "state/trainer.pt").read_bytes() == before[out / "state/trainer.pt"]
+    assert (out / "state/notes.txt").read_text() == "mine" and (out / "state/ckpt-old").is_dir()
     assert not (out / "state/.trainer.pt.abc.tmp.pt").exists()
     assert json.loads((out / "summary.json").read_text())["checkpoints"][-1]["step"] == 2
+
+
+def test_related_checkpoints_without_their_header_are_not_overwritten(mask_policy, data, tmp_path):
+    out, spec = tmp_path / "run", related_spec("grpo-mask", data, {"shapes": 1.0}, MASK_SAMPLING, iterations=2)
+    train_related("grpo-mask", mask_policy, data, spec, out)
+    (out / "state/trainer.pt").unlink()
+    weights = (out / "state/ckpt-000002/policy/model.safetensors").read_bytes()
+    with pytest.raises(SystemExit, match="holds checkpoints .* but no trainer.pt.*Nothing was deleted"):
+        train_related("grpo-mask", mask_policy, data, spec, out)
+    assert (out / "state/ckpt-000002/policy/model.safetensors").read_bytes() == weights
+
+
+@pytest.mark.parametrize("method", ["grpo-mask", "marval-rl"])
+def test_a_related_run_stopped_by_sigterm_resumes_to_the_uninterrupted_result(
+    method, mask_policy, one_step_policy, data, toyclip_dir, tmp_path
+):
+    """SIGTERM (SLURM's requeue, preemption, scancel) during a step: the step ends, the state is saved, the stage
+    exits 75 ("run again"), and the same command goes on to the uninterrupted run's rows and weights."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    if method == "marval-rl":
+        policy, toyclip = one_step_policy, toyclip_dir
+        spec = related_spec(method, data, {"toyclip": 1.0, "shapes": 0.5}, ONE_STEP_SAMPLING, steps=6, lr=1e-3)
+    else:
+        policy, toyclip = mask_policy, None
+        spec = related_spec(method, data, {"shapes": 1.0}, MASK_SAMPLING, iterations=2, steps=6)
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    train_related(method, policy, data, spec, full, toyclip)
+    argv = [sys.executable, "-m", "margrpo", *related_argv(method, policy, data, spec, cut, toyclip)]
+    job = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    while not (cut / "state/ckpt-000001/policy/checksums.json").is_file() and job.poll() is None:
+        time.sleep(0.02)
+    job.send_signal(signal.SIGTERM)
+    _, err = job.communicate(timeout=300)
+    assert job.returncode == 75, err[-2000:]
+    assert "SIGTERM received" in err and not (cut / "summary.json").exists()
+    stopped_at = torch.load(cut / "state/trainer.pt", weights_only=True)["step"]
+    assert 1 <= stopped_at < 6, stopped_at
+    train_related(method, policy, data, spec, cut, toyclip)
+    a, b = (json.loads((run / "summary.json").read_text()) for run in (full, cut))
+    assert a["checkpoints"] == [{**c, "path": c["path"].replace(str(cut), str(full))} for c in b["checkpoints"]]
+    rows = [(run / "metrics.csv").read_text().splitlines() for run in (full, cut)]
+    header = rows[0][0].split(",")
+    timing = [i for i, k in enumerate(header) if k in ("step_time_s", "peak_mem_mb")]
+    same = [[[v for i, v in enumerate(r.split(",")) if i not in timing] for r in run] for run in rows]
+    assert same[0] == same[1]
+    for step in (2, 6):
+        name = f"state/ckpt-{step:06d}/policy/model.safetensors"
+        assert (full / name).read_bytes() == (cut / name).read_bytes(), name
 
 
 class Interrupted(Exception):
@@ -295,12 +355,18 @@ def test_train_related_deletes_nothing_it_did_not_write(mask_policy, data, tmp_p
     assert "resumed from" in logged() and json.loads((run / "summary.json").read_text())["steps"] == 2
     assert_user_files_kept(run, "resume")
     (run / "state/.trainer.pt.x1y2z3w4.tmp.pt").write_bytes(b"torn")  # the temporary file of a killed trainer.pt write
-    train_related(
-        "grpo-mask", mask_policy, data, {**spec, "related": {**spec["related"], "steps": 1}}, run
-    )  # another spec
-    assert "starting fresh" in logged() and json.loads((run / "summary.json").read_text())["steps"] == 1
-    assert_user_files_kept(run, "restart")
+    fewer = {**spec, "related": {**spec["related"], "steps": 1}}  # another spec: one step, where the state has two
+    with pytest.raises(SystemExit, match=r"at step 2, past this run's related.steps 1. Nothing was deleted"):
+        train_related("grpo-mask", mask_policy, data, fewer, run)
+    assert_user_files_kept(run, "refusal")
+    logged()
+    train_related("grpo-mask", mask_policy, data, fewer, run, restart=True)
+    assert "--restart: moved it to" in logged() and json.loads((run / "summary.json").read_text())["steps"] == 1
     assert not (run / "state/ckpt-000002").exists() and not (run / "state/.trainer.pt.x1y2z3w4.tmp.pt").exists()
+    (aside,) = run.glob("aside-*")
+    assert (aside / "state/ckpt-000002/policy/checksums.json").is_file()
+    for name, data in USER_FILES.items():  # each where it was, or moved aside with the checkpoint it sat beside
+        assert data in {p.read_bytes() for p in (run / name, aside / name) if p.is_file()}, name
 
 
 def test_train_related_refuses_to_replace_a_checkpoint_folder_it_did_not_write(mask_policy, data, tmp_path):

@@ -88,7 +88,7 @@ rule train_related:
     shell:
         "margrpo {params.command} --policy-dir {input.policy:q} --suites-dir {params.suites_dir:q} --spec-json {params.spec:q}"
         " --toyclip-dir {params.toyclip:q} --toypref-dir {params.toypref:q} --seed {wildcards.seed:q} --out-dir {params.run_dir:q}"
-        " --threads {threads:q} > {log:q} 2>&1"
+        " --threads {threads:q} --restart > {log:q} 2>&1"
 
 
 rule table3:

@@ -48,8 +48,10 @@ from margrpo.policy.lora import save_adapters
 log = logging.getLogger("margrpo.grpo.trainer")
 HEADER = "trainer.pt"
 HEADER_COPY = "header.pt"  # the header as it was when a checkpoint was written, in its training state's folder
-# settings that only extend a run: no step's numbers depend on them, so a state resumes under new values
+# settings that only extend a run: no step's numbers depend on them, so a state resumes under new values; a GRPO
+# run's are in its `grpo` section, a related method's (margrpo train-related) in its `related` section
 EXTENDING = ("steps", "val_every", "save_every")
+SECTIONS = ("grpo", "related")
 
 
 class Checkpointer:
@@ -134,7 +136,7 @@ class Checkpointer:
         unless `restart` (then it is moved aside and the run starts afresh). `legacy_hash`: a header written
         before the settings were recorded one by one is resumed when its hash is this run's old-style key."""
         engine = self.engine
-        decision = _decide(self.state_dir, record, legacy_hash, restart) if engine.is_main else None
+        decision = decide_resume(self.state_dir, record, legacy_hash, restart) if engine.is_main else None
         decision = engine.from_main(decision)
         engine.barrier()
         if decision["refuse"]:
@@ -199,7 +201,7 @@ def _one_process(engine):
         yield
 
 
-def _decide(state_dir: Path, record: dict, legacy_hash: str, restart: bool) -> dict:
+def decide_resume(state_dir: Path, record: dict, legacy_hash: str, restart: bool) -> dict:
     """The main process's reading of state/: the header to resume from (None: start afresh) and where it came from,
     or why the run must stop ("refuse"). Only a killed header write's temporary files are deleted here; a state set
     aside on `restart` is moved whole."""
@@ -226,11 +228,12 @@ def _decide(state_dir: Path, record: dict, legacy_hash: str, restart: bool) -> d
         named = "; ".join(f"{k}: {_shown(old)} there, {_shown(new)} now" for k, old, new in changed[:6])
         more = f" (and {len(changed) - 6} more)" if len(changed) > 6 else ""
         return _stop_or_set_aside(state_dir, restart, f"{state_dir} holds a run of other settings: {named}{more}")
-    steps = record.get("grpo.steps")
-    if isinstance(steps, int) and header.get("step", 0) > steps:  # fewer steps cannot be had from it
-        return _stop_or_set_aside(
-            state_dir, restart, f"{state_dir} holds a run at step {header['step']}, past this run's grpo.steps {steps}"
-        )
+    for key in (f"{section}.steps" for section in SECTIONS):
+        steps = record.get(key)
+        if isinstance(steps, int) and header.get("step", 0) > steps:  # fewer steps cannot be had from it
+            return _stop_or_set_aside(
+                state_dir, restart, f"{state_dir} holds a run at step {header['step']}, past this run's {key} {steps}"
+            )
     if differ:
         log.info("resuming with %s: these extend the run, no step's numbers depend on them", _listed(differ))
     light = {k: v for k, v in header.items() if k not in ("optimizer", "raw", "ema")}
@@ -303,7 +306,7 @@ def _differences(header: dict, record: dict, legacy_hash: str) -> list[tuple[str
 
 def _extends(key: str) -> bool:
     parts = key.split(".")
-    return len(parts) >= 2 and parts[-1] in EXTENDING and parts[-2] == "grpo"
+    return len(parts) >= 2 and parts[-1] in EXTENDING and parts[-2] in SECTIONS
 
 
 def _shown(value) -> str:
@@ -341,7 +344,13 @@ def resume_record(settings: dict, sampling: dict, spec: dict | None) -> dict:
     """What a resumable state must match, one entry per setting (dotted keys, so that a refusal names it): the
     trainer's settings (GRPO and policy, flat) and sampling, plus the stage's `spec` (reward, seed, inputs), the
     inputs by content (`content_id`), not by the spelling of their paths."""
-    spec = _with_policy(spec)
+    return flat_record({"grpo": _quiet(settings), "sampling": sampling, "spec": _with_policy(spec)})
+
+
+def flat_record(sections: dict) -> dict:
+    """`sections` as one entry per setting, dotted (`grpo.lr`, `spec.inputs.policy_dir`), JSON values; a `spec`
+    section's `inputs` by content (`content_id`)."""
+    spec = sections.get("spec")
     if spec and "inputs" in spec:
         spec = {**spec, "inputs": {k: content_id(v) for k, v in spec["inputs"].items()}}
     flat = {}
@@ -353,7 +362,7 @@ def resume_record(settings: dict, sampling: dict, spec: dict | None) -> dict:
         else:
             flat[prefix] = value
 
-    walk({"grpo": _quiet(settings), "sampling": sampling, "spec": spec}, "")
+    walk({**sections, "spec": spec} if "spec" in sections else sections, "")
     return json.loads(json.dumps({k[1:]: v for k, v in flat.items()}, default=str))
 
 

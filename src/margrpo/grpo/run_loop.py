@@ -43,7 +43,7 @@ class Cadence:
 
 
 class Method(Protocol):
-    state_dir: Path
+    state_dir: Path | None  # where checkpoints go (None: a run in memory)
 
     def train_step(self) -> dict:
         """Run the next step (advancing the run state's `step`) and return its metrics row."""
@@ -103,6 +103,6 @@ def run_loop(method: Method, state: RunState, cadence: Cadence, desc: str, show:
 def _save(method: Method, state: RunState, val_reward: float, scores: list[float] | None) -> None:
     """Save, and list the checkpoint for selection where it was validated."""
     if math.isfinite(val_reward):
-        path = str(checkpoint_path(method.state_dir, state.step))
+        path = str(checkpoint_path(method.state_dir, state.step)) if method.state_dir else None  # None: in memory
         state.checkpoints.append({"step": state.step, "val_reward": val_reward, "val_scores": scores, "path": path})
     method.save()

@@ -15,7 +15,10 @@ RUN gets metrics.csv, summary.json (grpo/trainer.py's format: checkpoints with p
 scores, base_val_*, variant = the method) and state/ckpt-XXXXXX/policy at every validation. Validation
 scores the first `val_prompts` prompts of val.jsonl, one image each, under the run's reward mix, from a
 fixed generator (the same noise for every run and step). Resume: state/trainer.pt (optimizer, metrics,
-checkpoints) is read back when it was written under the same spec and seed; otherwise the run starts fresh.
+checkpoints, the settings one by one) is read back when it was written under settings that give the same steps
+(`related.steps` and `related.val_every` may grow); any other state stops the run naming what differs and deletes
+nothing, unless `--restart` moves it aside (as `margrpo train`). SLURM's time limit or a SIGTERM / SIGUSR1 / SIGINT
+saves and exits with status 75 (infra.stopping); the same command resumes.
 """
 
 from __future__ import annotations
@@ -67,6 +70,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", required=True, help="run folder: metrics.csv, summary.json, state/ (checkpoints)")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument(
+        "--restart",
+        action="store_true",
+        help="a state/ of other settings, or one that cannot be resumed, is moved to <out-dir>/aside-<time>/ and the "
+        "run starts afresh; without it such a run stops with an error naming what differs",
+    )
 
 
 @dataclass
@@ -194,11 +203,11 @@ def marval_job(args, cfg, sampling, policy, reward, train, val) -> Job:
     return Job(cfg, policy, rl.optimizer, step, validate, set_step=lambda i: setattr(rl, "step", i))
 
 
-def state_saver(job: Job, state_dir: Path, run_hash: str):
-    """save_fn of the loop: the checkpoint's policy folder, then state/trainer.pt (what a resume reads). The policy
-    folder is replaced whole (atomic_dir), so a folder already there that margrpo did not write (no
-    checksums.json: atomic_dir only ever renames a finished folder in) is refused, not replaced: a run deletes
-    nothing it did not write."""
+def state_saver(job: Job, state_dir: Path, header: dict):
+    """save_fn of the loop: the checkpoint's policy folder, then state/trainer.pt (what a resume reads: `header`,
+    this run's settings, and the loop's state). The policy folder is replaced whole (atomic_dir), so a folder
+    already there that margrpo did not write (no checksums.json: atomic_dir only ever renames a finished folder
+    in) is refused, not replaced: a run deletes nothing it did not write."""
     from margrpo.infra.files import CHECKSUMS, atomic_dir, checked_path, listed_files
 
     def save(path: Path, state) -> None:
@@ -210,11 +219,11 @@ def state_saver(job: Job, state_dir: Path, run_hash: str):
         with atomic_dir(path) as tmp:
             job.policy.save_pretrained(tmp)
         record = {
+            **header,
             "step": state.step,
             "rows": state.rows,
             "checkpoints": state.checkpoints,
             "optimizer": job.optimizer.state_dict(),
-            "spec_hash": run_hash,
         }
         with checked_path(state_dir / "trainer.pt") as tmp:  # a resume checks it (a bit flip loads silently)
             torch.save(record, tmp)
@@ -222,43 +231,49 @@ def state_saver(job: Job, state_dir: Path, run_hash: str):
     return save
 
 
-def try_resume(job: Job, state_dir: Path, run_hash: str):
-    """The loop's state from state/trainer.pt when written under this run's hash (policy and optimizer
-    restored); else None."""
-    from margrpo.grpo.run_files import RunState, checkpoint_path, clear_written_state
-    from margrpo.infra.files import InputError, refuse_symlink, verify_checksums
+def try_resume(job: Job, state_dir: Path, header: dict, restart: bool):
+    """The loop's state from state/trainer.pt where it was written under settings that give the same steps
+    (`header["record"]`; policy and optimizer restored), else None (nothing to resume). A state of other
+    settings, or one that cannot be read, stops the run naming why, and deletes nothing; with `restart` it is moved
+    aside (grpo.checkpoints.decide_resume, as `margrpo train`)."""
+    import time
+
+    from margrpo.grpo.checkpoints import decide_resume
+    from margrpo.grpo.run_files import CHECKPOINT, RunState, checkpoint_path, set_aside
+    from margrpo.infra.files import listed_files, refuse_symlink
     from margrpo.stages._related import load_any_policy
 
-    path = refuse_symlink(state_dir, "state folder") / "trainer.pt"
-    if not path.is_file():
+    refuse_symlink(state_dir, "state folder")
+    decision = decide_resume(state_dir, header["record"], header["spec_hash"], restart)
+    if decision["refuse"]:
+        raise InputError(decision["refuse"])
+    found = decision["header"]
+    if found is None:  # no trainer.pt: checkpoints without one are a run it cannot prove stale
+        saved = [p for p in state_dir.glob("ckpt-*/policy") if CHECKPOINT.fullmatch(p.parent.name) and listed_files(p)]
+        if saved and not restart:
+            raise InputError(
+                f"{state_dir} holds checkpoints ({saved[0].parent.name}, ...) but no trainer.pt to resume them from. "
+                f"Nothing was deleted. To start this run afresh, pass --restart (the old state moves to "
+                f"{state_dir.parent}/aside-<time>/)"
+            )
+        if saved:
+            log.warning("--restart: moved %s to %s", state_dir, set_aside(state_dir, time.strftime("%Y%m%d-%H%M%S")))
         return None
-    try:
-        verify_checksums(state_dir, ["trainer.pt"])
-        record = torch.load(path, map_location="cpu", weights_only=True)
-    except InputError as err:  # changed or damaged since it was written
-        record = {"spec_hash": f"unverified ({err})"}
-    except Exception as err:  # an unreadable state cannot be trusted
-        record = {"spec_hash": f"unreadable ({type(err).__name__})"}
-    if record.get("spec_hash") != run_hash:
-        log.info(
-            "not resuming from %s: written under %s, this run is %s; starting fresh",
-            path,
-            record.get("spec_hash"),
-            run_hash,
-        )
-        clear_written_state(state_dir)
-        return None
+    record = torch.load(state_dir / "trainer.pt", map_location="cpu", weights_only=True)
     weights = load_any_policy(checkpoint_path(state_dir, record["step"]), job.policy.device).state_dict()
     job.policy.load_state_dict(weights)
     job.optimizer.load_state_dict(record["optimizer"])
     job.set_step(record["step"])
-    log.info("resumed from %s at step %d", path, record["step"])
+    log.info("resumed from %s at step %d", state_dir / "trainer.pt", record["step"])
     return RunState(record["step"], record["rows"], record["checkpoints"])
 
 
 def run(args) -> None:
+    from margrpo.grpo.checkpoints import flat_record, record_hash
     from margrpo.grpo.run_files import write_run_outputs
     from margrpo.infra.files import spec_hash
+    from margrpo.infra.run_lock import hold_run_folder
+    from margrpo.infra.stopping import EXIT_RESUMABLE, StopRequest
     from margrpo.related.loop import train_loop
     from margrpo.stages._related import load_any_policy
 
@@ -274,22 +289,34 @@ def run(args) -> None:
     build = marval_job if args.method == "marval-rl" else mask_job
     job = build(args, cfg, sampling, load_any_policy(args.policy_dir, device), reward, train, val)
     config = dataclasses.asdict(job.config)
-    run_hash = spec_hash({"spec": full_spec, "config": config})
+    record = flat_record({"related": config, "spec": full_spec})
+    # the record, one entry per setting, decides a resume; spec_hash, the key before it, still resumes older states
+    header = {"record": record, "spec_hash": spec_hash({"spec": full_spec, "config": config}), "format": 2}
     state_dir = out / "state"
-    state = try_resume(job, state_dir, run_hash)
-    state = train_loop(
-        job.config.steps,
-        job.config.val_every,
-        job.step_fn,
-        job.validate_fn,
-        state_saver(job, state_dir, run_hash),
-        state_dir,
-        state,
-        desc=f"{args.method}[{args.seed}]",
-    )
+    state_dir.mkdir(parents=True, exist_ok=True)
+    stop = StopRequest(read_limit=True)  # SLURM's time limit and signals: save and exit resumable
+    try:
+        with hold_run_folder(state_dir):  # one job per run folder
+            state = try_resume(job, state_dir, header, args.restart)
+            state, stopped = train_loop(
+                job.config.steps,
+                job.config.val_every,
+                job.step_fn,
+                job.validate_fn,
+                state_saver(job, state_dir, header),
+                state_dir,
+                state,
+                desc=f"{args.method}[{args.seed}]",
+                stop=stop,
+            )
+    finally:
+        stop.close()
+    if stopped:
+        log.warning(f"stopped at step {state.step} of {job.config.steps} ({stopped}); run again to go on")
+        raise SystemExit(EXIT_RESUMABLE)
     write_run_outputs(out, state, args.method, full_spec, config)
     best = max(state.checkpoints, key=lambda c: c["val_reward"])
     log.info(
         f"done: {state.step} steps; base val reward {state.checkpoints[0]['val_reward']:.4f}; "
-        f"best {best['val_reward']:.4f} at step {best['step']}"
+        f"best {best['val_reward']:.4f} at step {best['step']} (run {record_hash(record)})"
     )

@@ -29,7 +29,6 @@ import time
 from dataclasses import dataclass
 
 import torch
-from tqdm.auto import tqdm
 
 from margrpo.grpo.objective import group_advantages
 from margrpo.grpo.random_streams import VAL_SEED
@@ -192,14 +191,15 @@ class MARVALRL:
         return self.rewards(rollout.images, prompts, meta)["total"].mean().item()
 
     def train(self) -> list[dict]:
-        """Train to `cfg.steps`; one metric row per step, val_reward every `val_every` steps (NaN between)."""
-        bar = tqdm(total=self.cfg.steps, initial=self.step, desc="marval-rl", mininterval=5)
-        while self.step < self.cfg.steps:
-            row = self.train_step()
-            due = self.step % self.cfg.val_every == 0 or self.step == self.cfg.steps
-            row["val_reward"] = self.validate() if due else float("nan")
-            self.rows.append(row)
-            bar.update(1)
-            bar.set_postfix(reward=f"{row['reward_mean']:.3f}", val=f"{row['val_reward']:.3f}")
-        bar.close()
+        """Train to `cfg.steps` in the run loop every RL run shares (related.loop); one metric row per step,
+        val_reward every `val_every` steps (NaN between)."""
+        from margrpo.grpo.run_files import RunState
+        from margrpo.related.loop import train_loop
+
+        def step(i: int) -> dict:
+            assert self.step == i, (self.step, i)
+            return self.train_step()
+
+        state = RunState(self.step, self.rows)
+        train_loop(self.cfg.steps, self.cfg.val_every, step, lambda: [self.validate()], state=state, desc="marval-rl")
         return self.rows

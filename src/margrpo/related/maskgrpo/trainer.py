@@ -40,7 +40,6 @@ differ in which policy is trained, the guided one that generates or the conditio
 from __future__ import annotations
 
 import copy
-import logging
 import math
 import time
 from dataclasses import dataclass, replace
@@ -48,7 +47,6 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from margrpo.grpo.objective import group_advantages, masked_mean, per_token_policy_objective, policy_ratio_stats
 from margrpo.grpo.random_streams import VAL_SEED, step_generator
@@ -61,7 +59,6 @@ from margrpo.related.maskgrpo.rollout import MaskGITSampler, MaskRollout, MaskSa
 if TYPE_CHECKING:
     from margrpo.grpo.trainer import RewardFn
 
-log = logging.getLogger(__name__)
 METHODS, KLS, LOGPROB_CFGS = ("grpo", "mask_grpo"), ("k3", "exact"), ("exact", "cond_only")
 
 
@@ -327,14 +324,6 @@ def validate_scores(
     return reward_fn(r.images, r.prompts, prompts.metadata[:n])[0].tolist()
 
 
-def validate(
-    policy: ToyMaskPolicy, reward_fn: RewardFn, prompts: PromptSet, sampling: MaskSamplingConfig, n: int
-) -> float:
-    """Mean reward of one image for each of the first `n` prompts, from fixed noise (paired across runs and steps)."""
-    scores = validate_scores(policy, reward_fn, prompts, sampling, n)
-    return sum(scores) / len(scores)
-
-
 def prepare(policy: ToyMaskPolicy, config: MaskGRPOConfig) -> tuple[ToyMaskPolicy | None, torch.optim.Optimizer, list]:
     """(reference, optimizer, trained parameters) of a run: the text encoder frozen (as in the MAR trainer),
     the reference a frozen copy of the policy as it is now (None when beta = 0), AdamW over the rest."""
@@ -354,24 +343,27 @@ def train_mask_grpo(
     val_prompts: PromptSet | None = None,
     sampling: MaskSamplingConfig | None = None,
 ) -> list[dict]:
-    """Train `policy` in place with plain GRPO or MaskGRPO (`config.method`); one metrics row per step,
-    with the MAR trainer's column names where they apply (val_reward NaN between validations).
+    """Train `policy` in place with plain GRPO or MaskGRPO (`config.method`) in the run loop every RL run shares
+    (related.loop); one metrics row per step, with the MAR trainer's column names where they apply (val_reward NaN
+    between validations, and throughout without `val_prompts`).
 
     The text encoder stays frozen (as in the MAR trainer); the reference is a frozen copy of the policy
     as it was on entry.
     """
+    from margrpo.related.loop import train_loop
+
     sampling = sampling or MaskSamplingConfig()
     ref, optimizer, params = prepare(policy, config)
-    rows = []
-    bar = tqdm(range(config.steps), desc=f"{config.method}[{config.seed}]", mininterval=5)
-    for step in bar:
-        row = train_step(policy, ref, optimizer, params, reward_fn, prompts, config, sampling, step)
-        due = val_prompts is not None and ((step + 1) % config.val_every == 0 or step + 1 == config.steps)
-        row["val_reward"] = (
-            validate(policy, reward_fn, val_prompts, sampling, config.val_prompts) if due else float("nan")
+
+    def step(i: int) -> dict:
+        return train_step(policy, ref, optimizer, params, reward_fn, prompts, config, sampling, i)
+
+    def scores() -> list[float]:
+        return (
+            []
+            if val_prompts is None
+            else validate_scores(policy, reward_fn, val_prompts, sampling, config.val_prompts)
         )
-        rows.append(row)
-        bar.set_postfix(reward=f"{row['reward_mean']:.3f}", val=f"{row['val_reward']:.3f}", refresh=False)
-        if row["skipped"]:
-            log.warning("step %d: %d non-finite update(s) skipped", step + 1, row["skipped"])
-    return rows
+
+    state, _ = train_loop(config.steps, config.val_every, step, scores, desc=f"{config.method}[{config.seed}]")
+    return state.rows
