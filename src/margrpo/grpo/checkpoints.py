@@ -149,6 +149,8 @@ class Checkpointer:
                 torch.load(self.state_dir / HEADER, map_location="cpu", weights_only=True) if engine.is_main else {}
             )
             self._resume_whole(header["step"], whole)
+            if record.get("grpo.kl") == "paper":  # rows logged before the KL term had its name
+                header["rows"] = [{("kl_paper" if k == "kl" else k): v for k, v in r.items()} for r in header["rows"]]
         else:
             self._load(training_state_path(self.state_dir, header["step"]))
         log.info("resumed from %s at step %d", decision["source"], header["step"])

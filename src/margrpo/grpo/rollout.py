@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from margrpo.diffusion import Sampler
+from margrpo.grpo.step_hooks import StepHooks
 from margrpo.policy.base import MARPolicy, TextCondition, deterministic
 
 
@@ -328,6 +329,7 @@ def generate(
     shared_order: bool = False,
     shared_noise: bool = False,
     full_steps: Tensor | list[int] | None = None,
+    hooks: StepHooks | None = None,
 ) -> Rollout:
     """Generate group_size images per prompt and record the trajectory (DESIGN 3.2).
 
@@ -341,12 +343,14 @@ def generate(
     `generator` / `mte_generator` may be lists, one per prompt: each group then draws from its own
     streams, so its samples do not depend on the batch it shares (data-parallel ranks split groups). `full_steps`:
     the AR steps that record every unknown token (default all; MTE's always); the rest only their committed ones.
+    `hooks` (grpo.step_hooks): an instrument's view of the record, and the AR steps it lets the rollout run.
     """
+    hooks = hooks or StepHooks()
     if trajectories < 1:
         raise ValueError("trajectories (S) must be >= 1")
     with deterministic(policy):
         device = policy.device
-        schedule = ar_schedule(policy, sampling)
+        schedule = ar_schedule(policy, sampling)[: hooks.ar_step_limit]
         L, D = policy.seq_len, policy.token_dim
         sampler = make_sampler(policy, sampling)
         scales = cfg_scales(sampling, L, schedule)
@@ -357,9 +361,21 @@ def generate(
         )  # [N, L]
         N, S1 = len(orders), trajectories - 1
         rec = _Record.empty(len(schedule), sampling.diffusion_steps, N, L, D, S1, mte_steps, device)
+        hooks.recorded(rec)
         full = _full_steps(len(schedule), full_steps, rec.mte_steps if S1 else None)
         tokens = _ar_steps(
-            policy, sampler, sampling, rec, full, streams, orders, (cond, uncond), scales, group_size, shared_noise
+            policy,
+            sampler,
+            sampling,
+            schedule,
+            rec,
+            full,
+            streams,
+            orders,
+            (cond, uncond),
+            scales,
+            group_size,
+            shared_noise,
         )
         return _as_rollout(policy, prompts, group_size, tokens, orders, rec, scales, sampling, full, full_steps)
 
@@ -386,12 +402,11 @@ def _as_rollout(policy, prompts, group_size, tokens, orders, rec, scales, sampli
 
 
 def _ar_steps(
-    policy, sampler, sampling, rec, full, streams, orders, conds, scales, group_size, shared_noise
+    policy, sampler, sampling, schedule, rec, full, streams, orders, conds, scales, group_size, shared_noise
 ) -> Tensor:
     """Every AR step of a rollout into `rec`: the AR pass, the head's trajectories of the still-unknown tokens (every
     one at the steps in `full`), and the commitment of the step's tokens. Returns the final latents [N, L, D]."""
     (N, L), D, device = orders.shape, policy.token_dim, orders.device
-    schedule = ar_schedule(policy, sampling)
     rank = torch.argsort(orders, dim=1)  # rank[n, j] = when token j is generated
     tokens = torch.zeros(N, L, D, device=device)
     known = torch.zeros(N, L, dtype=torch.bool, device=device)

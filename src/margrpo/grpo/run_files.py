@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from margrpo.infra.files import CHECKSUMS, atomic_write_json, atomic_write_rows, listed_files, non_finite
+from margrpo.infra.runtime import peak_memory_mb
 from margrpo.infra.trackers import TB_EVENTS
 
 log = logging.getLogger(__name__)
@@ -24,6 +25,25 @@ class RunState:
     step: int = 0
     rows: list[dict] = field(default_factory=list)
     checkpoints: list[dict] = field(default_factory=list)  # {step, val_reward, val_scores, path (None at step 0)}
+
+
+def step_row(step: int, rewards, components: dict, adv, frac_zero: float, updates: dict, lr: float, seconds: float):
+    """A step's row of metrics.csv, in the columns and order every group-advantage method writes (GRPO, MaskGRPO):
+    the batch's rewards and each term's mean, its advantages, the method's update columns, the learning rate, the
+    step's time and the process's peak memory."""
+    return {
+        "step": step,
+        "reward_mean": rewards.mean().item(),
+        "reward_std": rewards.std().item(),
+        **{f"reward/{k}": v.mean().item() for k, v in components.items()},
+        "adv_mean": adv.mean().item(),
+        "adv_std": adv.std().item(),
+        "frac_zero_std": frac_zero,
+        **updates,
+        "lr": lr,
+        "step_time_s": seconds,
+        "peak_mem_mb": peak_memory_mb(),
+    }
 
 
 def checkpoint_path(state_dir: str | Path, step: int) -> Path:

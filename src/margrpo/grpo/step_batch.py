@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from margrpo.grpo.objective import consistency_mask, uncertainty_mask
+from margrpo.grpo.replay import recorded
 from margrpo.grpo.rollout import Rollout
 
 
@@ -208,3 +209,38 @@ def update_columns(logs: list[dict]) -> dict:
     if len(logs) == 1:
         return logs[0]
     return {**logs[-1], **{f"u{i}/{k}": v for i, log in enumerate(logs, 1) for k, v in log.items()}}
+
+
+def log_prob_old(
+    replayed, old: OldLogProbs | None, rollout: Rollout, ar_steps, diffusion_steps, mte_mask, source: str
+):
+    """log_prob_old of a micro-batch's replay `replayed`: `old` when given, else the record's (`source` "recorded")
+    or this pass's own, detached ("recomputed"); MTE's entries that were not replayed take the replay's own (ratio
+    1, no gradient, never NaN)."""
+    if old is None:
+        if source == "recorded":
+            old = OldLogProbs(*recorded(rollout, ar_steps, diffusion_steps))
+        else:
+            mte = None if replayed.mte_log_prob is None else replayed.mte_log_prob.detach()
+            old = OldLogProbs(replayed.log_prob.detach(), mte)
+    if mte_mask is not None and old.mte is not None:
+        mte = torch.where(mte_mask[ar_steps][:, None, None], old.mte, replayed.mte_log_prob.detach())
+        old = OldLogProbs(old.committed, mte)
+    return old
+
+
+def update_log(stats: list[dict], kl: str, batch: StepBatch, update: Update, all_sum, **columns) -> dict:
+    """An update's statistics over every process's micro-batches `stats` (means, the loss terms' sums, ratio
+    extremes), then `columns` (norms, the guard's verdict), then the share of MTE's tokens (`all_sum`: over the
+    processes)."""
+    log = {k: float(torch.tensor([s[k] for s in stats]).nanmean()) for k in stats[0]}
+    log.update({k: sum(s[k] for s in stats) for k in ("policy_loss", "kl")})  # shares of the batch loss
+    log.update(ratio_min=min(s["ratio_min"] for s in stats), ratio_max=max(s["ratio_max"] for s in stats))
+    if kl == "paper":  # Eq. 14 on the means' differences (not a KL divergence): named for what it is
+        log = {("kl_paper" if k == "kl" else k): v for k, v in log.items()}
+    log.update(columns)
+    if batch.mte_mask is not None:  # the share of the loss tokens that Eq. 10 averages over S trajectories
+        tokens = update.tokens
+        share = all_sum(torch.stack([(batch.mte_mask[update.ar_steps][:, None] * tokens).sum(), tokens.sum()]))
+        log["mte_frac"] = float(share[0] / share[1].clamp(min=1))
+    return log

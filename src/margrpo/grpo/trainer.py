@@ -9,7 +9,6 @@ clipped surrogate with the MTE and Sim masks plus beta * KL to the frozen refere
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import time
@@ -21,10 +20,10 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 
-from margrpo.grpo.checkpoints import Checkpointer, legacy_resume_key, record_hash, resume_record
-from margrpo.grpo.config import GRPOConfig, check_chosen_steps, check_policy_settings
-from margrpo.grpo.engine import Engine
-from margrpo.grpo.grad_stats import GradVarianceProbe, NoProbe, grad_square_norm
+from margrpo.grpo.build import build_parts
+from margrpo.grpo.checkpoints import legacy_resume_key, record_hash, resume_record
+from margrpo.grpo.config import GRPOConfig, check_chosen_steps
+from margrpo.grpo.grad_stats import grad_square_norm
 from margrpo.grpo.objective import (
     group_advantages,
     kl_gaussian,
@@ -34,7 +33,6 @@ from margrpo.grpo.objective import (
     per_token_policy_objective,
     policy_ratio_stats,
 )
-from margrpo.grpo.parallel import parallelize
 from margrpo.grpo.random_streams import Stream, group_generators, step_generator
 from margrpo.grpo.replay import completion_mask, recorded, replay
 from margrpo.grpo.rollout import (
@@ -45,7 +43,7 @@ from margrpo.grpo.rollout import (
     make_sampler,
     stochastic_steps,
 )
-from margrpo.grpo.run_files import RunState
+from margrpo.grpo.run_files import RunState, step_row
 from margrpo.grpo.run_loop import Cadence, run_loop
 from margrpo.grpo.step_batch import (
     Backward,
@@ -55,20 +53,21 @@ from margrpo.grpo.step_batch import (
     TokenCounts,
     Update,
     choose_steps,
+    log_prob_old,
     loss_weights,
     micro_batch_stats,
     subset_rollout,
     update_columns,
+    update_log,
     variant_masks,
 )
+from margrpo.grpo.step_hooks import StepHooks
 from margrpo.grpo.validation import RewardFn, validate
-from margrpo.infra.ema import EMA
 from margrpo.infra.files import refuse_symlink
-from margrpo.infra.runtime import peak_memory_mb
 from margrpo.infra.stopping import StopRequest
 from margrpo.infra.trackers import end_trackers, start_trackers
 from margrpo.policy.base import MARPolicy
-from margrpo.policy.lora import adapter_parameters, adapters_disabled, add_lora
+from margrpo.policy.lora import adapters_disabled
 from margrpo.policy.settings import PolicySettings
 from margrpo.prompts.suites import PromptSet
 
@@ -77,8 +76,6 @@ log = logging.getLogger(__name__)
 
 
 class GRPOTrainer:
-    ema: EMA | None = None  # the average of the trained parameters (grpo.ema_decay), made by train()
-
     def __init__(
         self,
         policy: MARPolicy,
@@ -91,6 +88,7 @@ class GRPOTrainer:
         accelerator: Accelerator | None = None,
         device: torch.device | str | None = None,
         policy_settings: PolicySettings | None = None,
+        hooks: StepHooks | None = None,
     ):
         self.cfg, self.sampling = config, sampling
         self.policy_settings = policy_settings or PolicySettings()  # frozen parts, memory levers, sharding
@@ -111,91 +109,16 @@ class GRPOTrainer:
         self.ar_steps = len(ar_schedule(policy, sampling))  # K of every rollout (NOVA's rounding may drop steps)
         self.sampler = make_sampler(policy, sampling)
         check_chosen_steps(config, self.ar_steps, stochastic_steps(sampling))
-        self._choose_trained(config, self.policy_settings)
-        self._parallelize()
-        # data parallel: this process rolls out these prompt groups of every step's batch
-        self.groups = self.engine.prompt_groups(config.batch_prompts)
-        if (len(self.groups) * config.group_size) % config.micro_batches:
-            raise ValueError(
-                f"micro_batches ({config.micro_batches}) must divide the {len(self.groups) * config.group_size} "
-                "images each process rolls out"
-            )
-        # the gradient statistics of Fig. 2a / 5 (logged as grad_*_ar): the AR's (the head's with the AR frozen)
-        self.stat_params = list(self._stat_params())  # read after the engine: FSDP replaces the parameters by shards
-        self.probe = self._probe(config)
-        self.params = [p for p in self.policy.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            self.params, lr=config.lr, betas=(0.9, 0.999), weight_decay=config.weight_decay
-        )
-        self.checkpointer = Checkpointer(
-            self.policy, self.optimizer, self.engine, self.state_dir, lora=bool(self.policy_settings.lora)
-        )
+        parts = build_parts(policy, config, self.policy_settings, self.device, self.state_dir)  # grpo.build
+        self.engine, self.ref, self.params, self.stat_params = parts.engine, parts.ref, parts.params, parts.stat_params
+        self.probe, self.optimizer, self.checkpointer = parts.probe, parts.optimizer, parts.checkpointer
+        self.ema = parts.ema  # the average of the trained parameters (grpo.ema_decay), or None
+        self.hooks = hooks or StepHooks()  # an instrument's view of each step (grpo.step_hooks; margrpo plan's)
+        self.groups = parts.groups  # data parallel: this process rolls out these prompt groups of every batch
         self.run, self.nonfinite_run = RunState(), 0  # steps run, their rows, the validations (grpo.run_loop)
         self.stopped: str | None = None  # why `train` saved and stopped early (None: it ran to the end)
         self.stop_request: StopRequest | None = None
         self.spec_hash = self.run_hash(None)
-
-    def _choose_trained(self, config: GRPOConfig, settings: PolicySettings) -> None:
-        """The memory levers the policy takes (checkpointing, LoRA), then which parameters RL trains: the rest get
-        no gradient and no optimizer state (frozen encoders, the head under +Fix, the AR under `head`, `frozen`)."""
-        policy = self.policy
-        check_policy_settings(config, settings)
-        if settings.gradient_checkpointing:
-            policy.set_gradient_checkpointing(True)
-        if settings.lora:
-            add_lora(policy, settings.lora)
-        head = set(map(id, policy.head_parameters()))
-        trained = (set() if config.freeze_ar else set(map(id, policy.ar_parameters()))) | (
-            set() if config.freeze_head else head
-        )
-        if settings.lora:  # the adapters alone
-            trained = set(map(id, adapter_parameters(policy)))
-        names = [n for n, _ in policy.named_parameters()]
-        for prefix in settings.frozen:
-            if not any(n.startswith(prefix) for n in names):
-                raise ValueError(
-                    f"frozen: no parameter name of {type(policy).__name__} starts with {prefix!r} "
-                    f"(top-level modules: {sorted({n.split('.')[0] for n in names})})"
-                )
-        trained -= {id(p) for n, p in policy.named_parameters() if n.startswith(settings.frozen)}
-        for p in policy.parameters():
-            if id(p) not in trained:
-                p.requires_grad_(False)
-
-    def _parallelize(self) -> None:
-        """The KL reference, then the engine around the plain policy and the reference (grpo.engine: the only
-        object that knows about processes)."""
-        config = self.cfg
-        self.ref = None
-        if config.beta > 0 and self.policy_settings.lora:  # the same model, replayed with the adapters disabled
-            self.ref = self.policy
-        elif config.beta > 0:  # the frozen pre-RL policy; what RL never changes is shared, not copied
-            shared = {id(p): p for p in self.policy.parameters() if not p.requires_grad}  # deepcopy's memo
-            self.ref = copy.deepcopy(self.policy, shared).requires_grad_(False).eval()
-        self.engine: Engine = parallelize(
-            self.policy,
-            self.policy_settings,
-            config.precision,
-            list(self.policy.head_parameters()),
-            self.device,
-            reference=self.ref,
-        )
-
-    def _probe(self, config: GRPOConfig) -> GradVarianceProbe | NoProbe:
-        """The gradient-variance probe where it is asked for and can be taken (two micro-batches or more)."""
-        try:
-            return (
-                GradVarianceProbe(self.stat_params, config.micro_batches, self.engine)
-                if config.grad_variance
-                else NoProbe()
-            )
-        except ValueError as err:
-            log.warning("%s: logging no grad_var_ar", err)
-            return NoProbe()
-
-    def _stat_params(self):
-        part = self.policy.head_parameters() if self.cfg.freeze_ar else self.policy.ar_parameters()
-        return (p for p in part if p.requires_grad)
 
     def run_hash(self, spec: dict | None) -> str:
         """This run's key (the trackers' run id): its settings less those that only extend it."""
@@ -215,12 +138,6 @@ class GRPOTrainer:
         refuse_symlink(self.state_dir, "state folder")  # a restart moves what is in it
         if self.engine.is_main:
             self.state_dir.mkdir(parents=True, exist_ok=True)
-        if self.cfg.ema_decay is not None and self.ema is None:  # averaged after every optimizer step
-            self.ema = EMA(
-                self.policy, self.cfg.ema_decay, [n for n, p in self.policy.named_parameters() if p.requires_grad]
-            )
-            self.optimizer.register_step_post_hook(lambda *_: self.ema.update(self.policy))
-            self.checkpointer.ema = self.ema
         resumed = self.try_resume(restart)
         wandb = {"name": self.out_dir.name, "id": f"{self.out_dir.name}-{self.spec_hash}", "config": self.settings()}
         start_trackers(self.accelerator, self.out_dir / "tb", RUN_NAME, self.step if resumed else None, wandb=wandb)
@@ -269,7 +186,7 @@ class GRPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.probe.start()
         done = []  # (backward, its loss, its stats)
-        for part in self.backwards(batch, update):
+        for part in self.hooks.replays(self.backwards(batch, update)):
             with self.engine.sync(self.engine.reduces(part.last_micro_batch, part.last_chunk)):
                 loss, stats = self.engine.forward(partial(self.micro_loss, part.inputs))
                 (loss * part.share).backward()
@@ -290,11 +207,13 @@ class GRPOTrainer:
                 f"{self.nonfinite_run} non-finite updates in a row at step {self.step}; stopping (grpo.max_nonfinite)"
             )
         norms = dict(grad_norm=grad_norm, grad_norm_ar=math.sqrt(square_norm_ar), **self.probe.columns(square_norm_ar))
-        return self.update_log([s for _, s in micro_batches], batch, update, **norms, skipped=int(not finite))
+        stats = [s for part in self.engine.all_objects([s for _, s in micro_batches]) for s in part]
+        return update_log(stats, self.cfg.kl, batch, update, self.engine.all_sum, **norms, skipped=int(not finite))
 
     def rollout_and_score(self) -> StepBatch:
         """Sample prompts, roll out their groups, score them, and derive advantages and the MTE / Sim masks."""
         cfg = self.cfg
+        self.hooks.rolling_out()
         g_prompts, g_steps = (step_generator(cfg.seed, self.step, s) for s in (Stream.PROMPTS, Stream.STEPS))
         chosen = torch.randperm(len(self.train_prompts), generator=g_prompts)[: cfg.batch_prompts].tolist()
         idx = [chosen[i] for i in self.groups]  # this process's groups; each draws from its own streams
@@ -303,7 +222,7 @@ class GRPOTrainer:
         prompts = [self.train_prompts.prompts[i] for i in idx]
         meta = [self.train_prompts.metadata[i] for i in idx for _ in range(cfg.group_size)]
         # the |M| AR steps are chosen before the rollout: MTE draws its S - 1 extra trajectories there (Algorithm 2)
-        ar, diff = self.choose_steps(g_steps)
+        ar, diff = self.hooks.chosen(*self.choose_steps(g_steps))
         with self.engine.autocast():
             rollout = generate(
                 self.policy,
@@ -317,6 +236,7 @@ class GRPOTrainer:
                 shared_order=cfg.group_order == "shared",
                 shared_noise=cfg.group_noise == "shared",
                 full_steps=self.recorded_steps(ar),
+                hooks=self.hooks,
             )
         rewards, components = self.reward_fn(rollout.images, rollout.prompts, meta)
         adv, frac_zero = group_advantages(rewards, cfg.group_size)
@@ -325,7 +245,7 @@ class GRPOTrainer:
             adv = adv[shuffle.to(adv.device)]
         mte_mask, sim_keep = self.masks(rollout)
         rows = torch.arange(len(rollout.prompts)).chunk(cfg.micro_batches)
-        return StepBatch(
+        batch = StepBatch(
             rollout=rollout,
             subs=[subset_rollout(rollout, r) for r in rows],
             rows=rows,
@@ -338,6 +258,8 @@ class GRPOTrainer:
             mte_mask=mte_mask,
             sim_keep=sim_keep,
         )
+        self.hooks.scored(batch)
+        return batch
 
     def plan_updates(self, batch: StepBatch) -> list[Update]:
         """The optimizer steps of this rollout, each over all chosen AR steps (`updates_per_rollout`; one
@@ -404,7 +326,7 @@ class GRPOTrainer:
         tokens, weight = loss_weights(replayed.mask, rollout, ar_steps, sim_keep, cfg.loss_tokens)  # [M, U, n, L]
         if counts is None:
             counts = TokenCounts(weight.sum((1, 2, 3)), tokens.sum((1, 2, 3)))
-        old = self._old_log_probs_of(replayed, old, rollout, ar_steps, diffusion_steps, mte_mask)
+        old = log_prob_old(replayed, old, rollout, ar_steps, diffusion_steps, mte_mask, cfg.old_logprob)
         objective = per_token_policy_objective(replayed.log_prob, old.committed, adv, cfg.clip_eps)  # [M, U, n, L]
         kl = None
         if self.ref is not None:
@@ -429,22 +351,6 @@ class GRPOTrainer:
         stats = policy_ratio_stats(replayed.log_prob, old.committed, adv, tokens, cfg.clip_eps)
         stats.update(policy_loss=policy_term.item(), kl=kl_term.item())
         return policy_term + cfg.beta * kl_term, stats
-
-    def _old_log_probs_of(
-        self, replayed, old: OldLogProbs | None, rollout: Rollout, ar_steps, diffusion_steps, mte_mask
-    ) -> OldLogProbs:
-        """log_prob_old of a micro-batch's replay: `old` when given, else the record's (`recorded`) or this pass's
-        own, detached (`recomputed`)."""
-        if old is None:
-            if self.cfg.old_logprob == "recorded":
-                old = OldLogProbs(*recorded(rollout, ar_steps, diffusion_steps))
-            else:
-                mte = None if replayed.mte_log_prob is None else replayed.mte_log_prob.detach()
-                old = OldLogProbs(replayed.log_prob.detach(), mte)
-        if mte_mask is not None and old.mte is not None:  # entries not replayed: ratio 1, no gradient, never NaN
-            mte = torch.where(mte_mask[ar_steps][:, None, None], old.mte, replayed.mte_log_prob.detach())
-            old = OldLogProbs(old.committed, mte)
-        return old
 
     @torch.no_grad()
     def old_log_probs(
@@ -475,7 +381,6 @@ class GRPOTrainer:
                 mte_tokens=mte_mask,
             )
 
-    # --- one GRPO step ----------------------------------------------------------------------------
     def choose_steps(self, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """|M| AR steps and, for each, |T| stochastic diffusion steps, uniformly (DESIGN 3.3)."""
         return choose_steps(
@@ -491,43 +396,14 @@ class GRPOTrainer:
         return variant_masks(rollout, self.cfg.trajectories, self.cfg.top_frac, self.cfg.tau if self.cfg.sim else None)
 
     # --- what a step logs --------------------------------------------------------------------------------------------
-    def update_log(self, micro_batches: list[dict], batch: StepBatch, update: Update, **columns) -> dict:
-        """An update's statistics over every process's micro-batches (means, the loss terms' sums, ratio extremes),
-        then `columns` (norms, the guard's verdict), then the share of MTE's tokens."""
-        stats = [s for part in self.engine.all_objects(micro_batches) for s in part]
-        log = {k: float(torch.tensor([s[k] for s in stats]).nanmean()) for k in stats[0]}
-        log.update({k: sum(s[k] for s in stats) for k in ("policy_loss", "kl")})  # shares of the batch loss
-        log.update(ratio_min=min(s["ratio_min"] for s in stats), ratio_max=max(s["ratio_max"] for s in stats))
-        if self.cfg.kl == "paper":  # Eq. 14 on the means' differences (not a KL divergence): named for what it is
-            log = {("kl_paper" if k == "kl" else k): v for k, v in log.items()}
-        log.update(columns)
-        if batch.mte_mask is not None:  # the share of the loss tokens that Eq. 10 averages over S trajectories
-            tokens = update.tokens
-            share = torch.stack([(batch.mte_mask[update.ar_steps][:, None] * tokens).sum(), tokens.sum()])
-            share = self.engine.all_sum(share)
-            log["mte_frac"] = float(share[0] / share[1].clamp(min=1))
-        return log
-
     def step_row(self, batch: StepBatch, log: dict, seconds: float) -> dict:
-        """The step's row of metrics.csv: rewards and advantages over every process's groups, the updates' log."""
+        """The step's row of metrics.csv (run_files.step_row): rewards and advantages over every process's groups."""
         all_cat = self.engine.all_cat
-        rewards, adv = all_cat(batch.rewards), all_cat(batch.adv)  # every process's groups
         components = {k: all_cat(v) for k, v in batch.components.items()}
         frac_zero = all_cat(torch.tensor([batch.frac_zero], device=batch.adv.device)).mean().item()  # equal shares
         self.step += 1
-        return {
-            "step": self.step,
-            "reward_mean": rewards.mean().item(),
-            "reward_std": rewards.std().item(),
-            **{f"reward/{k}": v.mean().item() for k, v in components.items()},
-            "adv_mean": adv.mean().item(),
-            "adv_std": adv.std().item(),
-            "frac_zero_std": frac_zero,
-            **log,
-            "lr": self.optimizer.param_groups[0]["lr"],
-            "step_time_s": seconds,
-            "peak_mem_mb": peak_memory_mb(),
-        }
+        lr = self.optimizer.param_groups[0]["lr"]
+        return step_row(self.step, all_cat(batch.rewards), components, all_cat(batch.adv), frac_zero, log, lr, seconds)
 
     # --- validation, checkpoints, resume (grpo.validation, grpo.checkpoints) ------------------------------------
     validate = validate  # each validation prompt's reward under the same noise every step (grpo.validation)
@@ -544,6 +420,4 @@ class GRPOTrainer:
             return False
         self.step, self.rows, self.checkpoints = header["step"], header["rows"], header["checkpoints"]
         self.nonfinite_run = header["nonfinite_run"]
-        if header.get("format", 1) < 2 and self.cfg.kl == "paper":  # rows logged before the KL term had its name
-            self.rows = [{("kl_paper" if k == "kl" else k): v for k, v in row.items()} for row in self.rows]
         return True

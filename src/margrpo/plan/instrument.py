@@ -1,6 +1,7 @@
-"""The step as the plan takes it, patched around the trainer's own code: the ledger's phases, CUDA's autocast
-policy where the trainer opens autocast, the worst case of the chosen AR steps, a rollout cut short with the
-record of its missing steps added exactly, and the CUDA branch of CPU-only code."""
+"""The step as the plan takes it: through the hooks the step offers (grpo.step_hooks), the ledger's phases, the
+worst case of the chosen AR steps, a rollout cut short with the record of its missing steps added exactly; and,
+emulating a GPU on this CPU, CUDA's autocast policy where the trainer opens autocast and the CUDA branch of
+CPU-only code."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from functools import partial
 
 import torch
 
+from margrpo.grpo.step_hooks import StepHooks
 from margrpo.plan.cuda_autocast import CudaAutocast
 from margrpo.plan.ledger import Ledger
 
@@ -65,104 +67,94 @@ def _grow(ledger: Ledger, K: int, R: int, tensors) -> None:
     ledger.phantom("record", _nbytes(tensors) * (K - R) // R)
 
 
-def _wrap_phases(ledger: Ledger, trainer, chosen: str, grow) -> None:
-    """The ledger's phases around the trainer's methods: rollout (rollout_and_score), replay (the backward passes of
-    `backwards`), optimizer (clip and AdamW); with `chosen` "first", the first |M| AR steps are the chosen ones."""
-    rollout_and_score, backwards, choose = trainer.rollout_and_score, trainer.backwards, trainer.choose_steps
+class PlanHooks(StepHooks):
+    """The plan's view of a step through the hooks it offers (grpo.step_hooks): the ledger's phases (rollout,
+    between, replay, optimizer; "after" from the optimizer's own post-step hook), the worst case of the chosen AR
+    steps, and a rollout cut at R of K AR steps with the record of the missing ones added to the ledger exactly."""
 
-    def rollout():
-        ledger.set_phase("rollout")
-        batch = rollout_and_score()
-        grow([batch.mte_mask, batch.sim_keep])
+    def __init__(self, ledger: Ledger):
+        self.ledger, self.worst = ledger, False
+        self.grow = lambda tensors: None
+
+    def cut(self, K: int, R: int, worst: bool) -> None:
+        """Run R of the schedule's K AR steps; `worst`: the first |M| AR steps are the chosen ones."""
+        self.ar_step_limit, self.worst, self.grow = R, worst, partial(_grow, self.ledger, K, R)
+
+    def chosen(self, ar_steps, diffusion_steps):
+        return (torch.arange(len(ar_steps)), diffusion_steps) if self.worst else (ar_steps, diffusion_steps)
+
+    def rolling_out(self) -> None:
+        self.ledger.set_phase("rollout")
+
+    def recorded(self, record) -> None:
+        self.grow(_per_step(record))
+
+    def scored(self, batch) -> None:
+        for sub in batch.subs:
+            self.grow(_per_step(sub))
+        self.grow([batch.mte_mask, batch.sim_keep])
         kept = [batch.adv, batch.rewards, batch.mte_mask, batch.sim_keep, *batch.rows]
         kept += [v for r in [batch.rollout, *batch.subs] for v in vars(r).values() if isinstance(v, torch.Tensor)]
-        ledger.retag([t for t in kept if t is not None], "record")  # lives through the replay
-        ledger.set_phase("between")
-        return batch
+        self.ledger.retag([t for t in kept if t is not None], "record")  # lives through the replay
+        self.ledger.set_phase("between")
 
-    def replay(*args):
-        ledger.set_phase("replay")
-        yield from backwards(*args)
-        ledger.set_phase("optimizer", "optim")
-
-    def worst(g):
-        ar, diff = choose(g)
-        return torch.arange(len(ar)), diff
-
-    trainer.rollout_and_score, trainer.backwards = rollout, replay
-    if chosen == "first":
-        trainer.choose_steps = worst
-    trainer.optimizer.register_step_post_hook(lambda *_: ledger.set_phase("after"))
+    def replays(self, passes):
+        self.ledger.set_phase("replay")
+        yield from passes
+        self.ledger.set_phase("optimizer", "optim")
 
 
-def _module_patches(saved: tuple, amp: CudaAutocast, R: int, grow) -> tuple:
-    """Replacements for (engine.autocast, trainer.subset_rollout, rollout.ar_schedule, rollout._Record.empty):
-    CUDA's policy in the trainer's autocast regions, a schedule cut at R AR steps, and the record of the missing
-    steps added to the ledger where a rollout's record is made."""
+def _cuda_autocast(saved, amp: CudaAutocast):
+    """engine.autocast under CUDA's policy: the trainer's autocast regions as a GPU runs them."""
 
     def cuda_policy(device, precision):
         @contextlib.contextmanager
         def region():
-            with saved[0](device, precision):
+            with saved(device, precision):
                 yield
             if not torch.is_autocast_enabled("cpu"):
                 amp.clear()
 
         return region()
 
-    def subset(r, rows):
-        sub = saved[1](r, rows)
-        grow(_per_step(sub))
-        return sub
-
-    def schedule(policy, sampling):
-        return saved[2](policy, sampling)[:R]
-
-    def empty(*args, **kwargs):
-        rec = saved[3](*args, **kwargs)
-        grow(_per_step(rec))
-        return rec
-
-    return cuda_policy, subset, schedule, empty
+    return cuda_policy
 
 
 @contextlib.contextmanager
 def instrumented(ledger: Ledger, trainer, amp: CudaAutocast, steps: int | None, chosen: str = "first"):
-    """The step as the plan takes it, around the trainer's own code:
-    - the ledger's phases: rollout (rollout_and_score), replay (backwards), optimizer (clip and AdamW);
-    - CUDA's autocast policy where the trainer opens autocast;
+    """The step as the plan takes it. Through the step's own hooks (`trainer.hooks`, a `PlanHooks` given to the
+    trainer when it was made):
+    - the ledger's phases: rollout, replay (the backward passes), optimizer (clip and AdamW);
     - `chosen` "first": the worst case of the |M| chosen AR steps for memory, the first |M|, which predict the most
       tokens (the trainer draws them at random; over a run every one is drawn). Its diffusion steps are the
       trainer's draw (all hold the same number of rows). "drawn": the trainer's own draw;
     - `steps`: the rollout stops after that many AR steps of the configured schedule (at least |M|). Its peak does
       not depend on later steps (step 0 predicts every token; the AR's transients are the same at every step); the
-      record of the missing steps, and of their copies, is added to the ledger exactly (`phantom`);
+      record of the missing steps, and of their copies, is added to the ledger exactly (`phantom`).
+    Emulating a GPU's kernels on this CPU (not the step's choices, so not its hooks), for the block's duration:
+    - CUDA's autocast policy where the trainer opens autocast (Engine.autocast), checkpointed blocks included;
     - CPU-only code takes its CUDA branch: `margrpo.policy.invariant.batch_invariant` (fixed row blocks for F.linear
       on CPU tensors; CUDA tensors pass through it untouched), where that module exists, is left out.
     Yields (K, R): the AR steps of the schedule and those the rollout runs."""
     import margrpo.grpo.engine as engine_module  # the trainer's autocast regions: Engine.autocast
-    import margrpo.grpo.rollout as rollout_module
-    import margrpo.grpo.trainer as module
     import margrpo.policy.checkpointing as checkpointing
 
+    hooks = trainer.hooks
+    if not isinstance(hooks, PlanHooks):
+        raise TypeError("instrumented: make the trainer with hooks=PlanHooks(ledger)")
     blocks = _batch_invariant_owners()
-    forward_mode = checkpointing.forward_mode
-    saved = (engine_module.autocast, module.subset_rollout, rollout_module.ar_schedule, rollout_module._Record.empty)
-    K = len(saved[2](trainer.policy, trainer.sampling))
+    forward_mode, autocast = checkpointing.forward_mode, engine_module.autocast
+    K = trainer.ar_steps
     R = _rollout_steps(trainer, K, steps, chosen)
-    grow = partial(_grow, ledger, K, R)
-    _wrap_phases(ledger, trainer, chosen, grow)
-    cuda_policy, subset, schedule, empty = _module_patches(saved, amp, R, grow)
-    engine_module.autocast, module.subset_rollout, rollout_module.ar_schedule = cuda_policy, subset, schedule
-    rollout_module._Record.empty = empty
+    hooks.cut(K, R, worst=chosen == "first")
+    trainer.optimizer.register_step_post_hook(lambda *_: ledger.set_phase("after"))
+    engine_module.autocast = _cuda_autocast(autocast, amp)
     checkpointing.forward_mode = partial(_forward_mode_with_amp, forward_mode, amp)
     for owner, _ in blocks:
         owner.batch_invariant = contextlib.nullcontext
     try:
         yield K, R
     finally:
-        engine_module.autocast, module.subset_rollout, rollout_module.ar_schedule = saved[:3]
-        rollout_module._Record.empty = saved[3]
-        checkpointing.forward_mode = forward_mode
+        engine_module.autocast, checkpointing.forward_mode = autocast, forward_mode
         for owner, value in blocks:
             owner.batch_invariant = value

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from margrpo.plan.cuda_autocast import CudaAutocast
-from margrpo.plan.instrument import instrumented
+from margrpo.plan.instrument import PlanHooks, instrumented
 from margrpo.plan.ledger import Ledger
 from margrpo.plan.policies import BUILD
 from margrpo.plan.stand_ins import PROMPTS, brightness
@@ -69,7 +69,7 @@ class Run:
         return f"{self.prompts} x G images, micro_batches {self.micro_batches}, replay_chunk {chunk}"
 
 
-def make_trainer(run: Run, policy, out: str, precision: str | None = None):
+def make_trainer(run: Run, policy, out: str, precision: str | None = None, hooks=None):
     """The real trainer as the train stage builds it from the paper config, with this run's batch on one process."""
     from accelerate import Accelerator
 
@@ -106,6 +106,7 @@ def make_trainer(run: Run, policy, out: str, precision: str | None = None):
         out,
         Accelerator(cpu=True),
         policy_settings=PolicySettings.from_spec(spec),
+        hooks=hooks,
     )
 
 
@@ -194,7 +195,7 @@ def measure(run: Run, fake: bool, narrow: bool = False, tape: list | None = None
         if fake:  # the trainer's policy.to(cpu) would swap every fake parameter for itself, which torch refuses
             policy.to = partial(_itself, policy)
         with tempfile.TemporaryDirectory(prefix="memory_plan-") as out:
-            trainer = make_trainer(run, policy, out, "no" if cheap else None)
+            trainer = make_trainer(run, policy, out, "no" if cheap else None, PlanHooks(ledger))
         for m in {id(x): x for x in (policy, trainer.ref) if x is not None}.values():
             m.__dict__.pop("to", None)
         warm(trainer)
@@ -328,5 +329,5 @@ def group_sizes(trainer, probe: bool = False) -> dict[str, int]:
         "mask_steps": trainer.cfg.mask_steps,
         "frozen": nbytes([p for p in params if not p.requires_grad]),
         "buffers": nbytes(list(policy.buffers())),
-        "stat": sum(p.numel() * 4 for p in trainer._stat_params()) if probe else 0,
+        "stat": sum(p.numel() * 4 for p in trainer.stat_params) if probe else 0,
     }

@@ -50,7 +50,7 @@ from torch import Tensor
 
 from margrpo.grpo.objective import group_advantages, masked_mean, per_token_policy_objective, policy_ratio_stats
 from margrpo.grpo.random_streams import VAL_SEED, step_generator
-from margrpo.infra.runtime import peak_memory_mb
+from margrpo.grpo.run_files import step_row
 from margrpo.policy.base import deterministic
 from margrpo.prompts.suites import PromptSet
 from margrpo.related.maskgrpo.policy import ToyMaskPolicy
@@ -295,22 +295,16 @@ def train_step(
     def mean(k):
         return sum(s[k] for s in logs) / len(logs)
 
-    return {
-        "step": step + 1,
-        "reward_mean": batch.rewards.mean().item(),
-        "reward_std": batch.rewards.std().item(),
-        **{f"reward/{k}": v.mean().item() for k, v in batch.components.items()},
-        "adv_mean": batch.adv.mean().item(),
-        "adv_std": batch.adv.std().item(),
-        "frac_zero_std": batch.frac_zero,
-        **{k: mean(k) for k in ("policy_loss", "kl", "clip_frac", "ratio_mean", "grad_norm_ar", "mask_frac")},
-        "ratio_min": min(s["ratio_min"] for s in logs),
-        "ratio_max": max(s["ratio_max"] for s in logs),
-        "skipped": sum(s["skipped"] for s in logs),
-        "lr": optimizer.param_groups[0]["lr"],
-        "step_time_s": time.time() - t0,
-        "peak_mem_mb": peak_memory_mb(),
-    }
+    updates = {k: mean(k) for k in ("policy_loss", "kl", "clip_frac", "ratio_mean", "grad_norm_ar", "mask_frac")}
+    updates.update(
+        ratio_min=min(s["ratio_min"] for s in logs),
+        ratio_max=max(s["ratio_max"] for s in logs),
+        skipped=sum(s["skipped"] for s in logs),
+    )
+    lr = optimizer.param_groups[0]["lr"]
+    return step_row(
+        step + 1, batch.rewards, batch.components, batch.adv, batch.frac_zero, updates, lr, time.time() - t0
+    )
 
 
 @torch.no_grad()
