@@ -187,14 +187,6 @@ def repeat_rows(rows: Rows, n: int) -> Rows:
 
 
 @torch.no_grad()
-def teacher_samples(teacher_head, rows: Rows, draws: int, steps: int = 20, generator=None) -> Tensor:
-    """The teacher's guided samples for each row: `draws` Euler-ODE chains of `steps` steps, [draws, R, D]."""
-    R, D = len(rows.cfg), teacher_head.input_proj.in_features
-    noise = torch.randn(draws * R, D, generator=generator).to(rows.z_c.device)
-    return teacher_ode(teacher_head, repeat_rows(rows, draws), noise, steps).view(draws, R, D)
-
-
-@torch.no_grad()
 def teacher_distance(
     teacher_head, student: ToyMAR, rows: Rows, draws: int = 8, steps: int = 20, seed: int = 0
 ) -> dict:
