@@ -18,7 +18,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from helpers import PROMPTS, tiny_policy  # noqa: E402
+from helpers import PROMPTS, redness, tiny_policy  # noqa: E402
 
 import margrpo  # noqa: E402
 from margrpo.grpo.rollout import SamplingConfig  # noqa: E402
@@ -32,11 +32,6 @@ VARIANTS = {
     "mte": {"freeze_head": True, "trajectories": 3},
     "sim": {"freeze_head": True, "trajectories": 3, "sim": True},
 }
-
-
-def redness(images, prompts, metadata):
-    r = images[:, 0].mean((1, 2)) - images[:, 2].mean((1, 2))
-    return r, {"redness": r}
 
 
 def main() -> None:

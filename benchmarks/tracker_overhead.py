@@ -18,8 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from helpers import tiny_policy  # noqa: E402
-from test_trainer import make_trainer  # noqa: E402
+from helpers import make_trainer, tiny_policy  # noqa: E402
 
 from margrpo.infra.trackers import end_trackers, log_image_grid, start_trackers  # noqa: E402
 

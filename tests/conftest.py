@@ -62,3 +62,19 @@ def logged(caplog):
         return text
 
     return read
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory) -> dict[str, dict]:
+    """name -> scorer options pointing at tiny local models of the real scorers (tests/builders_real.py)."""
+    from builders_real import tiny_scorers
+
+    return tiny_scorers(tmp_path_factory.mktemp("tiny_rewards"))
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    """A synthetic results tree (tests/results_tree.py), written once per test module that asks for it."""
+    from results_tree import write_tree
+
+    return write_tree(tmp_path_factory.mktemp("results"))

@@ -18,8 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import tiny_policy  # noqa: E402
-from test_trainer import make_trainer  # noqa: E402
+from helpers import make_trainer, tiny_policy  # noqa: E402
 
 from margrpo.grpo.run_files import write_outputs  # noqa: E402
 
@@ -40,11 +39,11 @@ ONLY = os.environ.get("ONLY")  # the variants to run, comma-separated (default: 
 
 def make_policy():
     if POLICY == "nova":
-        from test_policy_nova import tiny_nova
+        from builders_policies import tiny_nova
 
         return tiny_nova(seed=1)
     if POLICY == "harmon":
-        from test_policy_harmon import tiny_harmon
+        from builders_policies import tiny_harmon
 
         return tiny_harmon(seed=1)
     return tiny_policy("flow", seed=1)

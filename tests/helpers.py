@@ -1,11 +1,22 @@
-"""Tiny random-weight policies and prompt sets shared by the tests."""
+"""Tiny random-weight policies, prompt sets, the tests' reward and trainer, shared by the tests."""
+
+import dataclasses
+from pathlib import Path
 
 import torch
 
+from margrpo.grpo.rollout import SamplingConfig
+from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.policy import ToyMAR, ToyMARConfig
+from margrpo.policy.settings import PolicySettings
+from margrpo.prompts.suites import PromptSet
 
+REPO = Path(__file__).resolve().parents[1]
 VOCAB = "a an red blue green circle square triangle and on the left right of above below two three".split()
 PROMPTS = ["a red circle", "a blue square", "two green triangles", "a red square on the left of a blue circle"]
+SAMPLING = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=2.0)
+PROMPT_SET = PromptSet(PROMPTS, [{}] * len(PROMPTS))
+TINY_TOYCLIP = dict(width=8, embed_dim=8, text_width=8, text_depth=1, text_heads=2)
 
 
 def tiny_policy(head: str = "flow", seed: int = 0, dropout: float = 0.0, **overrides) -> ToyMAR:
@@ -29,6 +40,90 @@ def tiny_policy(head: str = "flow", seed: int = 0, dropout: float = 0.0, **overr
         for p in policy.diffloss.parameters():
             p.add_(0.05 * torch.randn_like(p))
     return policy
+
+
+def tiny_toyclip(seed: int = 0):
+    """A tiny random toyclip scorer of the default world's vocabulary, in eval mode."""
+    from margrpo.rewards.toyclip import ToyClip, ToyClipConfig
+    from margrpo.toylab.toyclip_training import default_vocabulary
+    from margrpo.world import WorldConfig
+
+    torch.manual_seed(seed)
+    return ToyClip(ToyClipConfig(vocab=default_vocabulary(WorldConfig()), **TINY_TOYCLIP)).eval()
+
+
+def redness(images, prompts, metadata, against: int = 2):
+    """The tests' reward: each image's mean red minus its mean of channel `against` (2, blue; the toy-mask tests
+    subtract 1, green), [B]."""
+    r = images[:, 0].mean((1, 2)) - images[:, against].mean((1, 2))  # [B]
+    return r, {"redness": r}
+
+
+def make_trainer(tmp_path, policy=None, device=None, **kw):
+    """A tiny trainer rewarded by `redness`; `kw` sets GRPOConfig's fields and the policy's settings (PolicySettings)
+    alike, over 2 steps at lr 1e-3 unless it names others."""
+    policy_keys = {f.name for f in dataclasses.fields(PolicySettings)}
+    settings = PolicySettings(**{k: kw.pop(k) for k in list(kw) if k in policy_keys})
+    cfg = dict(
+        steps=2,
+        batch_prompts=2,
+        group_size=2,
+        mask_steps=3,
+        diffusion_steps=3,
+        save_every=1,
+        val_every=1,
+        val_prompts=2,
+        precision="no",
+        lr=1e-3,
+    )
+    cfg.update(kw)
+    cfg.setdefault("grad_variance", cfg.get("micro_batches", 2) > 1)  # the probe, where there is a variance to take
+    return GRPOTrainer(
+        policy or tiny_policy("flow"),
+        redness,
+        PROMPT_SET,
+        PROMPT_SET,
+        SAMPLING,
+        GRPOConfig(**cfg),
+        tmp_path,
+        device=device,
+        policy_settings=settings,
+    )
+
+
+def random_batches(n, generator):
+    """Random images and prompts, drawn from the training generator (so a resume draws the same)."""
+    return torch.rand(n, 3, 64, 64, generator=generator), [PROMPTS[i % len(PROMPTS)] for i in range(n)]
+
+
+def pretrain(state_dir, steps=4, policy=None, **kw):
+    """Pre-train a tiny policy on `random_batches` into `state_dir` (saving every 2 steps), logging to its log.csv."""
+    from margrpo.toylab.pretraining import PretrainConfig, train
+
+    cfg = PretrainConfig(steps=steps, batch_size=2, warmup_steps=1, save_every=2, precision="no", **kw)
+    return train(
+        policy or tiny_policy("flow", seed=3), random_batches, cfg, state_dir, log_path=Path(state_dir) / "log.csv"
+    )
+
+
+def train_inputs(tmp_path) -> dict:
+    """A tiny policy folder and train / val suites in `tmp_path`; the smoke config's `margrpo train` spec, rewarded by
+    `shapes` (no reward model to train)."""
+    from margrpo.experiment.config import load_config, train_spec
+    from margrpo.prompts.suites import PromptRecord, write_suite
+
+    tiny_policy("flow", seed=1).save_pretrained(tmp_path / "policy")
+    objects = [
+        {"color": c, "shape": s, "texture": None, "count": 1} for c, s in (("red", "circle"), ("blue", "square"))
+    ]
+    records = [
+        PromptRecord(f"a {o['color']} {o['shape']}", "color", {"objects": [o], "relation": None, "exact_count": False})
+        for o in objects
+    ]
+    for split in ("train", "val"):
+        write_suite(records, tmp_path / "suites" / f"{split}.jsonl")
+    spec = train_spec(load_config(REPO / "config/smoke.yaml"), "toy-nova", "toyclip", "grpo")
+    return {**spec, "reward": {"name": "shapes", "weights": {"shapes": 1.0}}}
 
 
 def flip_last_byte(path) -> None:

@@ -1,6 +1,6 @@
 """Run by test_ratio_kernels.py in a fresh process, whose environment picks the kernels (ATEN_CPU_CAPABILITY,
-MKL_CBWR and the thread count are read at start-up): the default toys' rollout of test_toy_proportions.py
-replayed at every (AR step, diffusion step), committed and MTE trajectories.
+MKL_CBWR and the thread count are read at start-up): the default toys' rollout (default_toys.py, the one
+test_toy_proportions.py checks) replayed at every (AR step, diffusion step), committed and MTE trajectories.
 Prints one JSON line: the kernel capability torch runs with and, per toy, max |ratio - 1| of each.
 
     python tests/ratio_worker.py [THREADS]   (default 1, as the tests run)
@@ -10,8 +10,8 @@ import json
 import sys
 
 import torch
+from default_toys import TOYS, default_toy_rollout
 from helpers import replayed_ratios
-from test_toy_proportions import TOYS, default_toy_rollout
 
 
 def deviation(name: str) -> tuple[float, float]:

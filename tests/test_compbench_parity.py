@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_rewards_real import tiny_clip
+from builders_real import tiny_clip
 
 from margrpo.evaluation.compbench import CompBenchEvaluator, compbench_locality
 from margrpo.prompts.analysis import noun_phrases, parse_counts, parse_relation

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from builders_real import dets, tiny_blip_vqa, tiny_clip, tiny_grounding_dino
 from PIL import Image
-from test_rewards_real import _det, tiny_blip_vqa, tiny_clip, tiny_grounding_dino
 
 from margrpo.evaluation.compbench import (
     CompBenchEvaluator,
@@ -105,27 +105,27 @@ def test_prompt_files_parse():
 
 
 def test_compbench_spatial_score():
-    dog, bench = _det(([0.0, 0.4, 0.2, 0.6], 0.8)), _det(([0.6, 0.4, 0.8, 0.6], 0.6))
+    dog, bench = dets(([0.0, 0.4, 0.2, 0.6], 0.8)), dets(([0.6, 0.4, 0.8, 0.6], 0.6))
     left = ("dog", "bench", "on the left of")
     assert compbench_spatial_score({"dog": dog, "bench": bench}, *left) == pytest.approx(0.25 * 0.8 + 0.25 * 0.6 + 0.5)
     assert compbench_spatial_score({"dog": bench, "bench": dog}, *left) == 0.0  # 0.35 < 0.5 -> 0
     assert compbench_spatial_score({"dog": dog}, *left) == 0.0  # 0.2 < 0.5 -> 0
     assert compbench_spatial_score({"dog": dog, "bench": bench}, "dog", "bench", "on top of") == 0.0  # no rule: 0.35
     # overlapping boxes, right direction: position = 0.1 / IoU; IoU of [0,0,1,1] and [0.5,0,1.5,1] = 1/3
-    a, b = _det(([0, 0, 1, 1], 1.0)), _det(([0.5, 0, 1.5, 1], 1.0))
+    a, b = dets(([0, 0, 1, 1], 1.0)), dets(([0.5, 0, 1.5, 1], 1.0))
     assert compbench_spatial_score({"dog": a, "bench": b}, *left) == pytest.approx(0.5 + 0.3 / 2)
     # the most confident box of each object is used
-    dog2 = _det(([0.9, 0.4, 1.0, 0.6], 0.3), ([0.0, 0.4, 0.2, 0.6], 0.8))
+    dog2 = dets(([0.9, 0.4, 1.0, 0.6], 0.3), ([0.0, 0.4, 0.2, 0.6], 0.8))
     assert compbench_spatial_score({"dog": dog2, "bench": bench}, *left) == pytest.approx(0.85)
 
 
 def test_compbench_numeracy_score():
-    cats = _det(([0, 0, 0.3, 0.3], 0.8), ([0.02, 0, 0.32, 0.3], 0.6), ([0.5, 0.5, 0.9, 0.9], 0.7))  # 2 after NMS
+    cats = dets(([0, 0, 0.3, 0.3], 0.8), ([0.02, 0, 0.32, 0.3], 0.6), ([0.5, 0.5, 0.9, 0.9], 0.7))  # 2 after NMS
     assert compbench_numeracy_score({"cat": cats}, [("cat", 2)]) == 1.0
     assert compbench_numeracy_score({"cat": cats}, [("cat", 3)]) == 0.5
     assert compbench_numeracy_score({"cat": cats, "dog": Detections()}, [("cat", 2), ("dog", 1)]) == 0.5
     assert compbench_numeracy_score({}, []) == 0.0
-    nested = _det(([0.1, 0.1, 0.9, 0.9], 0.9), ([0.2, 0.2, 0.5, 0.5], 0.8))  # IoU 0.14: NMS keeps both,
+    nested = dets(([0.1, 0.1, 0.9, 0.9], 0.9), ([0.2, 0.2, 0.5, 0.5], 0.8))  # IoU 0.14: NMS keeps both,
     assert compbench_count(nested) == 1  # but the small box lies inside the large one: one object
     assert unidet_frame(512, 512) == (479, 479) and unidet_frame(512, 768) == (320, 480)
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_resume import train_inputs
+from helpers import train_inputs
 
 from margrpo.infra.kernels import CAPS, SWITCH, apply_caps
 

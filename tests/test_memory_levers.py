@@ -3,28 +3,19 @@ LoRA on the AR transformer (reference = adapters disabled), and a dtype per real
 
 import pytest
 import torch
-from helpers import PROMPTS, assert_ratio_is_one, tiny_policy
-from test_policy_harmon import tiny_harmon
-from test_policy_nova import tiny_nova
-from test_rewards_real import tiny  # noqa: F401  (the tiny local scorer models, a fixture)
+from builders_policies import tiny_harmon, tiny_nova
+from helpers import PROMPTS, SAMPLING, assert_ratio_is_one, make_trainer, tiny_policy
 
 from margrpo.experiment.config import load_config, train_spec, validate_train_spec
-from margrpo.grpo.rollout import SamplingConfig, generate
-from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
+from margrpo.grpo.rollout import generate
+from margrpo.grpo.trainer import GRPOConfig
 from margrpo.policy import load_policy
 from margrpo.policy.base import deterministic
 from margrpo.policy.lora import adapter_parameters, adapters_disabled, add_lora, lora_layers
 from margrpo.policy.settings import PolicySettings
-from margrpo.prompts.suites import PromptSet
 
-SAMPLING = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=2.0)
-PROMPT_SET = PromptSet(PROMPTS, [{}] * len(PROMPTS))
 MAKERS = {"toy": tiny_policy, "nova": tiny_nova, "harmon": tiny_harmon}
-
-
-def redness(images, prompts, metadata):
-    r = images[:, 0].mean((1, 2)) - images[:, 2].mean((1, 2))
-    return r, {"redness": r}
+LEVER_RUN = dict(steps=1, lr=1e-2)  # make_trainer's run here: one step, at a rate that moves LoRA's adapters
 
 
 def ar_inputs(policy, seed=0):
@@ -115,9 +106,9 @@ def test_gradient_checkpointing_recomputes_the_heads_blocks_with_the_same_gradie
 
 def test_gradient_checkpointing_is_off_by_default_and_routed(tmp_path):
     assert PolicySettings().gradient_checkpointing is False and PolicySettings().lora is None
-    trainer = make_trainer(tmp_path, gradient_checkpointing=True)
+    trainer = make_trainer(tmp_path, gradient_checkpointing=True, **LEVER_RUN)
     assert trainer.policy.gradient_checkpointing
-    assert not make_trainer(tmp_path / "b").policy.gradient_checkpointing
+    assert not make_trainer(tmp_path / "b", **LEVER_RUN).policy.gradient_checkpointing
 
 
 def test_policy_keys_reach_the_policy_settings():
@@ -136,27 +127,6 @@ def test_policy_keys_reach_the_policy_settings():
 
 
 # --- LoRA ---------------------------------------------------------------------------------------------
-def make_trainer(tmp_path, policy=None, **kw):
-    cfg = dict(
-        steps=1,
-        batch_prompts=2,
-        group_size=2,
-        mask_steps=3,
-        diffusion_steps=3,
-        save_every=1,
-        val_every=1,
-        val_prompts=2,
-        precision="no",
-        lr=1e-2,
-    )
-    cfg.update(kw)
-    settings = PolicySettings(**{k: cfg.pop(k) for k in list(cfg) if k in PolicySettings.__dataclass_fields__})
-    policy = policy or tiny_policy("flow")
-    return GRPOTrainer(
-        policy, redness, PROMPT_SET, PROMPT_SET, SAMPLING, GRPOConfig(**cfg), tmp_path, None, None, settings
-    )
-
-
 def perturb_adapters(policy, seed=1):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -182,7 +152,7 @@ def test_lora_reference_is_the_base_model(kind):
 
 @pytest.mark.parametrize("kind", ["toy", "nova"])
 def test_lora_trains_the_adapters_alone(tmp_path, kind):
-    trainer = make_trainer(tmp_path, MAKERS[kind](), lora={"rank": 4}, beta=0.5)
+    trainer = make_trainer(tmp_path, MAKERS[kind](), lora={"rank": 4}, beta=0.5, **LEVER_RUN)
     policy = trainer.policy
     assert trainer.ref is policy  # no deep copy
     adapters = set(map(id, adapter_parameters(policy)))
@@ -215,7 +185,7 @@ def test_lora_ratio_is_one_on_unchanged_parameters():
 
 @pytest.mark.parametrize("kind", ["toy", "nova"])
 def test_lora_save_load_round_trip(tmp_path, kind):
-    trainer = make_trainer(tmp_path / "run", MAKERS[kind](), lora={"rank": 4, "alpha": 8})
+    trainer = make_trainer(tmp_path / "run", MAKERS[kind](), lora={"rank": 4, "alpha": 8}, **LEVER_RUN)
     trainer.train()
     ckpt = tmp_path / "run" / "state" / "ckpt-000001" / "policy"
     assert (ckpt / "adapter_model.safetensors").is_file() and (ckpt / "adapter_config.json").is_file()
@@ -228,7 +198,7 @@ def test_lora_save_load_round_trip(tmp_path, kind):
         with adapters_disabled(loaded), adapters_disabled(policy):
             assert torch.equal(ar_loss(loaded, inputs), ar_loss(policy, inputs))
     # the trainer's resume restores the adapters into a fresh policy
-    again = make_trainer(tmp_path / "run", MAKERS[kind](), lora={"rank": 4, "alpha": 8})
+    again = make_trainer(tmp_path / "run", MAKERS[kind](), lora={"rank": 4, "alpha": 8}, **LEVER_RUN)
     assert again.try_resume() and again.step == 1
     with torch.no_grad():
         assert torch.equal(ar_loss(again.policy.eval(), inputs), ar_loss(policy, inputs))
@@ -242,7 +212,7 @@ def test_lora_unknown_targets_are_an_error():
 # --- reward-model dtype -------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["clipscore", "pickscore", "aesthetic", "vqa", "git_vqa"])
 def test_reward_model_dtype(request, name):
-    scorers = request.getfixturevalue("tiny")  # the imported fixture, by name: no argument shadows the import
+    scorers = request.getfixturevalue("tiny")  # conftest's tiny local scorer models
     from margrpo.rewards import build_reward
 
     images = torch.rand(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))

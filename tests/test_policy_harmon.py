@@ -4,9 +4,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import PROMPTS, VOCAB, assert_ratio_is_one
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from builders_policies import tiny_harmon, tiny_harmon_config
+from helpers import PROMPTS, assert_ratio_is_one, redness
 
 from margrpo.grpo.rollout import SamplingConfig, generate
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
@@ -19,65 +18,6 @@ from margrpo.prompts.suites import PromptSet
 
 PARAMS = Path(__file__).resolve().parents[1] / "src/margrpo/policy/params/harmon-1.5b.tsv"
 SAMPLING = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=3.0, cfg_schedule="linear", temperature=0.9)
-TINY_LLM = dict(
-    model_type="qwen2",
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    rope_theta=10000.0,
-    tie_word_embeddings=True,
-)
-
-
-def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """Word-level stand-in for Qwen's tokenizer, with its chat special tokens."""
-    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    words = ["[UNK]", *special, "user", "assistant", "Generate", "an", "image", ".", ":", *VOCAB, "triangles"]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(dict.fromkeys(words))}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.add_special_tokens(special)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="[UNK]", pad_token="<|endoftext|>", eos_token="<|im_end|>"
-    )
-
-
-def tiny_config(**overrides) -> HarmonConfig:
-    """32 px through a 3-level VAE (stride 4): 8x8 = 64 tokens of 4 channels; positional embeddings
-    learned on a 4x4 grid and resized, as Harmon-1.5B resizes its 16x16 ones to 32x32."""
-    cfg = dict(
-        llm=dict(TINY_LLM, vocab_size=len(tiny_tokenizer())),
-        attn_implementation="eager",
-        encoder_width=32,
-        encoder_depth=1,
-        encoder_heads=4,
-        decoder_width=32,
-        decoder_depth=1,
-        decoder_heads=4,
-        buffer_size=4,
-        num_classes=10,
-        dropout=0.1,
-        pos_embed_size=16,
-        image_size=32,
-        head_width=32,
-        head_depth=2,
-        vae_channels=(8, 8, 16),
-        vae_layers_per_block=1,
-        vae_latent_channels=4,
-        vae_norm_groups=4,
-    )
-    return HarmonConfig(**{**cfg, **overrides})
-
-
-def tiny_harmon(seed: int = 0, **overrides) -> HarmonPolicy:
-    torch.manual_seed(seed)
-    policy = HarmonPolicy(tiny_config(**overrides), tiny_tokenizer())
-    with torch.no_grad():  # the head starts as zero (adaLN-zero): give it an output that depends on z
-        for p in policy.head_parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    return policy
 
 
 def rollout(policy, seed=0, trajectories=1):
@@ -148,11 +88,6 @@ def test_rows_with_different_known_counts_match_their_own_pass():
             policy.ar_forward(tokens[i : i + 1], known[i : i + 1], cond.index(slice(i, i + 1))) for i in range(3)
         ]
     torch.testing.assert_close(z, torch.cat(single), atol=1e-5, rtol=1e-5)
-
-
-def redness(images, prompts, metadata):
-    r = images[:, 0].mean((1, 2)) - images[:, 2].mean((1, 2))  # [B]
-    return r, {"redness": r}
 
 
 def test_one_grpo_step_trains_the_ar_parameters(tmp_path):
@@ -354,7 +289,7 @@ def tiny_presets(monkeypatch):
     """mar.py's presets, modeling_harmon.py's fixed VAE and the generation size, shrunk to the tiny test config."""
     from margrpo.policy import harmon_files
 
-    c = tiny_config()
+    c = tiny_harmon_config()
     monkeypatch.setitem(
         harmon_files.MAR_PRESETS,
         "mar_tiny",

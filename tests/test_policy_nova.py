@@ -7,11 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from diffusers import AutoencoderKL
-from helpers import PROMPTS, VOCAB, assert_ratio_is_one
+from builders_policies import tiny_nova
+from helpers import PROMPTS, assert_ratio_is_one, redness
 from safetensors.torch import load_file, save_file
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
-from transformers import PhiConfig, PhiModel, PreTrainedTokenizerFast
 
 from margrpo.grpo.rollout import SamplingConfig, generate, unknown_after_steps
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
@@ -23,55 +21,6 @@ from margrpo.prompts.suites import PromptSet
 SAMPLING = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=3.0, cfg_schedule="linear", temperature=0.9)
 TSV = Path(__file__).resolve().parents[1] / "src/margrpo/policy/params/nova-d48w1024-sd512.tsv"
 WEIGHTS = Path("transformer") / "diffusion_pytorch_model.safetensors"
-
-
-def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """Word-level, no special tokens added: like Phi's tokenizer, the empty prompt has no tokens."""
-    words = ["[PAD]", "[UNK]"] + sorted({w.lower() for w in VOCAB + " ".join(PROMPTS).split()})
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    tok.normalizer, tok.pre_tokenizer = normalizers.Lowercase(), pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]")
-
-
-def tiny_nova(seed: int = 0) -> NovaPolicy:
-    """64 px -> 8 x 8 x 4 latent (4 VAE levels, stride 8 as in NOVA) -> 4 x 4 = 16 tokens of 16 channels."""
-    torch.manual_seed(seed)
-    config = NovaConfig(
-        image_size=(64, 64),
-        text_token_dim=16,
-        text_token_len=8,
-        video_base_size=(1, 2, 2),
-        image_base_size=(4, 4),
-        width=32,
-        num_heads=4,
-        video_depth=1,
-        image_depth=2,
-        head_depth=2,
-        head_width=32,
-        flow_shift=1.5,
-    )
-    tokenizer = tiny_tokenizer()
-    phi = PhiModel(
-        PhiConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            max_position_embeddings=16,
-            partial_rotary_factor=0.5,
-        )
-    )
-    vae = AutoencoderKL(
-        down_block_types=("DownEncoderBlock2D",) * 4,
-        up_block_types=("UpDecoderBlock2D",) * 4,
-        block_out_channels=(8, 8, 8, 8),
-        layers_per_block=1,
-        latent_channels=4,
-        norm_num_groups=4,
-        sample_size=64,
-    )
-    return NovaPolicy(config, phi, vae, tokenizer)
 
 
 def rollout(policy, seed=0, trajectories=1):
@@ -209,11 +158,6 @@ def test_sampling_schedule_is_novas():
         generator=torch.Generator().manual_seed(0),
     )
     assert r.committed.sum((1, 2)).tolist() == novas(policy.seq_len, 4)
-
-
-def redness(images, prompts, metadata):
-    r = images[:, 0].mean((1, 2)) - images[:, 2].mean((1, 2))  # [B]
-    return r, {"redness": r}
 
 
 def test_one_grpo_step_updates_the_ar_parameters(tmp_path):

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import flip_last_byte, tiny_policy
-from test_trainer import make_trainer
+from helpers import flip_last_byte, make_trainer, tiny_policy, tiny_toyclip
 
 from margrpo.grpo.run_files import write_outputs
 from margrpo.infra.files import InputError
@@ -76,8 +75,6 @@ def test_a_folder_margrpo_writes_loads_only_with_its_manifest(run, tmp_path, log
     """Issue #31.3: a policy folder without checksums.json loaded unchecked (a bit flip or an edited config.json
     sampled without a word). Every loader of a folder margrpo writes requires the manifest: policies, checkpoints
     and their adapters, toyclip-format scorers and trainer states (which then start fresh)."""
-    from test_toyclip import tiny_model
-
     from margrpo.rewards.toyclip import ToyClip
 
     policy = copy_run(run, tmp_path) / "state/ckpt-000002/policy"
@@ -93,7 +90,7 @@ def test_a_folder_margrpo_writes_loads_only_with_its_manifest(run, tmp_path, log
         load_policy(policy)
 
     clip = tmp_path / "toyclip"
-    tiny_model().save_pretrained(clip)
+    tiny_toyclip().save_pretrained(clip)
     ToyClip.from_pretrained(clip)
     (clip / "checksums.json").unlink()
     with pytest.raises(InputError, match=f"{clip}: no checksums.json"):

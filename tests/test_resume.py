@@ -1,5 +1,6 @@
 """Resumable state (GRPO runs, pre-training, warm-up): resumed only under the spec that wrote it, and a
-SIGKILL while a checkpoint is being saved, then a resume, reaches the uninterrupted result (DESIGN 6)."""
+SIGKILL while a checkpoint is being saved, then a resume, reaches the uninterrupted result (DESIGN 6). What a run
+leaves of the rest of its folder: test_run_folder.py."""
 
 import csv
 import json
@@ -12,25 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import PROMPTS, USER_FILES, assert_user_files_kept, plant_user_files, tiny_policy
-from test_trainer import make_trainer
+from helpers import make_trainer, pretrain, tiny_policy
 
 from margrpo.grpo.run_files import write_outputs
 from margrpo.infra.files import InputError, sha256_file
-from margrpo.toylab.pretraining import PretrainConfig, train
 
 TESTS = Path(__file__).resolve().parent
 METRICS = ("reward_mean", "policy_loss", "grad_norm_ar", "val_reward")
-
-
-def batches(n, generator):
-    """Random images and prompts, drawn from the training generator (so a resume draws the same)."""
-    return torch.rand(n, 3, 64, 64, generator=generator), [PROMPTS[i % len(PROMPTS)] for i in range(n)]
-
-
-def pretrain(state_dir, steps=4, policy=None, **kw):
-    cfg = PretrainConfig(steps=steps, batch_size=2, warmup_steps=1, save_every=2, precision="no", **kw)
-    return train(policy or tiny_policy("flow", seed=3), batches, cfg, state_dir, log_path=Path(state_dir) / "log.csv")
 
 
 def log_steps(state_dir):
@@ -249,7 +238,7 @@ def test_grpo_killed_while_saving_resumes_to_the_uninterrupted_result(tmp_path, 
     patch = KILLS[during]
     run_killed(
         tmp_path,
-        "from test_trainer import make_trainer\nfrom helpers import tiny_policy",
+        "from helpers import make_trainer, tiny_policy",
         patch,
         "make_trainer('run', policy=tiny_policy('flow', seed=1), steps=3).train()",
         kill_at=2,
@@ -331,7 +320,7 @@ def test_pretraining_killed_while_saving_resumes_without_duplicate_log_rows(tmp_
     """save_every = 2 of 6 steps: the kill lands in the step-4 checkpoint, after steps 3-4 reached log.csv."""
     run_killed(
         tmp_path,
-        "from test_resume import pretrain",
+        "from helpers import pretrain",
         "torch.save = dying(torch.save)",
         "pretrain('state', steps=6)",
         kill_at=2,
@@ -341,145 +330,6 @@ def test_pretraining_killed_while_saving_resumes_without_duplicate_log_rows(tmp_
     assert "resumed from" in logged()
     assert log_steps(tmp_path / "state") == [1, 2, 3, 4, 5, 6]
     assert_same_weights(resumed, pretrain(tmp_path / "full", steps=6))
-
-
-class Interrupted(Exception):
-    """Stands for a job killed after its first checkpoint: the next invocation of the same spec continues from it."""
-
-
-def train_inputs(tmp_path) -> dict:
-    """A tiny policy folder and train / val suites in `tmp_path`; the smoke config's `margrpo train` spec, rewarded by
-    `shapes` (no reward model to train)."""
-    from margrpo.experiment.config import load_config, train_spec
-    from margrpo.prompts.suites import PromptRecord, write_suite
-
-    tiny_policy("flow", seed=1).save_pretrained(tmp_path / "policy")
-    objects = [
-        {"color": c, "shape": s, "texture": None, "count": 1} for c, s in (("red", "circle"), ("blue", "square"))
-    ]
-    records = [
-        PromptRecord(f"a {o['color']} {o['shape']}", "color", {"objects": [o], "relation": None, "exact_count": False})
-        for o in objects
-    ]
-    for split in ("train", "val"):
-        write_suite(records, tmp_path / "suites" / f"{split}.jsonl")
-    spec = train_spec(load_config(TESTS.parent / "config/smoke.yaml"), "toy-nova", "toyclip", "grpo")
-    return {**spec, "reward": {"name": "shapes", "weights": {"shapes": 1.0}}}
-
-
-def test_margrpo_train_deletes_nothing_it_did_not_write(tmp_path, monkeypatch, logged):
-    """Issue #36: a run deletes nothing it did not write. Files a user put in the run folder, in state/ (before any
-    trainer state was there), in tb/grpo/, beside a checkpoint, or under names like the trainer's own, outlive a
-    fresh start, a resume that continues, and a run under other settings, which stops (issue 59), then with --restart
-    moves what the trainer wrote aside (deleting nothing)."""
-    from margrpo.cli import main
-    from margrpo.grpo.trainer import GRPOTrainer
-
-    spec, run = train_inputs(tmp_path), tmp_path / "run"
-
-    def train(spec, *flags):
-        main(
-            [
-                "train",
-                "--policy-dir",
-                str(tmp_path / "policy"),
-                "--suites-dir",
-                str(tmp_path / "suites"),
-                "--spec-json",
-                json.dumps(spec),
-                "--out-dir",
-                str(run),
-                "--threads",
-                "1",
-                *flags,
-            ]
-        )
-
-    plant_user_files(run)
-    save = GRPOTrainer.save
-
-    def save_then_die(self):
-        save(self)
-        raise Interrupted
-
-    with monkeypatch.context() as patch:
-        patch.setattr(GRPOTrainer, "save", save_then_die)
-        with pytest.raises(Interrupted):
-            train(spec)  # a fresh start, killed after its step-1 checkpoint
-    assert (run / "state/trainer.pt").is_file() and (run / "state/ckpt-000001/policy/checksums.json").is_file()
-    assert_user_files_kept(run, "fresh start")
-    logged()
-    train(spec)  # the same spec: continues from step 1 to step 2
-    assert "resumed from" in logged() and json.loads((run / "summary.json").read_text())["steps"] == 2
-    assert_user_files_kept(run, "resume")
-    (run / "state/.trainer.pt.x1y2z3w4.tmp.pt").write_bytes(b"torn")  # the temporary file of a killed trainer.pt write
-    events = sorted((run / "tb/grpo").glob("events.out.tfevents.*"))
-    assert len(events) == 2  # one per invocation
-    other = {**spec, "grpo": {**spec["grpo"], "lr": spec["grpo"]["lr"] * 2}}
-    with pytest.raises(SystemExit, match="grpo.lr: .* there, .* now"):  # other settings: stops, deleting nothing
-        train(other)
-    assert (run / "state/ckpt-000002/train").is_dir() and all(p.exists() for p in events)
-    assert not (run / "state/.trainer.pt.x1y2z3w4.tmp.pt").exists()  # a killed write's leftover goes at any start
-    train(other, "--restart")  # starts afresh, the earlier run moved aside
-    assert "moved it to" in logged() and json.loads((run / "summary.json").read_text())["steps"] == 2
-    (aside,) = run.glob("aside-*")
-    for name, data in USER_FILES.items():  # each where it was, or moved aside with the checkpoint it sat beside
-        assert data in {p.read_bytes() for p in (run / name, aside / name) if p.is_file()}, name
-    assert (aside / "state/ckpt-000002/train").is_dir() and (aside / "state/trainer.pt").is_file()
-    assert all((aside / "tb/grpo" / p.name).is_file() for p in events) and not any(p.exists() for p in events)
-    assert len(list((run / "tb/grpo").glob("events.out.tfevents.*"))) == 1
-
-
-def test_a_fresh_start_removes_what_a_save_wrote_and_keeps_what_it_did_not(tmp_path):
-    """clear_written_state's rules (issue #36), on a state/ built by the savers themselves: a checkpoint goes file by
-    file, as its manifest lists them; what the manifest does not list stays, with its folders."""
-    from margrpo.grpo.run_files import clear_written_state
-    from margrpo.infra.files import checked_path
-
-    state, elsewhere = tmp_path / "state", tmp_path / "frozen"
-    (elsewhere / "vae").mkdir(parents=True)
-    (elsewhere / "vae/weights.bin").write_bytes(b"frozen")
-    with checked_path(state / "trainer.pt") as tmp:
-        tmp.write_bytes(b"state")
-    written = []
-    for step in (1, 2, 5):
-        policy = state / f"ckpt-{step:06d}" / "policy"
-        tiny_policy().save_pretrained(policy)
-        (policy / "vae").symlink_to(elsewhere / "vae", target_is_directory=True)  # as NOVA links its frozen parts
-        (policy / ".model.safetensors.ab12cd34.tmp.safetensors").write_bytes(b"torn")  # a killed rewrite's temporary
-        written += [p for p in policy.parent.rglob("*")]
-    (state / "ckpt-000003/.policy.ab12cd34.tmp/tokenizer").mkdir(parents=True)  # atomic_dir's folder of a killed save
-    (state / "ckpt-000004/.policy.old").mkdir(parents=True)
-    tiny_policy().save_pretrained(state / "ckpt-000004/.policy.old")  # atomic_dir's old folder, moved aside
-    mine = {
-        "ckpt-000002/notes.txt": b"beside",
-        "ckpt-000005/policy/notes.txt": b"inside, unlisted",
-        "ckpt-000005/policy/tokenizer/mine.json": b"{}",
-        "ckpt-000006/policy/config.json": b"{}",  # no manifest
-        "ckpt-000007/policy/checksums.json": b"not a manifest",
-        "ckpt-000007/policy/model.safetensors": b"x",
-        "trainer.pt.bak": b"b",
-        ".trainer.pt.old": b"o",
-        "ckpt-1/x": b"x",
-        "policy/checksums.json": b"{}",
-    }
-    for name, data in mine.items():
-        (state / name).parent.mkdir(parents=True, exist_ok=True)
-        (state / name).write_bytes(data)
-    tiny_policy().save_pretrained(elsewhere / "ckpt/policy")
-    (state / "ckpt-000008").symlink_to(elsewhere / "ckpt", target_is_directory=True)  # a link: never cleared through
-
-    clear_written_state(state)
-    left = sorted(p.relative_to(state).as_posix() for p in state.rglob("*") if p.is_file() or p.is_symlink())
-    assert left == sorted([*mine, "ckpt-000008"]) and (elsewhere / "ckpt/policy/model.safetensors").is_file()
-    assert all((state / name).read_bytes() == data for name, data in mine.items())
-    assert (elsewhere / "vae/weights.bin").read_bytes() == b"frozen"  # the link went, never what it leads to
-    assert (
-        not (state / "ckpt-000001").exists()
-        and not (state / "ckpt-000003").exists()
-        and not (state / "ckpt-000004").exists()
-    )
-    assert sorted(p.name for p in (state / "ckpt-000005/policy").iterdir()) == ["notes.txt", "tokenizer"]
 
 
 @pytest.mark.parametrize("why", ["time limit", "SIGTERM", "SIGINT"])
@@ -548,54 +398,3 @@ def test_a_second_ctrl_c_interrupts_at_once():
     finally:
         stop.close()
     assert signal.getsignal(signal.SIGINT) is before
-
-
-_HOLDER = """
-import sys, time
-sys.path.insert(0, {src!r})
-from margrpo.infra.run_lock import hold_run_folder
-with hold_run_folder({state!r}):
-    print("held", flush=True)
-    time.sleep(60)
-"""
-
-
-def test_a_second_train_job_into_one_run_folder_fails_at_once_naming_the_first(tmp_path):
-    """Issue 59 item 4: `margrpo train` into a folder another live job writes stops before it reads anything,
-    naming that job's pid and host; once the holder dies (SIGKILL: no cleanup), its lock no longer blocks."""
-    import os
-    import socket
-
-    from margrpo.cli import main
-
-    spec, run = train_inputs(tmp_path), tmp_path / "run"
-    src = str(TESTS.parent / "src")
-    holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLDER.format(src=src, state=str(run / "state"))], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        argv = ["train", "--policy-dir", str(tmp_path / "policy"), "--suites-dir", str(tmp_path / "suites")]
-        argv += ["--spec-json", json.dumps(spec), "--out-dir", str(run), "--threads", "1"]
-        with pytest.raises(SystemExit, match=rf"another train job writes this run folder \(pid {holder.pid} on "):
-            main(argv)
-        assert socket.gethostname() in (run / "state" / ".lock").read_text()
-        assert not (run / "state" / "trainer.pt").exists()  # it wrote nothing
-    finally:
-        holder.kill()
-        holder.wait()
-    from margrpo.infra.run_lock import hold_run_folder
-
-    with hold_run_folder(run / "state"):  # the dead holder's lock went with it
-        assert f"pid {os.getpid()} " in (run / "state" / ".lock").read_text()
-
-
-def test_a_run_folder_that_cannot_be_written_is_an_error_naming_it(tmp_path):
-    """A run folder under a file (or one gone read-only) used to surface as the TensorBoard writer's OSError."""
-    from margrpo.cli import main
-
-    spec = train_inputs(tmp_path)
-    (tmp_path / "blocked").write_text("a file where the run folder's parent should be")
-    argv = ["train", "--policy-dir", str(tmp_path / "policy"), "--suites-dir", str(tmp_path / "suites")]
-    with pytest.raises(SystemExit, match=r"blocked/run: the run folder cannot be made \(Not a directory\)"):
-        main([*argv, "--spec-json", json.dumps(spec), "--out-dir", str(tmp_path / "blocked/run"), "--threads", "1"])

@@ -1,255 +1,33 @@
 """Real reward scorers (margrpo.rewards.real) on tiny random models of the real classes.
 
 Every model and processor here is built locally from a config (no download): tiny CLIP, BLIP-VQA,
-GIT and Grounding DINO, and a random aesthetic MLP. hpsv2 / image-reward live only in the
-evaluator environment (.venv-eval): their model tests skip here, naming the missing package;
-the missing-file errors are tested for every scorer.
+GIT and Grounding DINO, and a random aesthetic MLP (tests/builders_real.py; the `tiny` fixture).
+hpsv2 / image-reward live only in the evaluator environment (.venv-eval): their model tests skip
+here, naming the missing package; the missing-file errors are tested for every scorer. The rules
+the scorers apply without a model: test_rewards_real_rules.py.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
+from builders_real import WORDS, bert_tokenizer, dets, tiny_aesthetic_mlp
 
 import margrpo.rewards.real as real
-from margrpo.infra.compat import ensure_torchvision_importable
-from margrpo.prompts.analysis import (
-    DetectionTask,
-    Relation,
-    detection_task,
-    noun_phrases,
-    object_name,
-    parse_counts,
-    parse_relation,
-    singular,
-    vqa_phrases,
-)
 from margrpo.rewards import available_rewards, build_reward, build_reward_mix
-from margrpo.rewards.real.detection import (
-    Detections,
-    box_iou,
-    count_boxes,
-    nms,
-    relation_score,
-    t2i_r1_numeracy_score,
-    t2i_r1_presence_score,
-    t2i_r1_spatial_score,
-)
+from margrpo.rewards.real.detection import Detections
 from margrpo.rewards.real.vqa import _PhraseVQA
 
-# In .venv-eval torchvision (a CUDA build) is installed and transformers' image processors import
-# it: the CPU-torch workaround must come first (the scorers do this themselves; the builders too).
-if importlib.util.find_spec("torchvision") is not None:
-    ensure_torchvision_importable()
-
 REAL_NAMES = ["pickscore", "clipscore", "aesthetic", "vqa", "git_vqa", "grounding_dino", "hpsv2", "imagereward"]
-WORDS = (
-    "a an the red green blue bench bowl cat cats dog dogs on left right of top next to and two three "
-    "yes no photo bee refrigerator"
-).split()
 PROMPTS = ["a red bench and a blue bowl", "two cats", "a dog on the left of a bench"]
-
-
-# ============================================================================ tiny local models
 
 
 def images(n: int = 3, size: int = 40, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.rand(n, 3, size, size, generator=g)  # [n, 3, s, s] in [0, 1]
-
-
-def bert_tokenizer(directory: Path):
-    """A BertTokenizerFast over WORDS (+ BLIP's [DEC]) from a local vocab.txt."""
-    from transformers import BertTokenizerFast
-
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[DEC]", ".", "?", ","] + WORDS
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "vocab.txt").write_text("\n".join(dict.fromkeys(vocab)) + "\n")
-    return BertTokenizerFast(vocab_file=str(directory / "vocab.txt"), do_lower_case=True)
-
-
-def clip_tokenizer(directory: Path):
-    """A CLIPTokenizer with byte-level characters only (no merges): every text tokenises offline."""
-    from transformers import CLIPTokenizer
-    from transformers.models.clip.tokenization_clip import bytes_to_unicode
-
-    chars = list(bytes_to_unicode().values())
-    vocab = {t: i for i, t in enumerate(chars + [c + "</w>" for c in chars] + ["<|startoftext|>", "<|endoftext|>"])}
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "vocab.json").write_text(json.dumps(vocab))
-    (directory / "merges.txt").write_text("#version: 0.2\n")
-    return CLIPTokenizer(str(directory / "vocab.json"), str(directory / "merges.txt"), model_max_length=77)
-
-
-def tiny_clip(directory: Path, projection_dim: int = 16) -> Path:
-    """CLIPModel + CLIPProcessor (32-px images) saved to `directory`."""
-    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
-
-    tok = clip_tokenizer(directory / "_tok")
-    cfg = CLIPConfig(
-        text_config=dict(
-            vocab_size=len(tok),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            max_position_embeddings=77,
-            bos_token_id=tok.bos_token_id,
-            eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id,
-        ),
-        vision_config=dict(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            image_size=32,
-            patch_size=8,
-        ),
-        projection_dim=projection_dim,
-    )
-    torch.manual_seed(0)
-    CLIPModel(cfg).save_pretrained(directory)
-    ip = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
-    CLIPProcessor(image_processor=ip, tokenizer=tok).save_pretrained(directory)
-    return directory
-
-
-def tiny_blip_vqa(directory: Path) -> Path:
-    from transformers import BlipConfig, BlipForQuestionAnswering, BlipImageProcessor, BlipProcessor
-
-    tok = bert_tokenizer(directory / "_tok")
-    text = dict(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        max_position_embeddings=64,
-        bos_token_id=tok.convert_tokens_to_ids("[DEC]"),
-        pad_token_id=0,
-        sep_token_id=tok.sep_token_id,
-    )
-    vision = dict(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=8
-    )
-    torch.manual_seed(0)
-    BlipForQuestionAnswering(BlipConfig(text_config=text, vision_config=vision)).save_pretrained(directory)
-    BlipProcessor(BlipImageProcessor(size={"height": 32, "width": 32}), tok).save_pretrained(directory)
-    return directory
-
-
-def tiny_git(directory: Path) -> Path:
-    from transformers import CLIPImageProcessor, GitConfig, GitForCausalLM, GitProcessor
-
-    tok = bert_tokenizer(directory / "_tok")
-    cfg = GitConfig(
-        vision_config=dict(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            image_size=32,
-            patch_size=8,
-        ),
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        max_position_embeddings=64,
-        bos_token_id=tok.cls_token_id,
-        eos_token_id=tok.sep_token_id,
-        pad_token_id=0,
-    )
-    torch.manual_seed(0)
-    GitForCausalLM(cfg).save_pretrained(directory)
-    ip = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
-    GitProcessor(ip, tok).save_pretrained(directory)
-    return directory
-
-
-def tiny_grounding_dino(directory: Path) -> Path:
-    """A 0.13M-parameter Grounding DINO (Swin + BERT, 1 layer each, 10 queries) at 64 px; about 0.03 s a batch."""
-    from transformers import (
-        BertConfig,
-        GroundingDinoConfig,
-        GroundingDinoForObjectDetection,
-        GroundingDinoImageProcessor,
-        GroundingDinoProcessor,
-        SwinConfig,
-    )
-
-    tok = bert_tokenizer(directory / "_tok")
-    cfg = GroundingDinoConfig(
-        backbone_config=SwinConfig(
-            image_size=64,
-            patch_size=4,
-            embed_dim=8,
-            depths=[1, 1, 1, 1],
-            num_heads=[1, 1, 1, 1],
-            window_size=2,
-            out_features=["stage2", "stage3", "stage4"],
-        ),
-        text_config=BertConfig(
-            vocab_size=len(tok),
-            hidden_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            intermediate_size=32,
-            max_position_embeddings=64,
-        ),
-        num_queries=10,
-        encoder_layers=1,
-        decoder_layers=1,
-        d_model=32,
-        encoder_ffn_dim=32,
-        decoder_ffn_dim=32,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        num_feature_levels=3,
-        encoder_n_points=1,
-        decoder_n_points=1,
-        max_text_len=32,
-        disable_custom_kernels=True,
-    )
-    torch.manual_seed(0)
-    GroundingDinoForObjectDetection(cfg).save_pretrained(directory)
-    ip = GroundingDinoImageProcessor(size={"shortest_edge": 64, "longest_edge": 64})
-    GroundingDinoProcessor(image_processor=ip, tokenizer=tok).save_pretrained(directory)
-    return directory
-
-
-def tiny_aesthetic_mlp(path: Path, input_size: int = 16) -> Path:
-    torch.manual_seed(1)
-    mlp = real.AestheticMLP(input_size)
-    state = {k: v.contiguous() for k, v in mlp.state_dict().items()}
-    if path.suffix == ".safetensors":
-        from safetensors.torch import save_file
-
-        save_file(state, str(path))
-    else:
-        torch.save(state, path)
-    return path
-
-
-@pytest.fixture(scope="session")
-def tiny(tmp_path_factory) -> dict[str, dict]:
-    """name -> scorer options pointing at freshly built tiny local models."""
-    root = tmp_path_factory.mktemp("tiny_rewards")
-    clip = tiny_clip(root / "clip")
-    return {
-        "pickscore": {"path": str(clip), "processor_path": str(clip)},
-        "clipscore": {"path": str(clip)},
-        "aesthetic": {"path": str(tiny_aesthetic_mlp(root / "aesthetic.pth")), "clip_path": str(clip)},
-        "vqa": {"path": str(tiny_blip_vqa(root / "blip"))},
-        "git_vqa": {"path": str(tiny_git(root / "git"))},
-        "grounding_dino": {"path": str(tiny_grounding_dino(root / "gdino")), "box_threshold": 0.0},
-    }
 
 
 TRANSFORMERS_NAMES = ["pickscore", "clipscore", "aesthetic", "vqa", "git_vqa", "grounding_dino"]
@@ -344,197 +122,16 @@ def test_vqa_product_mean_empty_and_skip():
         _FixedVQA("max")
 
 
-# ============================================================================ prompt rules
-
-
-@pytest.mark.parametrize(
-    "prompt, phrases",
-    [
-        ("a green bench and a blue bowl", ["a green bench", "a blue bowl"]),
-        ("rubber sole shoes and fluffy clouds", ["rubber sole shoes", "fluffy clouds"]),
-        ("The red apple was next to the oval plate.", ["The red apple", "the oval plate"]),
-        (
-            "The striped black and white cat lay next to the soft grey blanket.",
-            ["The striped black and white cat", "the soft grey blanket"],
-        ),
-        (
-            "The fresh omelet cooked the fluffy eggs and the crisp vegetables.",
-            ["The fresh omelet", "the fluffy eggs", "the crisp vegetables"],
-        ),
-        (
-            "A woman is speaking on the phone and making plans with a friend.",
-            ["A woman", "the phone", "plans", "a friend"],
-        ),
-        ("a photo of a purple elephant and a blue teddy bear", ["a purple elephant", "a blue teddy bear"]),
-        (
-            "A long, narrow black kitchen with yellow and white floor tiles.",
-            ["A long, narrow black kitchen", "yellow and white floor tiles"],
-        ),
-        ("a mouse on the bottom of a painting", ["a mouse", "a painting"]),
-        ("The red hat was on top of the brown coat rack.", ["The red hat", "the brown coat rack"]),
-    ],
-)
-def test_noun_phrases(prompt, phrases):
-    assert noun_phrases(prompt) == phrases
-
-
-def test_object_name_and_singular():
-    assert object_name("The red hat") == "red hat"
-    assert object_name("four shrimp") == "shrimp"
-    cases = {
-        "cats": "cat",
-        "strawberries": "strawberry",
-        "people": "person",
-        "mice": "mouse",
-        "boxes": "box",
-        "benches": "bench",
-        "glasses": "glasses",
-        "horses": "horse",
-        "ice creams": "ice cream",
-        "bus": "bus",
-        "sheep": "sheep",
-        "knives": "knife",
-        "cactus": "cactus",
-    }
-    assert {w: singular(w) for w in cases} == cases
-
-
-@pytest.mark.parametrize(
-    "prompt, expected",
-    [
-        ("a bee on the right of a refrigerator", Relation("bee", "right", "refrigerator")),
-        ("a giraffe next to a lamp", Relation("giraffe", "near", "lamp")),
-        ("a girl on the top of a frog", Relation("girl", "above", "frog")),
-        ("a photo of a car below a zebra", Relation("car", "below", "zebra")),
-        ("a photo of a backpack left of a sports ball", Relation("backpack", "left", "sports ball")),
-        ("The red hat was on top of the brown coat rack.", Relation("red hat", "above", "brown coat rack")),
-        ("a mouse on side of a key", Relation("mouse", "near", "key")),
-        ("a red cup and a blue orange", None),
-        ("on the left of a dog", None),
-    ],
-)
-def test_parse_relation(prompt, expected):
-    assert parse_relation(prompt) == expected
-
-
-@pytest.mark.parametrize(
-    "prompt, expected",
-    [
-        ("two dogs", [("dog", 2)]),
-        ("a photo of four coasters", [("coaster", 4)]),
-        ("four tents, two boats and one pig", [("tent", 4), ("boat", 2), ("pig", 1)]),
-        ("eight cats lounged in the sun", [("cat", 8)]),
-        ("four trains carried four people", [("train", 4), ("person", 4)]),
-        ("two balloons floated with four mice", [("balloon", 2), ("mouse", 4)]),
-        ("three ice creams and a cat", [("ice cream", 3), ("cat", 1)]),
-        ("one traffic light and two cars", [("traffic light", 1), ("car", 2)]),
-        ("four dogs in a park", [("dog", 4)]),
-        ("a dog and a cat", []),
-        ("3 apples", [("apple", 3)]),
-    ],
-)
-def test_parse_counts(prompt, expected):
-    assert parse_counts(prompt) == expected
-
-
-def test_detection_task_from_metadata_and_rules():
-    meta = {
-        "task_type": "spatial",
-        "nouns": ["car", "zebra"],
-        "spatial_info": {"obj1": "car", "obj2": "zebra", "locality": "below"},
-    }
-    assert detection_task("a photo of a car below a zebra", meta) == DetectionTask(
-        "spatial", ("car", "zebra"), relation=Relation("car", "below", "zebra")
-    )
-    meta = {
-        "task_type": "numeracy",
-        "nouns": ["helmet", "pen"],
-        "numeracy_info": [{"obj_name": "helmet", "num": 1}, {"obj_name": "pen", "num": 3}],
-    }
-    assert detection_task("one helmet and three pens", meta) == DetectionTask(
-        "numeracy", ("helmet", "pen"), counts=(("helmet", 1), ("pen", 3))
-    )
-    assert detection_task(
-        "a photo of a bottle and a teddy bear", {"task_type": "object", "nouns": ["bottle", "teddy bear"]}
-    ) == DetectionTask("presence", ("bottle", "teddy bear"))
-    # no metadata: inferred from the prompt
-    assert detection_task("two cats").kind == "numeracy"
-    assert detection_task("a dog on the left of a bench").relation == Relation("dog", "left", "bench")
-    assert detection_task("a red bench and a blue bowl") == DetectionTask("presence", ("red bench", "blue bowl"))
-    # a spatial task whose relation is not 2-D (or unparseable) falls back to presence of its nouns
-    meta = {
-        "task_type": "spatial",
-        "nouns": ["dog", "desk"],
-        "spatial_info": {"obj1": "dog", "obj2": "desk", "locality": "in front of"},
-    }
-    assert detection_task("a dog in front of a desk", meta) == DetectionTask("presence", ("dog", "desk"))
-    assert detection_task("a strange scene", {"category": "spatial"}).kind == "presence"
-
-
-def test_vqa_phrases():
-    assert vqa_phrases("a photo of a red bench", {"attr_nouns": ["red bench"], "nouns": ["bench"]}) == ["red bench"]
-    assert vqa_phrases("a photo of a bench", {"attr_nouns": None, "nouns": ["bench"]}) == ["bench"]
-    assert vqa_phrases("a red bench and a blue bowl", {}, max_phrases=1) == ["a red bench"]
-
-
-# ============================================================================ geometry and detection scores
-
-
-def test_relation_score_hand_computed():
-    left, right = [0.0, 0.4, 0.2, 0.6], [0.6, 0.4, 0.8, 0.6]  # centres (0.1, 0.5), (0.7, 0.5): dx = 0.6
-    assert relation_score("left", left, right) == 1.0
-    assert relation_score("right", left, right) == 0.0
-    assert relation_score("right", right, left) == 1.0
-    assert relation_score("above", left, right) == 0.0  # |dy| = 0 < |dx|
-    top, bottom = [0.4, 0.0, 0.6, 0.2], [0.4, 0.7, 0.6, 0.9]
-    assert relation_score("above", top, bottom) == 1.0 and relation_score("below", bottom, top) == 1.0
-    assert relation_score("below", top, bottom) == 0.0
-    # overlapping: IoU = 0.5 * 0.5 / (1 + 1 - 0.25)... boxes [0, 0, 1, 1] and [0.5, 0, 1.5, 1]: IoU = 0.5 / 1.5 = 1/3
-    assert relation_score("left", [0, 0, 1, 1], [0.5, 0, 1.5, 1]) == pytest.approx(0.1 / (1 / 3))
-    # near: |dy| = 0 < 0.3 -> 1; far in both directions -> 0.3 / max(|dx|, |dy|)
-    assert relation_score("near", left, right) == 1.0
-    assert relation_score("near", [0, 0, 0.1, 0.1], [0.8, 0.5, 0.9, 0.6]) == pytest.approx(0.3 / 0.8)
-    with pytest.raises(ValueError, match="Unknown relation"):
-        relation_score("behind", left, right)
-
-
-def test_nms_and_counting():
-    boxes = torch.tensor([[0, 0, 1, 1], [0.05, 0, 1.05, 1], [2, 2, 3, 3], [0, 0, 1, 1.2]], dtype=torch.float32)
-    scores = torch.tensor([0.9, 0.8, 0.7, 0.95])
-    assert nms(boxes, scores, 0.5).tolist() == [3, 2]
-    assert count_boxes(Detections(boxes, scores), 0.5) == 2
-    assert count_boxes(Detections(), 0.5) == 0
-    torch.testing.assert_close(box_iou(boxes[:1], boxes[2:3]), torch.zeros(1, 1))
-
-
-def _det(*boxes_scores):
-    if not boxes_scores:
-        return Detections()
-    boxes = torch.tensor([b for b, _ in boxes_scores], dtype=torch.float32)
-    return Detections(boxes, torch.tensor([s for _, s in boxes_scores]))
-
-
-def test_t2i_r1_scores_hand_computed():
-    rel = Relation("dog", "left", "bench")
-    dog, bench = _det(([0.0, 0.4, 0.2, 0.6], 0.9)), _det(([0.6, 0.4, 0.8, 0.6], 0.5))
-    assert t2i_r1_spatial_score({"dog": dog, "bench": bench}, rel) == pytest.approx(0.9)  # 0.2 + 0.2 + 1 / 2
-    assert t2i_r1_spatial_score({"dog": bench, "bench": dog}, rel) == pytest.approx(0.4)  # wrong side
-    assert t2i_r1_spatial_score({"dog": dog}, rel) == pytest.approx(0.2)
-    two_cats = _det(([0, 0, 0.3, 0.3], 0.8), ([0.5, 0.5, 0.9, 0.9], 0.7))
-    assert t2i_r1_numeracy_score({"cat": two_cats}, [("cat", 2)]) == 1.0
-    assert t2i_r1_numeracy_score({"cat": two_cats}, [("cat", 3)]) == pytest.approx(0.2)
-    assert t2i_r1_numeracy_score({"cat": two_cats, "dog": Detections()}, [("cat", 2), ("dog", 1)]) == 0.5
-    assert t2i_r1_presence_score({"cat": two_cats, "dog": Detections()}, ["cat", "dog"]) == 0.5
-    assert t2i_r1_presence_score({}, []) == 1.0
+# ============================================================================ Grounding DINO's detections
 
 
 def test_grounding_dino_reward_logic_on_fake_detections(tiny, monkeypatch):
     """The reward's dispatch over tasks, with the detector's output replaced by hand-made boxes."""
     det = build_reward("grounding_dino", **tiny["grounding_dino"])
     fake = {
-        "dog": _det(([0.0, 0.4, 0.2, 0.6], 0.9)),
-        "bench": _det(([0.6, 0.4, 0.8, 0.6], 0.6)),
-        "cat": _det(([0, 0, 0.3, 0.3], 0.8), ([0.5, 0.5, 0.9, 0.9], 0.7)),
+        "dog": dets(([0.0, 0.4, 0.2, 0.6], 0.9)),
+        "bench": dets(([0.6, 0.4, 0.8, 0.6], 0.6)),
+        "cat": dets(([0, 0, 0.3, 0.3], 0.8), ([0.5, 0.5, 0.9, 0.9], 0.7)),
     }
     seen = []
 

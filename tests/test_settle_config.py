@@ -4,7 +4,7 @@ on seeds 0-4 and the second seed set 5-9. It passes the config checks and dry-ru
 import subprocess
 import sys
 
-from test_workflow_config import REPO, SHIPPED_STAGES, dry_run
+from dry_runs import REPO, SHIPPED_STAGES, dry_run
 
 from margrpo.experiment.config import load_config, train_spec
 

@@ -1,10 +1,12 @@
 """The discrete toy-mask policy, its MaskGIT rollout record, plain GRPO with exact log-probs and MaskGRPO."""
 
 import math
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
+from helpers import redness
 
 from margrpo.grpo.rollout import unknown_after_steps
 from margrpo.prompts.suites import PromptSet
@@ -225,11 +227,6 @@ def test_a_few_steps_run_and_log_finite_metrics(method, logprob_cfg):
     policy = tiny()
     before = {n: p.detach().clone() for n, p in policy.named_parameters()}
     prompts = PromptSet(PROMPTS, [{"i": i} for i in range(3)])
-
-    def redness(images, prompts, metadata):
-        r = images[:, 0].mean((1, 2)) - images[:, 1].mean((1, 2))
-        return r, {"redness": r}
-
     cfg = MaskGRPOConfig(
         method=method,
         steps=2,
@@ -241,7 +238,7 @@ def test_a_few_steps_run_and_log_finite_metrics(method, logprob_cfg):
         lr=1e-3,
         logprob_cfg=logprob_cfg,
     )
-    rows = train_mask_grpo(policy, redness, prompts, cfg, val_prompts=prompts)
+    rows = train_mask_grpo(policy, partial(redness, against=1), prompts, cfg, val_prompts=prompts)  # red - green
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
         for key in (

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import TINY_TOYCLIP, tiny_toyclip
 
 from margrpo.rewards import build_reward
 from margrpo.rewards.toyclip import ToyClip, ToyClipConfig, ToyClipReward
@@ -17,18 +18,12 @@ from margrpo.world.captions import sample_captioned
 from margrpo.world.negatives import SWAP_TYPES, hard_negatives, swap_candidates
 
 WORLD = WorldConfig()
-TINY = dict(width=8, embed_dim=8, text_width=8, text_depth=1, text_heads=2)
-
-
-def tiny_model(seed: int = 0) -> ToyClip:
-    torch.manual_seed(seed)
-    return ToyClip(ToyClipConfig(vocab=default_vocabulary(WORLD), **TINY)).eval()
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     path = tmp_path_factory.mktemp("toyclip") / "model"
-    model = tiny_model()
+    model = tiny_toyclip()
     model.save_pretrained(path)
     return model, path
 
@@ -125,7 +120,7 @@ def test_config_checks():
 
 def test_64px_world_uses_a_strided_stem():
     """At 64 px the first conv has stride 2, so a final position covers one 16-px grid cell."""
-    cfg = ToyClipConfig(image_size=64, vocab=default_vocabulary(WORLD), **TINY)
+    cfg = ToyClipConfig(image_size=64, vocab=default_vocabulary(WORLD), **TINY_TOYCLIP)
     assert cfg.stem_stride == 2 and ToyClipConfig(image_size=32).stem_stride == 1
     model = ToyClip(cfg)
     images = torch.rand(2, 3, 64, 64)
@@ -137,7 +132,9 @@ def test_64px_world_uses_a_strided_stem():
 @pytest.mark.parametrize("pool", ["mean", "cls"])
 @pytest.mark.parametrize("positions", ["relative", "absolute"])
 def test_every_text_variant_scores(pool, positions):
-    model = ToyClip(ToyClipConfig(vocab=default_vocabulary(WORLD), text_pool=pool, text_positions=positions, **TINY))
+    model = ToyClip(
+        ToyClipConfig(vocab=default_vocabulary(WORLD), text_pool=pool, text_positions=positions, **TINY_TOYCLIP)
+    )
     images, prompts, _ = captioned_batch(3)
     assert model.score(images, prompts).shape == (3,)
 

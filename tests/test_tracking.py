@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_policy
+from helpers import make_trainer, tiny_policy
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_trainer import make_trainer
 
 from margrpo.grpo.trainer import GRPOConfig
 from margrpo.infra.files import spec_hash
