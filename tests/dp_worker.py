@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import make_trainer, tiny_policy  # noqa: E402
+from helpers import KillAt, make_trainer, tiny_policy  # noqa: E402
 
 from margrpo.grpo.run_files import write_outputs  # noqa: E402
 
@@ -158,6 +158,9 @@ def record_writes(rank: int) -> list[str]:
 def train(out: Path) -> None:
     kill_at = int(os.environ.get("KILL_AT_STEP", "0"))
     ema = float(os.environ["EMA"]) if os.environ.get("EMA") else None  # grpo.ema_decay
+    rank = int(os.environ["RANK"])  # torchrun's (margrpo.infra.launch)
+    # process 1 dies (SIGKILL) as step `kill_at` begins
+    dies = KillAt(kill_at - 1, lambda: os.kill(os.getpid(), signal.SIGKILL)) if kill_at and rank == 1 else None
     trainer = make_trainer(
         out / "run",
         policy=tiny_policy("flow", seed=1),
@@ -167,17 +170,9 @@ def train(out: Path) -> None:
         sharding=SHARDING,
         ema_decay=ema,
         lora={"rank": 4, "alpha": 8} if os.environ.get("LORA") else None,
+        hooks=dies,
     )
-    rank = trainer.engine.rank
-    if kill_at and rank == 1:
-        step = trainer.train_step
-
-        def dying_step():
-            if trainer.step + 1 == kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
-            return step()
-
-        trainer.train_step = dying_step
+    assert rank == trainer.engine.rank
     writes = record_writes(rank)
     trainer.train({"seed": 0})
     if trainer.engine.is_main:

@@ -6,6 +6,7 @@ from pathlib import Path
 import torch
 
 from margrpo.grpo.rollout import SamplingConfig
+from margrpo.grpo.step_hooks import StepHooks
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.policy import ToyMAR, ToyMARConfig
 from margrpo.policy.settings import PolicySettings
@@ -59,9 +60,9 @@ def redness(images, prompts, metadata, against: int = 2):
     return r, {"redness": r}
 
 
-def make_trainer(tmp_path, policy=None, device=None, **kw):
+def make_trainer(tmp_path, policy=None, device=None, hooks=None, sampling=SAMPLING, **kw):
     """A tiny trainer rewarded by `redness`; `kw` sets GRPOConfig's fields and the policy's settings (PolicySettings)
-    alike, over 2 steps at lr 1e-3 unless it names others."""
+    alike, over 2 steps at lr 1e-3 unless it names others; `hooks`: the step's (grpo.step_hooks, e.g. `KillAt`)."""
     policy_keys = {f.name for f in dataclasses.fields(PolicySettings)}
     settings = PolicySettings(**{k: kw.pop(k) for k in list(kw) if k in policy_keys})
     cfg = dict(
@@ -83,12 +84,27 @@ def make_trainer(tmp_path, policy=None, device=None, **kw):
         redness,
         PROMPT_SET,
         PROMPT_SET,
-        SAMPLING,
+        sampling,
         GRPOConfig(**cfg),
         tmp_path,
         device=device,
         policy_settings=settings,
+        hooks=hooks,
     )
+
+
+class KillAt(StepHooks):
+    """A fresh run killed as its step `step` + 1 begins, after step `step` was logged, validated and saved: `kill`
+    (default: the test's failure, which stands for the job's death)."""
+
+    def __init__(self, step: int, kill=None):
+        self.step, self.begun = step, 0
+        self.kill = kill or (lambda: __import__("pytest").fail("killed"))
+
+    def rolling_out(self) -> None:
+        if self.begun == self.step:
+            self.kill()
+        self.begun += 1
 
 
 def random_batches(n, generator):

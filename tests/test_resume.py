@@ -344,21 +344,23 @@ def test_a_run_stopped_before_its_time_limit_saves_and_resumes_to_the_uninterrup
 
     from margrpo.infra import stopping
 
-    stop = stopping.StopRequest(read_limit=False)
     trainer = make_trainer(tmp_path / "run", policy=tiny_policy("flow", seed=1), steps=4, save_every=4, val_every=2)
     steps_seen = []
 
-    def ask(next_seconds):
-        steps_seen.append(trainer.step)
-        if trainer.step == 2:
-            if why in ("SIGTERM", "SIGINT"):  # as SLURM's requeue or preemption sends it; Ctrl-C at a terminal
-                os.kill(os.getpid(), getattr(signal, why))
-            else:  # SLURM's end time 10 s away: less than a step, a save and the margin
-                stop.end_time = time.time() + 10
-                monkeypatch.setattr(stopping, "job_end_time", lambda: stop.end_time)
-        return stopping.StopRequest.reason(stop, next_seconds)
+    class AtStepTwo(stopping.StopRequest):
+        """The job's stop arrives as step 2 ends."""
 
-    monkeypatch.setattr(stop, "reason", ask)
+        def reason(self, next_seconds):
+            steps_seen.append(trainer.step)
+            if trainer.step == 2:
+                if why in ("SIGTERM", "SIGINT"):  # as SLURM's requeue or preemption sends it; Ctrl-C at a terminal
+                    os.kill(os.getpid(), getattr(signal, why))
+                else:  # SLURM's end time 10 s away: less than a step, a save and the margin
+                    self.end_time = time.time() + 10
+                    monkeypatch.setattr(stopping, "job_end_time", lambda: self.end_time)
+            return super().reason(next_seconds)
+
+    stop = AtStepTwo(read_limit=False)
     try:
         rows = trainer.train(stop=stop)
     finally:

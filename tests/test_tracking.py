@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import make_trainer, tiny_policy
+from helpers import KillAt, make_trainer, tiny_policy
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from margrpo.grpo.trainer import GRPOConfig
@@ -33,10 +33,8 @@ def events(run_dir):
     return acc
 
 
-def kill_after(trainer, steps):
-    """The trainer dies when it starts step `steps` + 1 (after logging step `steps`)."""
-    step = trainer.train_step
-    trainer.train_step = lambda: step() if trainer.step < steps else pytest.fail("killed")
+def killed(trainer):
+    """Train `trainer`, made with `hooks=KillAt(n)`: it dies as step n + 1 begins (after logging step n)."""
     with pytest.raises(pytest.fail.Exception):
         trainer.train()
 
@@ -56,7 +54,7 @@ def test_tensorboard_holds_every_step_scalar_and_a_validation_grid(tmp_path):
 
 def test_a_resumed_run_logs_no_step_twice(tmp_path):
     """save_every = 2: the killed run logged step 3 past its step-2 checkpoint; the resume logs 3 again, once."""
-    kill_after(make_trainer(tmp_path, policy=tiny_policy("flow", seed=1), steps=4, save_every=2), 3)
+    killed(make_trainer(tmp_path, policy=tiny_policy("flow", seed=1), steps=4, save_every=2, hooks=KillAt(3)))
     resumed = make_trainer(tmp_path, policy=tiny_policy("flow", seed=1), steps=4, save_every=2)
     rows = resumed.train()
     acc = events(tmp_path)
@@ -90,7 +88,9 @@ def test_ema_checkpoint_holds_the_average_and_validation_scores_it(tmp_path):
 def test_a_killed_and_resumed_ema_run_equals_an_uninterrupted_one(tmp_path):
     full = make_trainer(tmp_path / "full", policy=tiny_policy("flow", seed=1), steps=3, ema_decay=0.5)
     rows_full = full.train()
-    kill_after(make_trainer(tmp_path / "part", policy=tiny_policy("flow", seed=1), steps=3, ema_decay=0.5), 2)
+    killed(
+        make_trainer(tmp_path / "part", policy=tiny_policy("flow", seed=1), steps=3, ema_decay=0.5, hooks=KillAt(2))
+    )
     resumed = make_trainer(tmp_path / "part", policy=tiny_policy("flow", seed=1), steps=3, ema_decay=0.5)
     rows = resumed.train()
     for key in ("reward_mean", "policy_loss", "grad_norm_ar", "val_reward"):
@@ -105,8 +105,9 @@ def test_ema_of_lora_adapters_trains_saves_and_resumes(tmp_path):
     """Issue 27.8: ema_decay with lora crashed at the first step (the EMA looked the adapters up in a state_dict
     that hides them). The EMA averages the adapters, the checkpoint holds their average, a resume goes on exactly."""
 
-    def make(out):
-        return make_trainer(out, policy=tiny_policy("flow", seed=1), steps=3, ema_decay=0.5, lora={"rank": 4})
+    def make(out, hooks=None):
+        lora = {"rank": 4}
+        return make_trainer(out, policy=tiny_policy("flow", seed=1), steps=3, ema_decay=0.5, lora=lora, hooks=hooks)
 
     full = make(tmp_path / "full")
     rows_full = full.train()
@@ -116,7 +117,7 @@ def test_ema_of_lora_adapters_trains_saves_and_resumes(tmp_path):
     assert all(torch.equal(saved[k], v) for k, v in full.ema.shadow.items())
     raw = dict(full.policy.named_parameters())
     assert any(not torch.equal(saved[k], raw[k]) for k in adapters)  # the average lags the raw adapters
-    kill_after(make(tmp_path / "part"), 2)
+    killed(make(tmp_path / "part", KillAt(2)))
     resumed = make(tmp_path / "part")
     rows = resumed.train()
     assert rows[-1]["val_reward"] == pytest.approx(rows_full[-1]["val_reward"], rel=1e-6, abs=1e-9)

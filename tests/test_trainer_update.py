@@ -111,15 +111,13 @@ def test_a_non_finite_total_gradient_norm_skips_the_update_where_the_ar_norm_is_
 def test_grad_norm_is_the_total_norm_of_the_trained_gradients_before_clipping(tmp_path):
     trainer = make_trainer(tmp_path, grad_clip=0.0)
     seen = {}
-    step = trainer.optimizer.step
 
-    def read_norm(*args, **kwargs):  # the gradients the optimizer applies: unclipped (grad_clip 0)
+    def read_norm(*_):  # the gradients the optimizer applies: unclipped (grad_clip 0)
         seen["norm"] = torch.linalg.vector_norm(
             torch.stack([p.grad.norm() for p in trainer.params if p.grad is not None])
         )
-        return step(*args, **kwargs)
 
-    trainer.optimizer.step = read_norm
+    trainer.optimizer.register_step_pre_hook(read_norm)
     row = trainer.train_step()
     assert row["grad_norm"] == pytest.approx(float(seen["norm"]), rel=1e-5) and row["skipped"] == 0
 
@@ -127,16 +125,13 @@ def test_grad_norm_is_the_total_norm_of_the_trained_gradients_before_clipping(tm
 class OneProcess:
     """What the probe asks of an engine, for `world` processes whose gradients all live here."""
 
-    def __init__(self, world: int = 1, rounds: bool = False):
-        self.world, self.reduces_each_micro_batch = world, rounds
+    def __init__(self, world: int = 1):
+        self.world = world
 
     def all_sum(self, x):
         return x
 
     shard_sum = all_sum
-
-    def observe_local_grads(self, params, fn):
-        pass
 
 
 def feed(probe, params, per_micro) -> float:
@@ -169,24 +164,23 @@ def test_gradient_variance_probe_matches_the_explicit_computation():
 
 def test_the_probe_is_off_where_asked_or_impossible_and_owns_its_hook(tmp_path):
     """grpo.grad_variance off (the paper configs): no probe, no grad_var_ar column; the AR gradient's norm is logged
-    still. On (the default) with one micro-batch in all: off too, and the log says why. On, the probe registers its
-    one hook where the engine reads local gradients there (DDP) and none where `.grad` shows them (FSDP's shards)."""
+    still. On (the default) with one micro-batch in all: off too, and the log says why. On, the engine makes the
+    probe for its reduction: DDP attaches it to the one hook where it reads local gradients, FSDP (whose shards
+    `.grad` shows) counts rounds and attaches nothing."""
     assert GRPOConfig().grad_variance is True
     for off in (dict(grad_variance=False), dict(grad_variance=True, micro_batches=1)):
         trainer = make_trainer(tmp_path / str(len(off)) / str(off["grad_variance"]), **off)
         row = trainer.train_step()
         assert isinstance(trainer.probe, NoProbe) and "grad_var_ar" not in row and math.isfinite(row["grad_norm_ar"])
 
-    class Recording(OneProcess):
-        hooks = 0
-
-        def observe_local_grads(self, params, fn):
-            self.hooks += 1
+    from margrpo.grpo.parallel import DDPEngine, FSDPEngine
 
     params = [torch.nn.Parameter(torch.zeros(2))]
-    ddp, fsdp = Recording(world=2), Recording(world=2, rounds=True)
-    GradVarianceProbe(params, 2, ddp), GradVarianceProbe(params, 2, fsdp)
-    assert (ddp.hooks, fsdp.hooks) == (1, 0)
+    ddp, fsdp = object.__new__(DDPEngine), object.__new__(FSDPEngine)  # their probe-making, without a process group
+    ddp.world, ddp.observers, fsdp.world = 2, [], 2
+    on_ddp, on_fsdp = ddp.variance_probe(params, 2), fsdp.variance_probe(params, 2)
+    assert (on_ddp.rounds, on_ddp.n, on_fsdp.rounds, on_fsdp.n) == (False, 4, True, 2)
+    assert ddp.observers == [({id(params[0])}, on_ddp.observe_local)] and not hasattr(fsdp, "observers")
 
 
 def test_the_probes_rounds_estimator_under_fsdp_is_unbiased():
@@ -197,7 +191,7 @@ def test_the_probes_rounds_estimator_under_fsdp_is_unbiased():
     W, n, P = 4, 3, 64
     params = [torch.nn.Parameter(torch.zeros(P))]
     scale = torch.linspace(1, 4, P).sqrt()
-    probe = GradVarianceProbe(params, n, OneProcess(world=W, rounds=True))
+    probe = GradVarianceProbe(params, n, OneProcess(world=W), rounds=True)
     values = []
     for _ in range(4000):
         g = torch.randn(W, n, P, dtype=torch.float64) * scale + 0.3  # a common mean: the batch gradient's signal

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import PROMPTS, make_trainer, tiny_policy
+from helpers import PROMPTS, KillAt, make_trainer, tiny_policy
 
 from margrpo.grpo.replay import completion_mask, recorded
 from margrpo.grpo.rollout import SamplingConfig, generate
@@ -74,11 +74,8 @@ def test_head_variant_leaves_every_ar_parameter_unchanged_without_optimizer_stat
 def test_resume_reaches_the_same_result(tmp_path, logged):
     full = make_trainer(tmp_path / "full", policy=tiny_policy("flow", seed=1), steps=3)
     rows_full = full.train()
-    part = make_trainer(tmp_path / "part", policy=tiny_policy("flow", seed=1), steps=3)
-    step = part.train_step
-    part.train_step = lambda: (
-        step() if part.step < 2 else pytest.fail("killed")
-    )  # after step 2: state/ holds its checkpoint
+    # killed as step 3 begins: state/ holds step 2's checkpoint
+    part = make_trainer(tmp_path / "part", policy=tiny_policy("flow", seed=1), steps=3, hooks=KillAt(2))
     with pytest.raises(pytest.fail.Exception):
         part.train()
     resumed = make_trainer(tmp_path / "part", policy=tiny_policy("flow", seed=1), steps=3)
@@ -195,9 +192,8 @@ def test_mte_covers_the_top_k_of_every_chosen_steps_loss_tokens(tmp_path):
         freeze_head=True,
         mask_steps=3,
         policy=tiny_policy("flow", seed=3, patch_size=4),
+        sampling=(sampling := SamplingConfig(ar_steps=6, diffusion_steps=5, cfg_scale=2.0)),
     )  # 64 tokens of 4 x 4 px
-    sampling = SamplingConfig(ar_steps=6, diffusion_steps=5, cfg_scale=2.0)
-    trainer.sampling, trainer.ar_steps = sampling, 6
     ar, diff = trainer.choose_steps(torch.Generator().manual_seed(0))
     r = generate(
         trainer.policy,
@@ -282,8 +278,8 @@ def test_the_trainers_rollout_records_in_full_only_what_training_reads(tmp_path,
     same bits as with every step recorded (the same step's generators draw the same noise twice)."""
     import margrpo.grpo.trainer as trainer_module
 
-    trainer = make_trainer(tmp_path, mask_steps=1, **variant)
-    trainer.sampling, trainer.ar_steps = SamplingConfig(ar_steps=6, diffusion_steps=5, cfg_scale=2.0), 6
+    sampling = SamplingConfig(ar_steps=6, diffusion_steps=5, cfg_scale=2.0)
+    trainer = make_trainer(tmp_path, mask_steps=1, sampling=sampling, **variant)
     some = trainer.rollout_and_score()
     ar, diff = some.ar_steps, some.diffusion_steps
     wanted = set(ar.tolist()) | ({max(int(ar[0]) - 1, 0)} if trainer.cfg.sim else set())

@@ -111,7 +111,7 @@ def probe(stat_params: list[nn.Parameter], config: GRPOConfig, engine: Engine) -
     if not config.grad_variance:
         return NoProbe()
     try:
-        return GradVarianceProbe(stat_params, config.micro_batches, engine)
+        return engine.variance_probe(stat_params, config.micro_batches)
     except ValueError as err:
         log.warning("%s: logging no grad_var_ar", err)
         return NoProbe()

@@ -141,9 +141,13 @@ class Engine:
         """Gradients are reduced over processes in the backward passes run inside this block only when `enabled`."""
         return contextlib.nullcontext()
 
-    def observe_local_grads(self, params: list[nn.Parameter], fn: Callable[[nn.Parameter, torch.Tensor], None]):
-        """Call `fn(param, this process's accumulated gradient)` for `params` just before a reducing backward
-        reduces them (DDP's communication hook). Here and under FSDP nothing: `.grad` shows them."""
+    def variance_probe(self, params: list[nn.Parameter], micro_batches: int):
+        """The gradient-variance probe of `params` for this engine's reduction (grad_stats.GradVarianceProbe): here
+        `.grad` shows each micro-batch's own gradient, under FSDP each one's sum over the processes (`rounds`), and
+        under DDP the engine shows it the local gradients before they are reduced."""
+        from margrpo.grpo.grad_stats import GradVarianceProbe
+
+        return GradVarianceProbe(params, micro_batches, self, rounds=self.reduces_each_micro_batch)
 
     def clip_grad_norm(self, params: list[nn.Parameter], max_norm: float) -> float:
         """The total norm of `params`' reduced gradients over every process, clipped to `max_norm` (inf: measured

@@ -29,18 +29,21 @@ class GradVarianceProbe:
     copy per micro-batch. Under several processes what `.grad` shows after a micro-batch decides the estimator:
     - one process, or DDP (which reduces only after the last micro-batch): each process's own micro-batches, n =
       micro-batches x processes; the last one's local gradient is read in DDP's communication hook before its
-      all-reduce (`engine.observe_local_grads`), so the statistic is the one a single process computes;
+      all-reduce (`observe_local`, which the engine calls from that hook), so the statistic is the one a single
+      process computes;
     - FSDP (which reduce-scatters every micro-batch into the shards): the increment of micro-batch c is the sum
       d_c of the W processes' c-th micro-batches, read from this process's shard. With i.i.d. micro-batches
       Var(n d_c) = Var(x) / W, so W times the variance of the n per-process rounds estimates the same quantity
       with n - 1 instead of nW - 1 degrees of freedom (so it needs two micro-batches a process). Nothing but the
       sharded snapshot is held: no unsharded copy of any gradient.
-    """
 
-    def __init__(self, params: list[nn.Parameter], micro_batches: int, engine):
+    The engine makes it (`engine.variance_probe`): it says how it reduces (`rounds`) and attaches `observe_local`
+    where it reads local gradients."""
+
+    def __init__(self, params: list[nn.Parameter], micro_batches: int, engine, rounds: bool = False):
         self.params, self.engine = params, engine
         self.index = {id(p): i for i, p in enumerate(params)}
-        self.rounds = engine.reduces_each_micro_batch  # FSDP: each increment sums the processes' micro-batches
+        self.rounds = rounds  # FSDP: each increment sums the processes' micro-batches
         self.n = micro_batches if self.rounds else micro_batches * engine.world
         if self.n < 2:
             how = ", each reduced over the processes (FSDP)" if self.rounds else ""
@@ -51,8 +54,6 @@ class GradVarianceProbe:
         self.prev: list[torch.Tensor | None] = [None] * len(params)
         self.sq_sum = torch.zeros((), dtype=torch.float64)
         self.last: list[torch.Tensor] = []  # DDP: the last micro-batch's local squares, from the hook
-        if not self.rounds:
-            engine.observe_local_grads(params, self._observe)
 
     def start(self) -> None:
         """Before an optimizer step's first micro-batch."""
@@ -75,7 +76,7 @@ class GradVarianceProbe:
         if squares:
             self.sq_sum += torch.stack(squares).sum().cpu()
 
-    def _observe(self, param: nn.Parameter, local: torch.Tensor) -> None:
+    def observe_local(self, param: nn.Parameter, local: torch.Tensor) -> None:
         """DDP's hook, before the last micro-batch's all-reduce: this process's accumulated local gradient."""
         i = self.index[id(param)]
         prev = self.prev[i]

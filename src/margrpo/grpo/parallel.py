@@ -64,8 +64,10 @@ class DDPEngine(Engine):
     def sync(self, enabled: bool):
         return nullcontext() if enabled else self.ddp.no_sync()
 
-    def observe_local_grads(self, params: list[nn.Parameter], fn: Callable[[nn.Parameter, torch.Tensor], None]):
-        self.observers.append(({id(p) for p in params}, fn))
+    def variance_probe(self, params: list[nn.Parameter], micro_batches: int):
+        probe = super().variance_probe(params, micro_batches)
+        self.observers.append(({id(p) for p in params}, probe.observe_local))  # the last micro-batch's, in the hook
+        return probe
 
     def _sum_hook(self, _, bucket):  # no return annotation: DDP checks it against Future[Tensor], and ours is a string
         """Sum (not average) the bucket over processes, after showing the observers its local gradients."""
