@@ -254,10 +254,14 @@ def test_a_damaged_related_state_stops_the_run_and_a_restart_moves_it_aside(mask
     (out / "state/notes.txt").write_text("mine")
     (out / "state/ckpt-old").mkdir()
     flip_last_byte(out / "state/trainer.pt")
-    before = {p: p.read_bytes() for p in (out / "state").rglob("*") if p.is_file()}
+
+    def files():  # the run folder's lock records its holder: not the run's
+        return {p: p.read_bytes() for p in (out / "state").rglob("*") if p.is_file() and p.name != ".lock"}
+
+    before = files()
     with pytest.raises(SystemExit, match=r"sha256 differs.*Nothing was deleted.*--restart"):
         train_related("grpo-mask", mask_policy, data, spec, out)
-    assert {p: p.read_bytes() for p in (out / "state").rglob("*") if p.is_file()} == before
+    assert files() == before
     (out / "state/.trainer.pt.abc.tmp.pt").write_bytes(b"torn")  # a killed write's temporary file
     logged()
     train_related("grpo-mask", mask_policy, data, spec, out, restart=True)
@@ -326,7 +330,7 @@ class Interrupted(Exception):
 
 
 def test_train_related_deletes_nothing_it_did_not_write(mask_policy, data, tmp_path, monkeypatch, logged):
-    """Issue #36, as for `margrpo train` (tests/test_resume.py): a user's files in the run folder outlive a fresh
+    """Issue #36, as for `margrpo train` (tests/test_run_folder.py): a user's files in the run folder outlive a fresh
     start, a resume that continues and a restart under another spec; the restart still removes what the trainer
     wrote."""
     import margrpo.stages.train_related as stage

@@ -207,3 +207,60 @@ def test_a_train_job_asks_for_its_processes_threads_and_carries_slurm_conf(monke
         assert job.resources["cpus_per_task"] == processes * 3, job.resources
     monkeypatch.delenv("SLURM_CONF")
     assert train_job(1, 1, True).launch == "margrpo"
+
+
+def test_job_end_time_logs_the_limit_it_reads_or_why_it_has_none(monkeypatch, caplog):
+    """It turned every failure into "no limit" silently, so a run's guard could vanish unseen (issue 61.5)."""
+    import subprocess
+    from datetime import datetime
+
+    from margrpo.infra import slurm
+
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    record = {"EndTime": "2030-01-02T03:04:05"}
+    monkeypatch.setattr(slurm, "job_record", lambda job_id: record)
+    with caplog.at_level("INFO", logger="margrpo.infra.slurm"):
+        assert slurm.job_end_time() == datetime(2030, 1, 2, 3, 4, 5).timestamp()
+        assert "SLURM job 42 ends at 2030-01-02T03:04:05" in caplog.text
+        record["EndTime"] = "Unknown"
+        assert slurm.job_end_time() is None and "no time limit (EndTime Unknown)" in caplog.text
+
+        def scontrol_fails(job_id):
+            raise subprocess.CalledProcessError(1, ["scontrol", "show", "job"])
+
+        monkeypatch.setattr(slurm, "job_record", scontrol_fails)
+        assert slurm.job_end_time() is None and "its time limit cannot be read" in caplog.text
+        caplog.clear()
+        monkeypatch.delenv("SLURM_JOB_ID")
+        assert slurm.job_end_time() is None and not caplog.text  # outside SLURM: nothing to say
+
+
+def test_a_planned_stop_requeues_the_job_at_most_its_bound_and_never_one_slurm_is_ending(monkeypatch, caplog):
+    """infra.slurm.requeue (issue 61.1): `scontrol requeue <own id>` where the job runs and has been requeued fewer
+    than `limit` times; otherwise the job ends resumable (status 75). The test cluster runs it for real."""
+    import subprocess
+
+    from margrpo.infra import slurm
+
+    calls, record = [], {"JobState": "RUNNING", "Restarts": "0"}
+    monkeypatch.setattr(slurm, "job_record", lambda job_id: record)
+
+    def scontrol(*args):
+        calls.append(args)
+        if record.get("refuse"):
+            raise subprocess.CalledProcessError(1, ["scontrol", *args], stderr="Requested operation not supported")
+        return ""
+
+    monkeypatch.setattr(slurm, "_scontrol", scontrol)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert slurm.requeue(20) is False and calls == []  # outside SLURM
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    assert slurm.requeue(0) is False and calls == []  # slurm.requeues: 0
+    assert slurm.requeue(2) is True and calls == [("requeue", "7")]
+    assert "SLURM job 7 requeued (1 of at most 2)" in caplog.text
+    record["Restarts"] = "2"
+    assert slurm.requeue(2) is False and len(calls) == 1 and "requeued 2 times already" in caplog.text
+    record.update(Restarts="0", JobState="COMPLETING")  # SLURM requeues or ends it already
+    assert slurm.requeue(2) is False and len(calls) == 1
+    record.update(JobState="RUNNING", refuse=True)
+    assert slurm.requeue(2) is False and "cannot requeue it (Requested operation not supported)" in caplog.text

@@ -21,7 +21,6 @@ import torch
 from torch import Tensor
 
 from margrpo.diffusion import Sampler
-from margrpo.grpo.step_hooks import StepHooks
 from margrpo.policy.base import MARPolicy, TextCondition, deterministic
 
 
@@ -329,7 +328,8 @@ def generate(
     shared_order: bool = False,
     shared_noise: bool = False,
     full_steps: Tensor | list[int] | None = None,
-    hooks: StepHooks | None = None,
+    ar_step_limit: int | None = None,
+    on_record=None,
 ) -> Rollout:
     """Generate group_size images per prompt and record the trajectory (DESIGN 3.2).
 
@@ -343,14 +343,13 @@ def generate(
     `generator` / `mte_generator` may be lists, one per prompt: each group then draws from its own
     streams, so its samples do not depend on the batch it shares (data-parallel ranks split groups). `full_steps`:
     the AR steps that record every unknown token (default all; MTE's always); the rest only their committed ones.
-    `hooks` (grpo.step_hooks): an instrument's view of the record, and the AR steps it lets the rollout run.
+    `ar_step_limit`, `on_record`: an instrument's (grpo.step_hooks): the AR steps to run, a view of the record.
     """
-    hooks = hooks or StepHooks()
     if trajectories < 1:
         raise ValueError("trajectories (S) must be >= 1")
     with deterministic(policy):
         device = policy.device
-        schedule = ar_schedule(policy, sampling)[: hooks.ar_step_limit]
+        schedule = ar_schedule(policy, sampling)[:ar_step_limit]
         L, D = policy.seq_len, policy.token_dim
         sampler = make_sampler(policy, sampling)
         scales = cfg_scales(sampling, L, schedule)
@@ -361,23 +360,17 @@ def generate(
         )  # [N, L]
         N, S1 = len(orders), trajectories - 1
         rec = _Record.empty(len(schedule), sampling.diffusion_steps, N, L, D, S1, mte_steps, device)
-        hooks.recorded(rec)
+        (on_record or _nothing)(rec)
         full = _full_steps(len(schedule), full_steps, rec.mte_steps if S1 else None)
+        conds = (cond, uncond)
         tokens = _ar_steps(
-            policy,
-            sampler,
-            sampling,
-            schedule,
-            rec,
-            full,
-            streams,
-            orders,
-            (cond, uncond),
-            scales,
-            group_size,
-            shared_noise,
+            policy, sampler, sampling, schedule, rec, full, streams, orders, conds, scales, group_size, shared_noise
         )
         return _as_rollout(policy, prompts, group_size, tokens, orders, rec, scales, sampling, full, full_steps)
+
+
+def _nothing(*_) -> None:
+    pass
 
 
 def _as_rollout(policy, prompts, group_size, tokens, orders, rec, scales, sampling, full, full_steps) -> Rollout:

@@ -4,12 +4,8 @@ plan` measures memory through these). Each default leaves the step exactly as it
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from torch import Tensor
-
-    from margrpo.grpo.step_batch import Backward, StepBatch
+from torch import Tensor
 
 
 class StepHooks:
@@ -25,9 +21,9 @@ class StepHooks:
     def recorded(self, record) -> None:
         """A rollout's record (grpo.rollout), as generation allocates it, before the first AR step fills it."""
 
-    def scored(self, batch: StepBatch) -> None:
-        """The step's batch, rolled out, scored and split into micro-batches, before any update."""
+    def scored(self, batch) -> None:
+        """The step's batch (grpo.step_batch.StepBatch): rolled out, scored, split in micro-batches; no update yet."""
 
-    def replays(self, passes: Iterator[Backward]) -> Iterator[Backward]:
-        """An update's backward passes, as they run (then its clip and optimizer step)."""
+    def replays(self, passes: Iterator) -> Iterator:
+        """An update's backward passes (grpo.step_batch.Backward), as they run (then its clip and optimizer step)."""
         return passes

@@ -236,7 +236,8 @@ class GRPOTrainer:
                 shared_order=cfg.group_order == "shared",
                 shared_noise=cfg.group_noise == "shared",
                 full_steps=self.recorded_steps(ar),
-                hooks=self.hooks,
+                ar_step_limit=self.hooks.ar_step_limit,
+                on_record=self.hooks.recorded,
             )
         rewards, components = self.reward_fn(rollout.images, rollout.prompts, meta)
         adv, frac_zero = group_advantages(rewards, cfg.group_size)

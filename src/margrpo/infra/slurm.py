@@ -18,14 +18,17 @@ address, the CPUs each task holds and the job's end time are asked of `scontrol`
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from datetime import datetime
 
+log = logging.getLogger(__name__)
 PORT_BASE, PORT_SPAN = 20000, 10000  # below Linux's ephemeral range (32768-60999): no client socket holds them
 
 
@@ -99,11 +102,64 @@ def node_address(node: str) -> str:
 
 def job_end_time(job_id: str | None = None) -> float | None:
     """When SLURM ends this job (its time limit, its own or the partition's; seconds since the epoch); None outside
-    SLURM, without a limit (EndTime Unknown) or where `scontrol` cannot say."""
-    try:  # SLURM writes local time without a zone
-        return datetime.fromisoformat(job_record(job_id)["EndTime"]).timestamp()
-    except (RuntimeError, OSError, subprocess.CalledProcessError, KeyError, ValueError):
+    SLURM, without a limit (EndTime Unknown) or where `scontrol` cannot say. Inside a job it logs the limit it read,
+    or why it has none: a run that will not save before its limit says so."""
+    job_id = job_id or os.environ.get("SLURM_JOB_ID")
+    if not job_id:
         return None
+    try:
+        end = job_record(job_id).get("EndTime", "(none in scontrol's record)")
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as err:
+        log.warning("SLURM job %s: its time limit cannot be read (%s); the run will not save before it", job_id, err)
+        return None
+    try:  # SLURM writes local time without a zone
+        at = datetime.fromisoformat(end).timestamp()
+    except ValueError:
+        log.warning("SLURM job %s: no time limit (EndTime %s); the run will not save before one", job_id, end)
+        return None
+    log.info("SLURM job %s ends at %s (%.0f s from now)", job_id, end, at - time.time())
+    return at
+
+
+def requeue(limit: int, job_id: str | None = None) -> bool:
+    """Put this job back in SLURM's queue under its own id: a planned stop (a time limit, a warning signal, a
+    preemption) that whoever waits on the job (Snakemake) sees as a job still to run, costing none of its retries.
+    At most `limit` times a job (its `Restarts`); False outside SLURM, past the limit, or where `scontrol`
+    refuses (then the job ends resumable, status 75, and a retry runs it again)."""
+    job_id = job_id or os.environ.get("SLURM_JOB_ID")
+    if not job_id or limit <= 0:
+        return False
+    try:
+        record = job_record(job_id)
+        restarts = int(record.get("Restarts", "0"))
+        if record.get("JobState") != "RUNNING":  # SLURM ends it already (a requeue, a preemption, scancel)
+            log.warning("SLURM job %s is %s: not requeued by the run", job_id, record.get("JobState"))
+            return False
+        if restarts >= limit:
+            log.warning(
+                "SLURM job %s: requeued %d times already (slurm.requeues: %d); not again", job_id, restarts, limit
+            )
+            return False
+        _scontrol("requeue", job_id)
+    except (RuntimeError, OSError, ValueError, subprocess.CalledProcessError) as err:
+        why = err.stderr.strip() if isinstance(err, subprocess.CalledProcessError) and err.stderr else err
+        log.warning("SLURM job %s: cannot requeue it (%s); ending resumable instead", job_id, why)
+        return False
+    log.warning(
+        "SLURM job %s requeued (%d of at most %d): it runs again under its id and resumes", job_id, restarts + 1, limit
+    )
+    return True
+
+
+def wait_to_be_ended(seconds: float = 600.0) -> None:
+    """After `requeue`: SLURM ends the running job (SIGTERM, then SIGKILL after its KillWait) and starts it again;
+    wait for that rather than exit, so that no launcher or plugin above reads an exit status as a failure. Back
+    after `seconds` only if SLURM never came (the caller then exits resumable)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # SLURM's end: the default action, no save to make
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        time.sleep(1.0)
+    log.warning("requeued, but SLURM did not end the job within %.0f s; exiting resumable", seconds)
 
 
 def seconds_left(end_time: float | None) -> float:

@@ -42,6 +42,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="when state/ holds a run these settings cannot resume (or cannot be read), move it to "
         "<out-dir>/aside-<time>/ and start afresh; without it such a run stops with an error naming what differs",
     )
+    p.add_argument(
+        "--requeues",
+        type=int,
+        default=0,
+        help="inside SLURM, a planned stop (time limit, SIGTERM / SIGUSR1) requeues the job under its id up to this "
+        "many times (the config's slurm.requeues); 0: it exits with status 75",
+    )
 
 
 def _read_spec(args) -> dict:
@@ -103,7 +110,7 @@ def run(args) -> None:
         device=device,
         policy_settings=settings.policy,
     )
-    _train_or_stop(trainer, full_spec, args.restart)
+    _train_or_stop(trainer, full_spec, args.restart, args.requeues)
     if not trainer.engine.is_main:  # data parallel: one process writes the run's files
         return
     write_outputs(trainer, full_spec)
@@ -131,10 +138,12 @@ def _writable(out: Path) -> Path:
     return out
 
 
-def _train_or_stop(trainer, spec: dict, restart: bool = False) -> None:
-    """Train to the end, or save and exit with EXIT_RESUMABLE where SLURM's time limit draws near or the job is told
-    to stop (infra.stopping): the same command resumes (the SLURM profile's retries run it again)."""
+def _train_or_stop(trainer, spec: dict, restart: bool = False, requeues: int = 0) -> None:
+    """Train to the end, or save where SLURM's time limit draws near or the job is told to stop (infra.stopping):
+    then, inside SLURM, requeue the job (at most `requeues` times a job: infra.slurm.requeue), else exit with
+    EXIT_RESUMABLE; the same command resumes."""
     from margrpo.infra.run_lock import hold_run_folder
+    from margrpo.infra.slurm import requeue, wait_to_be_ended
     from margrpo.infra.stopping import EXIT_RESUMABLE, StopRequest
 
     stop = StopRequest(read_limit=trainer.engine.is_main)  # the main process reads the limit; all catch signals
@@ -147,5 +156,10 @@ def _train_or_stop(trainer, spec: dict, restart: bool = False) -> None:
         stop.close()
     if trainer.stopped:
         log.warning(f"stopped at step {trainer.step} of {trainer.cfg.steps} ({trainer.stopped}); run again to go on")
+        # a planned stop inside SLURM: the main process requeues the job under its id (no retry spent); every
+        # process then waits for SLURM to end it, so no level reads the stop as a failure
+        requeued = trainer.engine.from_main(requeue(requeues) if trainer.engine.is_main else None)
         leave_process_group()
+        if requeued:
+            wait_to_be_ended()
         raise SystemExit(EXIT_RESUMABLE)
