@@ -30,11 +30,15 @@ REPORT_HTML ?= results/report.html
 report-html: $(STAMP)  ## Snakemake's HTML report of the last run (tables, figures, captions, rule graph, runtimes)
 	$(BIN)/snakemake --report $(REPORT_HTML) $(SNAKEMAKE_ARGS)
 
+# pytest-xdist: TEST_WORKERS processes, each taking whole test files (their module fixtures are built once)
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile
+
 test: $(STAMP)         ## the full test suite, including the end-to-end smoke workflow
-	$(BIN)/pytest -q -m "not slurm" $(PYTEST_ARGS)
+	$(BIN)/pytest -q -m "not slurm" $(XDIST) $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(BIN)/pytest -q -m "not slow and not slurm" $(PYTEST_ARGS)
+	$(BIN)/pytest -q -m "not slow and not slurm" $(XDIST) $(PYTEST_ARGS)
 
 test-slurm: $(STAMP)   ## GRPO jobs through the SLURM profile on a two-node SLURM cluster in network namespaces (root)
 	$(BIN)/pytest -q -m slurm $(PYTEST_ARGS)
