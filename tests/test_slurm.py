@@ -276,22 +276,20 @@ def assert_same_run(work: Path, name: str, reference: str = "slurm-long") -> Non
     assert all(torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-7) for k in a), name
 
 
-def test_a_train_job_cut_by_its_time_limit_requeues_itself_and_ends_as_the_uninterrupted_run(workdir):
-    """A one-minute limit (the config's slurm.train.runtime) on a run that needs several: each time the job saves
-    before its limit and requeues itself under its id (slurm.requeues), so Snakemake waits on one job and no retry
-    is spent (`--retries 0`: a stop read as a failure would end the workflow); it resumes each time (issue 61.1)."""
+def test_a_train_job_cut_by_its_time_limit_saves_is_resubmitted_and_ends_as_the_uninterrupted_run(workdir):
+    """A one-minute limit (the config's slurm.train.runtime) on a run that needs more: each job saves before its
+    limit and exits 75; Snakemake's retries submit it again (the profile's 3; more here, where each job has only a
+    minute), and it resumes."""
     config = write_config(workdir / "limit.yaml", "slurm-limit", 1, 1, "replicate", gpus=False, steps=LONG)
     spec = yaml.safe_load(config.read_text())
     spec["slurm"] = {"train": {"runtime": 1, "mem_mb": 1500}}
     config.write_text(yaml.safe_dump(spec, sort_keys=False))
-    text, jobs = through_slurm(workdir, config, f"results/slurm-limit/{RUN}/summary.json", "--retries", "0")
-    (job,) = jobs  # one submission
-    record = job_record(job)
-    restarts = int(record["Restarts"])
-    print(f"time-limit job {job}: {restarts} requeues, then {record['JobState']}")
-    assert record["JobState"] == "COMPLETED" and restarts >= 1, record
-    assert "Error in rule" not in text, text[-3000:]  # no attempt failed
-    log = (workdir / f"logs/slurm-limit/{RUN}.log").read_text()  # the last run's
+    # each one-minute job trains ~20-30 s after its start-up and margin: as many retries as a slow machine needs
+    text, jobs = through_slurm(workdir, config, f"results/slurm-limit/{RUN}/summary.json", "--retries", "12")
+    assert len(jobs) >= 2, text[-3000:]  # cut at least once
+    states = [job_record(j)["JobState"] for j in jobs]
+    assert states[-1] == "COMPLETED" and "TIMEOUT" not in states, states  # each stopped before SLURM cut it
+    log = (workdir / f"logs/slurm-limit/{RUN}.log").read_text()  # the last attempt's
     assert "resumed from" in log, log[-3000:]
     assert_same_run(workdir, "slurm-limit")
 
