@@ -26,7 +26,7 @@ rule train:
         toypref=f"{TOYPREF}/model",
         launch=TRAIN_LAUNCH,
         threads=config["threads"],  # per process
-        requeues=config["slurm"]["requeues"],  # a planned stop inside SLURM requeues the job (infra.slurm.requeue)
+        requeues=config["slurm"]["requeues"],  # > 0: a planned stop inside SLURM requeues the job (infra.slurm.requeue)
     threads: config["threads"] * TRAIN_PROCS
     resources:
         **TRAIN_RESOURCES,
@@ -40,4 +40,4 @@ rule train:
     shell:
         "{params.launch} train --policy-dir {input.policy:q} --suites-dir {params.suites_dir:q} --spec-json {params.spec:q}"
         " --toyclip-dir {params.toyclip:q} --toypref-dir {params.toypref:q} --seed {wildcards.seed:q} --out-dir {params.run_dir:q}"
-        " --threads {params.threads:q} --restart --requeues {params.requeues} > {log:q} 2>&1"
+        " --threads {params.threads:q} --restart --requeues {params.requeues:q} > {log:q} 2>&1"
