@@ -12,7 +12,12 @@
 # installer writes it (so node1 does not find itself under the address SLURM gives: the rendezvous must not need it).
 # Jobs inherit both from their slurmd. Tasks are bound to their CPUs (task/affinity), two per node: this machine's. The GPUs are generic resources on empty device files:
 # SLURM counts, binds and exports them (CUDA_VISIBLE_DEVICES) without any hardware. Nothing outside this machine is
-# reached. Usage: scripts/slurm-cluster.sh start | stop | status
+# reached.
+#
+# Accounting as a real cluster has it: slurmdbd on a MariaDB of its own (a data directory under $STATE, 127.0.0.1
+# only, port 3307), so `sacct` (the status command Snakemake's SLURM plugin uses by default) answers from the
+# database. Two partitions: `debug` (the default) and `urgent` on the same nodes, whose jobs preempt debug's
+# (PreemptMode=CANCEL: the preempted job ends PREEMPTED, not requeued). Usage: scripts/slurm-cluster.sh start | stop | status
 set -euo pipefail
 NODES=(node1 node2)
 ADDRS=(10.77.0.11 10.77.0.12)
@@ -24,12 +29,17 @@ LOGS=/var/log/slurm
 CPUS=2          # per node, bound (task/affinity): this machine's 2 cores, shared by both nodes
 MEM=6000        # MiB per node
 GPUS=2          # stand-in GPUs per node
+DB_PORT=3307    # slurmdbd's MariaDB, on 127.0.0.1 (not MariaDB's own 3306)
+DB=$STATE/db    # its data directory, socket and pid file (owned by mysql)
 
 install() {
-  command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null && return
+  local tool
+  for tool in slurmctld slurmd slurmdbd munged mariadbd mariadb-install-db; do command -v "$tool" >/dev/null || break; done
+  command -v "$tool" >/dev/null && return
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge iproute2 >/dev/null
+  apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client slurmdbd munge iproute2 \
+    mariadb-server >/dev/null
 }
 
 network() {
@@ -103,11 +113,30 @@ ReturnToService=2
 MinJobAge=3600
 JobCompType=jobcomp/filetxt
 JobCompLoc=$LOGS/jobcomp.log
-AccountingStorageType=accounting_storage/none
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
 JobAcctGatherType=jobacct_gather/none
 SchedulerType=sched/backfill
-${nodes_conf}PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP
+PreemptType=preempt/partition_prio
+PreemptMode=CANCEL
+${nodes_conf}PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP PriorityTier=1
+PartitionName=urgent Nodes=$(IFS=,; echo "${NODES[*]}") MaxTime=INFINITE State=UP PriorityTier=10
 CONF
+  cat > "$CONF_DIR/slurmdbd.conf" <<CONF
+$MARK
+AuthType=auth/munge
+DbdHost=localhost
+SlurmUser=root
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=$DB_PORT
+StorageUser=slurm
+StoragePass=margrpo-test
+StorageLoc=slurm_acct_db
+LogFile=$LOGS/slurmdbd.log
+PidFile=/run/slurmdbd.pid
+CONF
+  chmod 600 "$CONF_DIR/slurmdbd.conf"
   [ -s /etc/munge/munge.key ] || { mkdir -p /etc/munge; dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none; }
   chown -R munge:munge /etc/munge /run/munge 2>/dev/null || true
   chmod 400 /etc/munge/munge.key
@@ -121,6 +150,26 @@ start_node() {  # slurmd in the node's network namespace, with its own host name
     "hostname $node && mount --bind $STATE/hosts-$node /etc/hosts && exec slurmd -N $node" </dev/null >/dev/null 2>&1
 }
 
+database() {  # MariaDB for slurmdbd, on a data directory, socket and port of its own; then slurmdbd
+  if [ ! -d "$DB/data/mysql" ]; then
+    mkdir -p "$DB/data"
+    chown -R mysql:mysql "$DB"
+    mariadb-install-db --user=mysql --datadir="$DB/data" --auth-root-authentication-method=socket >"$LOGS/mariadb-install.log" 2>&1
+  fi
+  chown -R mysql:mysql "$DB"
+  mariadbd --user=mysql --datadir="$DB/data" --socket="$DB/mysqld.sock" --pid-file="$DB/mysqld.pid" \
+    --bind-address=127.0.0.1 --port="$DB_PORT" --skip-log-bin </dev/null >"$LOGS/mariadb.log" 2>&1 &
+  local sql=(mariadb --socket="$DB/mysqld.sock" -u root)
+  for _ in $(seq 60); do "${sql[@]}" -e 'select 1' >/dev/null 2>&1 && break; sleep 0.5; done
+  "${sql[@]}" -e "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'margrpo-test';
+    GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; FLUSH PRIVILEGES;"
+  slurmdbd </dev/null >/dev/null 2>&1
+  for _ in $(seq 60); do sacctmgr -n list cluster >/dev/null 2>&1 && break; sleep 0.5; done
+  sacctmgr -i add cluster margrpo-test >/dev/null 2>&1 || true  # already there on a second start
+  sacctmgr -i add account margrpo Description=tests Organization=margrpo >/dev/null 2>&1 || true
+  sacctmgr -i add user root Account=margrpo >/dev/null 2>&1 || true
+}
+
 start() {
   install
   stop_daemons
@@ -130,11 +179,12 @@ start() {
     runuser -u munge -- munged || munged --force
     pgrep -nx munged > "$STATE/munged.pid"  # ours: `stop` ends it
   fi
+  database
   slurmctld </dev/null >/dev/null 2>&1
   for node in "${NODES[@]}"; do start_node "$node"; done
   for _ in $(seq 60); do
-    if [ "$(sinfo -h -N -o '%N %T' 2>/dev/null | grep -cE 'idle|mixed|alloc')" -eq "${#NODES[@]}" ]; then
-      sinfo -N -o '%N %T %c %m %G'; return 0
+    if [ "$(sinfo -h -N -p debug -o '%N %T' 2>/dev/null | grep -cE 'idle|mixed|alloc')" -eq "${#NODES[@]}" ]; then
+      sinfo -N -p debug -o '%N %T %c %m %G'; return 0
     fi
     for node in "${NODES[@]}"; do scontrol update nodename="$node" state=resume >/dev/null 2>&1 || true; done
     sleep 1
@@ -147,13 +197,13 @@ start() {
 
 stop_daemons() {  # the daemons this script started, by their pid files: never another SLURM's
   local pids=() f
-  for f in /run/slurmctld.pid /run/slurmd-*.pid "$STATE/munged.pid"; do
+  for f in /run/slurmctld.pid /run/slurmd-*.pid /run/slurmdbd.pid "$DB/mysqld.pid" "$STATE/munged.pid"; do
     [ -s "$f" ] && grep -qxF "$MARK" "$CONF_DIR/slurm.conf" 2>/dev/null && pids+=("$(cat "$f")")
   done
   [ "${#pids[@]}" -gt 0 ] || return 0
   kill "${pids[@]}" 2>/dev/null || true
   for _ in $(seq 20); do kill -0 "${pids[@]}" 2>/dev/null || break; sleep 0.5; done
-  rm -f /run/slurmctld.pid /run/slurmd-*.pid "$STATE/munged.pid"
+  rm -f /run/slurmctld.pid /run/slurmd-*.pid /run/slurmdbd.pid "$DB/mysqld.pid" "$STATE/munged.pid"
 }
 
 stop() {
@@ -165,6 +215,6 @@ stop() {
 case "${1:-}" in
   start) start ;;
   stop) stop ;;
-  status) sinfo -N -o '%N %T %c %m %G' ;;
+  status) sinfo -N -p debug -o '%N %T %c %m %G' ;;
   *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
 esac

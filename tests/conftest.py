@@ -1,5 +1,6 @@
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -38,6 +39,18 @@ def _no_wait_for_an_absent_slurm_controller(request, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PATH", f"{stub.parent}{os.pathsep}{os.environ['PATH']}")
         yield
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """The two-node test cluster (scripts/slurm-cluster.sh) for the slurm-marked tests, started once a session."""
+    if os.geteuid() != 0 or not shutil.which("ip") or not (shutil.which("apt-get") or shutil.which("slurmctld")):
+        pytest.skip("the test cluster needs root, iproute2 and Debian's slurm packages (scripts/slurm-cluster.sh)")
+    script = REPO / "scripts/slurm-cluster.sh"
+    start = subprocess.run(["bash", str(script), "start"], capture_output=True, text=True, timeout=600)
+    assert start.returncode == 0, start.stdout[-2000:] + start.stderr[-3000:]
+    yield
+    subprocess.run(["bash", str(script), "stop"], capture_output=True, timeout=120)
 
 
 @pytest.fixture(autouse=True)

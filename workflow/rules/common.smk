@@ -79,9 +79,18 @@ TRAIN_JOB = train_job(TRAIN_PROCS, TRAIN_NODES, bool(GPU), config["train_port"],
 TRAIN_LAUNCH, TRAIN_RESOURCES = TRAIN_JOB.launch, TRAIN_JOB.resources
 
 
+# the site's account, partition and QOS (config slurm.account / partition / qos), on every job SLURM runs
+SITE = {
+    resource: config["slurm"][key]
+    for key, resource in (("account", "slurm_account"), ("partition", "slurm_partition"), ("qos", "qos"))
+    if config["slurm"].get(key)
+}
+
+
 def slurm(stage):
-    """A GPU stage's runtime (minutes) and memory (MB per node) on SLURM: the config's `slurm` section."""
-    return dict(config["slurm"][stage])
+    """A GPU stage's runtime (minutes) and memory (MB per node) on SLURM, and the site's settings: the config's
+    `slurm` section."""
+    return {**SITE, **config["slurm"][stage]}
 
 
 def is_toy(policy):

@@ -13,6 +13,8 @@ rule make_suites:
         f"logs/make_suites/{os.path.basename(DATA)}.log",
     benchmark:
         f"timings/make_suites/{os.path.basename(DATA)}.tsv"
+    resources:
+        **SITE,
     shell:
         "margrpo make-suites --out-dir {params.out_dir:q} --seed {params.prompts[seed]:q}"
         " --n-train {params.prompts[n_train]:q} --n-val {params.prompts[n_val]:q} --n-eval {params.prompts[n_eval]:q}"

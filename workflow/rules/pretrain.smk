@@ -90,5 +90,7 @@ rule check_weights:
         "logs/check_weights/{weights}.log",
     benchmark:
         "timings/check_weights/{weights}.tsv"
+    resources:
+        **SITE,
     shell:
         "margrpo check-weights --kind {params.kind:q} --path {params.path:q} --out {output:q} > {log:q} 2>&1"

@@ -110,6 +110,8 @@ rule table3:
         f"logs/{NAME}/report/table3.log",
     benchmark:
         f"timings/{NAME}/report/table3.tsv"
+    resources:
+        **SITE,
     shell:
         report_cmd("table3")
 
@@ -136,5 +138,7 @@ rule fig_related_wallclock:
         f"logs/{NAME}/report/fig_related_wallclock.log",
     benchmark:
         f"timings/{NAME}/report/fig_related_wallclock.tsv"
+    resources:
+        **SITE,
     shell:
         report_cmd("related-wallclock")

@@ -29,6 +29,8 @@ rule table1:
         f"logs/{NAME}/report/table1.log",
     benchmark:
         f"timings/{NAME}/report/table1.tsv"
+    resources:
+        **SITE,
     shell:
         report_cmd("table1")
 
@@ -52,6 +54,8 @@ rule table2:
         f"logs/{NAME}/report/table2.log",
     benchmark:
         f"timings/{NAME}/report/table2.tsv"
+    resources:
+        **SITE,
     shell:
         report_cmd("table2")
 
@@ -74,6 +78,8 @@ rule val_gain:
         f"logs/{NAME}/report/val_gain.log",
     benchmark:
         f"timings/{NAME}/report/val_gain.tsv"
+    resources:
+        **SITE,
     shell:
         report_cmd("val-gain")
 
@@ -99,6 +105,8 @@ rule claims:
         f"logs/{NAME}/report/claims.log",
     benchmark:
         f"timings/{NAME}/report/claims.tsv"
+    resources:
+        **SITE,
     shell:
         report_cmd("claims")
 
@@ -124,6 +132,8 @@ rule fig2_dynamics:
         f"logs/{NAME}/report/fig2_dynamics.log",
     benchmark:
         f"timings/{NAME}/report/fig2_dynamics.tsv"
+    resources:
+        **SITE,
     shell:
         report_cmd("dynamics")
 
@@ -174,6 +184,8 @@ rule fig4_uncertainty:
         f"logs/{NAME}/report/fig4_uncertainty.log",
     benchmark:
         f"timings/{NAME}/report/fig4_uncertainty.tsv"
+    resources:
+        **SITE,
     shell:
         report_cmd("uncertainty")
 
@@ -199,6 +211,8 @@ rule fig6_samples:
         f"logs/{NAME}/report/fig6_samples.log",
     benchmark:
         f"timings/{NAME}/report/fig6_samples.tsv"
+    resources:
+        **SITE,
     shell:
         report_cmd("samples")
 
@@ -221,6 +235,8 @@ rule artifacts:
         f"logs/{NAME}/report/artifacts.log",
     benchmark:
         f"timings/{NAME}/report/artifacts.tsv"
+    resources:
+        **SITE,
     shell:
         report_cmd("artifacts")
 
@@ -246,6 +262,8 @@ rule fig7a_samples:
         f"logs/{NAME}/report/fig7a_samples.log",
     benchmark:
         f"timings/{NAME}/report/fig7a_samples.tsv"
+    resources:
+        **SITE,
     shell:
         report_cmd("ablation-samples")
 
@@ -271,6 +289,8 @@ rule fig7b_reward_curves:
         f"logs/{NAME}/report/fig7b_reward_curves.log",
     benchmark:
         f"timings/{NAME}/report/fig7b_reward_curves.tsv"
+    resources:
+        **SITE,
     shell:
         report_cmd("ablation-curves")
 
@@ -296,5 +316,7 @@ rule fig7c_final_metric:
         f"logs/{NAME}/report/fig7c_final_metric.log",
     benchmark:
         f"timings/{NAME}/report/fig7c_final_metric.tsv"
+    resources:
+        **SITE,
     shell:
         report_cmd("ablation-final")

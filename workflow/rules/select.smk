@@ -12,5 +12,7 @@ rule select_checkpoint:
         f"logs/{NAME}/select_checkpoint/{{run}}.log",
     benchmark:
         f"timings/{NAME}/select_checkpoint/{{run}}.tsv"
+    resources:
+        **SITE,
     shell:
         "margrpo select --summary {input:q} --step {params.step:q} --out {output:q} > {log:q} 2>&1"

@@ -1,8 +1,8 @@
 """`python -m margrpo.infra.launch [--nodes M --port P] N COMMAND...`: COMMAND as N data-parallel processes per node.
 
 One node (`--nodes 1`, the default): the processes of one machine, reachable from it alone (below).
-Several nodes (inside a SLURM job of M nodes, from its batch script on the first node): this launcher holds the
-rendezvous port on the first node's address (`auto`: from the job id, stepping past ports other jobs hold) and hosts
+Several nodes (inside a SLURM job of M nodes, from its batch script on its BatchHost): this launcher holds the
+rendezvous port on that node's address (`auto`: from the job id, stepping past ports other jobs hold) and hosts
 the c10d store there; `srun` starts a node agent once per node with the job's CPUs per task, which becomes torchrun,
 a client of that store, reached by the others at its node's address. Outside SLURM, start torchrun on each node
 yourself (`multi_node_command`, `is_host=1` on the first). torchrun restarts nothing (`--max-restarts 0`); one
@@ -200,7 +200,10 @@ def launch_slurm(nodes: int, per_node: int, port: int | str, command: list[str])
     hosts = job_nodes(record)
     if len(hosts) != nodes:
         raise SystemExit(f"margrpo.infra.launch: --nodes {nodes}, but SLURM job {job_id} holds {len(hosts)}: {hosts}")
-    addr = node_address(hosts[0])
+    head = record.get("BatchHost") or socket.gethostname()  # this launcher runs in the batch script, there
+    if head not in hosts:
+        raise SystemExit(f"margrpo.infra.launch: SLURM job {job_id}'s batch host {head} is not one of its {hosts}")
+    addr = node_address(head, peer=node_address(next(h for h in hosts if h != head)))
     listener = reserve_port(addr, rendezvous_port(job_id) if port == "auto" else int(port), fixed=port != "auto")
     port = listener.getsockname()[1]
     endpoint = f"{addr}:{port}"
@@ -248,18 +251,21 @@ def interface_of(addr: str) -> str | None:
 
 def node_agent(endpoint: str, nodes: int, per_node: int, command: list[str]) -> int:
     """One node's torchrun (run by `launch_slurm`'s srun): a client of the launcher's store, reached by the others
-    at this node's NodeAddr, and gloo on that address's interface (gloo would bind what the host name resolves to:
-    127.0.1.1 on Debian). The process becomes torchrun, so srun's signals reach it."""
+    at this node's address (`slurm.node_address`), and gloo's and NCCL's sockets on that address's interface unless
+    the job's environment names one (gloo would bind what the host name resolves to: 127.0.1.1 on Debian). The
+    process becomes torchrun, so srun's signals reach it."""
     from margrpo.infra.slurm import node_address
 
     name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    addr = node_address(name)
+    addr = node_address(name, peer=endpoint.rsplit(":", 1)[0])
     interface = interface_of(addr)
-    if interface and "GLOO_SOCKET_IFNAME" not in os.environ:
-        os.environ["GLOO_SOCKET_IFNAME"] = interface
+    for sockets in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):  # set in the job's environment: that one wins
+        if interface and sockets not in os.environ:
+            os.environ[sockets] = interface
     print(
         f"margrpo.infra.launch: node agent on {name} (node {os.environ.get('SLURM_NODEID', '?')} of {nodes}): "
-        f"address {addr} ({interface or 'interface unknown'}), {len(os.sched_getaffinity(0))} CPUs, "
+        f"address {addr} ({interface or 'interface unknown'}; gloo {os.environ.get('GLOO_SOCKET_IFNAME', 'its own')}, "
+        f"NCCL {os.environ.get('NCCL_SOCKET_IFNAME', 'its own')}), {len(os.sched_getaffinity(0))} CPUs, "
         f"GPUs {os.environ.get('CUDA_VISIBLE_DEVICES', 'none')}",
         file=sys.stderr,
         flush=True,

@@ -18,6 +18,7 @@ address, the CPUs each task holds and the job's end time are asked of `scontrol`
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import shlex
@@ -90,14 +91,40 @@ def cpus_per_task(record: dict[str, str]) -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def node_address(node: str) -> str:
-    """The address SLURM itself reaches `node` at (NodeAddr), else what the name resolves to: a node's name is not
-    always a host name the other nodes can resolve."""
+def node_address(node: str, peer: str | None = None) -> str:
+    """The IPv4 address the other nodes reach `node` at, asked on `node` itself (the launcher on the batch host,
+    each node agent on its own node). SLURM's NodeAddr where it is an address. Where it is a name (NodeAddr equals
+    NodeName where a site leaves it unset), what that name resolves to here, unless only to loopback (Debian's
+    hosts file maps a machine's own name to 127.0.1.1): then the address this machine's route to `peer` (another
+    node's address) leaves from. Resolved once, so every process of the node is given the same address."""
     try:
-        addr = _fields(_scontrol("show", "node", "-o", node)).get("NodeAddr")
+        addr = _fields(_scontrol("show", "node", "-o", node)).get("NodeAddr") or node
     except (OSError, subprocess.CalledProcessError):
-        addr = None
-    return addr or socket.gethostbyname(node)
+        addr = node
+    if _is_ipv4(addr):
+        return addr
+    try:
+        resolved = sorted({info[4][0] for info in socket.getaddrinfo(addr, None, socket.AF_INET)})
+    except socket.gaierror:
+        resolved = []
+    routable = [a for a in resolved if not ipaddress.ip_address(a).is_loopback]
+    if routable:
+        return routable[0]
+    if peer:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # a route lookup: no packet is sent
+            probe.connect((peer, 9))
+            return probe.getsockname()[0]
+    raise RuntimeError(
+        f"SLURM node {node}: NodeAddr {addr} resolves to {resolved or 'nothing'} here, and no other node's address "
+        "is known to find this node's own by its route"
+    )
+
+
+def _is_ipv4(text: str) -> bool:
+    try:
+        return isinstance(ipaddress.ip_address(text), ipaddress.IPv4Address)
+    except ValueError:
+        return False
 
 
 def job_end_time(job_id: str | None = None) -> float | None:
