@@ -96,7 +96,19 @@ def test_a_preempted_job_is_failed_after_the_patience_and_its_retry_completes(cl
     workflow = start_workflow(tmp_path, hold=20, retries=1)
     job = running_job(workflow)
     urgent = subprocess.run(  # every CPU of both nodes, in the partition that preempts debug's jobs
-        ["sbatch", "--parsable", "-p", "urgent", "-N2", "--ntasks-per-node=2", "--mem=100", "--wrap", "sleep 5"],
+        [
+            "sbatch",
+            "--parsable",
+            "-p",
+            "urgent",
+            "-N2",
+            "--ntasks-per-node=2",
+            "--mem=100",
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "sleep 5",
+        ],
         capture_output=True,
         text=True,
         check=True,
