@@ -95,7 +95,7 @@ def test_train_nodes_start_torchrun_on_each_node_and_ask_slurm_for_the_nodes(tmp
         assert "Shell command: python -m margrpo.infra.launch --nodes 2 --port 29600 2 margrpo train " in job, job
         # each node's task: its processes' threads; the time from the config, the memory its default
         assert re.search(r"\bcpus_per_task=6\b", job) and re.search(r"\bruntime=90\b", job), job
-        assert re.search(r"\bmem_mb=96000\b", job), job
+        assert re.search(r"\bmem_mb=80000\b", job), job
         assert (
             re.search(r"resources: .*\bnodes=2\b", job) and re.search(r"\btasks=2\b", job) and "gres=gpu:2" in job
         ), job

@@ -28,6 +28,13 @@ import sys
 from datetime import timedelta
 
 LOOPBACK = "127.0.0.1"
+# the signals a job is stopped with (margrpo.infra.stopping saves on each): every launcher passes them on to its
+# processes, and torchrun forwards them to its workers rather than die of USR1 (its default list lacks it)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+# how long torchrun waits for its workers to save and exit once signalled before it kills them (its default: 30 s).
+# Past any grace SLURM gives: SLURM's own SIGKILL (KillWait after a SIGTERM) stays the bound, not torchrun's.
+SHUTDOWN_S = 900
 
 
 def worker_env(rank: int, world: int, port: int) -> dict[str, str]:
@@ -64,7 +71,9 @@ def launch(world: int, command: list[str]) -> int:
     )
     print(f"margrpo.infra.launch: on {socket.gethostname()}: {world} processes", file=sys.stderr, flush=True)
     procs = [subprocess.Popen(command, env=worker_env(rank, world, port)) for rank in range(world)]
-    for sig in (signal.SIGINT, signal.SIGTERM):  # Snakemake stops a job with SIGTERM: pass it on
+    for (
+        sig
+    ) in STOP_SIGNALS:  # Snakemake and SLURM stop a job with SIGTERM, sbatch --signal may send USR1: pass them on
         signal.signal(sig, lambda s, _: [p.send_signal(s) for p in procs if p.poll() is None])
     failed = first_failure(procs)
     if failed:
@@ -129,6 +138,8 @@ def multi_node_command(
         *([] if is_host is None else [f"--rdzv-conf=is_host={int(is_host)}"]),
         *([] if local_addr is None else [f"--local-addr={local_addr}"]),
         "--max-restarts=0",
+        f"--signals-to-handle={TORCHRUN_SIGNALS}",
+        f"--shutdown-timeout={SHUTDOWN_S}",
         "--no-python",  # COMMAND is a program (`margrpo`), as for the single-node launcher, not a Python script
         *command,
     ]
@@ -232,7 +243,15 @@ def launch_slurm(nodes: int, per_node: int, port: int | str, command: list[str])
         file=sys.stderr,
         flush=True,
     )
-    return subprocess.run(srun + agent).returncode
+    step = subprocess.Popen(srun + agent)
+    # this launcher is the batch script's process: `scancel --full`, `sbatch --signal=B:...` and a requeue signal it
+    # (the default action would end it and its store). srun forwards TERM and USR1 to every node's torchrun; a lone
+    # SIGINT is srun's request for a status line, so INT goes on as TERM
+    for sig in STOP_SIGNALS:
+        signal.signal(
+            sig, lambda s, _: step.poll() is None and step.send_signal(s if s != signal.SIGINT else signal.SIGTERM)
+        )
+    return step.wait()
 
 
 def interface_of(addr: str) -> str | None:
