@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -252,16 +253,38 @@ def metrics_without_timings(run: Path) -> pd.DataFrame:
     return frame[[c for c in frame.columns if not any(t in c for t in ("time", "_s", "memory", "_mb"))]]
 
 
-def assert_same_run(work: Path, name: str, reference: str = "slurm-long") -> None:
+def assert_same_run(work: Path, name: str, reference: str = "slurm-long", steps: int = LONG) -> None:
     """The run's metrics (every column but timings) and final policy are the uninterrupted run's."""
     got, want = (metrics_without_timings(work / f"results/{n}/{RUN}") for n in (name, reference))
-    assert list(got["step"]) == list(range(1, LONG + 1)), got
+    assert list(got["step"]) == list(range(1, steps + 1)), got
     pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-5, atol=1e-7)
     a, b = (
-        load_file(next((work / f"results/{n}/{RUN}/state").glob(f"ckpt-{LONG:06d}/policy/*.safetensors")))
+        load_file(next((work / f"results/{n}/{RUN}/state").glob(f"ckpt-{steps:06d}/policy/*.safetensors")))
         for n in (name, reference)
     )
     assert all(torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-7) for k in a), name
+
+
+def act_once_a_checkpoint_is_there(state: Path, *command: str, delay: float = 0) -> tuple[threading.Thread, dict]:
+    """A thread that runs `command JOB` on the running job `delay` seconds after the run has its first checkpoint."""
+    done = {}
+
+    def act():
+        deadline = time.time() + TIMEOUT
+        while time.time() < deadline and not list(state.glob("ckpt-*")):
+            time.sleep(0.5)
+        time.sleep(delay)
+        running = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i"], capture_output=True, text=True)
+        done["job"] = running.stdout.split()[0] if running.stdout.split() else "none running"
+        done["out"] = subprocess.run([*command, str(done["job"])], capture_output=True, text=True)
+
+    thread = threading.Thread(target=act)
+    thread.start()
+    return thread, done
+
+
+def resumed_at(log: str) -> int:
+    return int(re.search(r"resumed from .* at step (\d+)", log).group(1))
 
 
 def test_a_train_job_cut_by_its_time_limit_saves_is_resubmitted_and_ends_as_the_uninterrupted_run(workdir):
@@ -286,21 +309,9 @@ def test_a_requeued_train_job_resumes_and_snakemake_waits_for_it(workdir):
     """`scontrol requeue` (what a preemption with PreemptMode=REQUEUE does): SIGTERM, the trainer saves; the same
     job id runs again, resumes, and Snakemake reports success."""
     config = write_config(workdir / "requeue.yaml", "slurm-requeue", 1, 1, "replicate", gpus=False, steps=LONG)
-    state = workdir / f"results/slurm-requeue/{RUN}/state"
-    done = {}
-
-    def requeue_once_a_checkpoint_is_there():
-        deadline = time.time() + TIMEOUT
-        while time.time() < deadline and not list(state.glob("ckpt-*")):
-            time.sleep(0.5)
-        running = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i"], capture_output=True, text=True)
-        done["job"] = running.stdout.split()[0] if running.stdout.split() else "none running"
-        done["out"] = subprocess.run(["scontrol", "requeue", str(done["job"])], capture_output=True, text=True)
-
-    import threading
-
-    thread = threading.Thread(target=requeue_once_a_checkpoint_is_there)
-    thread.start()
+    thread, done = act_once_a_checkpoint_is_there(
+        workdir / f"results/slurm-requeue/{RUN}/state", "scontrol", "requeue"
+    )
     text, jobs = through_slurm(workdir, config, f"results/slurm-requeue/{RUN}/summary.json")
     thread.join()
     assert done["out"].returncode == 0, done["out"].stderr
@@ -310,6 +321,45 @@ def test_a_requeued_train_job_resumes_and_snakemake_waits_for_it(workdir):
     log = (workdir / f"logs/slurm-requeue/{RUN}.log").read_text()
     assert "resumed from" in log, log[-3000:]
     assert_same_run(workdir, "slurm-requeue")
+
+
+SHORT = 60  # steps of the two-node runs a signal or a time limit interrupts
+
+
+@pytest.fixture(scope="module")
+def two_node_reference(workdir):
+    """The uninterrupted two-node run (one CPU process a node) that the interrupted ones must end as."""
+    config = write_config(workdir / "two-ref.yaml", "slurm-2ref", 1, 2, "full_shard", gpus=False, steps=SHORT)
+    through_slurm(workdir, config, f"results/slurm-2ref/{RUN}/summary.json")
+    return "slurm-2ref"
+
+
+def test_a_two_node_job_sent_sigterm_saves_and_its_retry_resumes_to_the_uninterrupted_run(workdir, two_node_reference):
+    """`scancel --signal=TERM` (what an administrator's stop or a preemption's grace sends every step): srun passes
+    it to each node's torchrun, torchrun to its worker, and the workers save after their step and exit; the retry
+    resumes from that save, not from the last periodic checkpoint."""
+    config = write_config(workdir / "term.yaml", "slurm-term", 1, 2, "full_shard", gpus=False, steps=SHORT)
+    state = workdir / f"results/slurm-term/{RUN}/state"
+    thread, done = act_once_a_checkpoint_is_there(state, "scancel", "--signal=TERM", delay=5)  # a few steps on
+    text, jobs = through_slurm(workdir, config, f"results/slurm-term/{RUN}/summary.json", "--retries", "1")
+    thread.join()
+    assert done["out"].returncode == 0 and jobs[0] == done["job"] and len(jobs) == 2, (jobs, done, text[-3000:])
+    log = (workdir / f"logs/slurm-term/{RUN}.log").read_text()  # the retry's
+    assert resumed_at(log) > 25, log[-3000:]  # saved on the signal (the periodic checkpoint is step 25's)
+    assert_same_run(workdir, "slurm-term", two_node_reference, SHORT)
+
+
+def test_a_two_node_job_cut_by_its_time_limit_resumes_to_the_uninterrupted_run(workdir, two_node_reference):
+    """A one-minute limit on the two-node run: each job's processes agree to save before the limit; retries resume."""
+    config = write_config(workdir / "limit2.yaml", "slurm-limit2", 1, 2, "full_shard", gpus=False, steps=SHORT)
+    spec = yaml.safe_load(config.read_text())
+    spec["slurm"]["train"] = {"runtime": 1, "mem_mb": 1500}
+    config.write_text(yaml.safe_dump(spec, sort_keys=False))
+    text, jobs = through_slurm(workdir, config, f"results/slurm-limit2/{RUN}/summary.json", "--retries", "12")
+    states = [job_record(j)["JobState"] for j in jobs]
+    assert len(jobs) >= 2 and states[-1] == "COMPLETED" and "TIMEOUT" not in states, (states, text[-3000:])
+    assert "resumed from" in (workdir / f"logs/slurm-limit2/{RUN}.log").read_text()
+    assert_same_run(workdir, "slurm-limit2", two_node_reference, SHORT)
 
 
 PROBE = """
