@@ -1,13 +1,15 @@
 """When a training job should save and stop before it is cut: its SLURM time limit draws nearer than one more step
-and a save, or the job was told to go (SIGTERM from a preemption, a requeue or `scancel`; SIGUSR1 from `sbatch
---signal`; SIGINT, Ctrl-C at a terminal: a second Ctrl-C interrupts at once, as Python's own handler does). The
-trainer asks between steps; the job then exits with `EXIT_RESUMABLE`, and the run resumes from that checkpoint
-when it is started again (the SLURM profile's `retries`, or SLURM's requeue)."""
+and a save, or the job was told to go (SIGTERM from a preemption, a requeue, `scancel` or the SLURM profile's warning
+signal, `--signal=TERM@300`; SIGUSR1 where a site sends it, though it kills the jobstep plugin's Snakemake of a
+one-node job (docs/real-scale.md); SIGINT, Ctrl-C at a terminal: a second Ctrl-C interrupts at once, as Python's own
+handler does). The trainer asks between steps; the job then exits with `EXIT_RESUMABLE`, and the run resumes from
+that checkpoint when it is started again (the SLURM profile's `retries`, or SLURM's requeue)."""
 
 from __future__ import annotations
 
 import signal
 import threading
+import time
 
 from margrpo.infra.slurm import job_end_time, seconds_left
 
@@ -23,6 +25,7 @@ class StopRequest:
         self.margin_s = margin_s
         self.end_time = job_end_time() if read_limit else None
         self.signalled: str | None = None
+        self.signalled_at: float | None = None  # time.monotonic() of the first signal: how long a save took after it
         self._previous = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
@@ -33,6 +36,7 @@ class StopRequest:
             signal.signal(signal.SIGINT, self._previous.pop(signal.SIGINT))
             raise KeyboardInterrupt
         self.signalled = signal.Signals(signum).name
+        self.signalled_at = self.signalled_at or time.monotonic()
 
     def reason(self, next_seconds: float) -> str | None:
         """Why to stop before a step expected to take `next_seconds` (the step, its validation and a save)."""
@@ -44,6 +48,10 @@ class StopRequest:
             if left < next_seconds + self.margin_s:
                 return f"{left:.0f} s left before the job's time limit; a step and a save take ~{next_seconds:.0f} s"
         return None
+
+    def since_signal(self) -> str:
+        """How long ago the first signal came (for the stop's log line: does a save fit SLURM's grace?), or ""."""
+        return "" if self.signalled_at is None else f"; saved {time.monotonic() - self.signalled_at:.1f} s after it"
 
     def close(self) -> None:
         for sig, handler in self._previous.items():

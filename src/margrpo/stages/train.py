@@ -155,7 +155,10 @@ def _train_or_stop(trainer, spec: dict, restart: bool = False, requeues: int = 0
     finally:
         stop.close()
     if trainer.stopped:
-        log.warning(f"stopped at step {trainer.step} of {trainer.cfg.steps} ({trainer.stopped}); run again to go on")
+        log.warning(
+            f"stopped at step {trainer.step} of {trainer.cfg.steps} ({trainer.stopped}{stop.since_signal()}); "
+            "run again to go on"
+        )
         # a planned stop inside SLURM: the main process requeues the job under its id (no retry spent); every
         # process then waits for SLURM to end it, so no level reads the stop as a failure
         requeued = trainer.engine.from_main(requeue(requeues) if trainer.engine.is_main else None)
