@@ -350,12 +350,13 @@ def test_a_two_node_job_sent_sigterm_saves_and_its_retry_resumes_to_the_uninterr
 
 
 def test_a_two_node_job_cut_by_its_time_limit_resumes_to_the_uninterrupted_run(workdir, two_node_reference):
-    """A one-minute limit on the two-node run: each job's processes agree to save before the limit; retries resume."""
+    """A two-minute limit on the two-node run (its jobs take ~30 s to start training, a step ~1.2 s): the
+    processes agree to save before the limit, and the retry resumes."""
     config = write_config(workdir / "limit2.yaml", "slurm-limit2", 1, 2, "full_shard", gpus=False, steps=SHORT)
     spec = yaml.safe_load(config.read_text())
-    spec["slurm"]["train"] = {"runtime": 1, "mem_mb": 1500}
+    spec["slurm"]["train"] = {"runtime": 2, "mem_mb": 1500}
     config.write_text(yaml.safe_dump(spec, sort_keys=False))
-    text, jobs = through_slurm(workdir, config, f"results/slurm-limit2/{RUN}/summary.json", "--retries", "12")
+    text, jobs = through_slurm(workdir, config, f"results/slurm-limit2/{RUN}/summary.json", "--retries", "6")
     states = [job_record(j)["JobState"] for j in jobs]
     assert len(jobs) >= 2 and states[-1] == "COMPLETED" and "TIMEOUT" not in states, (states, text[-3000:])
     assert "resumed from" in (workdir / f"logs/slurm-limit2/{RUN}.log").read_text()
