@@ -161,3 +161,19 @@ def test_step_profile_splits_a_default_toy_step_into_exclusive_parts(repo, tmp_p
     assert parts["other/the step's remaining Python"] > -0.01 * report["cpu_s"]
     assert math.isclose(sum(parts.values()), report["cpu_s"], rel_tol=1e-9) and report["images"] == 8
     assert "| rollout | head |" in run.stdout
+
+
+def test_reward_preprocessing_times_the_real_path_at_one_and_two_threads(repo):
+    """benchmarks/reward_preprocessing.py on two small images: a line per thread count, with its share of a step."""
+    run = subprocess.run(
+        [sys.executable, str(repo / "benchmarks/reward_preprocessing.py"), "--images", "2", "--size", "64"]
+        + ["--repeats", "2"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = [line for line in run.stdout.splitlines() if line.startswith("threads ")]
+    assert [line.split(":")[0] for line in lines] == ["threads 1", "threads 2"], run.stdout
+    assert all("2 images of 64 px: median" in line and "% of a 20 s step" in line for line in lines), run.stdout
