@@ -33,9 +33,11 @@ DB_PORT=3307    # slurmdbd's MariaDB, on 127.0.0.1 (not MariaDB's own 3306)
 DB=$STATE/db    # its data directory, socket and pid file (owned by mysql)
 
 install() {
-  local tool
-  for tool in slurmctld slurmd slurmdbd munged mariadbd mariadb-install-db; do command -v "$tool" >/dev/null || break; done
-  command -v "$tool" >/dev/null && return
+  local tool missing=0
+  for tool in slurmctld slurmd slurmdbd munged mariadbd mariadb-install-db; do
+    command -v "$tool" >/dev/null || missing=1
+  done
+  [ "$missing" = 0 ] && return
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client slurmdbd munge iproute2 \

@@ -107,13 +107,14 @@ def test_a_node_address_that_is_a_name_is_resolved_skipping_loopback_else_by_its
 
     from margrpo.infra import slurm
 
-    addrs = {"node7": "node7", "node8": "10.1.2.8"}
+    addrs = {"node7": "node7", "node8": "10.1.2.8", "node9": "fd00::9"}
     monkeypatch.setattr(slurm, "_scontrol", lambda *args: f"NodeName={args[-1]} NodeAddr={addrs[args[-1]]} State=IDLE")
     resolves = {"node7": ["127.0.1.1", "192.168.5.7"]}
     monkeypatch.setattr(
         socket, "getaddrinfo", lambda host, *a: [(2, 1, 6, "", (ip, 0)) for ip in resolves.get(host, [])]
     )
     assert slurm.node_address("node8") == "10.1.2.8"  # an address: as SLURM has it
+    assert slurm.node_address("node9") == "fd00::9"  # IPv6 too (the launcher binds either family)
     assert slurm.node_address("node7") == "192.168.5.7"  # the name's routable address, not Debian's 127.0.1.1
     resolves["node7"] = ["127.0.1.1"]
     assert slurm.node_address("node7", peer="127.0.0.1") == "127.0.0.1"  # the route to the peer leaves from here

@@ -19,6 +19,7 @@ from snakemake_interface_common.exceptions import WorkflowError
 from margrpo.infra.slurm_states import JobStates
 
 PINNED = "2.8.0"  # the version whose status path this wraps (constraints.txt)
+PLUGIN_QUERY = getattr(slurm, "query_job_status", None)  # the plugin's own, wrapped by each executor made here
 
 
 @dataclass
@@ -36,17 +37,16 @@ class ExecutorSettings(slurm.ExecutorSettings):
 
 class Executor(slurm.Executor):
     def __post_init__(self, test_mode: bool = False):
-        if version("snakemake-executor-plugin-slurm") != PINNED or not hasattr(slurm, "query_job_status"):
+        if version("snakemake-executor-plugin-slurm") != PINNED or PLUGIN_QUERY is None:
             raise WorkflowError(
                 f"executor margrpo-slurm wraps snakemake-executor-plugin-slurm {PINNED}'s status query; "
                 f"{version('snakemake-executor-plugin-slurm')} is installed (constraints.txt pins {PINNED})"
             )
         super().__post_init__(test_mode)
         self.job_states = JobStates(self.workflow.executor_settings.patience, self.logger.warning)
-        query = slurm.query_job_status
 
         async def settled_query(command: str, logger):
-            states, seconds = await query(command, logger)
+            states, seconds = await PLUGIN_QUERY(command, logger)
             return (None, None) if states is None else (self.job_states.settle(states), seconds)
 
         slurm.query_job_status = settled_query  # the name check_active_jobs calls

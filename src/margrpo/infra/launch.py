@@ -71,9 +71,8 @@ def launch(world: int, command: list[str]) -> int:
     )
     print(f"margrpo.infra.launch: on {socket.gethostname()}: {world} processes", file=sys.stderr, flush=True)
     procs = [subprocess.Popen(command, env=worker_env(rank, world, port)) for rank in range(world)]
-    for (
-        sig
-    ) in STOP_SIGNALS:  # Snakemake and SLURM stop a job with SIGTERM, sbatch --signal may send USR1: pass them on
+    # Snakemake and SLURM stop a job with SIGTERM, a site's sbatch --signal may send USR1: pass them on
+    for sig in STOP_SIGNALS:
         signal.signal(sig, lambda s, _: [p.send_signal(s) for p in procs if p.poll() is None])
     failed = first_failure(procs)
     if failed:

@@ -92,16 +92,17 @@ def cpus_per_task(record: dict[str, str]) -> int | None:
 
 
 def node_address(node: str, peer: str | None = None) -> str:
-    """The IPv4 address the other nodes reach `node` at, asked on `node` itself (the launcher on the batch host,
-    each node agent on its own node). SLURM's NodeAddr where it is an address. Where it is a name (NodeAddr equals
-    NodeName where a site leaves it unset), what that name resolves to here, unless only to loopback (Debian's
-    hosts file maps a machine's own name to 127.0.1.1): then the address this machine's route to `peer` (another
-    node's address) leaves from. Resolved once, so every process of the node is given the same address."""
+    """The address the other nodes reach `node` at, asked on `node` itself (the launcher on the batch host, each
+    node agent on its own node). SLURM's NodeAddr where it is an address (IPv4 or IPv6). Where it is a name
+    (NodeAddr equals NodeName where a site leaves it unset), what that name resolves to here, unless only to
+    loopback (Debian's hosts file maps a machine's own name to 127.0.1.1): then the address this machine's route
+    to `peer` (another node's address) leaves from. Resolved once, so every process of the node is given the same
+    address."""
     try:
         addr = _fields(_scontrol("show", "node", "-o", node)).get("NodeAddr") or node
     except (OSError, subprocess.CalledProcessError):
         addr = node
-    if _is_ipv4(addr):
+    if _is_ip(addr):
         return addr
     try:
         resolved = sorted({info[4][0] for info in socket.getaddrinfo(addr, None, socket.AF_INET)})
@@ -120,11 +121,12 @@ def node_address(node: str, peer: str | None = None) -> str:
     )
 
 
-def _is_ipv4(text: str) -> bool:
+def _is_ip(text: str) -> bool:
     try:
-        return isinstance(ipaddress.ip_address(text), ipaddress.IPv4Address)
+        ipaddress.ip_address(text)
     except ValueError:
         return False
+    return True
 
 
 def job_end_time(job_id: str | None = None) -> float | None:

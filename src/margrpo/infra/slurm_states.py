@@ -50,26 +50,27 @@ class JobStates:
             raise ValueError(f"patience must be > 0 seconds, got {patience}")
         self.patience, self.warn, self.clock = patience, warn, clock
         self.stuck_since: dict[str, tuple[str, float]] = {}  # job id -> (the state, when it was first seen)
-        self.last_seen: dict[str, str] = {}  # job id -> its last state word, for a job the listing drops
+        self.watched: set[str] = set()  # jobs listed and not yet ended: one the listing drops is stuck "GONE"
         self.failed: set[str] = set()
 
     def settle(self, states: dict[str, str]) -> dict[str, str]:
         """One status query's {job id: state} as the plugin should read it (see the module's docstring)."""
         now, settled = self.clock(), {}
-        gone = {job: "GONE" for job in self.last_seen if job not in states}  # listed before, not now
+        gone = {job: "GONE" for job in self.watched if job not in states}  # listed before, not now
         for job, state in {**gone, **{job: state_word(s) for job, s in states.items()}}.items():
             if state in LIVE or state in ENDED:
                 self.stuck_since.pop(job, None)
-                self.last_seen[job] = state
                 if state in ENDED:  # the plugin ends it now: no longer ours to watch
-                    self.last_seen.pop(job)
+                    self.watched.discard(job)
+                else:
+                    self.watched.add(job)
                 settled[job] = state
                 continue
             first, since = self.stuck_since.get(job, (None, now))
             if first != state:  # stuck from now on, in this state
                 self.stuck_since[job], since = (state, now), now
             if now - since < self.patience:
-                self.last_seen[job] = state
+                self.watched.add(job)
                 settled[job] = UNSETTLED_AS
                 continue
             if job not in self.failed:
@@ -80,6 +81,6 @@ class JobStates:
                     "from its checkpoint)"
                 )
                 self.failed.add(job)
-            self.last_seen.pop(job, None)
+            self.watched.discard(job)
             settled[job] = "FAILED"
         return settled
