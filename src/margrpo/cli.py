@@ -34,6 +34,8 @@ STAGES: dict[str, tuple[str, str]] = {
     "eval-compbench": ("eval_compbench", "CompBench-style scores of a samples directory"),
     "eval-preference": ("eval_preference", "preference-model scores of a samples directory"),
     "uncertainty": ("uncertainty", "per-token MTE uncertainty maps of a policy (data for Fig. 4)"),
+    "exact-gradient": ("estimators", "the exact (pathwise) gradient of the expected reward at a base, once per base"),
+    "gradient-estimator": ("estimators", "one estimator's batch gradients at the base, against the exact gradient"),
     "report": ("report", "tables (CSV / Markdown / LaTeX) and figures from result files"),
     "plan": ("margrpo.plan.command", "per-GPU memory plan of a GRPO step of the real-scale policies (fake tensors)"),
 }

@@ -26,6 +26,7 @@ from margrpo.experiment.config import (  # noqa: E402
     train_spec,
     validate_config,
 )
+from margrpo.experiment.config_checks import ESTIMATOR_VARIANTS  # noqa: E402
 from margrpo.experiment.record import check_experiment, record_experiment  # noqa: E402
 from margrpo.experiment.specs import toy_stages  # noqa: E402
 from margrpo.infra.weights import RELEASE, fresh_folders  # noqa: E402
@@ -259,6 +260,22 @@ def get_report_step(wildcards):
     return "best" if step is None else str(step)
 
 REPORT = f"{RUNS}/report"
+# the estimators' stage (rules/estimators.smk): the exact gradient and each estimator's batches, per base
+ESTIMATES = f"{RUNS}/estimators"
+
+
+def estimator_block():
+    E = EXP["estimators"]
+    return {"policy": E["policy"], "reward": E["reward"], "dir": f"estimators/{E['policy']}/{E['reward']}", "estimators": E["estimators"]}
+
+
+def estimator_outputs():
+    """Every estimator's batches.json and the exact gradient's record; nothing where the stage is off."""
+    if not EXP["estimators"]["enabled"]:
+        return []
+    folder = f"{RESULTS}/{NAME}/{estimator_block()['dir']}"
+    return [f"{folder}/exact.json"] + [f"{folder}/{e}/batches.json" for e in EXP["estimators"]["estimators"]]
+
 
 
 def report_cmd(what):
@@ -270,6 +287,21 @@ def report_cmd(what):
 
 REPORT_PARAMS = dict(results=lambda wc, input: experiment_root(input), formats=",".join(config["report"]["formats"]), confidence=config["report"]["confidence"])
 
+
+
+def estimator_spec(wildcards):
+    variant = ESTIMATOR_VARIANTS.get(wildcards.get("estimator", "fix"), wildcards.get("estimator", "fix"))
+    return json.dumps(train_spec(config, wildcards.policy, wildcards.reward, variant))
+
+
+ESTIMATOR_INPUTS = dict(policy=get_base_policy, suites=get_suites(), rewards=get_reward_inputs)
+ESTIMATOR_PARAMS = dict(
+    spec=estimator_spec,
+    suites_dir=lambda wc, input: os.path.dirname(input.suites[0]),
+    toyclip=f"{TOYCLIP}/model",
+    toypref=f"{TOYPREF}/model",
+    out_dir=lambda wc: f"{ESTIMATES}/{wc.policy}/{wc.reward}",
+)
 
 
 def experiment_root(input):
@@ -305,6 +337,9 @@ def get_final_outputs():
     if EXP["related"]["enabled"]:
         outs += expand(f"{R}/table3.{{ext}}", ext=["csv", "md", "tex"])
         figs += ["fig_related_wallclock"]
+    if EXP["estimators"]["enabled"]:
+        outs += expand(f"{R}/estimators.{{ext}}", ext=["csv", "md"])
+        figs += ["fig_estimators"]
     outs += expand(f"{R}/{{fig}}.{{ext}}", fig=figs, ext=fmts)
     return outs
 

@@ -90,13 +90,15 @@ rule claims:
         expand(f"{RUNS}/{{run}}/{{f}}", run=ladder_runs() + ablation_runs(), f=["metrics.csv", "summary.json"]),
         expand(f"{RUNS}/select/{{run}}/selection.json", run=ladder_runs()),
         expand(f"{RUNS}/eval/{{run}}/compbench_per_image.csv", run=base_runs() + ladder_runs()),
+        estimator_outputs(),  # claims h-j, where experiments.estimators is on
     output:
         report(f"{REPORT}/claims.csv", caption="../report/claims.rst", category=CATEGORY_LADDER, subcategory="tables"),
         f"{REPORT}/claims_paired.csv",
         f"{REPORT}/claims.md",
     params:
         runs=json.dumps({"base": base_runs(), "runs": ladder_runs(), "variants": EXP["ladder"]["variants"], "ablations": ablation_runs(),
-                         "replicate_seeds": EXP["ladder"]["replicate_seeds"]}),
+                         "replicate_seeds": EXP["ladder"]["replicate_seeds"],
+                         "estimators": [estimator_block()] if EXP["estimators"]["enabled"] else []}),
         prefix=lambda wc, output: report_prefix(output),
         **REPORT_PARAMS,
     conda:
@@ -320,3 +322,32 @@ rule fig7c_final_metric:
         **SITE,
     shell:
         report_cmd("ablation-final")
+
+
+rule estimators:
+    """Each estimator's noise, signal and cost at the base (report/estimators.*, fig_estimators.*)."""
+    input:
+        estimator_outputs(),
+    output:
+        report(f"{REPORT}/estimators.csv", caption="../report/estimators.rst", category=CATEGORY_LADDER, subcategory="tables"),
+        f"{REPORT}/estimators.md",
+        report(
+            expand(f"{REPORT}/fig_estimators.{{ext}}", ext=config["report"]["formats"]),
+            caption="../report/estimators.rst",
+            category=CATEGORY_LADDER,
+            subcategory="figures",
+        ),
+    params:
+        runs=json.dumps({"blocks": [estimator_block()]}),
+        prefix=lambda wc, output: report_prefix(output),
+        **REPORT_PARAMS,
+    conda:
+        "../../envs/margrpo.yaml"
+    log:
+        f"logs/{NAME}/report/estimators.log",
+    benchmark:
+        f"timings/{NAME}/report/estimators.tsv"
+    resources:
+        **SITE,
+    shell:
+        report_cmd("estimators")

@@ -127,6 +127,36 @@ def check_related(config: dict, source: str) -> None:
 
 
 # --- across fields: names, scorers, variants, settings, the ablation grid ------------------------------------------
+ESTIMATOR_VARIANTS = {"every_step": "fix", "pathwise": "fix"}  # the others are the variants of their names
+DIFFERENTIABLE_REWARDS = ("toypref", "toyclip")
+
+
+def check_estimators(config: dict, source: str) -> None:
+    """The estimators' stage: a toy policy, a reward of differentiable scorers, the variants it is built on."""
+    e = config["experiments"]["estimators"]
+    if not e["enabled"]:
+        return
+    check_defined(config, "policies", [e["policy"]], "experiments.estimators.policy", source)
+    check_defined(config, "rewards", [e["reward"]], "experiments.estimators.reward", source)
+    variants = sorted({ESTIMATOR_VARIANTS.get(n, n) for n in e["estimators"]})
+    check_defined(config, "variants", variants, "experiments.estimators.estimators", source)
+    if config["policies"][e["policy"]]["kind"] != "toy":
+        raise ConfigError(
+            f"{source}: key 'experiments.estimators.policy': the estimators' stage holds every batch gradient in "
+            f"memory and differentiates through the sampler: a toy policy, not {e['policy']!r}"
+        )
+    if bad := sorted(set(config["rewards"][e["reward"]]) - set(DIFFERENTIABLE_REWARDS)):
+        raise ConfigError(
+            f"{source}: key 'experiments.estimators.reward': {e['reward']!r} has scorers {bad} that are not "
+            f"differentiable; the exact gradient needs {' / '.join(DIFFERENTIABLE_REWARDS)} alone"
+        )
+    if e["exact_parts"] % 2 or e["exact_images"] % (4 * e["exact_parts"]):
+        raise ConfigError(
+            f"{source}: key 'experiments.estimators.exact_images': {e['exact_images']} images in "
+            f"{e['exact_parts']} parts: the parts must be even in number, each a multiple of 4 images"
+        )
+
+
 def check_references(config: dict, source: str) -> None:
     """Names used in `experiments` must be defined in `policies`, `rewards` and `variants`."""
 
@@ -153,6 +183,7 @@ def check_references(config: dict, source: str) -> None:
         need("policies", [exp["ablations"]["policy"]], "experiments.ablations.policy")
         need("rewards", [exp["ablations"]["reward"]], "experiments.ablations.reward")
         need("variants", [exp["ablations"]["variant"]], "experiments.ablations.variant")
+    check_estimators(config, source)
     related = exp["related"]
     if related["enabled"]:
         need("rewards", [related["reward"]], "experiments.related.reward")

@@ -27,6 +27,7 @@ UNCOMPARED = (
     "experiments.related.enabled",
     "experiments.related.seeds",
     "experiments.related.methods",
+    "experiments.estimators",  # measured at the base: its own jobs, which Snakemake reruns on a change of their params
     "toy_weights",  # where the shared stages come from: their folders (and settings) are the same either way
     "toy_release",
     "slurm",  # what each job asks SLURM for (time, memory): a cut job resumes to the same result

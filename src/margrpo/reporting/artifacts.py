@@ -83,7 +83,8 @@ class ArtifactReport:
             )
         return "\n".join(out) + "\n"
 
-    def write(self, prefix: str | os.PathLike) -> list[Path]:
+    def write(self, prefix: str | os.PathLike, formats=()) -> list[Path]:
+        """<prefix>.csv and .md (no figure: `formats` is unused)."""
         prefix = os.fspath(prefix)
         return [atomic_write_csv(self.data, f"{prefix}.csv"), atomic_write_text(f"{prefix}.md", self.to_markdown())]
 

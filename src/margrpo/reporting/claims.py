@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from margrpo.reporting.estimators import CLAIMS_NOTE, estimator_claims, read_block
 from margrpo.reporting.paired import (
     MIN_SEEDS_FOR_T,
     RunScores,
@@ -332,6 +333,9 @@ def _decide_claims(root: Path, runs: list, spec: dict, confidence: float, with_a
         paired += block.paired
         rows += block.rows
     rows += _ablation_claims(root, spec.get("ablations") or [], confidence, notes) if with_ablations else []
+    if with_ablations and spec.get("estimators"):  # claims h-j: measured at the base, once (report/estimators.md)
+        rows += _estimator_claims(root, spec["estimators"], confidence)
+        notes.append(CLAIMS_NOTE)
     notes.append(
         f"Verdict: the t-interval over seeds where a comparison has >= {MIN_SEEDS_FOR_T} seeds, else the paired "
         "bootstrap over prompts x seeds (column `ci`); reproduced = the interval lies on the claimed side of 0."
@@ -402,3 +406,12 @@ def _ablation_scores(root: Path, ids: list) -> dict[tuple, dict[int, RunScores]]
         except MissingResultError:
             continue
     return scores
+
+
+def _estimator_claims(root: Path, blocks: list[dict], confidence: float) -> list[dict]:
+    """Claims h-j of each estimators' block ({"policy", "reward", "dir", "estimators"}: reporting.estimators)."""
+    rows = []
+    for blk in blocks:
+        estimates, _ = read_block(root, blk["dir"], blk["estimators"])
+        rows += estimator_claims(estimates, f"{blk['policy']} / {blk['reward']}", confidence)
+    return rows

@@ -25,8 +25,8 @@ def _abs(x: float) -> str:
 
 def to_markdown(c: Claims) -> str:
     out = [
-        "**Claims.** Each row: a claim of the paper (a-d, f) or beyond it (e), the paired difference that tests it "
-        "(mean over seeds), the 95% interval that decides it and the verdict. " + " ".join(c.notes),
+        "**Claims.** Each row: a claim of the paper (a-d, f, h-j) or beyond it (e), the paired difference that tests "
+        "it (mean over seeds), the 95% interval that decides it and the verdict. " + " ".join(c.notes),
         "",
         "Power: `half` is the 95% interval's half-width (t over seeds), `MDE80` the smallest effect this many seeds "
         "detect with 80% power, `seeds to settle` the seeds at which MDE80 falls to the measured effect.",
@@ -70,8 +70,9 @@ def to_markdown(c: Claims) -> str:
 
 
 def _claim_line(r: dict) -> str:
-    """A claim's row of the claims table (claim b is a ratio: effect as a factor, no half-width or MDE80)."""
-    ratio = r["claim"] == "b"
+    """A claim's row of the claims table (a ratio, claim b's and h-j's noise: effect as a factor, no half-width or
+    MDE80)."""
+    ratio = "ratio" in r["metric"]
     eff = f"{r['diff']:.3f}x" if ratio and math.isfinite(r["diff"]) else _fmt(r["diff"])
     ci = (
         (f"[{r['lo']:.3f}, {r['hi']:.3f}]" if ratio else f"[{_fmt(r['lo'])}, {_fmt(r['hi'])}]")

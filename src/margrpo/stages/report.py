@@ -25,6 +25,7 @@ REPORTS: dict[str, tuple[str, str, str]] = {
     "table3": ("table", "related", "table3"),
     "claims": ("claims", "claims", "claims"),
     "artifacts": ("report", "artifacts", "artifacts"),
+    "estimators": ("report", "estimators", "estimators"),
     "dynamics": ("figure", "figures", "dynamics"),
     "uncertainty": ("figure", "figures", "uncertainty"),
     "samples": ("figure", "figures", "samples"),
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> None:
 
         paths = write_claims(result, args.out_prefix)
     elif kind == "report":  # writes its own files
-        paths = result.write(args.out_prefix)
+        paths = result.write(args.out_prefix, args.formats)
     else:
         paths = atomic_save_figure(result, args.out_prefix, args.formats)
     for path in paths:
