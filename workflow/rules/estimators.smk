@@ -2,6 +2,7 @@
 # gradient of the expected reward once per base, then one job per estimator over the same batch seeds. The report
 # rule `estimators` and the claims (h-j) read what they write.
 
+
 rule exact_gradient:
     """The exact (pathwise) gradient of the expected reward at the base, in parts (their halves' cosine recorded)."""
     input:
@@ -28,6 +29,7 @@ rule exact_gradient:
         "margrpo exact-gradient --spec-json {params.spec:q} --policy-dir {input.policy:q} --suites-dir {params.suites_dir:q}"
         " --toyclip-dir {params.toyclip:q} --toypref-dir {params.toypref:q} --out-dir {params.out_dir:q} --threads {threads:q}"
         " --images {params.images:q} --parts {params.parts:q} > {log:q} 2>&1"
+
 
 rule gradient_estimator:
     """One estimator's B batch gradients at the base (the same batch seeds as every other), against the exact one."""
