@@ -125,6 +125,22 @@ def test_smoke_dag_writes_every_table_and_figure(smoke_run):
             assert (report / f"{fig}.{ext}").stat().st_size > 1000
 
 
+def test_smoke_dag_measures_each_estimator_against_the_exact_gradient(smoke_run):
+    """Issue 62: the estimators' stage in the smoke DAG: one row per estimator with finite noise and cost, the exact
+    gradient's record, claims h-j in the claims table, the figure."""
+    report = smoke_run / "results/smoke/report"
+    rows = pd.read_csv(report / "estimators.csv")
+    assert list(rows["estimator"]) == ["fix", "mte", "sim", "committed", "every_step", "pathwise"]
+    assert (rows["batches"] == 3).all() and (rows["noise_trcov"] > 0).all() and (rows["cpu_s_per_batch"] > 0).all()
+    assert np.isfinite(rows[["proj_mean", "cos_mean_exact", "snr_per_batch", "signal_per_cpu_s"]].to_numpy()).all()
+    exact = json.loads((smoke_run / "results/smoke/estimators/toy-nova/toypref/exact.json").read_text())
+    assert exact["images"] == 8 and -1 <= exact["half_cos"] <= 1 and exact["norm"] > 0
+    claims = pd.read_csv(report / "claims.csv")
+    assert sorted(claims.loc[claims["claim"].isin(["h", "i", "j"]), "claim"]) == ["h", "i", "i", "j", "j"]
+    assert "measured at the base policy" in (report / "claims.md").read_text()
+    assert (report / "fig_estimators.png").stat().st_size > 1000
+
+
 def test_every_stage_of_the_smoke_dag_records_the_kernel_caps_it_ran_under(smoke_run):
     """Issue #37: the caps reach every stage through `margrpo` itself (not through the Makefile), and each stage's
     spec.json says which kernels made its result."""
@@ -243,9 +259,10 @@ def test_html_report_builds_and_a_browser_renders_its_figures(smoke_run, tmp_pat
             "fig7a_samples",
             "fig7b_reward_curves",
             "fig7c_final_metric",
+            "fig_estimators",
         )
     ]
-    tables = [f"{report}/{t}.csv" for t in ("table1", "table2", "val_gain", "claims", "artifacts")]
+    tables = [f"{report}/{t}.csv" for t in ("table1", "table2", "val_gain", "claims", "artifacts", "estimators")]
     assert sorted(results) == sorted(tables + figures + [f.replace(".png", ".pdf") for f in figures])
     assert all("Config:" in r["caption"] for r in results.values())  # the caption names the config behind it
     assert "toy-nova" in results[f"{report}/table2.csv"]["caption"]  # rendered from the config, not a template

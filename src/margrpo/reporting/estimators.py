@@ -124,19 +124,22 @@ def signal_per_cpu(b: Batches) -> float:
 
 
 def bootstrap(stat, estimates: list[Batches], confidence: float, n_boot: int = N_BOOT, seed: int = 0):
-    """`stat(*estimates)` and its paired-bootstrap percentile interval: every estimate is resampled with the same
-    batch seeds. Returns (value, lo, hi)."""
+    """`stat(*estimates)` and its paired-bootstrap interval: every estimate is resampled with the same batch seeds;
+    bias-corrected percentiles (BC: a resample's duplicates bias a variance low, and the correction undoes it).
+    Returns (value, lo, hi)."""
     n = len(estimates[0])
     if any(len(e) != n for e in estimates):
         raise ValueError(f"paired estimates over different batch counts: {[len(e) for e in estimates]}")
+    value = stat(*estimates)
     rng = np.random.default_rng(seed)
     draws = np.array([stat(*(e.take(idx) for e in estimates)) for idx in rng.integers(0, n, size=(n_boot, n))])
     draws = draws[np.isfinite(draws)]
-    alpha = (1 - confidence) / 2
-    if len(draws) < n_boot / 2:
-        return stat(*estimates), math.nan, math.nan
-    lo, hi = np.quantile(draws, [alpha, 1 - alpha])
-    return stat(*estimates), float(lo), float(hi)
+    if len(draws) < n_boot / 2 or not math.isfinite(value):
+        return value, math.nan, math.nan
+    below = (np.sum(draws < value) + 0.5 * np.sum(draws == value)) / len(draws)
+    z0, z = norm.ppf(np.clip(below, 1 / len(draws), 1 - 1 / len(draws))), norm.ppf(0.5 + confidence / 2)
+    lo, hi = np.quantile(draws, norm.cdf([2 * z0 - z, 2 * z0 + z]))
+    return value, float(lo), float(hi)
 
 
 def describe(b: Batches, confidence: float) -> dict:
