@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from helpers import make_trainer, tiny_policy
+
 from margrpo.grpo.gradient_estimates import batch_gradient, flat_grad
 from margrpo.reporting.estimators import (
     Batches,
