@@ -30,7 +30,7 @@ def batches(G: np.ndarray, exact: np.ndarray, name: str = "fix", cpu: float = 1.
 
 
 def stand_ins(B=48, P=2000, signal=0.3, scale=1.0, seed=0):
-    """B batch gradients: a fixed signal along the first axis plus independent noise of variance scale^2 a coordinate."""
+    """B batch gradients: a fixed signal along the first axis, and independent noise of variance scale^2 each."""
     rng = np.random.default_rng(seed)
     s = np.zeros(P)
     s[0] = signal
