@@ -6,12 +6,15 @@ each holding what the statistics need of the B batch gradients g_b (ascent direc
 K = G G^T, their projections on the exact gradient's unit direction u (p_b = g_b . u), CPU seconds per batch. From
 those alone, on any resample of the batch seeds:
 
-- noise  tr Cov g = (tr K - 1^T K 1 / B) / (B - 1);
+- noise  tr Cov g = mean |g_b|^2 - |E g|^2, with |E g|^2 the mean of g_b . g_c over pairs of distinct batch seeds
+  (b != c: unbiased, and still so on a bootstrap resample, whose repeats are not distinct); without repeats this is
+  (tr K - 1^T K 1 / B) / (B - 1);
 - the cosine of the mean of the B batches with the exact direction, mean(p) / |mean g|;
-- the signal per batch |E g|^2 / tr Cov g, with |E g|^2 estimated without bias as |mean g|^2 - tr Cov g / B;
+- the signal per batch |E g|^2 / tr Cov g (|E g|^2 as above: |mean g|^2 - tr Cov g / B without repeats);
 - the batches (and images) whose mean reaches a cosine of 0.5 with the exact direction: n = tr Cov g /
-  (4 a^2 - |E g|^2), a = E p (the signal along the exact direction), where 4 a^2 > |E g|^2; a lower bound from the
-  upper end of a's interval where a itself is not detected;
+  (4 a^2 - |E g|^2), a = E p (the signal along the exact direction), where 4 a^2 > |E g|^2; and the fewest any
+  estimator needs whose projection is within a's interval, tr Cov g / (3 a_hi^2) (a gradient all along the exact
+  direction, a at the interval's upper end): the bound where no signal is detected;
 - the signal per CPU-second a |a| / (tr Cov g * CPU-s per batch): the squared cosine with the exact direction that
   one CPU-second of batches buys while it is small, signed by a (a scale-free number: the pathwise estimator's
   reward gradient and the GRPO loss gradients compare on it).
@@ -56,6 +59,11 @@ class Batches:
     cpu_s: np.ndarray  # [B]
     images: int  # per batch
     loss_gradient: bool  # a GRPO loss's gradient (one scale), or the pathwise reward gradient (another)
+    ids: np.ndarray | None = None  # each row's batch seed (a resample repeats some); None: 0..B-1
+
+    def __post_init__(self):
+        if self.ids is None:
+            self.ids = np.arange(len(self.proj))
 
     @classmethod
     def read(cls, path: str | os.PathLike) -> Batches:
@@ -76,7 +84,7 @@ class Batches:
     def take(self, idx: np.ndarray) -> Batches:
         """The same estimator on a resample of its batch seeds (indices, repeats allowed)."""
         return Batches(self.name, self.gram[np.ix_(idx, idx)], self.proj[idx], self.cpu_s[idx], self.images,
-                       self.loss_gradient)  # fmt: skip
+                       self.loss_gradient, self.ids[idx])  # fmt: skip
 
 
 def _div(a: float, b: float) -> float:
@@ -84,20 +92,21 @@ def _div(a: float, b: float) -> float:
     return a / b if b else math.nan
 
 
+def signal_square(b: Batches) -> float:
+    """|E g|^2: the mean of g_b . g_c over pairs of distinct batch seeds (may come out negative where the signal is
+    below the noise's reach)."""
+    distinct = b.ids[:, None] != b.ids[None, :]
+    return _div(float(b.gram[distinct].sum()), float(distinct.sum()))
+
+
 def noise(b: Batches) -> float:
-    """tr Cov g: the batch gradient's total variance."""
-    n = len(b)
-    return float((np.trace(b.gram) - b.gram.sum() / n) / (n - 1))
+    """tr Cov g: the batch gradient's total variance, E|g|^2 - |E g|^2."""
+    return float(np.diag(b.gram).mean()) - signal_square(b)
 
 
 def mean_square(b: Batches) -> float:
     """|mean g|^2."""
     return float(b.gram.sum() / len(b) ** 2)
-
-
-def signal_square(b: Batches) -> float:
-    """|E g|^2, without the bias tr Cov g / B of |mean g|^2 (may come out negative where the signal is below it)."""
-    return mean_square(b) - noise(b) / len(b)
 
 
 def snr(b: Batches) -> float:
@@ -150,7 +159,8 @@ def describe(b: Batches, confidence: float) -> dict:
     s, s_lo, s_hi = bootstrap(snr, [b], confidence)
     spc, spc_lo, spc_hi = bootstrap(signal_per_cpu, [b], confidence)
     need = batches_for_cosine(b, a)
-    at_least = batches_for_cosine(b, a + z * se)  # the most signal the interval allows: the fewest batches
+    top = a + z * se  # the most signal along the exact direction the interval allows
+    at_least = _div(noise(b), 3 * top * top) if top > 0 else math.inf  # all of E g along it: the fewest batches
     return {
         "estimator": b.name,
         "label": LABELS.get(b.name, b.name),
@@ -296,9 +306,12 @@ class EstimatorReport:
             "",
         ]
         for block, e in self.exact.items():
+            c = e["half_cos"]  # halves s + n1, s + n2 of equal noise: their mean has cosine sqrt(2c / (1 + c)) with s
+            pinned = f"{math.sqrt(2 * c / (1 + c)):.2f}" if c > 0 else "unknown (halves not aligned)"
             out.append(
                 f"Exact gradient of {block}: {e['images']} images in {e['parts']} parts, |grad| {e['norm']:.4g}, "
-                f"cosine between its halves {e['half_cos']:+.3f}, {e['cpu_s']:.0f} CPU-s."
+                f"cosine between its halves {c:+.3f} (so its cosine with the true gradient is about {pinned}), "
+                f"{e['cpu_s']:.0f} CPU-s."
             )
         out += [
             "",
