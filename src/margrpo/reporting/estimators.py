@@ -344,25 +344,31 @@ class EstimatorReport:
         """Noise against CPU per batch (the GRPO loss's estimators: one scale), and signal per CPU-second (all)."""
         import matplotlib.pyplot as plt
 
-        fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-        for r in self.data.to_dict("records"):
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+        rows = self.data.to_dict("records")
+        label = (lambda r: f"{r['label']} ({r['block']})") if len(self.exact) > 1 else (lambda r: r["label"])
+        for r in rows:
             if r["gradient"] == "GRPO loss":
-                yerr = [[r["noise_trcov"] - r["noise_lo"]], [r["noise_hi"] - r["noise_trcov"]]]
-                left.errorbar(r["cpu_s_per_batch"], r["noise_trcov"], yerr=yerr, xerr=1.96 * r["cpu_s_se"],
-                              fmt="o", capsize=3, label=f"{r['label']} ({r['block']})")  # fmt: skip
+                v = r["noise_trcov"]  # a log axis: an interval reaching 0 is drawn to a tenth of the value
+                yerr = [[v - max(r["noise_lo"], v / 10)], [r["noise_hi"] - v]]
+                left.errorbar(r["cpu_s_per_batch"], v, yerr=yerr, xerr=1.96 * r["cpu_s_se"], fmt="o", capsize=3,
+                              label=label(r))  # fmt: skip
         left.set(xlabel="CPU-s per batch", ylabel="noise tr Cov g (GRPO loss)", yscale="log",
                  title="batch gradient noise against its cost")  # fmt: skip
-        left.legend(fontsize=7)
-        rows = self.data.to_dict("records")
-        y = np.arange(len(rows))
+        left.legend(fontsize=7, loc="best")
         value = np.array([r["signal_per_cpu_s"] for r in rows])
-        err = np.array([[v - r["signal_per_cpu_lo"], r["signal_per_cpu_hi"] - v] for v, r in zip(value, rows)]).T
-        right.errorbar(value, y, xerr=np.nan_to_num(err), fmt="o", capsize=3)
+        lo = np.array([r["signal_per_cpu_lo"] for r in rows])
+        hi = np.array([r["signal_per_cpu_hi"] for r in rows])
+        scale = float(np.nanmax(np.abs(value))) or 1.0
+        span = min(float(np.nanmax(np.abs(np.r_[lo, hi, value]))), 1e3 * scale)  # a degenerate interval is cut
+        y = np.arange(len(rows))
+        err = np.nan_to_num(np.clip(np.stack([value - lo, hi - value]), 0, 2 * span))
+        right.errorbar(value, y, xerr=err, fmt="o", capsize=3)
         right.axvline(0, color="grey", lw=0.8)
-        right.set_yticks(y, [f"{r['label']}\n{r['block']}" if len(self.exact) > 1 else r["label"] for r in rows])
-        right.set(xlabel="signal per CPU-s (cos^2 with the exact gradient, signed)", xscale="symlog",
+        right.set_yticks(y, [label(r) for r in rows])
+        right.set_xscale("symlog", linthresh=scale / 100)
+        right.set(xlim=(-1.1 * span, 1.1 * span), xlabel="signal per CPU-s (cos² with the exact gradient, signed)",
                   title="what a CPU-second of batches buys")  # fmt: skip
-        right.xaxis.get_major_locator().set_params(numticks=5)
         fig.tight_layout()
         return fig
 
