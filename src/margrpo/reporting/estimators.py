@@ -158,7 +158,7 @@ def describe(b: Batches, confidence: float) -> dict:
     tr, tr_lo, tr_hi = bootstrap(noise, [b], confidence)
     s, s_lo, s_hi = bootstrap(snr, [b], confidence)
     spc, spc_lo, spc_hi = bootstrap(signal_per_cpu, [b], confidence)
-    need = batches_for_cosine(b, a)
+    need = batches_for_cosine(b, a) if a - z * se > 0 else math.inf  # a point only where the signal is detected
     top = a + z * se  # the most signal along the exact direction the interval allows
     at_least = _div(noise(b), 3 * top * top) if top > 0 else math.inf  # all of E g along it: the fewest batches
     return {
