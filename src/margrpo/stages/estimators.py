@@ -165,10 +165,12 @@ def estimator(args) -> None:
             g, _ = batch_gradient(trainer, b)
             g = -g  # the loss's descent: the reward's ascent direction
         cpu.append(time.process_time() - t0)
+        if g.numel() != unit.numel():
+            raise ValueError(f"{out / 'exact.pt'}: {unit.numel()} parameters, the estimator trains {g.numel()}")
+        if not torch.isfinite(g).all():
+            raise FloatingPointError(f"{args.estimator}: batch seed {b} gave a non-finite gradient; nothing written")
         grads.append(g.double())
         log.info(f"{args.estimator}: batch {b + 1}/{args.batches}, {cpu[-1]:.2f} CPU-s, |g| {g.norm():.4g}")
-    if unit.numel() != grads[0].numel():
-        raise ValueError(f"{out / 'exact.pt'}: {unit.numel()} parameters, the estimator trains {grads[0].numel()}")
     G = torch.stack(grads)
     folder = out / args.estimator
     write_spec(folder, {"spec": spec, "estimator": args.estimator, "batches": args.batches, "seed": args.seed})
