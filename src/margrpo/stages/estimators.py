@@ -114,6 +114,8 @@ def exact_gradient(args) -> None:
         else:
             t0 = time.process_time()
             grad, reward = pathwise_gradient(trainer, args.images // args.parts, args.exact_seed + i)
+            if not torch.isfinite(grad).all():
+                raise FloatingPointError(f"exact gradient, part {i}: non-finite; nothing written")
             part = {"gradient": grad, "reward": reward, "cpu_s": time.process_time() - t0}
             torch.save(part, saved)
             log.info(
