@@ -97,6 +97,7 @@ def exact_gradient(args) -> None:
     import torch
 
     from margrpo.grpo.gradient_estimates import pathwise_gradient
+    from margrpo.infra.files import atomic_write_json
 
     if args.parts < 2 or args.parts % 2 or args.images % (4 * args.parts):
         raise SystemExit(f"--images {args.images} --parts {args.parts}: an even number of parts of a multiple of 4")
@@ -139,7 +140,7 @@ def exact_gradient(args) -> None:
     }
     torch.save({"gradient": gradient, **record}, out / "exact.pt")
     write_spec(out / "exact.parts", {"spec": spec, **record})
-    (out / "exact.json").write_text(json.dumps(record, indent=1))
+    atomic_write_json(out / "exact.json", record, indent=1)
     log.info(f"exact gradient: {json.dumps(record)}")
 
 
