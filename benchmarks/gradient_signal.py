@@ -50,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-from margrpo.grpo.gradient_estimates import pathwise_gradient, pathwise_reward
+from margrpo.grpo.gradient_estimates import flat_grad, pathwise_gradient, pathwise_reward
 from margrpo.grpo.rollout import generate, stochastic_steps
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.policy import load_policy
@@ -123,7 +123,7 @@ def batch_gradient(tr: GRPOTrainer, step: int, forms: tuple[str, ...] = ("group"
         elif form != "group":
             raise ValueError(f"advantage form {form!r}: expected one of {ADVANTAGE_FORMS}")
         tr.update(batch, plan)  # what the optimizer would step on (its step is off: `build`)
-        flats.append(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in tr.params]))
+        flats.append(flat_grad(tr.params))
     return (flats[0] if len(forms) == 1 else torch.stack(flats)), batch.rewards.mean().item()
 
 

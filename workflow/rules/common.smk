@@ -273,8 +273,9 @@ def estimator_outputs():
     """Every estimator's batches.json and the exact gradient's record; nothing where the stage is off."""
     if not EXP["estimators"]["enabled"]:
         return []
-    folder = f"{RESULTS}/{NAME}/{estimator_block()['dir']}"
-    return [f"{folder}/exact.json"] + [f"{folder}/{e}/batches.json" for e in EXP["estimators"]["estimators"]]
+    E = EXP["estimators"]
+    folder = f"{ESTIMATES}/{E['policy']}/{E['reward']}"
+    return [f"{folder}/exact.json"] + [f"{folder}/{e}/batches.json" for e in E["estimators"]]
 
 
 
@@ -290,8 +291,9 @@ REPORT_PARAMS = dict(results=lambda wc, input: experiment_root(input), formats="
 
 
 def estimator_spec(wildcards):
-    variant = ESTIMATOR_VARIANTS.get(wildcards.get("estimator", "fix"), wildcards.get("estimator", "fix"))
-    return json.dumps(train_spec(config, wildcards.policy, wildcards.reward, variant))
+    """The train spec an estimator is built on (exact_gradient, which has no `estimator` wildcard: +Fix's)."""
+    name = wildcards.get("estimator", "fix")
+    return json.dumps(train_spec(config, wildcards.policy, wildcards.reward, ESTIMATOR_VARIANTS.get(name, name)))
 
 
 ESTIMATOR_INPUTS = dict(policy=get_base_policy, suites=get_suites(), rewards=get_reward_inputs)

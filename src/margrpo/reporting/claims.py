@@ -32,7 +32,7 @@ from margrpo.reporting.paired import (
     margin_verdict,
     paired_ratio,
     power,
-    verdict,
+    ratio_verdict,
 )
 from margrpo.reporting.results import MissingResultError, load_compbench_per_image, parse_run
 from margrpo.reporting.tables import VARIANT_LABELS
@@ -201,7 +201,7 @@ class _Block:
                     "ci": "t over seeds (log scale)",
                     "lo": lo,
                     "hi": hi,
-                    "verdict": verdict(math.log(lo) if lo > 0 else math.nan, math.log(hi) if hi > 0 else math.nan, -1),
+                    "verdict": ratio_verdict(lo, hi, -1),
                     "t_lo": lo,
                     "t_hi": hi,
                     "boot_lo": math.nan,

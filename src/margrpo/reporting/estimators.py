@@ -38,7 +38,7 @@ import pandas as pd
 from scipy.stats import norm
 
 from margrpo.infra.files import atomic_save_figure, atomic_write_csv, atomic_write_text
-from margrpo.reporting.paired import verdict
+from margrpo.reporting.paired import ratio_verdict, verdict
 
 LABELS = {
     "fix": "+Fix",
@@ -129,9 +129,14 @@ def snr(b: Batches) -> float:
     return _div(signal_square(b), noise(b))
 
 
+def projection(b: Batches) -> float:
+    """The mean projection of the batches' ascent directions on the exact direction (a = E p)."""
+    return float(b.proj.mean())
+
+
 def cos_mean(b: Batches) -> float:
     """The cosine of the mean of the batches with the exact direction."""
-    return _div(float(b.proj.mean()), math.sqrt(mean_square(b)))
+    return _div(projection(b), math.sqrt(mean_square(b)))
 
 
 def batches_for_cosine(b: Batches, a: float, target: float = 0.5) -> float:
@@ -143,7 +148,7 @@ def batches_for_cosine(b: Batches, a: float, target: float = 0.5) -> float:
 
 def signal_per_cpu(b: Batches) -> float:
     """a |a| / (tr Cov g * CPU-s per batch), a = mean projection: cos^2 with the exact direction per CPU-second."""
-    a = float(b.proj.mean())
+    a = projection(b)
     return _div(a * abs(a), noise(b) * float(b.cpu_s.mean()))
 
 
@@ -168,7 +173,7 @@ def bootstrap(stat, estimates: list[Batches], confidence: float, n_boot: int = N
 
 def describe(b: Batches, confidence: float) -> dict:
     """One estimator's row of estimators.csv."""
-    B, a, se = len(b), float(b.proj.mean()), float(b.proj.std(ddof=1) / math.sqrt(len(b)))
+    B, a, se = len(b), projection(b), float(b.proj.std(ddof=1) / math.sqrt(len(b)))
     z = float(norm.ppf(0.5 + confidence / 2))
     tr, tr_lo, tr_hi = bootstrap(noise, [b], confidence)
     s, s_lo, s_hi = bootstrap(snr, [b], confidence)
@@ -211,10 +216,6 @@ def difference_of(stat):
     return lambda a, b: stat(a) - stat(b)
 
 
-def projection(b: Batches) -> float:
-    return float(b.proj.mean())
-
-
 def noise_per_cpu(b: Batches) -> float:
     """tr Cov g x CPU-s per batch: the noise left after one CPU-second of batches is averaged. Between estimators of
     one expectation, its ratio is the inverse ratio of their signal per CPU-second."""
@@ -249,24 +250,21 @@ CLAIMS = [
 
 
 def estimator_claims(estimates: dict[str, Batches], block: str, confidence: float) -> list[dict]:
-    """Claims h, i, j as rows of the claims table: paired over the batch seeds, each with its percentile interval
-    from the paired bootstrap and the verdict rule of every claim (a ratio's on the log scale)."""
+    """Claims h, i, j as rows of the claims table: paired over the batch seeds, each with its interval from the paired
+    bootstrap (`bootstrap`) and the verdict rule of every claim (a ratio's on the log scale)."""
     rows = []
     for cid, statement, metric, est, ref, stat, ratio, direction in CLAIMS:
         if est not in estimates or ref not in estimates:
             continue
         a, b = estimates[est], estimates[ref]
         value, lo, hi = bootstrap(ratio_of(stat) if ratio else difference_of(stat), [a, b], confidence)
-        if ratio:
-            decided = verdict(math.log(lo) if lo > 0 else math.nan, math.log(hi) if hi > 0 else math.nan, direction)
-        else:
-            decided = verdict(lo, hi, direction)
+        decided = (ratio_verdict if ratio else verdict)(lo, hi, direction)
         rows.append(
             {
                 "block": block,
                 "claim": cid,
                 "statement": statement + " (at the base policy)",
-                "metric": metric + (" (ratio)" if ratio and "ratio" not in metric else ""),
+                "metric": metric,
                 "comparison": f"{LABELS[est]} {'/' if ratio else '-'} {LABELS[ref]}",
                 "n_seeds": len(a),
                 "diff": value,

@@ -98,6 +98,11 @@ def verdict(lo: float, hi: float, direction: int = 1) -> str:
     return "reproduced" if lo > TIE else "refuted" if hi < -TIE else "not settled"
 
 
+def ratio_verdict(lo: float, hi: float, direction: int = 1) -> str:
+    """`verdict` for a ratio's interval [lo, hi], decided on the log scale (the claimed side of 1)."""
+    return verdict(math.log(lo) if lo > 0 else math.nan, math.log(hi) if hi > 0 else math.nan, direction)
+
+
 def margin_verdict(lo: float, hi: float, margin: float, gain: bool) -> str:
     """Equivalence-style verdict for "changes it by less than `margin`": with gain=True the claim is
     that the effect stays below +margin (reproduced if hi < margin, refuted if lo > margin); with

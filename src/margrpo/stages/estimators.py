@@ -18,6 +18,7 @@ gradients in memory: a toy's instrument (B x 1.8M floats for toy-nova), not a re
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import logging
 import time
@@ -81,7 +82,7 @@ def every_step_spec(spec: dict) -> dict:
     from margrpo.grpo.rollout import SamplingConfig, stochastic_steps
 
     sampling = SamplingConfig(**spec["sampling"])
-    spec = json.loads(json.dumps(spec))
+    spec = copy.deepcopy(spec)
     spec["grpo"].update(mask_steps=sampling.ar_steps, diffusion_steps=stochastic_steps(sampling))
     return spec
 
