@@ -1,5 +1,5 @@
 """Released weights: repository ids resolved offline from a constructed Hugging Face cache, `margrpo weights`
-on the paper configs, and the README table from the same list."""
+on the paper configs, and docs/real-scale.md's weights table from the same list."""
 
 import re
 from pathlib import Path
@@ -123,11 +123,11 @@ def test_the_paper_configs_use_the_official_detection_reward():
     assert SOURCES["reward_models.grounding_dino.path"].repo == "IDEA-Research/grounding-dino-tiny"
 
 
-def test_readme_table_is_the_weights_list():
-    readme = (ROOT / "README.md").read_text()
-    assert markdown_table() in readme
+def test_the_documented_table_is_the_weights_list():
+    page = (ROOT / "docs" / "real-scale.md").read_text()
+    assert markdown_table() in page
     for key in SOURCES:
-        assert re.search(re.escape(f"`{key}"), readme), key
+        assert re.search(re.escape(f"`{key}"), page), key
 
 
 def test_a_reward_models_folder_may_name_a_cached_repository(hub):

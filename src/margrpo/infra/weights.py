@@ -18,7 +18,7 @@ Nothing is downloaded: HF_HUB_OFFLINE stays on (margrpo's CLI sets it). A missin
 **Needs.** `needs(config)` lists, for a validated config, every model it needs: the config key, the repository
 it comes from, the files the folder (or file) must hold. `check(need)` says where it looked, what it found (files
 and sizes) or the command for what is missing. `margrpo weights --config ...`, the DAG's `check_weights` and
-README's "Real scale" table (`markdown_table`) all read this list.
+the weights table of docs/real-scale.md (`markdown_table`) all read this list.
 
 **The toy's release.** The toy's trained stages (toyclip, toypref, the base policies' pre-training) ship in the
 package like a release (margrpo/data/toy_weights/: the stage folders as the pipeline wrote them, and manifest.json:
@@ -387,7 +387,7 @@ def _size(n: int) -> str:
 
 
 def markdown_table() -> str:
-    """README's "Real scale" table: every config key this module knows and where its weights are published."""
+    """docs/real-scale.md's weights table: every config key this module knows and where its weights are published."""
     rows = ["| config key | Hugging Face repository | files |", "|---|---|---|"]
     for key, s in SOURCES.items():
         files = ", ".join(f"`{f}`" for f in s.files) or "the whole repository"

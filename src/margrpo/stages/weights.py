@@ -13,7 +13,7 @@ from pathlib import Path
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="a workflow config (YAML), e.g. config/paper-nova.yaml")
-    p.add_argument("--markdown", action="store_true", help="print README's weights table instead and exit")
+    p.add_argument("--markdown", action="store_true", help="print docs/real-scale.md's weights table instead and exit")
 
 
 def run(args) -> None:
