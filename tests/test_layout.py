@@ -1,10 +1,11 @@
 """The code's shape stays readable: no module over 600 lines, no function over 60, no import cycle,
 nothing loose at the package root, and imports that run one way, down the layers of margrpo/__init__.py.
 
-The import graph is read from the source (imports inside functions are not run at import time, so
-they do not count): an edge A -> B for every module B that importing A runs, the parent packages of B
-included, since importing margrpo.world.captions runs margrpo/world/__init__.py. Imports under
-TYPE_CHECKING count too (issue 27): a type that two modules read lives where both can import it.
+The import graph is read from the source, every import in a module counted, inside functions too (issue 69: a
+lazy import is still a dependency, and a circle through one is still a circle): an edge A -> B for every module B
+that an import in A runs, the parent packages of B included, since importing margrpo.world.captions runs
+margrpo/world/__init__.py. Imports under TYPE_CHECKING count too (issue 27): a type that two modules read lives
+where both can import it.
 """
 
 import ast
@@ -25,31 +26,20 @@ def _modules() -> dict[str, tuple[Path, bool]]:
     return mods
 
 
-def _import_time_imports(body: list[ast.stmt]):
-    """Import statements at module level (not in functions; TYPE_CHECKING blocks included)."""
-    for node in body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node
-        for name in ("body", "orelse", "finalbody", "handlers"):
-            sub = getattr(node, name, None)
-            if isinstance(sub, list):
-                yield from _import_time_imports(sub)
-
-
 def import_graph() -> dict[str, set[str]]:
     mods = _modules()
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for m, (f, is_pkg) in mods.items():
         package = m if is_pkg else m.rpartition(".")[0]
-        for node in _import_time_imports(ast.parse(f.read_text(), str(f)).body):
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
-            else:
+            elif isinstance(node, ast.ImportFrom):
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
                 mod = ".".join(anchor + [node.module] if node.module else anchor)
                 targets = [mod] + [f"{mod}.{a.name}" for a in node.names]  # `from pkg import submodule`
+            else:
+                continue
             for t in targets:
                 parts = t.split(".")
                 for dep in (".".join(parts[:i]) for i in range(1, len(parts) + 1)):
@@ -109,6 +99,7 @@ def test_no_import_cycle():
         "margrpo.prompts.suites" in graph["margrpo.prompts.shapesworld"]
         and "margrpo.world" in graph["margrpo.prompts.suites"]
     )
+    assert "margrpo.experiment.config" in graph["margrpo.plan.step"]  # imported inside Run.config: counted
     assert cycles(graph) == []
 
 

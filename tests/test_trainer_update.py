@@ -11,8 +11,8 @@ from helpers import PROMPT_SET, PROMPTS, SAMPLING, make_trainer, tiny_policy
 from margrpo.grpo.grad_stats import GradVarianceProbe, NoProbe, grad_square_norm
 from margrpo.grpo.replay import recorded, replay
 from margrpo.grpo.rollout import generate
-from margrpo.grpo.step_batch import LossInputs, OldLogProbs, TokenCounts
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
+from margrpo.grpo.variants import LossInputs, OldLogProbs, TokenCounts
 
 
 def test_positive_advantage_raises_that_samples_log_prob(tmp_path):
@@ -173,12 +173,13 @@ def test_the_probe_is_off_where_asked_or_impossible_and_owns_its_hook(tmp_path):
         row = trainer.train_step()
         assert isinstance(trainer.probe, NoProbe) and "grad_var_ar" not in row and math.isfinite(row["grad_norm_ar"])
 
+    from margrpo.grpo.build import probe
     from margrpo.grpo.parallel import DDPEngine, FSDPEngine
 
     params = [torch.nn.Parameter(torch.zeros(2))]
     ddp, fsdp = object.__new__(DDPEngine), object.__new__(FSDPEngine)  # their probe-making, without a process group
     ddp.world, ddp.observers, fsdp.world = 2, [], 2
-    on_ddp, on_fsdp = ddp.variance_probe(params, 2), fsdp.variance_probe(params, 2)
+    on_ddp, on_fsdp = probe(params, GRPOConfig(micro_batches=2), ddp), probe(params, GRPOConfig(micro_batches=2), fsdp)
     assert (on_ddp.rounds, on_ddp.n, on_fsdp.rounds, on_fsdp.n) == (False, 4, True, 2)
     assert ddp.observers == [({id(params[0])}, on_ddp.observe_local)] and not hasattr(fsdp, "observers")
 

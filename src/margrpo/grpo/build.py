@@ -106,12 +106,15 @@ def reference(policy: MARPolicy, config: GRPOConfig, settings: PolicySettings) -
 
 
 def probe(stat_params: list[nn.Parameter], config: GRPOConfig, engine: Engine) -> GradVarianceProbe | NoProbe:
-    """The gradient-variance probe, attached through the engine, where it is asked for and can be taken (two
-    micro-batches or more); a null probe otherwise."""
+    """The gradient-variance probe, where it is asked for and can be taken (two micro-batches or more; a null probe
+    otherwise), for the engine's reduction: under FSDP `.grad` shows each micro-batch's sum over the processes
+    (`rounds`); under DDP the probe reads the local gradients in the engine's hook before they are reduced."""
     if not config.grad_variance:
         return NoProbe()
     try:
-        return engine.variance_probe(stat_params, config.micro_batches)
+        variance = GradVarianceProbe(stat_params, config.micro_batches, engine, engine.reduces_each_micro_batch)
     except ValueError as err:
         log.warning("%s: logging no grad_var_ar", err)
         return NoProbe()
+    engine.observe_local_gradients(stat_params, variance.observe_local)
+    return variance

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from margrpo.infra.runtime import autocast
 
@@ -59,6 +60,7 @@ class Engine:
         self.policy, self.device, self.precision = policy, torch.device(device), precision
         self.world = dist.get_world_size() if distributed() else 1
         self.rank = dist.get_rank() if distributed() else 0
+        self._after_autocast: dict[int, Callable[[], None]] = {}  # register_autocast_exit_hook
 
     # --- the processes ------------------------------------------------------------------------------------------
     @property
@@ -122,7 +124,15 @@ class Engine:
     def autocast(self):
         """torch.autocast for the run's precision (`mixed_precision`), around every forward the trainer runs: the one
         mixed-precision mechanism, whatever the sharding (FSDP gathers float32 parameters and casts nothing)."""
-        return autocast(self.device, self.precision)
+        region = autocast(self.device, self.precision)
+        return _then(region, list(self._after_autocast.values())) if self._after_autocast else region
+
+    def register_autocast_exit_hook(self, hook: Callable[[], None]) -> RemovableHandle:
+        """`hook()` after each autocast region of the trainer's closes, until the handle's `remove()`: an instrument's
+        view of the regions (margrpo plan ends CUDA's cache of cast weights with the outermost one)."""
+        handle = RemovableHandle(self._after_autocast)
+        self._after_autocast[handle.id] = hook
+        return handle
 
     # --- a micro-batch's loss and backward ----------------------------------------------------------------------
     reduces_each_micro_batch = False  # FSDP: every micro-batch's gradient is reduced into the shards after it
@@ -141,13 +151,11 @@ class Engine:
         """Gradients are reduced over processes in the backward passes run inside this block only when `enabled`."""
         return contextlib.nullcontext()
 
-    def variance_probe(self, params: list[nn.Parameter], micro_batches: int):
-        """The gradient-variance probe of `params` for this engine's reduction (grad_stats.GradVarianceProbe): here
-        `.grad` shows each micro-batch's own gradient, under FSDP each one's sum over the processes (`rounds`), and
-        under DDP the engine shows it the local gradients before they are reduced."""
-        from margrpo.grpo.grad_stats import GradVarianceProbe
-
-        return GradVarianceProbe(params, micro_batches, self, rounds=self.reduces_each_micro_batch)
+    def observe_local_gradients(self, params: list[nn.Parameter], observer: Callable) -> None:
+        """Have `observer(param, local_grad)` see each of `params`' gradients as this process holds it, just before
+        the engine reduces it over processes, where the engine reduces inside a hook of its own (DDP). Here nothing
+        is reduced, and under FSDP `.grad` shows the reduced shards: it is never called. Whoever builds the engine
+        attaches an observer (grpo.build: the gradient-variance probe); the engine knows none."""
 
     def clip_grad_norm(self, params: list[nn.Parameter], max_norm: float) -> float:
         """The total norm of `params`' reduced gradients over every process, clipped to `max_norm` (inf: measured
@@ -207,6 +215,15 @@ class Engine:
             return
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=self.world > 1)
         set_optimizer_state_dict(model, optimizer, state if self.is_main or self.world == 1 else {}, options=options)
+
+
+@contextlib.contextmanager
+def _then(region, hooks: list[Callable[[], None]]):
+    """`region`, then each hook once it has closed (not after an error)."""
+    with region:
+        yield
+    for hook in hooks:
+        hook()
 
 
 def adapter_tensors(module: nn.Module) -> dict[str, torch.Tensor]:

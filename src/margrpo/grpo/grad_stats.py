@@ -37,8 +37,8 @@ class GradVarianceProbe:
       with n - 1 instead of nW - 1 degrees of freedom (so it needs two micro-batches a process). Nothing but the
       sharded snapshot is held: no unsharded copy of any gradient.
 
-    The engine makes it (`engine.variance_probe`): it says how it reduces (`rounds`) and attaches `observe_local`
-    where it reads local gradients."""
+    Whoever builds the engine makes it (grpo.build.probe): `rounds` is the engine's `reduces_each_micro_batch`, and
+    `observe_local` is attached with `engine.observe_local_gradients`, the engine's hook on local gradients."""
 
     def __init__(self, params: list[nn.Parameter], micro_batches: int, engine, rounds: bool = False):
         self.params, self.engine = params, engine

@@ -64,10 +64,8 @@ class DDPEngine(Engine):
     def sync(self, enabled: bool):
         return nullcontext() if enabled else self.ddp.no_sync()
 
-    def variance_probe(self, params: list[nn.Parameter], micro_batches: int):
-        probe = super().variance_probe(params, micro_batches)
-        self.observers.append(({id(p) for p in params}, probe.observe_local))  # the last micro-batch's, in the hook
-        return probe
+    def observe_local_gradients(self, params: list[nn.Parameter], observer: Callable) -> None:
+        self.observers.append(({id(p) for p in params}, observer))  # the last micro-batch's, in the hook
 
     def _sum_hook(self, _, bucket):  # no return annotation: DDP checks it against Future[Tensor], and ours is a string
         """Sum (not average) the bucket over processes, after showing the observers its local gradients."""
