@@ -7,6 +7,7 @@ from pathlib import Path, PurePosixPath
 from types import SimpleNamespace
 
 import pandas as pd
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import Paramspace
 
 if workflow.overwrite_configfiles:
@@ -31,6 +32,19 @@ from margrpo.experiment.record import check_experiment, record_experiment  # noq
 from margrpo.experiment.specs import toy_stages  # noqa: E402
 from margrpo.infra.weights import RELEASE, fresh_folders  # noqa: E402
 from margrpo.infra.slurm import train_job  # noqa: E402
+
+# The rules' `margrpo` (and the train launcher's `python`) are those of the environment running Snakemake, the one
+# that imported margrpo above, however Snakemake was started: .venv/bin/snakemake by its path, an activated venv, a
+# conda env. Jobs inherit this PATH; a rule's own conda env (--sdm conda) is activated after it and comes first.
+# The rules' text names no interpreter: a path in it would read as changed code, and rerun every job, from another env.
+ENV_BIN = os.path.dirname(sys.executable)
+for _command in ("margrpo", "python"):
+    if not os.access(os.path.join(ENV_BIN, _command), os.X_OK):
+        raise WorkflowError(
+            f"`{_command}` is not in {ENV_BIN}, beside {sys.executable} that runs Snakemake: every rule calls it."
+            " Install the project into that environment (`make install`, or `pip install -e .`)"
+        )
+os.environ.update(PATH=os.pathsep.join(filter(None, [ENV_BIN, os.environ.get("PATH")])))  # set, not read: no envvars
 
 # ../schemas/config.schema.yaml (defaults filled) and every check beyond it: cross references, variant
 # overrides, the ablation table; errors name the key path. The files are read again by margrpo's loader,
