@@ -20,8 +20,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from helpers import KillAt, make_trainer, tiny_policy  # noqa: E402
 
-from margrpo.grpo.run_files import write_outputs  # noqa: E402
-
 VARIANTS = {
     "grpo": {},
     "fix": {"freeze_head": True},
@@ -176,7 +174,7 @@ def train(out: Path) -> None:
     writes = record_writes(rank)
     trainer.train({"seed": 0})
     if trainer.engine.is_main:
-        write_outputs(trainer, {"variant": {"name": "grpo"}})
+        trainer.write_outputs({"variant": {"name": "grpo"}})
     recorded = list(writes)
     torch.save(
         list(trainer.engine.full_tensors(dict(trainer.policy.named_parameters())).values()),

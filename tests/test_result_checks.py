@@ -11,7 +11,6 @@ import pytest
 import torch
 from helpers import flip_last_byte, make_trainer, tiny_policy, tiny_toyclip
 
-from margrpo.grpo.run_files import write_outputs
 from margrpo.infra.files import InputError
 from margrpo.policy import load_policy
 from margrpo.reporting.results import load_metrics, load_summary
@@ -25,7 +24,7 @@ def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     trainer = make_trainer(out, lora={"rank": 4})
     trainer.train()
-    write_outputs(trainer, {"variant": {"name": "grpo"}})
+    trainer.write_outputs({"variant": {"name": "grpo"}})
     return out
 
 

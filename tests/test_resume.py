@@ -15,7 +15,6 @@ import pytest
 import torch
 from helpers import make_trainer, pretrain, tiny_policy
 
-from margrpo.grpo.run_files import write_outputs
 from margrpo.infra.files import InputError, sha256_file
 
 TESTS = Path(__file__).resolve().parent
@@ -147,7 +146,7 @@ def test_summary_is_strict_json_with_the_reason_for_each_null(tmp_path):
     trainer.checkpoints = [
         c for c in trainer.checkpoints if c["step"] > 0
     ]  # no base validation: base_val_reward is NaN
-    write_outputs(trainer, {"variant": {"name": "x"}, "grpo": {"tau": float("-inf")}})
+    trainer.write_outputs({"variant": {"name": "x"}, "grpo": {"tau": float("-inf")}})
     text = (tmp_path / "summary.json").read_text()
     summary = json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in summary.json"))
     assert summary["base_val_reward"] is None and summary["spec"]["grpo"]["tau"] is None

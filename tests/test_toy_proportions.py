@@ -14,7 +14,7 @@ from default_toys import CONFIG, TOYS, default_toy, default_toy_rollout
 from helpers import PROMPTS, assert_ratio_is_one, make_trainer
 
 from margrpo.grpo.rollout import SamplingConfig, generate
-from margrpo.grpo.step_batch import LossInputs
+from margrpo.grpo.variants import LossInputs
 from margrpo.policy import ToyMAR
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,9 +10,8 @@ from helpers import PROMPTS, KillAt, make_trainer, tiny_policy
 
 from margrpo.grpo.replay import completion_mask, recorded
 from margrpo.grpo.rollout import SamplingConfig, generate
-from margrpo.grpo.run_files import write_outputs
-from margrpo.grpo.step_batch import loss_weights
 from margrpo.grpo.trainer import GRPOConfig
+from margrpo.grpo.variants import loss_weights
 from margrpo.policy.settings import PolicySettings
 
 
@@ -33,7 +32,7 @@ from margrpo.policy.settings import PolicySettings
 def test_every_variant_trains_and_logs(tmp_path, variant):
     trainer = make_trainer(tmp_path, **variant)
     rows = trainer.train()
-    write_outputs(trainer, {"variant": {"name": "x"}})
+    trainer.write_outputs({"variant": {"name": "x"}})
     assert len(rows) == 2 and (tmp_path / "metrics.csv").exists() and (tmp_path / "summary.json").exists()
     kl = "kl" if variant.get("kl") == "gaussian" else "kl_paper"  # the KL term, named for what it is
     for key in ("reward_mean", "policy_loss", kl, "grad_norm_ar", "clip_frac", "frac_zero_std", "peak_mem_mb"):

@@ -6,8 +6,8 @@ so the gradient of the expected reward is computable by backpropagating through 
 (`pathwise_gradient`), and each estimator's batch gradient can be held against it.
 
 - `batch_gradient(trainer, step)`: the loss gradient of the batch the trainer draws at `step`, through the trainer's
-  own rollout, plan and backward passes (`rollout_and_score`, `plan_updates`, `backwards`, `micro_loss`), without
-  its optimizer step: the same bits a training step differentiates. Flat over the trained parameters.
+  own rollout, plan and backward passes (`rollout_and_score`, `plan_updates`, `accumulate`), without its optimizer
+  step: the same bits a training step differentiates. Flat over the trained parameters.
 - `pathwise_gradient(trainer, images, seed)`: the gradient of the mean reward of `images` images drawn from common
   random numbers `seed` (prompts uniform over the training prompts, 4 images each, with the rollout's own orders and
   noise), backpropagated through the AR passes, every diffusion step of the committed tokens, CFG, the decoder and
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from functools import partial
 
 import torch
 
@@ -38,15 +37,10 @@ def flat_grad(params: Sequence[torch.nn.Parameter]) -> torch.Tensor:
 
 def batch_gradient(trainer, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The loss gradient [P] of the batch `trainer` draws at `step` (its streams are keyed by seed and step), and
-    that batch's rewards. The trainer's parameters and optimizer are left as they were; .grad is cleared."""
-    trainer.step = step
-    batch = trainer.rollout_and_score()
-    update = trainer.plan_updates(batch)[0]  # the first update: log_prob_old is this pass's own
-    for p in trainer.params:
-        p.grad = None
-    for part in trainer.backwards(batch, update):
-        loss, _ = trainer.engine.forward(partial(trainer.micro_loss, part.inputs))
-        (loss * part.share).backward()
+    that batch's rewards: the trainer's own `accumulate` of its first update, without the optimizer step. The
+    trainer's parameters, optimizer and step are left as they were; .grad is cleared."""
+    batch = trainer.rollout_and_score(step)
+    trainer.accumulate(batch, trainer.plan_updates(batch)[0])  # the first update: log_prob_old is its own pass
     flat = flat_grad(trainer.params)
     for p in trainer.params:
         p.grad = None

@@ -209,9 +209,3 @@ def write_run_outputs(out_dir: str | Path, state: RunState, variant: str, spec: 
     bad = non_finite(summary)  # strict JSON: null in their place, and why
     atomic_write_json(out / "summary.json", {**summary, **({"non_finite": bad} if bad else {})}, indent=1)
     return summary
-
-
-def write_outputs(trainer, spec: dict) -> None:
-    """A GRPO trainer's metrics.csv (one row per step) and summary.json (checkpoints with validation rewards)."""
-    state = RunState(trainer.step, trainer.rows, trainer.checkpoints)
-    write_run_outputs(trainer.out_dir, state, spec["variant"]["name"], spec, trainer.settings())

@@ -22,8 +22,8 @@ class StepHooks:
         """A rollout's record (grpo.rollout), as generation allocates it, before the first AR step fills it."""
 
     def scored(self, batch) -> None:
-        """The step's batch (grpo.step_batch.StepBatch): rolled out, scored, split in micro-batches; no update yet."""
+        """The step's batch (grpo.step_plan.StepBatch): rolled out, scored, split in micro-batches; no update yet."""
 
     def replays(self, passes: Iterator) -> Iterator:
-        """An update's backward passes (grpo.step_batch.Backward), as they run (then its clip and optimizer step)."""
+        """An update's backward passes (grpo.step_plan.Backward), as they run (then its clip and optimizer step)."""
         return passes

@@ -24,17 +24,9 @@ from margrpo.grpo.build import build_parts
 from margrpo.grpo.checkpoints import legacy_resume_key, record_hash, resume_record
 from margrpo.grpo.config import GRPOConfig, check_chosen_steps
 from margrpo.grpo.grad_stats import grad_square_norm
-from margrpo.grpo.objective import (
-    group_advantages,
-    kl_gaussian,
-    kl_paper,
-    masked_mean,
-    mte_loss,
-    per_token_policy_objective,
-    policy_ratio_stats,
-)
+from margrpo.grpo.objective import group_advantages
 from margrpo.grpo.random_streams import Stream, group_generators, step_generator
-from margrpo.grpo.replay import completion_mask, recorded, replay
+from margrpo.grpo.replay import Replay, completion_mask, recorded, replay
 from margrpo.grpo.rollout import (
     Rollout,
     SamplingConfig,
@@ -43,33 +35,28 @@ from margrpo.grpo.rollout import (
     make_sampler,
     stochastic_steps,
 )
-from margrpo.grpo.run_files import RunState, step_row
+from margrpo.grpo.run_files import RunState, step_row, write_run_outputs
 from margrpo.grpo.run_loop import Cadence, run_loop
-from margrpo.grpo.step_batch import (
-    Backward,
+from margrpo.grpo.step_hooks import StepHooks
+from margrpo.grpo.step_plan import Backward, StepBatch, Update, choose_steps, subset_rollout
+from margrpo.grpo.step_stats import micro_batch_stats, update_columns, update_log
+from margrpo.grpo.validation import validation_rewards
+from margrpo.grpo.variants import (
     LossInputs,
     OldLogProbs,
-    StepBatch,
     TokenCounts,
-    Update,
-    choose_steps,
-    log_prob_old,
     loss_weights,
-    micro_batch_stats,
-    subset_rollout,
-    update_columns,
-    update_log,
+    micro_batch_loss,
     variant_masks,
 )
-from margrpo.grpo.step_hooks import StepHooks
-from margrpo.grpo.validation import RewardFn, validate
 from margrpo.infra.files import refuse_symlink
 from margrpo.infra.stopping import StopRequest
-from margrpo.infra.trackers import end_trackers, start_trackers
+from margrpo.infra.trackers import end_trackers, log_image_grid, start_trackers
 from margrpo.policy.base import MARPolicy
 from margrpo.policy.lora import adapters_disabled
 from margrpo.policy.settings import PolicySettings
 from margrpo.prompts.suites import PromptSet
+from margrpo.rewards.registry import RewardFn
 
 RUN_NAME = "grpo"  # the trackers' run: <out>/tb/grpo/
 log = logging.getLogger(__name__)
@@ -118,13 +105,14 @@ class GRPOTrainer:
         self.run, self.nonfinite_run = RunState(), 0  # steps run, their rows, the validations (grpo.run_loop)
         self.stopped: str | None = None  # why `train` saved and stopped early (None: it ran to the end)
         self.stop_request: StopRequest | None = None
-        self.spec_hash = self.run_hash(None)
+        self.spec: dict | None = None  # the stage's spec (inputs, variant), set by `train`
+        self.record = self.run_record(None)
+        self.spec_hash = record_hash(self.record)  # the run's key (the trackers' run id)
 
-    def run_hash(self, spec: dict | None) -> str:
-        """This run's key (the trackers' run id): its settings less those that only extend it."""
-        self.record = resume_record(self.settings(), asdict(self.sampling), spec)
-        self.legacy_hash = legacy_resume_key(self.settings(), asdict(self.sampling), spec)
-        return record_hash(self.record)
+    def run_record(self, spec: dict | None) -> dict:
+        """This run's settings, one entry each, as a resume compares them (grpo.checkpoints.resume_record): these
+        configs and the stage's `spec`."""
+        return resume_record(self.settings(), asdict(self.sampling), spec)
 
     def settings(self) -> dict:
         """The GRPO settings and the policy's, in one flat record (summary.json's `config`, the trackers')."""
@@ -134,7 +122,8 @@ class GRPOTrainer:
         """Train to `cfg.steps`, resuming state/ where its settings (these configs and the stage's `spec`) give the
         same steps; else stop, or with `restart` move it aside (grpo.checkpoints). With `stop`, save and stop early
         (`self.stopped` says why) when any process's request says the next step would not end in time."""
-        self.spec_hash = self.run_hash(spec)
+        self.spec, self.record = spec, self.run_record(spec)
+        self.spec_hash = record_hash(self.record)
         refuse_symlink(self.state_dir, "state folder")  # a restart moves what is in it
         if self.engine.is_main:
             self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -181,18 +170,8 @@ class GRPOTrainer:
         return self.step_row(batch, update_columns(logs), time.time() - t0)
 
     def update(self, batch: StepBatch, update: Update) -> dict:
-        """One optimizer step on the batch gradient: every micro-batch's loss backpropagated, one replay chunk at a
-        time (their gradients sum to the batch's, over every process), then clip, guard and step."""
-        self.optimizer.zero_grad(set_to_none=True)
-        self.probe.start()
-        done = []  # (backward, its loss, its stats)
-        for part in self.hooks.replays(self.backwards(batch, update)):
-            with self.engine.sync(self.engine.reduces(part.last_micro_batch, part.last_chunk)):
-                loss, stats = self.engine.forward(partial(self.micro_loss, part.inputs))
-                (loss * part.share).backward()
-            done.append((part, loss.item(), stats))
-            if part.last_chunk:
-                self.probe.after_micro_batch(last=part.last_micro_batch)
+        """One optimizer step on the batch gradient (`accumulate`), then clip, guard and step."""
+        done = self.accumulate(batch, update)
         square_norm_ar = grad_square_norm(self.stat_params, self.engine)  # before clipping: Fig. 2a / 5
         # the total norm of every trained gradient, clipped to grad_clip (0: measured only; a scale of exactly 1)
         grad_norm = self.engine.clip_grad_norm(self.params, self.cfg.grad_clip or math.inf)
@@ -210,15 +189,32 @@ class GRPOTrainer:
         stats = [s for part in self.engine.all_objects([s for _, s in micro_batches]) for s in part]
         return update_log(stats, self.cfg.kl, batch, update, self.engine.all_sum, **norms, skipped=int(not finite))
 
-    def rollout_and_score(self) -> StepBatch:
-        """Sample prompts, roll out their groups, score them, and derive advantages and the MTE / Sim masks."""
-        cfg = self.cfg
+    def accumulate(self, batch: StepBatch, update: Update) -> list[tuple[Backward, float, dict]]:
+        """The update's batch gradient into .grad (cleared first): every micro-batch's loss backpropagated, one
+        replay chunk at a time (their gradients sum to the batch's, over every process). Returns each backward
+        pass with its loss and stats. `update` steps on it; grpo.gradient_estimates reads it."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.probe.start()
+        done = []  # (backward, its loss, its stats)
+        for part in self.hooks.replays(self.backwards(batch, update)):
+            with self.engine.sync(self.engine.reduces(part.last_micro_batch, part.last_chunk)):
+                loss, stats = self.engine.forward(partial(self.micro_loss, part.inputs))
+                (loss * part.share).backward()
+            done.append((part, loss.item(), stats))
+            if part.last_chunk:
+                self.probe.after_micro_batch(last=part.last_micro_batch)
+        return done
+
+    def rollout_and_score(self, step: int | None = None) -> StepBatch:
+        """Sample prompts, roll out their groups, score them, and derive advantages and the MTE / Sim masks: the
+        batch of `step` (its random streams are keyed by it; None: the run's next step)."""
+        cfg, step = self.cfg, self.step if step is None else step
         self.hooks.rolling_out()
-        g_prompts, g_steps = (step_generator(cfg.seed, self.step, s) for s in (Stream.PROMPTS, Stream.STEPS))
+        g_prompts, g_steps = (step_generator(cfg.seed, step, s) for s in (Stream.PROMPTS, Stream.STEPS))
         chosen = torch.randperm(len(self.train_prompts), generator=g_prompts)[: cfg.batch_prompts].tolist()
         idx = [chosen[i] for i in self.groups]  # this process's groups; each draws from its own streams
-        g_roll = group_generators(cfg.seed, self.step, Stream.ROLLOUT, self.groups)
-        g_mte = group_generators(cfg.seed, self.step, Stream.MTE, self.groups) if cfg.trajectories > 1 else None
+        g_roll = group_generators(cfg.seed, step, Stream.ROLLOUT, self.groups)
+        g_mte = group_generators(cfg.seed, step, Stream.MTE, self.groups) if cfg.trajectories > 1 else None
         prompts = [self.train_prompts.prompts[i] for i in idx]
         meta = [self.train_prompts.metadata[i] for i in idx for _ in range(cfg.group_size)]
         # the |M| AR steps are chosen before the rollout: MTE draws its S - 1 extra trajectories there (Algorithm 2)
@@ -242,7 +238,7 @@ class GRPOTrainer:
         rewards, components = self.reward_fn(rollout.images, rollout.prompts, meta)
         adv, frac_zero = group_advantages(rewards, cfg.group_size)
         if cfg.advantages == "shuffled":  # the no-signal control (GRPOConfig.advantages)
-            shuffle = torch.randperm(len(adv), generator=step_generator(cfg.seed, self.step, Stream.SHUFFLE))
+            shuffle = torch.randperm(len(adv), generator=step_generator(cfg.seed, step, Stream.SHUFFLE))
             adv = adv[shuffle.to(adv.device)]
         mte_mask, sim_keep = self.masks(rollout)
         rows = torch.arange(len(rollout.prompts)).chunk(cfg.micro_batches)
@@ -311,47 +307,19 @@ class GRPOTrainer:
                 )
 
     def micro_loss(self, inputs: LossInputs) -> tuple[torch.Tensor, dict]:
-        """Loss of one micro-batch (already a sub-rollout, `inputs`: step_batch.LossInputs): mean over chosen AR
-        steps of its share of the batch's token-mean loss (Eq. 7); under `reinforce`, the sum over them (the
-        official update).
+        """Loss of one micro-batch (already a sub-rollout, `inputs`: variants.LossInputs): its chosen steps replayed
+        under the policy (with gradients) and the frozen reference, then `variants.micro_batch_loss`, the method's
+        loss (design.md §3.5-3.10)."""
+        replayed = self._replay(inputs.rollout, inputs.ar_steps, inputs.diffusion_steps, inputs.mte_mask)
+        return micro_batch_loss(inputs, replayed, self._reference(inputs), self.cfg)
 
-        `mte_mask` [K, n, L]: M^k of each AR step (Eq. 10). `old`: log_prob_old of these steps, from
-        `old_log_probs` before the first optimizer step; None when the parameters are still those of the
-        rollout: then this pass's own log-probs (detached) are log_prob_old for `recomputed`, the record's for
-        `recorded`. `counts`: the whole batch's token counts per chosen AR step; the micro-batch losses then sum
-        to the batch loss whatever the split. None: this rollout is the whole batch."""
-        cfg, x = self.cfg, inputs
-        rollout, adv, ar_steps, diffusion_steps = x.rollout, x.adv, x.ar_steps, x.diffusion_steps
-        mte_mask, sim_keep, old, counts = x.mte_mask, x.sim_keep, x.old, x.counts
-        replayed = self._replay(rollout, ar_steps, diffusion_steps, mte_mask)
-        tokens, weight = loss_weights(replayed.mask, rollout, ar_steps, sim_keep, cfg.loss_tokens)  # [M, U, n, L]
-        if counts is None:
-            counts = TokenCounts(weight.sum((1, 2, 3)), tokens.sum((1, 2, 3)))
-        old = log_prob_old(replayed, old, rollout, ar_steps, diffusion_steps, mte_mask, cfg.old_logprob)
-        objective = per_token_policy_objective(replayed.log_prob, old.committed, adv, cfg.clip_eps)  # [M, U, n, L]
-        kl = None
-        if self.ref is not None:
-            with torch.no_grad(), self.engine.autocast(), adapters_disabled(self.ref):
-                ref = replay(self.ref, rollout, ar_steps, diffusion_steps, logprob_cfg=cfg.logprob_cfg)
-            mean, std = replayed.mean, replayed.std
-            kl = kl_paper(mean, ref.mean) if cfg.kl == "paper" else kl_gaussian(mean, ref.mean, std, ref.std)
-        losses, kls = [], []
-        for m, k in enumerate(ar_steps.tolist()):
-            step_objective = objective[m]  # [U, n, L]
-            if mte_mask is not None:  # Eq. 10 on every loss token of step k
-                extra = per_token_policy_objective(replayed.mte_log_prob[m], old.mte[m], adv, cfg.clip_eps)
-                step_objective = mte_loss(torch.cat([step_objective[None], extra]), mte_mask[k])
-            losses.append(-masked_mean(step_objective, weight[m], counts.policy[m]))
-            if kl is not None:
-                kls.append(masked_mean(kl[m], tokens[m], counts.kl[m]))
-        # Eq. 7 averages over the chosen AR steps; the official REINFORCE update calls backward once per
-        # chosen step, so its gradients are the sum over the |M| steps
-        reduce = torch.sum if cfg.reinforce else torch.mean
-        policy_term = reduce(torch.stack(losses))
-        kl_term = reduce(torch.stack(kls)) if kls else torch.zeros((), device=policy_term.device)
-        stats = policy_ratio_stats(replayed.log_prob, old.committed, adv, tokens, cfg.clip_eps)
-        stats.update(policy_loss=policy_term.item(), kl=kl_term.item())
-        return policy_term + cfg.beta * kl_term, stats
+    @torch.no_grad()
+    def _reference(self, x: LossInputs) -> Replay | None:
+        """The frozen reference's replay of the same steps, the KL's other side (None: no reference, beta = 0)."""
+        if self.ref is None:
+            return None
+        with self.engine.autocast(), adapters_disabled(self.ref):
+            return replay(self.ref, x.rollout, x.ar_steps, x.diffusion_steps, logprob_cfg=self.cfg.logprob_cfg)
 
     @torch.no_grad()
     def old_log_probs(
@@ -393,7 +361,7 @@ class GRPOTrainer:
         return torch.cat([ar, ar - 1]).clamp(min=0).unique() if self.cfg.sim else ar
 
     def masks(self, rollout: Rollout) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """MTE's M^k and Sim's keep-weights per AR step (step_batch.variant_masks)."""
+        """MTE's M^k and Sim's keep-weights per AR step (variants.variant_masks)."""
         return variant_masks(rollout, self.cfg.trajectories, self.cfg.top_frac, self.cfg.tau if self.cfg.sim else None)
 
     # --- what a step logs --------------------------------------------------------------------------------------------
@@ -407,7 +375,29 @@ class GRPOTrainer:
         return step_row(self.step, all_cat(batch.rewards), components, all_cat(batch.adv), frac_zero, log, lr, seconds)
 
     # --- validation, checkpoints, resume (grpo.validation, grpo.checkpoints) ------------------------------------
-    validate = validate  # each validation prompt's reward under the same noise every step (grpo.validation)
+    def validate(self) -> list[float]:
+        """Each validation prompt's reward under the same noise every step (grpo.validation), the EMA's weights
+        where they are on; the first images to the trackers."""
+        step = self.step
+
+        def log_images(images: torch.Tensor) -> None:
+            log_image_grid(self.accelerator, "val/samples", images, step)
+
+        return validation_rewards(
+            self.policy,
+            self.reward_fn,
+            self.val_prompts,
+            self.sampling,
+            self.engine,
+            prompts=self.cfg.val_prompts,
+            images=self.cfg.val_images,
+            ema=self.ema,
+            log_images=log_images if self.accelerator.trackers else None,
+        )
+
+    def write_outputs(self, spec: dict) -> None:
+        """metrics.csv (one row per step) and summary.json (checkpoints with validation rewards) in the run folder."""
+        write_run_outputs(self.out_dir, self.run, spec["variant"]["name"], spec, self.settings())
 
     def save(self) -> None:
         """Checkpoint (policy folder) + resumable training state (grpo.checkpoints)."""
@@ -416,7 +406,8 @@ class GRPOTrainer:
 
     def try_resume(self, restart: bool = False) -> bool:
         """Resume from state/ where it was written under settings that give the same steps (`self.record`)."""
-        header = self.checkpointer.resume(self.record, self.legacy_hash, restart)
+        legacy_hash = legacy_resume_key(self.settings(), asdict(self.sampling), self.spec)  # a format-1 state's key
+        header = self.checkpointer.resume(self.record, legacy_hash, restart)
         if header is None:
             return False
         self.step, self.rows, self.checkpoints = header["step"], header["rows"], header["checkpoints"]

@@ -11,11 +11,9 @@ import torch
 from margrpo.grpo.random_streams import VAL_SEED
 from margrpo.grpo.rollout import SamplingConfig, generate
 from margrpo.infra.runtime import autocast
-from margrpo.infra.trackers import log_image_grid
 from margrpo.policy.base import MARPolicy
 from margrpo.prompts.suites import PromptSet
-
-RewardFn = Callable[[torch.Tensor, list[str], list[dict]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+from margrpo.rewards.registry import RewardFn
 
 
 @torch.no_grad()
@@ -42,30 +40,33 @@ def validation_batch(
 
 
 @torch.no_grad()
-def validate(trainer) -> list[float]:  # a GRPOTrainer
-    """Reward of each validation prompt (mean over its `val_images` images). The noise of each batch
-    of 8 prompts comes from VAL_SEED + its offset alone, so every run, variant and step sees the
-    same noise: differences between them are paired (common random numbers)."""
-    n, G = min(trainer.cfg.val_prompts, len(trainer.val_prompts)), trainer.cfg.val_images
+def validation_rewards(
+    policy: MARPolicy,
+    reward_fn: RewardFn,
+    val: PromptSet,
+    sampling: SamplingConfig,
+    engine,
+    prompts: int,
+    images: int,
+    ema=None,
+    log_images: Callable[[torch.Tensor], None] | None = None,
+) -> list[float]:
+    """Reward of each of the first `prompts` validation prompts (mean over its `images` images), its batches of 8
+    prompts shared over the `engine`'s processes (grpo.engine). The noise of each batch comes from VAL_SEED + its
+    offset alone, so every run, variant and step sees the same noise: differences between them are paired (common
+    random numbers). `ema`: its averaged weights are the ones validated; `log_images`: given the first image of each
+    of the first (up to 8) prompts."""
+    n = min(prompts, len(val))
     scores = []  # (first prompt, scores) of this process's batches; batch a goes to process (a / 8) mod W
     starts = list(range(0, n, 8))
-    mine, rounds = trainer.engine.validation_share(starts)
-    with trainer.ema.applied(trainer.policy) if trainer.ema else contextlib.nullcontext():  # the EMA weights, when on
+    mine, rounds = engine.validation_share(starts)
+    with ema.applied(policy) if ema else contextlib.nullcontext():
         for i in range(rounds):
             a = mine[i] if i < len(mine) else starts[0]
-            batch, images = validation_batch(
-                trainer.policy,
-                trainer.reward_fn,
-                trainer.val_prompts,
-                a,
-                n,
-                trainer.sampling,
-                G,
-                trainer.engine.precision,
-            )
+            batch, grid = validation_batch(policy, reward_fn, val, a, n, sampling, images, engine.precision)
             if i >= len(mine):
                 continue
             scores.append((a, batch))
-            if a == 0 and trainer.accelerator.trackers:  # the first image of the first (up to 8) prompts
-                log_image_grid(trainer.accelerator, "val/samples", images[::G], trainer.step)
-    return [x for _, part in sorted(b for shares in trainer.engine.all_objects(scores) for b in shares) for x in part]
+            if a == 0 and log_images is not None:
+                log_images(grid[::images])
+    return [x for _, part in sorted(b for shares in engine.all_objects(scores) for b in shares) for x in part]

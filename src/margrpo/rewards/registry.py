@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import torch
 
 __all__ = [
+    "RewardFn",
     "RewardFunction",
     "RewardMix",
     "available_rewards",
@@ -38,6 +39,9 @@ class RewardFunction(Protocol):
 
 
 RewardFactory = Callable[..., RewardFunction]
+# what a trainer calls (a `RewardMix`, or a test's function alike): images, prompts, metadata -> (the mix [B], each
+# weighted component [B] by name, for logging)
+RewardFn = Callable[[torch.Tensor, list[str], list[dict]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 # name -> factory taking keyword config (paths, options) and returning a RewardFunction
 _REGISTRY: dict[str, RewardFactory] = {}

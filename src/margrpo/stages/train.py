@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import logging
 import os
+from functools import partial
 from pathlib import Path
 
 from margrpo.stages._common import (
@@ -66,7 +67,6 @@ def _read_spec(args) -> dict:
 def run(args) -> None:
     from margrpo.experiment.settings import train_settings
     from margrpo.grpo.parallel import build_policy
-    from margrpo.grpo.run_files import write_outputs
     from margrpo.grpo.trainer import GRPOTrainer
     from margrpo.policy import load_policy
     from margrpo.rewards import build_reward_mix
@@ -91,8 +91,6 @@ def run(args) -> None:
     cfg.seed = args.seed
     out = _writable(Path(args.out_dir))
     full_spec = run_spec(settings.spec, args)
-    if int(os.environ.get("RANK", "0")) == 0:
-        write_spec(out, full_spec)
     weights = settings.reward_weights
     reward = build_reward_mix(
         weights, reward_options(weights, settings.reward_models, args.toyclip_dir, args.toypref_dir)
@@ -110,10 +108,12 @@ def run(args) -> None:
         device=device,
         policy_settings=settings.policy,
     )
+    # spec.json once the run folder's lock is held and its state accepted: a refused run leaves it as it was
+    trainer.checkpointer.on_accept = partial(write_spec, out, full_spec)  # called on the main process
     _train_or_stop(trainer, full_spec, args.restart, args.requeues)
     if not trainer.engine.is_main:  # data parallel: one process writes the run's files
         return
-    write_outputs(trainer, full_spec)
+    trainer.write_outputs(full_spec)
     best = max(trainer.checkpoints, key=lambda c: c["val_reward"])
     ema = (
         f" (EMA weights, decay {cfg.ema_decay})" if cfg.ema_decay else ""
