@@ -9,10 +9,11 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+import test_workflow
 from test_workflow import REPO, SNAKEMAKE
-from test_workflow import smoke_run as _smoke_run  # noqa: F401 (the fixture `smoke_run`: this module's copy)
 
 VENV_BIN = Path(sys.executable).parent
+smoke_run = test_workflow.smoke_run  # the fixture: a finished smoke DAG, this module's own copy of it
 
 
 def env_without_venv(tmp_path: Path) -> dict[str, str]:
