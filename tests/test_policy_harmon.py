@@ -6,6 +6,7 @@ import pytest
 import torch
 from builders_policies import tiny_harmon, tiny_harmon_config
 from helpers import PROMPTS, assert_ratio_is_one, redness
+from policy_contract import PolicyContract
 
 from margrpo.grpo.rollout import SamplingConfig, generate
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
@@ -20,6 +21,10 @@ PARAMS = Path(__file__).resolve().parents[1] / "src/margrpo/policy/params/harmon
 SAMPLING = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=3.0, cfg_schedule="linear", temperature=0.9)
 
 
+class TestHarmonContract(PolicyContract):  # tests/policy_contract.py
+    build = staticmethod(tiny_harmon)
+
+
 def rollout(policy, seed=0, trajectories=1):
     return generate(
         policy,
@@ -32,12 +37,11 @@ def rollout(policy, seed=0, trajectories=1):
     )
 
 
-@pytest.mark.parametrize("attn", ["eager", "sdpa"])
-def test_ratio_is_one_on_unchanged_parameters(attn):
-    policy = tiny_harmon(attn_implementation=attn)
+def test_ratio_is_one_with_sdpa_attention():
+    """The contract's ratio check (TestHarmonContract) runs eager attention; the LLM's sdpa kernels keep it too."""
+    policy = tiny_harmon(attn_implementation="sdpa")
     r = rollout(policy, trajectories=2)
     policy.train()  # dropout 0.1 in the config must not leak into the replay
-    assert r.images.shape == (4, 3, 32, 32)
     assert_ratio_is_one(policy, r)
 
 
@@ -163,9 +167,10 @@ def test_codec_shapes_and_range():
     assert images.shape == (2, 3, 32, 32) and images.min() >= 0 and images.max() <= 1
 
 
-def test_save_load_gives_identical_samples(tmp_path):
-    policy = tiny_harmon()
-    policy.save_pretrained(tmp_path)
+def test_a_saved_folder_has_harmons_release_files_and_loads_in_bf16(tmp_path):
+    """The contract's round trip (TestHarmonContract) aside: the release's file names, the VAE under LDM's names, and
+    a bf16 load."""
+    tiny_harmon().save_pretrained(tmp_path)
     for name in (
         "harmon_1.5b.pth",
         "kl16.ckpt",
@@ -177,8 +182,6 @@ def test_save_load_gives_identical_samples(tmp_path):
     assert (
         "encoder.down.2.attn.0.q.weight" in torch.load(tmp_path / "kl16.ckpt", weights_only=True)["model"]
     )  # LDM names
-    loaded = load_policy(tmp_path)  # the workflow's entry point dispatches on the Harmon files
-    assert isinstance(loaded, HarmonPolicy) and torch.equal(rollout(policy).images, rollout(loaded).images)
     half = HarmonPolicy.from_pretrained(tmp_path, dtype=torch.bfloat16)
     assert half.mar.z_proj.weight.dtype == torch.bfloat16
 
