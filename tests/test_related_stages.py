@@ -2,6 +2,7 @@
 distill-marval, train-related (grpo-mask, maskgrpo, marval-rl), and `select` / `sample` on their outputs."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -246,20 +247,31 @@ def test_train_related_on_toy_mask_writes_the_files_of_margrpo_train(method, mas
     assert again["checkpoints"] == summary["checkpoints"]
 
 
-def test_a_damaged_related_state_stops_the_run_and_a_restart_moves_it_aside(mask_policy, data, tmp_path, logged):
+def train_shard(out: Path, step: int = 2) -> Path:
+    return next(p for p in (out / f"state/ckpt-{step:06d}/train").iterdir() if p.suffix == ".distcp")
+
+
+@pytest.mark.parametrize("damage", ["header and shard", "shard"])
+def test_a_damaged_related_state_stops_the_run_and_a_restart_moves_it_aside(
+    damage, mask_policy, data, tmp_path, logged
+):
     """train-related started fresh over a state it could not read (issue 59): now, as `margrpo train`, it stops
-    naming the damage and deletes nothing; `--restart` moves the trainer's files aside and keeps the user's."""
+    naming the damage and deletes nothing; `--restart` moves the trainer's files aside and keeps the user's. Issue
+    69: a header that reads over shards that do not verify refused again under --restart (a workflow's rerun failed
+    until someone moved state/ by hand)."""
     out, spec = tmp_path / "run", related_spec("grpo-mask", data, {"shapes": 1.0}, MASK_SAMPLING, iterations=2)
     train_related("grpo-mask", mask_policy, data, spec, out)
     (out / "state/notes.txt").write_text("mine")
     (out / "state/ckpt-old").mkdir()
-    flip_last_byte(out / "state/trainer.pt")
+    flip_last_byte(train_shard(out))
+    if damage == "header and shard":
+        flip_last_byte(out / "state/trainer.pt")
 
     def files():  # the run folder's lock records its holder: not the run's
         return {p: p.read_bytes() for p in (out / "state").rglob("*") if p.is_file() and p.name != ".lock"}
 
     before = files()
-    with pytest.raises(SystemExit, match=r"sha256 differs.*Nothing was deleted.*--restart"):
+    with pytest.raises(SystemExit, match=r"distcp: sha256 differs.*Nothing was deleted.*--restart"):
         train_related("grpo-mask", mask_policy, data, spec, out)
     assert files() == before
     (out / "state/.trainer.pt.abc.tmp.pt").write_bytes(b"torn")  # a killed write's temporary file
@@ -273,14 +285,26 @@ def test_a_damaged_related_state_stops_the_run_and_a_restart_moves_it_aside(mask
     assert json.loads((out / "summary.json").read_text())["checkpoints"][-1]["step"] == 2
 
 
-def test_related_checkpoints_without_their_header_are_not_overwritten(mask_policy, data, tmp_path):
+def test_related_checkpoints_without_their_header_resume_or_are_not_overwritten(mask_policy, data, tmp_path, logged):
+    """A lost trainer.pt: the run resumes from the header's copy in the newest training state (as `margrpo train`);
+    with no training state either, policy folders alone are a run it cannot prove stale: it stops, overwriting
+    nothing, and --restart moves them aside."""
     out, spec = tmp_path / "run", related_spec("grpo-mask", data, {"shapes": 1.0}, MASK_SAMPLING, iterations=2)
     train_related("grpo-mask", mask_policy, data, spec, out)
     (out / "state/trainer.pt").unlink()
     weights = (out / "state/ckpt-000002/policy/model.safetensors").read_bytes()
+    logged()
+    train_related("grpo-mask", mask_policy, data, spec, out)
+    assert "ckpt-000002/train, the newest checkpoint whose training state verifies" in logged()
+    assert (out / "state/ckpt-000002/policy/model.safetensors").read_bytes() == weights
+    assert not (out / "state/trainer.pt").exists()  # a run resumed at its end writes nothing
+    shutil.rmtree(out / "state/ckpt-000002/train")
     with pytest.raises(SystemExit, match="holds checkpoints .* but no trainer.pt.*Nothing was deleted"):
         train_related("grpo-mask", mask_policy, data, spec, out)
     assert (out / "state/ckpt-000002/policy/model.safetensors").read_bytes() == weights
+    train_related("grpo-mask", mask_policy, data, spec, out, restart=True)
+    (aside,) = out.glob("aside-*")
+    assert (aside / "state/ckpt-000002/policy/model.safetensors").read_bytes() == weights
 
 
 @pytest.mark.parametrize("method", ["grpo-mask", "marval-rl"])
@@ -333,23 +357,18 @@ def test_train_related_deletes_nothing_it_did_not_write(mask_policy, data, tmp_p
     """Issue #36, as for `margrpo train` (tests/test_run_folder.py): a user's files in the run folder outlive a fresh
     start, a resume that continues and a restart under another spec; the restart still removes what the trainer
     wrote."""
-    import margrpo.stages.train_related as stage
+    from margrpo.related.method import RelatedTrainer
 
     run, spec = tmp_path / "run", related_spec("grpo-mask", data, {"shapes": 1.0}, MASK_SAMPLING, iterations=2)
     plant_user_files(run)
-    saver = stage.state_saver
+    save = RelatedTrainer.save
 
-    def saver_that_dies(*args):
-        save = saver(*args)
-
-        def save_then_die(path, state):
-            save(path, state)
-            raise Interrupted
-
-        return save_then_die
+    def save_then_die(self):
+        save(self)
+        raise Interrupted
 
     with monkeypatch.context() as patch:
-        patch.setattr(stage, "state_saver", saver_that_dies)
+        patch.setattr(RelatedTrainer, "save", save_then_die)
         with pytest.raises(Interrupted):
             train_related("grpo-mask", mask_policy, data, spec, run)  # fresh, killed after its step-1 checkpoint
     assert (run / "state/trainer.pt").is_file() and (run / "state/ckpt-000001/policy/checksums.json").is_file()
@@ -385,6 +404,47 @@ def test_train_related_refuses_to_replace_a_checkpoint_folder_it_did_not_write(m
     with pytest.raises(SystemExit, match=f"{run / 'state/ckpt-000001/policy'}: not a checkpoint margrpo wrote"):
         train_related("grpo-mask", mask_policy, data, spec, run)
     assert (run / "state/ckpt-000001/policy/notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("refused", ["other settings", "fewer steps", "a second writer"])
+def test_a_refused_related_run_leaves_spec_json_as_it_was(refused, mask_policy, data, tmp_path):
+    """Issue 69: a refused run rewrote <run>/spec.json with settings it never ran under (written before the lock and
+    the resume decision); now spec.json is written once the lock is held and the state accepted."""
+    from margrpo.infra.run_lock import hold_run_folder
+
+    out, spec = tmp_path / "run", related_spec("grpo-mask", data, {"shapes": 1.0}, MASK_SAMPLING, iterations=2)
+    train_related("grpo-mask", mask_policy, data, spec, out)
+    written = (out / "spec.json").read_bytes()
+    other = {
+        "other settings": {**spec, "related": {**spec["related"], "lr": 2e-4}},
+        "fewer steps": {**spec, "related": {**spec["related"], "steps": 1}},
+        "a second writer": {**spec, "related": {**spec["related"], "lr": 2e-4}},  # refused before it reads them
+    }[refused]
+    with pytest.raises(SystemExit, match="Nothing was deleted|another train job writes this run folder"):
+        if refused == "a second writer":
+            with hold_run_folder(out / "state"):  # flock: a second open file of this process is refused alike
+                train_related("grpo-mask", mask_policy, data, other, out)
+        else:
+            train_related("grpo-mask", mask_policy, data, other, out)
+    assert (out / "spec.json").read_bytes() == written
+
+
+def test_a_full_disk_while_the_policy_weights_are_written_is_a_one_line_error(
+    mask_policy, data, tmp_path, monkeypatch
+):
+    """Issue 69: safetensors' writer (Rust) reports a full disk as its own SafetensorError (the errno in its text
+    alone), which ended in its traceback; now it is the one-line error the training state's writes give."""
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    def full(*args, **kwargs):  # what safetensors raises when write(2) fails with ENOSPC
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.torch, "serialize_file", full)
+    out, spec = tmp_path / "run", related_spec("grpo-mask", data, {"shapes": 1.0}, MASK_SAMPLING, iterations=2)
+    with pytest.raises(SystemExit, match=r"error: no space left on .*ckpt-000001/.*free space on its filesystem"):
+        train_related("grpo-mask", mask_policy, data, spec, out)
+    assert not (out / "state/ckpt-000001/policy").exists()
 
 
 def test_distill_marval_writes_a_one_step_policy_and_marval_rl_trains_it(one_step_policy, data, toyclip_dir):

@@ -315,6 +315,44 @@ def test_only_the_latest_checkpoint_keeps_its_training_state(tmp_path):
         again.try_resume()
 
 
+def test_a_restart_sets_aside_a_state_whose_header_reads_but_whose_shards_do_not_verify(tmp_path, logged):
+    """Issue 69: `--restart` refused such a state again (the shards were checked only once it was accepted), so a
+    workflow's rerun, which passes --restart, kept failing until someone moved state/ by hand."""
+    run = tmp_path / "run"
+    make_trainer(run, policy=tiny_policy("flow", seed=1), steps=2).train()
+    shard = next((run / "state/ckpt-000002/train").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:-8])
+    before = tree_digest(run / "state")
+    with pytest.raises(InputError, match=r"(?s)distcp: sha256 differs.*cannot be resumed.*Nothing was deleted"):
+        make_trainer(run, policy=tiny_policy("flow", seed=1), steps=2).train()
+    assert tree_digest(run / "state") == before
+    logged()
+    rows = make_trainer(run, policy=tiny_policy("flow", seed=1), steps=2).train(restart=True)
+    assert "--restart: moved it to" in logged() and [r["step"] for r in rows] == [1, 2]
+    (aside,) = run.glob("aside-*")
+    assert tree_digest(aside / "state") == before
+    fresh = make_trainer(tmp_path / "fresh", policy=tiny_policy("flow", seed=1), steps=2).train()
+    assert [r["reward_mean"] for r in rows] == [r["reward_mean"] for r in fresh]
+
+
+def test_a_full_disk_while_the_policy_weights_are_written_is_a_one_line_error(tmp_path, monkeypatch):
+    """Issue 69: safetensors' writer reports a full disk as its own SafetensorError (the errno in its text alone),
+    which ended in its traceback; now it is the NoSpaceError the training state's writes give, naming the folder."""
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    from margrpo.infra.files import NoSpaceError
+
+    def full(*args, **kwargs):  # what safetensors raises when write(2) fails with ENOSPC
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    trainer = make_trainer(tmp_path, policy=tiny_policy("flow", seed=1), steps=1)
+    monkeypatch.setattr(safetensors.torch, "serialize_file", full)
+    with pytest.raises(NoSpaceError, match=r"^no space left on .*ckpt-000001.*os error 28.*free space") as err:
+        trainer.train()
+    assert "\n" not in str(err.value)
+
+
 def test_pretraining_killed_while_saving_resumes_without_duplicate_log_rows(tmp_path, logged):
     """save_every = 2 of 6 steps: the kill lands in the step-4 checkpoint, after steps 3-4 reached log.csv."""
     run_killed(

@@ -162,7 +162,7 @@ def test_a_second_train_job_into_one_run_folder_fails_at_once_naming_the_first(t
         with pytest.raises(SystemExit, match=rf"another train job writes this run folder \(pid {holder.pid} on "):
             main(argv)
         assert socket.gethostname() in (run / "state" / ".lock").read_text()
-        assert not (run / "state" / "trainer.pt").exists()  # it wrote nothing
+        assert not (run / "state" / "trainer.pt").exists() and not (run / "spec.json").exists()  # it wrote nothing
     finally:
         holder.kill()
         holder.wait()
@@ -181,3 +181,21 @@ def test_a_run_folder_that_cannot_be_written_is_an_error_naming_it(tmp_path):
     argv = ["train", "--policy-dir", str(tmp_path / "policy"), "--suites-dir", str(tmp_path / "suites")]
     with pytest.raises(SystemExit, match=r"blocked/run: the run folder cannot be made \(Not a directory\)"):
         main([*argv, "--spec-json", json.dumps(spec), "--out-dir", str(tmp_path / "blocked/run"), "--threads", "1"])
+
+
+def test_a_refused_run_leaves_spec_json_as_it_was(tmp_path):
+    """Issue 69: a run refused for other settings or fewer steps rewrote <run>/spec.json with settings it never ran
+    under; spec.json is written once the run folder's lock is held and its state accepted."""
+    from margrpo.cli import main
+
+    spec, run = train_inputs(tmp_path), tmp_path / "run"
+    argv = ["train", "--policy-dir", str(tmp_path / "policy"), "--suites-dir", str(tmp_path / "suites")]
+    main([*argv, "--spec-json", json.dumps(spec), "--out-dir", str(run), "--threads", "1"])
+    written = (run / "spec.json").read_bytes()
+    for other in (
+        {**spec, "grpo": {**spec["grpo"], "lr": spec["grpo"]["lr"] * 2}},
+        {**spec, "grpo": {**spec["grpo"], "steps": 1}},
+    ):
+        with pytest.raises(SystemExit, match="Nothing was deleted"):
+            main([*argv, "--spec-json", json.dumps(other), "--out-dir", str(run), "--threads", "1"])
+        assert (run / "spec.json").read_bytes() == written

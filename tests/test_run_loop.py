@@ -13,7 +13,7 @@ from margrpo.grpo.run_loop import Cadence, run_loop
 from margrpo.grpo.step_hooks import StepHooks
 from margrpo.grpo.trainer import GRPOTrainer
 from margrpo.prompts.suites import PromptSet
-from margrpo.related.loop import RelatedMethod
+from margrpo.related.method import RelatedTrainer
 
 
 class Counting:
@@ -66,12 +66,26 @@ def test_a_stop_request_saves_an_unlisted_checkpoint_and_returns_why():
     assert [r["step"] for r in again.state.rows] == [1, 2, 3, 4, 5] and ("validate", 0) not in again.calls
 
 
+class Stepping(RelatedTrainer):
+    """A related trainer whose step is a counter: it advances the loop's one `step` itself."""
+
+    def __init__(self, steps: int):
+        super().__init__(torch.nn.Linear(1, 1), None, Cadence(steps, val_every=2), "t")
+        self.seen = []
+
+    def train_step(self):
+        self.seen.append(self.step)
+        self.step += 1
+        return {"step": self.step, "reward_mean": 0.0, "skipped": int(self.step == 2)}
+
+    def validate(self):
+        return []
+
+
 def test_a_related_method_in_memory_numbers_its_steps_and_logs_skipped_updates(caplog):
-    seen = []
-    state = RunState()
-    method = RelatedMethod(lambda i: seen.append(i) or {"reward_mean": 0.0, "skipped": int(i == 1)}, list, state)
-    run_loop(method, state, Cadence(steps=3, val_every=2), "t", show=False)
-    assert seen == [0, 1, 2] and [r["step"] for r in state.rows] == [1, 2, 3]
+    method = Stepping(steps=3)
+    assert method.train() is method.run.rows and method.stopped is None
+    assert method.seen == [0, 1, 2] and [r["step"] for r in method.rows] == [1, 2, 3] and method.run.step == 3
     assert "step 2: 1 non-finite update(s) skipped" in caplog.text
 
 

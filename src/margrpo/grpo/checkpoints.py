@@ -3,8 +3,12 @@ the training state, saved with torch.distributed.checkpoint: every process write
 reshards them to the processes and the sharding that read them, so a killed run resumes under any process count.
 A header (state/trainer.pt: step, metrics rows, the run's settings) names the latest, and a copy of it travels in
 each checkpoint's training state, so a damaged header falls back to the newest checkpoint that verifies. A state
-is resumed only under settings that give the same steps; one it cannot resume is never deleted (issue 59): the
-run stops naming what differs, or, asked to restart, moves it aside."""
+is resumed only under settings that give the same steps and whose training state verifies; one it cannot resume is
+never deleted (issue 59): the run stops naming what differs, or, asked to restart, moves it aside.
+
+One checkpointer serves every RL run: the GRPO trainer and the related methods (related/), each saying what its
+training state is: the policy, its optimizer, and any further modules, optimizers and random generators (`Part`);
+how its policy folder is written and, for a state of before torch.distributed.checkpoint, read."""
 
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ import shutil
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -34,6 +40,7 @@ from margrpo.infra.ema import EMA
 from margrpo.infra.files import (
     CHECKSUMS,
     InputError,
+    atomic_dir,
     checked_path,
     content_id,
     failure_causes,
@@ -54,9 +61,43 @@ EXTENDING = ("steps", "val_every", "save_every")
 SECTIONS = ("grpo", "related")
 
 
+@dataclass
+class Part:
+    """More of a method's training state beside its policy and optimizer, saved and loaded in place: a trained
+    module (its parameters and buffers), the optimizer over it, and random generators whose draws go on."""
+
+    module: nn.Module | None = None
+    optimizer: torch.optim.Optimizer | None = None
+    generators: dict[str, torch.Generator] | None = None
+
+
+def write_policy_folder(policy: nn.Module, folder: Path, lora: bool = False) -> None:
+    """A GRPO checkpoint's policy folder: the policy's own save_pretrained, the LoRA adapters beside it."""
+    policy.save_pretrained(folder)
+    if lora:  # the base weights above are unchanged; the adapters beside them
+        save_adapters(policy, folder)
+
+
+def replace_policy_folder(policy: nn.Module, folder: Path) -> None:
+    """A related method's checkpoint's policy folder, replaced whole (atomic_dir). A folder already there that
+    margrpo did not write (no checksums.json: atomic_dir only ever renames a finished folder in) is refused, not
+    replaced: a run deletes nothing it did not write."""
+    if (folder.exists() or folder.is_symlink()) and (folder.is_symlink() or listed_files(folder) is None):
+        raise InputError(
+            f"{folder}: not a checkpoint margrpo wrote (no {CHECKSUMS} in it), where this run writes a checkpoint; "
+            "the run deletes nothing it did not write: move the folder away and rerun"
+        )
+    with atomic_dir(folder) as tmp:
+        policy.save_pretrained(tmp)
+
+
 class Checkpointer:
     """Saves and resumes the training state of the parameters of `policy` (the trained ones and the rest), the
-    optimizer's, and the EMA's, through `engine` (grpo.engine: which process writes what, the policy export)."""
+    optimizer's, the EMA's and each of `parts`, through `engine` (grpo.engine: which process writes what, the
+    policy export). `write_policy(policy, folder)` writes a checkpoint's policy folder; `read_policy(folder)` reads
+    one back whole (a state of before torch.distributed.checkpoint); `on_accept`, where set, runs on the main process
+    once state/ is accepted (to resume, or afresh) and before anything is loaded: a stage writes its spec.json there,
+    so a refused run leaves it as it was."""
 
     def __init__(
         self,
@@ -66,9 +107,16 @@ class Checkpointer:
         state_dir: Path,
         ema: EMA | None = None,
         lora: bool = False,
+        parts: dict[str, Part] | None = None,
+        write_policy: Callable[[nn.Module, Path], None] | None = None,
+        read_policy: Callable[[Path], nn.Module] | None = None,
     ):
         self.policy, self.optimizer, self.engine, self.ema, self.lora = policy, optimizer, engine, ema, lora
         self.state_dir = Path(state_dir)
+        self.parts = parts or {}
+        self.write_policy = write_policy or (lambda policy, folder: write_policy_folder(policy, folder, lora))
+        self.read_policy = read_policy or _checkpoint_policy
+        self.on_accept: Callable[[], None] | None = None
 
     def training_state(self) -> dict:
         """What torch.distributed.checkpoint saves and loads in place: each process's tensors (shards under FSDP),
@@ -76,12 +124,19 @@ class Checkpointer:
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
         state = {
-            "policy": {n: t.detach() for n, t in [*self.policy.named_parameters(), *self.policy.named_buffers()]},
+            "policy": _tensors(self.policy),
             # torch's optimizer state by parameter name; a fresh optimizer's is created first (a step at lr 0)
             "optimizer": get_optimizer_state_dict(self.policy, self.optimizer),
         }
         if self.ema:  # the policy above holds the raw weights RL goes on from; the folder holds their average
             state["ema"] = self.ema.shadow
+        for name, part in self.parts.items():
+            if part.module is not None:
+                state[name] = _tensors(part.module)
+            if part.optimizer is not None:
+                state[f"{name}.optimizer"] = get_optimizer_state_dict(part.module, part.optimizer)
+            for key, generator in (part.generators or {}).items():
+                state[f"{name}.{key}"] = generator.get_state()
         return state
 
     def save(self, step: int, header: dict) -> None:
@@ -92,9 +147,7 @@ class Checkpointer:
 
         def write(policy: nn.Module) -> None:
             with space_named(ckpt.parent):  # a full disk says so, naming the checkpoint (torch: "basic_ios::clear")
-                policy.save_pretrained(ckpt)
-                if self.lora:  # the base weights above are unchanged; the adapters beside them
-                    save_adapters(policy, ckpt)
+                self.write_policy(policy, ckpt)
 
         with self.ema.applied(self.policy) if self.ema else contextlib.nullcontext():  # selection reads the EMA
             engine.save_policy(self.policy, write)
@@ -130,21 +183,24 @@ class Checkpointer:
         engine.barrier()
 
     def resume(self, record: dict, legacy_hash: str, restart: bool = False) -> dict | None:
-        """The header of the checkpoint to resume from, its state loaded into the policy, optimizer and EMA; None
-        when state/ holds no run. `record` (`resume_record`) is this run's settings: a state written under others
-        that change the steps, or one that cannot be read, stops the run with an InputError naming what differs,
-        unless `restart` (then it is moved aside and the run starts afresh). `legacy_hash`: a header written
-        before the settings were recorded one by one is resumed when its hash is this run's old-style key."""
+        """The header of the checkpoint to resume from, its state loaded into the policy, optimizer, EMA and parts;
+        None when state/ holds no run. `record` (`resume_record`) is this run's settings: a state written under
+        others that change the steps, or one that cannot be read or whose training state does not verify, stops the
+        run with an InputError naming what differs, unless `restart` (then it is moved aside and the run starts
+        afresh). `legacy_hash`: a header written before the settings were recorded one by one is resumed when its
+        hash is this run's old-style key."""
         engine = self.engine
         decision = decide_resume(self.state_dir, record, legacy_hash, restart) if engine.is_main else None
         decision = engine.from_main(decision)
         engine.barrier()
         if decision["refuse"]:
             raise InputError(decision["refuse"])
+        if engine.is_main and self.on_accept is not None:
+            self.on_accept()
         header = decision["header"]
         if header is None:
             return None
-        if header.get("format", 1) < 2:  # a checkpoint of before torch.distributed.checkpoint (trainer.pt whole)
+        if decision.get("whole"):  # a checkpoint of before torch.distributed.checkpoint (trainer.pt whole)
             whole = (
                 torch.load(self.state_dir / HEADER, map_location="cpu", weights_only=True) if engine.is_main else {}
             )
@@ -157,26 +213,19 @@ class Checkpointer:
         return header
 
     def _load(self, folder: Path) -> None:
-        """The training state of `folder`, checked against its manifest, into this process's tensors."""
+        """The training state of `folder` (verified by `decide_resume`) into this process's tensors."""
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-        problem = ""
-        if self.engine.is_main:
-            try:
-                _verify_whole(folder)
-            except InputError as err:
-                problem = str(err)
-        problem = self.engine.from_main(problem)
-        if problem:
-            raise InputError(
-                f"{problem}\nThe training state in {folder} cannot be resumed; move state/ aside to start the run "
-                "afresh (its checkpoints' policy folders stay usable)"
-            )
         # the optimizer's state is created (a step at lr 0, which the EMA's hook sees) before anything is read into it
         state = self.training_state()
         with _one_process(self.engine):
             dcp.load(state, checkpoint_id=folder, no_dist=self.engine.world == 1)
         set_optimizer_state_dict(self.policy, self.optimizer, state["optimizer"])
+        for name, part in self.parts.items():
+            if part.optimizer is not None:
+                set_optimizer_state_dict(part.module, part.optimizer, state[f"{name}.optimizer"])
+            for key, generator in (part.generators or {}).items():
+                generator.set_state(state[f"{name}.{key}"])
 
     def _resume_whole(self, step: int, state: dict) -> None:
         """A checkpoint written before issue 52: whole tensors (the policy folder; the optimizer, the raw weights and
@@ -185,13 +234,17 @@ class Checkpointer:
         # the optimizer after the weights: torch's loader may take an empty step to create the state, which the
         # EMA's hook would see
         folder = checkpoint_path(self.state_dir, step)
-        engine.load_policy_state(self.policy, _checkpoint_policy(folder) if engine.is_main else None)
+        engine.load_policy_state(self.policy, self.read_policy(folder) if engine.is_main else None)
         engine.load_optimizer_state(self.optimizer, self.policy, state.get("optimizer"))
         if self.ema:  # the folder holds the EMA of the trained parameters; RL goes on from the raw ones
             like = self.ema.tracked(self.policy)
             self.ema.assign(self.policy, engine.shard_like(engine.from_main(state.get("raw")), like))
             shadow = engine.shard_like(engine.from_main(state.get("ema")), like)
             self.ema.shadow = {k: v.float() for k, v in shadow.items()}
+
+
+def _tensors(module: nn.Module) -> dict:
+    return {n: t.detach() for n, t in [*module.named_parameters(), *module.named_buffers()]}
 
 
 @contextlib.contextmanager
@@ -204,14 +257,16 @@ def _one_process(engine):
 
 
 def decide_resume(state_dir: Path, record: dict, legacy_hash: str, restart: bool) -> dict:
-    """The main process's reading of state/: the header to resume from (None: start afresh) and where it came from,
-    or why the run must stop ("refuse"). Only a killed header write's temporary files are deleted here; a state set
-    aside on `restart` is moved whole."""
+    """The main process's reading of state/: the header to resume from (None: start afresh), where it came from and
+    whether its state is whole in trainer.pt (before torch.distributed.checkpoint), or why the run must stop
+    ("refuse"). Only a killed header write's temporary files are deleted here; a state set aside on `restart` is
+    moved whole."""
     remove_killed_writes(state_dir)
     header, why = _read_header(state_dir / HEADER)
-    source = state_dir / HEADER
+    source, verified = state_dir / HEADER, False
     if not header:  # missing or damaged: never read as "no run" while a checkpoint's training state is there
         header, source, problems = _newest_intact(state_dir)
+        verified = True
         if header:
             log.warning(
                 "%s %s; resuming from %s, the newest checkpoint whose training state verifies",
@@ -223,6 +278,14 @@ def decide_resume(state_dir: Path, record: dict, legacy_hash: str, restart: bool
             found = "; ".join(([f"{state_dir / HEADER}: {why}"] if why else []) + problems)
             return _stop_or_set_aside(state_dir, restart, f"{state_dir} holds a run that cannot be resumed ({found})")
         else:
+            saved = _saved_policies(state_dir)
+            if saved:  # checkpoints of a run whose header is gone: a run it cannot prove stale
+                return _stop_or_set_aside(
+                    state_dir,
+                    restart,
+                    f"{state_dir} holds checkpoints ({saved[0].parent.name}, ...) but no {HEADER} to resume them from",
+                    MOVE_ASIDE,
+                )
             return {"header": None, "source": None, "refuse": ""}
     differ = _differences(header, record, legacy_hash)
     changed = [d for d in differ if not _extends(d[0])]
@@ -236,13 +299,28 @@ def decide_resume(state_dir: Path, record: dict, legacy_hash: str, restart: bool
             return _stop_or_set_aside(
                 state_dir, restart, f"{state_dir} holds a run at step {header['step']}, past this run's {key} {steps}"
             )
+    # whole in trainer.pt: a GRPO state of before issue 52 (format 1), a related method's of before issue 69
+    whole = header.get("format", 1) < 2 or "optimizer" in header
+    if not whole and not verified:  # the header reads: its training state must too, or --restart cannot help
+        folder = training_state_path(state_dir, header["step"])
+        try:
+            _verify_whole(folder)
+        except InputError as err:
+            return _stop_or_set_aside(
+                state_dir, restart, f"{err}: the training state in {folder} cannot be resumed", MOVE_ASIDE
+            )
     if differ:
         log.info("resuming with %s: these extend the run, no step's numbers depend on them", _listed(differ))
     light = {k: v for k, v in header.items() if k not in ("optimizer", "raw", "ema")}
-    return {"header": light, "source": str(source), "refuse": ""}
+    return {"header": light, "source": str(source), "refuse": "", "whole": whole}
 
 
-def _stop_or_set_aside(state_dir: Path, restart: bool, found: str) -> dict:
+# what a refusal suggests: the settings that wrote the state, or a fresh start
+OTHER_SETTINGS = "To go on with that run, run again with its settings; to start this one afresh, pass --restart"
+MOVE_ASIDE = "Its checkpoints' policy folders stay usable; to start this run afresh, pass --restart"
+
+
+def _stop_or_set_aside(state_dir: Path, restart: bool, found: str, remedy: str = OTHER_SETTINGS) -> dict:
     if restart:
         aside = set_aside(state_dir, time.strftime("%Y%m%d-%H%M%S"))
         log.warning("%s; --restart: moved it to %s and starting afresh", found, aside)
@@ -250,9 +328,17 @@ def _stop_or_set_aside(state_dir: Path, restart: bool, found: str) -> dict:
     return {
         "header": None,
         "source": None,
-        "refuse": f"{found}. Nothing was deleted. To go on with that run, run again with its settings; to start "
-        f"this one afresh, pass --restart (the old state moves to {state_dir.parent}/aside-<time>/)",
+        "refuse": f"{found}. Nothing was deleted. {remedy} (the old state moves to {state_dir.parent}/aside-<time>/)",
     }
+
+
+def _saved_policies(state_dir: Path) -> list[Path]:
+    """The policy folders margrpo wrote in state/ (each with its manifest)."""
+    return sorted(
+        p
+        for p in state_dir.glob("ckpt-*/policy")
+        if CHECKPOINT.fullmatch(p.parent.name) and not p.is_symlink() and listed_files(p) is not None
+    )
 
 
 def _read_header(path: Path) -> tuple[dict, str]:

@@ -67,6 +67,7 @@ class NoSpaceError(InputError):
 # what torch's zip writer (PyTorchStreamWriter) raises when a write fails: a RuntimeError without the errno
 TORCH_WRITE_FAILURES = ("basic_ios::clear", "file write failed", "unexpected pos", "PytorchStreamWriter failed")
 LOW_SPACE = 64 << 20  # bytes: below this, a failed write of the torch writer is taken to be for want of space
+RUST_NO_SPACE = f"(os error {errno.ENOSPC})"  # how a Rust io::Error (safetensors' writer) shows ENOSPC
 
 
 def free_bytes(path: str | os.PathLike) -> int:
@@ -79,6 +80,8 @@ def _out_of_space(err: BaseException, folder: Path) -> bool:
     """`err` says the filesystem of `folder` is full; measured before the partial file is removed."""
     if isinstance(err, OSError):
         return err.errno == errno.ENOSPC
+    if type(err).__name__ == "SafetensorError":  # safetensors' writer (Rust) names the errno in its message alone
+        return RUST_NO_SPACE in str(err)
     if isinstance(err, RuntimeError) and any(m in str(err) for m in TORCH_WRITE_FAILURES):
         try:
             return free_bytes(folder) < LOW_SPACE
@@ -104,7 +107,7 @@ def space_named(path: str | os.PathLike) -> Iterator[None]:
     except BaseException as err:
         for cause in failure_causes(err):
             if (
-                isinstance(cause, (OSError, RuntimeError))
+                isinstance(cause, Exception)
                 and not isinstance(cause, NoSpaceError)
                 and _out_of_space(cause, path if path.is_dir() else path.parent)
             ):

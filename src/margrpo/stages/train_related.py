@@ -26,11 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-
-import torch
 
 from margrpo.infra.files import InputError
 from margrpo.infra.readers import check_keys, dataclass_from
@@ -76,18 +72,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a state/ of other settings, or one that cannot be resumed, is moved to <out-dir>/aside-<time>/ and the "
         "run starts afresh; without it such a run stops with an error naming what differs",
     )
-
-
-@dataclass
-class Job:
-    """One method, ready to run: its config, policy and optimizer, and the loop's callables."""
-
-    config: object
-    policy: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    step_fn: Callable[[int], dict]
-    validate_fn: Callable[[], list]
-    set_step: Callable[[int], None] = lambda step: None  # a resumed run tells the method where it is
 
 
 def read_spec(args) -> dict:
@@ -151,10 +135,10 @@ def marval_settings(args, spec: dict):
     return cfg, sampling_config(spec.get("sampling", {}))
 
 
-def mask_job(args, cfg, sampling, policy, reward, train, val) -> Job:
-    """Plain GRPO or MaskGRPO on a toy-mask policy (related/maskgrpo/trainer.py's step and validation)."""
-    from margrpo.related.maskgrpo import trainer as mask_grpo
+def mask_trainer(args, cfg, sampling, policy, reward, train, val):
+    """Plain GRPO or MaskGRPO on a toy-mask policy (related/maskgrpo/trainer.py)."""
     from margrpo.related.maskgrpo.policy import ToyMaskPolicy
+    from margrpo.related.maskgrpo.trainer import MaskGRPOTrainer
 
     if not isinstance(policy, ToyMaskPolicy):
         raise InputError(
@@ -164,19 +148,12 @@ def mask_job(args, cfg, sampling, policy, reward, train, val) -> Job:
         raise InputError(
             f"--spec-json: related.batch_prompts ({cfg.batch_prompts}) exceeds the {len(train)} training prompts"
         )
-    ref, optimizer, params = mask_grpo.prepare(policy, cfg)
-
-    def step(i):
-        return mask_grpo.train_step(policy, ref, optimizer, params, reward, train, cfg, sampling, i)
-
-    def validate():
-        return mask_grpo.validate_scores(policy, reward, val, sampling, cfg.val_prompts)
-
-    return Job(cfg, policy, optimizer, step, validate)
+    return MaskGRPOTrainer(policy, reward, train, cfg, val, sampling)
 
 
-def marval_job(args, cfg, sampling, policy, reward, train, val) -> Job:
-    """MARVAL-RL on a one-step policy: toyclip's gradient (and shapes by REINFORCE) with the reward mix's weights."""
+def marval_trainer(args, cfg, sampling, policy, reward, train, val):
+    """MARVAL-RL on a one-step policy: toyclip's gradient (and shapes by REINFORCE) with the reward mix's weights,
+    validated under the reward mix as `margrpo train` validates (GRPO on the same base shares its base scores)."""
     from margrpo.policy import ToyMAR
     from margrpo.related.marval import MARVALRL
 
@@ -186,95 +163,16 @@ def marval_job(args, cfg, sampling, policy, reward, train, val) -> Job:
             f"{type(policy).__name__}"
             + (f" with head_sampler {policy.config.head_sampler!r}" if isinstance(policy, ToyMAR) else "")
         )
-    rl = MARVALRL(policy, reward.scorers["toyclip"].model, reward.scorers.get("shapes"), train, val, sampling, cfg)
-
-    def step(i: int) -> dict:
-        assert rl.step == i, (rl.step, i)
-        return rl.train_step()
-
-    def validate() -> list[float]:  # as `margrpo train` validates (rollout.generate, VAL_SEED + batch offset):
-        from margrpo.grpo.validation import (
-            validation_batch,
-        )  # GRPO on the same one-step base then shares its base scores
-
-        n = min(cfg.val_prompts, len(val))
-        return [x for a in range(0, n, 8) for x in validation_batch(policy, reward, val, a, n, sampling, 1, "no")[0]]
-
-    return Job(cfg, policy, rl.optimizer, step, validate, set_step=lambda i: setattr(rl, "step", i))
-
-
-def state_saver(job: Job, state_dir: Path, header: dict):
-    """save_fn of the loop: the checkpoint's policy folder, then state/trainer.pt (what a resume reads: `header`,
-    this run's settings, and the loop's state). The policy folder is replaced whole (atomic_dir), so a folder
-    already there that margrpo did not write (no checksums.json: atomic_dir only ever renames a finished folder
-    in) is refused, not replaced: a run deletes nothing it did not write."""
-    from margrpo.infra.files import CHECKSUMS, atomic_dir, checked_path, listed_files
-
-    def save(path: Path, state) -> None:
-        if (path.exists() or path.is_symlink()) and (path.is_symlink() or listed_files(path) is None):
-            raise InputError(
-                f"{path}: not a checkpoint margrpo wrote (no {CHECKSUMS} in it), where this run writes its step "
-                f"{state.step} checkpoint; the run deletes nothing it did not write: move the folder away and rerun"
-            )
-        with atomic_dir(path) as tmp:
-            job.policy.save_pretrained(tmp)
-        record = {
-            **header,
-            "step": state.step,
-            "rows": state.rows,
-            "checkpoints": state.checkpoints,
-            "optimizer": job.optimizer.state_dict(),
-        }
-        with checked_path(state_dir / "trainer.pt") as tmp:  # a resume checks it (a bit flip loads silently)
-            torch.save(record, tmp)
-
-    return save
-
-
-def try_resume(job: Job, state_dir: Path, header: dict, restart: bool):
-    """The loop's state from state/trainer.pt where it was written under settings that give the same steps
-    (`header["record"]`; policy and optimizer restored), else None (nothing to resume). A state of other
-    settings, or one that cannot be read, stops the run naming why, and deletes nothing; with `restart` it is moved
-    aside (grpo.checkpoints.decide_resume, as `margrpo train`)."""
-    import time
-
-    from margrpo.grpo.checkpoints import decide_resume
-    from margrpo.grpo.run_files import CHECKPOINT, RunState, checkpoint_path, set_aside
-    from margrpo.infra.files import listed_files, refuse_symlink
-    from margrpo.stages._related import load_any_policy
-
-    refuse_symlink(state_dir, "state folder")
-    decision = decide_resume(state_dir, header["record"], header["spec_hash"], restart)
-    if decision["refuse"]:
-        raise InputError(decision["refuse"])
-    found = decision["header"]
-    if found is None:  # no trainer.pt: checkpoints without one are a run it cannot prove stale
-        saved = [p for p in state_dir.glob("ckpt-*/policy") if CHECKPOINT.fullmatch(p.parent.name) and listed_files(p)]
-        if saved and not restart:
-            raise InputError(
-                f"{state_dir} holds checkpoints ({saved[0].parent.name}, ...) but no trainer.pt to resume them from. "
-                f"Nothing was deleted. To start this run afresh, pass --restart (the old state moves to "
-                f"{state_dir.parent}/aside-<time>/)"
-            )
-        if saved:
-            log.warning("--restart: moved %s to %s", state_dir, set_aside(state_dir, time.strftime("%Y%m%d-%H%M%S")))
-        return None
-    record = torch.load(state_dir / "trainer.pt", map_location="cpu", weights_only=True)
-    weights = load_any_policy(checkpoint_path(state_dir, record["step"]), job.policy.device).state_dict()
-    job.policy.load_state_dict(weights)
-    job.optimizer.load_state_dict(record["optimizer"])
-    job.set_step(record["step"])
-    log.info("resumed from %s at step %d", state_dir / "trainer.pt", record["step"])
-    return RunState(record["step"], record["rows"], record["checkpoints"])
+    toyclip, shapes = reward.scorers["toyclip"].model, reward.scorers.get("shapes")
+    return MARVALRL(policy, toyclip, shapes, train, val, sampling, cfg, val_reward=reward)
 
 
 def run(args) -> None:
     from margrpo.grpo.checkpoints import flat_record, record_hash
     from margrpo.grpo.run_files import write_run_outputs
-    from margrpo.infra.files import spec_hash
+    from margrpo.infra.files import refuse_symlink, spec_hash
     from margrpo.infra.run_lock import hold_run_folder
     from margrpo.infra.stopping import EXIT_RESUMABLE, StopRequest
-    from margrpo.related.loop import train_loop
     from margrpo.stages._related import load_any_policy
 
     spec = read_spec(args)
@@ -282,41 +180,35 @@ def run(args) -> None:
     device = setup(args.threads, spec.get("device", "auto"))
     out = Path(args.out_dir)
     full_spec = run_spec(spec, args)
-    write_spec(out, full_spec)
     reward = build_reward(spec, args.toyclip_dir, args.toypref_dir)
     suites = Path(args.suites_dir)
     train, val = prompt_set(suites / "train.jsonl"), prompt_set(suites / "val.jsonl")
-    build = marval_job if args.method == "marval-rl" else mask_job
-    job = build(args, cfg, sampling, load_any_policy(args.policy_dir, device), reward, train, val)
-    config = dataclasses.asdict(job.config)
-    record = flat_record({"related": config, "spec": full_spec})
+    build = marval_trainer if args.method == "marval-rl" else mask_trainer
+    trainer = build(args, cfg, sampling, load_any_policy(args.policy_dir, device), reward, train, val)
+    trainer.desc = f"{args.method}[{args.seed}]"
+    config = dataclasses.asdict(cfg)
     # the record, one entry per setting, decides a resume; spec_hash, the key before it, still resumes older states
-    header = {"record": record, "spec_hash": spec_hash({"spec": full_spec, "config": config}), "format": 2}
-    state_dir = out / "state"
-    state_dir.mkdir(parents=True, exist_ok=True)
+    record = flat_record({"related": config, "spec": full_spec})
+    state_dir = refuse_symlink(out / "state", "state folder")  # a restart moves what is in it
     stop = StopRequest(read_limit=True)  # SLURM's time limit and signals: save and exit resumable
     try:
-        with hold_run_folder(state_dir):  # one job per run folder
-            state = try_resume(job, state_dir, header, args.restart)
-            state, stopped = train_loop(
-                job.config.steps,
-                job.config.val_every,
-                job.step_fn,
-                job.validate_fn,
-                state_saver(job, state_dir, header),
+        with hold_run_folder(state_dir):  # one job per run folder; spec.json once the state is accepted
+            trainer.keep_state(
                 state_dir,
-                state,
-                desc=f"{args.method}[{args.seed}]",
-                stop=stop,
+                record,
+                spec_hash({"spec": full_spec, "config": config}),
+                args.restart,
+                lambda: write_spec(out, full_spec),
             )
+            trainer.train(stop)
     finally:
         stop.close()
-    if stopped:
-        log.warning(f"stopped at step {state.step} of {job.config.steps} ({stopped}); run again to go on")
+    if trainer.stopped:
+        log.warning(f"stopped at step {trainer.step} of {cfg.steps} ({trainer.stopped}); run again to go on")
         raise SystemExit(EXIT_RESUMABLE)
-    write_run_outputs(out, state, args.method, full_spec, config)
-    best = max(state.checkpoints, key=lambda c: c["val_reward"])
+    write_run_outputs(out, trainer.run, args.method, full_spec, config)
+    best = max(trainer.checkpoints, key=lambda c: c["val_reward"])
     log.info(
-        f"done: {state.step} steps; base val reward {state.checkpoints[0]['val_reward']:.4f}; "
+        f"done: {trainer.step} steps; base val reward {trainer.checkpoints[0]['val_reward']:.4f}; "
         f"best {best['val_reward']:.4f} at step {best['step']} (run {record_hash(record)})"
     )

@@ -30,13 +30,15 @@ from dataclasses import dataclass
 
 import torch
 
+from margrpo.grpo.checkpoints import Part
 from margrpo.grpo.objective import group_advantages
-from margrpo.grpo.random_streams import VAL_SEED
 from margrpo.grpo.rollout import SamplingConfig
+from margrpo.grpo.validation import RewardFn, validation_batch
 from margrpo.policy.toy import ToyMAR
 from margrpo.prompts.suites import PromptSet
 from margrpo.related.marval.distill import MARVALDistiller, draw_rows
 from margrpo.related.marval.one_step import OneStepRollout, committed_log_prob, generate_one_step
+from margrpo.related.method import RelatedTrainer
 
 log = logging.getLogger(__name__)
 SHAPES_GRADS = ("reinforce", "none")
@@ -83,8 +85,10 @@ def clip_scores(clip, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
     return (clip.encode_images(images.clamp(0, 1)) * text).sum(-1)
 
 
-class MARVALRL:
-    """Reward-gradient fine-tuning of a one-step policy. `clip`: a ToyClip model; `shapes`: a ShapesReward or None."""
+class MARVALRL(RelatedTrainer):
+    """Reward-gradient fine-tuning of a one-step policy, as the run loop's `Method` (related.method). `clip`: a
+    ToyClip model; `shapes`: a ShapesReward or None; `val_reward`: the reward validation scores (the stage's reward
+    mix, as `margrpo train` validates; None: this method's weighted sum of its terms)."""
 
     def __init__(
         self,
@@ -96,6 +100,7 @@ class MARVALRL:
         sampling: SamplingConfig,
         config: MARVALRLConfig,
         distiller: MARVALDistiller | None = None,
+        val_reward: RewardFn | None = None,
     ):
         if policy.config.head_sampler != "one_step":
             raise ValueError(
@@ -103,18 +108,17 @@ class MARVALRL:
             )
         if config.reg_weight and (distiller is None or distiller.student is not policy):
             raise ValueError("reg_weight > 0 needs a MARVALDistiller whose student is this policy")
-        self.policy, self.clip, self.shapes, self.distiller = (
-            policy,
-            clip.requires_grad_(False).eval(),
-            shapes,
-            distiller,
-        )
-        self.train_prompts, self.val_prompts, self.sampling, self.cfg = train_prompts, val_prompts, sampling, config
+        self.clip, self.shapes, self.distiller = clip.requires_grad_(False).eval(), shapes, distiller
+        self.train_prompts, self.val_prompts, self.sampling = train_prompts, val_prompts, sampling
+        self.val_reward = val_reward or self.total_reward
         policy.requires_grad_(False)
         params = list(policy.head_parameters()) + (list(policy.ar_parameters()) if config.trained == "all" else [])
         self.params = [p.requires_grad_(True) for p in params]
-        self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, weight_decay=0.0)
-        self.step, self.rows = 0, []
+        optimizer = torch.optim.AdamW(self.params, lr=config.lr, weight_decay=0.0)
+        parts = None
+        if config.reg_weight:  # the regulariser's fake score head, its optimizer and its draws go on where they were
+            parts = {"distiller": Part(distiller.fake, distiller.fake_opt, {"generator": distiller.generator})}
+        super().__init__(policy, optimizer, config, "marval-rl", parts)
 
     def rewards(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> dict[str, torch.Tensor]:
         """Each reward term [N] (toyclip with gradients to the images) and their weighted sum, detached."""
@@ -165,7 +169,7 @@ class MARVALRL:
         skipped = not (math.isfinite(loss.item()) and math.isfinite(grad_norm))
         if not skipped:
             self.optimizer.step()
-        self.step += 1
+        self.step += 1  # the run loop's one counter (RunState)
         total = terms["total"]
         return {
             "step": self.step,
@@ -180,26 +184,17 @@ class MARVALRL:
             "step_time_s": time.time() - t0,
         }
 
-    @torch.no_grad()
-    def validate(self) -> float:
-        """Mean mixed reward over the first `val_prompts` validation prompts, from fixed noise (paired across runs)."""
+    def total_reward(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]):
+        """The weighted sum of the reward terms [N] and each term, as a reward mix returns them."""
+        terms = self.rewards(images, prompts, metadata)
+        return terms.pop("total"), terms
+
+    def validate(self) -> list[float]:
+        """Each validation prompt's reward as `margrpo train` validates (grpo.validation: the noise of VAL_SEED and
+        the batch's offset), so GRPO on the same one-step base shares its base scores (paired across runs)."""
         n = min(self.cfg.val_prompts, len(self.val_prompts))
-        prompts, meta = self.val_prompts.prompts[:n], self.val_prompts.metadata[:n]
-        rollout = generate_one_step(
-            self.policy, prompts, self.sampling, generator=torch.Generator().manual_seed(VAL_SEED)
-        )
-        return self.rewards(rollout.images, prompts, meta)["total"].mean().item()
-
-    def train(self) -> list[dict]:
-        """Train to `cfg.steps` in the run loop every RL run shares (related.loop); one metric row per step,
-        val_reward every `val_every` steps (NaN between)."""
-        from margrpo.grpo.run_files import RunState
-        from margrpo.related.loop import train_loop
-
-        def step(i: int) -> dict:
-            assert self.step == i, (self.step, i)
-            return self.train_step()
-
-        state = RunState(self.step, self.rows)
-        train_loop(self.cfg.steps, self.cfg.val_every, step, lambda: [self.validate()], state=state, desc="marval-rl")
-        return self.rows
+        return [
+            x
+            for a in range(0, n, 8)
+            for x in validation_batch(self.policy, self.val_reward, self.val_prompts, a, n, self.sampling, 1, "no")[0]
+        ]

@@ -55,6 +55,7 @@ from margrpo.policy.base import deterministic
 from margrpo.prompts.suites import PromptSet
 from margrpo.related.maskgrpo.policy import ToyMaskPolicy
 from margrpo.related.maskgrpo.rollout import MaskGITSampler, MaskRollout, MaskSamplingConfig, conditions, generate
+from margrpo.related.method import RelatedTrainer
 
 if TYPE_CHECKING:
     from margrpo.grpo.trainer import RewardFn
@@ -208,7 +209,7 @@ def surrogate_loss(
 
 
 # --------------------------------------------------------------------------------------------
-# the training loop
+# a step, the validation, the run
 # --------------------------------------------------------------------------------------------
 
 
@@ -329,6 +330,47 @@ def prepare(policy: ToyMaskPolicy, config: MaskGRPOConfig) -> tuple[ToyMaskPolic
     return ref, optimizer, params
 
 
+class MaskGRPOTrainer(RelatedTrainer):
+    """Plain GRPO or MaskGRPO (`config.method`) on `policy`, in place, as the run loop's `Method` (related.method):
+    one metrics row per step, with the MAR trainer's column names where they apply (val_reward NaN between
+    validations, and throughout without `val_prompts`). The text encoder stays frozen (as in the MAR trainer); the
+    reference is a frozen copy of the policy as it was on entry (the base policy: a resumed run makes it first)."""
+
+    def __init__(
+        self,
+        policy: ToyMaskPolicy,
+        reward_fn: RewardFn,
+        prompts: PromptSet,
+        config: MaskGRPOConfig,
+        val_prompts: PromptSet | None = None,
+        sampling: MaskSamplingConfig | None = None,
+    ):
+        self.ref, optimizer, self.params = prepare(policy, config)
+        super().__init__(policy, optimizer, config, f"{config.method}[{config.seed}]")
+        self.reward_fn, self.prompts, self.val_prompts = reward_fn, prompts, val_prompts
+        self.sampling = sampling or MaskSamplingConfig()
+
+    def train_step(self) -> dict:
+        row = train_step(
+            self.policy,
+            self.ref,
+            self.optimizer,
+            self.params,
+            self.reward_fn,
+            self.prompts,
+            self.cfg,
+            self.sampling,
+            self.step,
+        )
+        self.step += 1
+        return row
+
+    def validate(self) -> list[float]:
+        if self.val_prompts is None:
+            return []
+        return validate_scores(self.policy, self.reward_fn, self.val_prompts, self.sampling, self.cfg.val_prompts)
+
+
 def train_mask_grpo(
     policy: ToyMaskPolicy,
     reward_fn: RewardFn,
@@ -337,27 +379,5 @@ def train_mask_grpo(
     val_prompts: PromptSet | None = None,
     sampling: MaskSamplingConfig | None = None,
 ) -> list[dict]:
-    """Train `policy` in place with plain GRPO or MaskGRPO (`config.method`) in the run loop every RL run shares
-    (related.loop); one metrics row per step, with the MAR trainer's column names where they apply (val_reward NaN
-    between validations, and throughout without `val_prompts`).
-
-    The text encoder stays frozen (as in the MAR trainer); the reference is a frozen copy of the policy
-    as it was on entry.
-    """
-    from margrpo.related.loop import train_loop
-
-    sampling = sampling or MaskSamplingConfig()
-    ref, optimizer, params = prepare(policy, config)
-
-    def step(i: int) -> dict:
-        return train_step(policy, ref, optimizer, params, reward_fn, prompts, config, sampling, i)
-
-    def scores() -> list[float]:
-        return (
-            []
-            if val_prompts is None
-            else validate_scores(policy, reward_fn, val_prompts, sampling, config.val_prompts)
-        )
-
-    state, _ = train_loop(config.steps, config.val_every, step, scores, desc=f"{config.method}[{config.seed}]")
-    return state.rows
+    """Train `policy` in place in memory (no checkpoints); one metrics row per step (`MaskGRPOTrainer`)."""
+    return MaskGRPOTrainer(policy, reward_fn, prompts, config, val_prompts, sampling).train()
