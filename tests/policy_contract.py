@@ -1,4 +1,4 @@
-"""The policy contract: the checks every MAR policy must pass (docs/design.md §2, §3.2), as a test class a policy
+"""The policy contract: the checks every MAR policy must pass (docs/design.md §2.3, §3.2), as a test class a policy
 opts into with one line in its own test file:
 
     class TestToyFlowContract(PolicyContract):
@@ -7,10 +7,6 @@ opts into with one line in its own test file:
 `build` returns a tiny random-weight policy (the real class on a tiny config); pytest collects the inherited test_
 methods, one per check, so a failure names the check. `load` loads a saved folder (default: `load_policy`, the
 workflow's entry point, which must recognise the policy's folder). docs/adding-a-policy.md describes the interface.
-
-Where a check compares two forward passes, torch's global generator is seeded before each: a stochastic layer
-(dropout left on) then draws the same in both, and only the ratio check, whose rollout and replay batch their rows
-differently, sees it.
 """
 
 from __future__ import annotations
@@ -26,7 +22,7 @@ from torch.distributions import Independent, Normal
 
 from margrpo.grpo.replay import replay
 from margrpo.grpo.rollout import Rollout, SamplingConfig, ar_schedule, generate, stochastic_steps
-from margrpo.policy import MARPolicy, load_policy
+from margrpo.policy import MARPolicy, TextCondition, load_policy
 
 SAMPLING = SamplingConfig(ar_steps=4, diffusion_steps=5, cfg_scale=3.0, cfg_schedule="linear", temperature=0.9)
 TRAJECTORIES = 2  # S of the recorded rollout: MTE's extra trajectory is part of every record check
@@ -34,7 +30,6 @@ TRAJECTORIES = 2  # S of the recorded rollout: MTE's extra trajectory is part of
 
 def rollout(policy: MARPolicy, seed: int = 0, trajectories: int = TRAJECTORIES) -> Rollout:
     """Two prompts, two images each (N = 4), from seeded generators."""
-    torch.manual_seed(seed)
     return generate(
         policy,
         PROMPTS[:2],
@@ -62,12 +57,23 @@ def loss_under(trainer, batch, **variant) -> torch.Tensor:
         batch = replace(batch, mte_mask=mte_mask, sim_keep=sim_keep)
         (update,) = trainer.plan_updates(batch)
         (part,) = trainer.backwards(batch, update)
-        torch.manual_seed(0)
         with torch.no_grad():
             loss, _ = trainer.micro_loss(part.inputs)
     finally:
         trainer.cfg = base
     return loss
+
+
+def ar_and_head(policy: MARPolicy) -> tuple[torch.Tensor, torch.Tensor]:
+    """z of two prompts' images, half their tokens known, and the head's output on a few of them."""
+    L, D = policy.seq_len, policy.token_dim
+    known = torch.zeros(2, L, dtype=torch.bool)
+    known[:, : L // 2] = True
+    with torch.no_grad():
+        cond = policy.prepare_condition(policy.encode_prompts(PROMPTS[:2]))
+        z = policy.ar_forward(torch.randn(2, L, D), known, cond)
+        t = policy.make_sampler(5).model_time(1).expand(3)
+        return z, policy.head(torch.randn(3, D), t, z[0, :3])
 
 
 PLAIN = dict(trajectories=1, sim=False)  # GRPO: no MTE, no Sim
@@ -119,21 +125,17 @@ class PolicyContract:
 
     # --- the interface ----------------------------------------------------------------------------------------
     def test_interface_shapes(self, policy):
-        """z [B, L, z_dim]; head output [n, D * out_channels_factor]; the codec between images and [B, L, D]."""
+        """z [B, L, z_dim]; head output [n, D * out_channels_factor]; the codec between images in [0, 1] and tokens
+        [B, L, D]; a token grid of L tokens."""
         L, D = policy.seq_len, policy.token_dim
         rows, cols = policy.token_grid
         assert rows * cols == L and policy.head_type in ("flow", "ddpm") and policy.mask_rounding in ("floor", "round")
-        sampler = policy.make_sampler(5)
-        known = torch.zeros(2, L, dtype=torch.bool)
-        known[0, : L // 2] = True
+        z, out = ar_and_head(policy)
+        assert z.shape == (2, L, policy.z_dim) and out.shape == (3, D * policy.make_sampler(5).out_channels_factor)
         with torch.no_grad():
-            cond = policy.prepare_condition(policy.encode_prompts(PROMPTS[:2]))
-            z = policy.ar_forward(torch.randn(2, L, D), known, cond)
-            out = policy.head(torch.randn(3, D), sampler.model_time(1).expand(3), z[0, :3])
             images = policy.decode(torch.randn(2, L, D))
             tokens = policy.encode(images)
-        assert len(cond) == 2 and len(policy.null_condition(2)) == 2
-        assert z.shape == (2, L, policy.z_dim) and out.shape == (3, D * sampler.out_channels_factor)
+            assert len(policy.null_condition(2)) == 2
         assert images.shape[:2] == (2, 3) and 0 <= images.min() and images.max() <= 1
         assert tokens.shape == (2, L, D)
 
@@ -142,12 +144,34 @@ class PolicyContract:
         ar, head = set(map(id, policy.ar_parameters())), set(map(id, policy.head_parameters()))
         assert ar and head and not ar & head
 
+    def test_ar_forward_gives_each_row_its_own_z(self, policy):
+        """The replay batches rows of different AR steps (known counts) and both CFG branches (text lengths) in one
+        pass: each row's z is the z of that row alone."""
+        L, D = policy.seq_len, policy.token_dim
+        known = torch.zeros(3, L, dtype=torch.bool)
+        known[1, ::3] = True
+        known[2, : L - 2] = True  # row 0 knows nothing: the first AR step
+        tokens = torch.where(known[..., None], torch.randn(3, L, D), 0.0)
+        was_training = policy.training
+        policy.eval()
+        try:
+            with torch.no_grad():
+                prompts = policy.prepare_condition(policy.encode_prompts(PROMPTS[:2]))
+                cond = TextCondition.cat([prompts, policy.prepare_condition(policy.null_condition(1))])
+                batched = policy.ar_forward(tokens, known, cond)
+                alone = [
+                    policy.ar_forward(tokens[i : i + 1], known[i : i + 1], cond.index(slice(i, i + 1)))
+                    for i in range(3)
+                ]
+        finally:
+            policy.train(was_training)
+        torch.testing.assert_close(batched, torch.cat(alone), atol=1e-5, rtol=1e-5)
+
     # --- design.md §3.1: the log-prob of a sampler step --------------------------------------------------------
     def test_log_prob_is_the_gaussian_of_the_sampler_step(self, policy, record):
         """Each recorded transition x_t -> x_{t-1}, scored through the policy's own head: the sampler's log-prob is
         torch.distributions' diagonal Gaussian of the step's mean and std, summed over the D channels."""
         ar, diff = every_step(record)
-        torch.manual_seed(0)
         with torch.no_grad():
             rp = replay(policy, record, ar, diff)
         x_prev = record.states[ar[:, None], diff + 1]  # [K, T', N, L, D]
@@ -157,9 +181,9 @@ class PolicyContract:
 
     # --- design.md §3.2: the rollout record and the ratio invariant -------------------------------------------
     def test_ratio_is_one_on_unchanged_parameters(self, policy, record):
-        """Replaying every recorded step (committed and MTE trajectories) with exact CFG reproduces the recorded
-        log-probs: |ratio - 1| < 1e-5 in float32, with the policy in train mode (dropout must not leak), which
-        the replay leaves it in."""
+        """Replaying every recorded step (committed and MTE trajectories) with exact CFG (both branches, as the
+        rollout guided) reproduces the recorded log-probs: |ratio - 1| < 1e-5 in float32, with the policy in train
+        mode (dropout must not leak), which the replay leaves it in."""
         policy.train()
         assert_ratio_is_one(policy, record, atol=1e-5)
         assert policy.training
@@ -195,7 +219,7 @@ class PolicyContract:
 
     # --- design.md §3.9, §3.10: the variants reduce to GRPO ------------------------------------------------------
     def test_mte_with_one_trajectory_gives_the_plain_loss(self, step):
-        """S = 1: Eq. 10 has one trajectory to average; with S = 3 the same k = 1 moves the loss."""
+        """S = 1 turns MTE off at any k; S = 3 at k = 1 moves the loss."""
         assert_reduces(*step, dict(trajectories=1, top_frac=1.0, sim=False), dict(trajectories=3, top_frac=1.0))
 
     def test_mte_with_top_frac_zero_gives_the_plain_loss(self, step):
@@ -229,25 +253,13 @@ class PolicyContract:
         tape = Tape()
         with tape, Recording(cheap=False):
             real = self.build()
-            outputs = _forward(real)
+            outputs = ar_and_head(real)
         fake_tape = Tape(tape.values)
         with FakeTensorMode(allow_non_fake_inputs=True), fake_tape:
             fake = self.build()
-            fake_outputs = _forward(fake)
+            fake_outputs = ar_and_head(fake)
         assert not fake_tape.queue  # the fake build took the real one's path
         assert all(isinstance(p, FakeTensor) for p in fake.parameters())
         shapes = {n: (p.shape, p.dtype) for n, p in real.named_parameters()}
         assert {n: (p.shape, p.dtype) for n, p in fake.named_parameters()} == shapes
         assert [t.shape for t in fake_outputs] == [t.shape for t in outputs]
-
-
-def _forward(policy: MARPolicy) -> tuple[torch.Tensor, torch.Tensor]:
-    """z of two prompts' images, half their tokens known, and the head's output on a few of them."""
-    L, D = policy.seq_len, policy.token_dim
-    known = torch.zeros(2, L, dtype=torch.bool)
-    known[:, : L // 2] = True
-    with torch.no_grad():
-        cond = policy.prepare_condition(policy.encode_prompts(PROMPTS[:2]))
-        z = policy.ar_forward(torch.randn(2, L, D), known, cond)
-        t = policy.make_sampler(5).model_time(1).expand(3)
-        return z, policy.head(torch.randn(3, D), t, z[0, :3])

@@ -40,22 +40,6 @@ def rollout(policy, seed=0, trajectories=1):
     )
 
 
-def test_ar_forward_with_different_known_counts_matches_rows_alone():
-    """Replay batches rows from different AR steps: padding the known tokens must not change any row's z."""
-    policy = tiny_nova().eval()
-    tokens = torch.randn(3, 16, 16)
-    known = torch.zeros(3, 16, dtype=torch.bool)
-    known[0, [1, 5, 9]] = True
-    known[2, :11] = True  # row 1 knows nothing (the first AR step)
-    cond = policy.encode_prompts(PROMPTS[:3])
-    with torch.no_grad():
-        batched = policy.ar_forward(tokens, known, cond)
-        alone = torch.cat(
-            [policy.ar_forward(tokens[i : i + 1], known[i : i + 1], cond.index(slice(i, i + 1))) for i in range(3)]
-        )
-    torch.testing.assert_close(batched, alone, atol=1e-5, rtol=1e-5)
-
-
 def test_null_prompt_is_the_filler_table():
     """NOVA's CFG null text is the empty prompt: no Phi features, only TextEmbed's filler rows."""
     policy = tiny_nova()
