@@ -1,5 +1,6 @@
 """Helpers of the related-method stages (pretrain-mask, distill-marval, train-related): their JSON
-entries read strictly (`margrpo.infra.readers`), the mask sampling and the teacher's sampling."""
+entries read strictly (`margrpo.infra.readers`), train-related's spec and each method's settings, the mask
+sampling and the teacher's sampling."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from pathlib import Path
 
 from margrpo.infra.files import InputError
 from margrpo.infra.readers import check_keys, dataclass_from
+
+METHODS = {"grpo-mask": "grpo", "maskgrpo": "mask_grpo", "marval-rl": None}  # --method -> MaskGRPOConfig.method
+SPEC_KEYS = ("method", "related", "reward", "reward_models", "sampling", "device", "mixed_precision")
 
 
 def policy_entry(text: str, kind: str, keys: tuple[str, ...], stage: str) -> dict:
@@ -24,6 +28,72 @@ def mask_sampling(value, where: str):
     from margrpo.related.maskgrpo.rollout import MaskSamplingConfig
 
     return dataclass_from(MaskSamplingConfig, value, where)
+
+
+def read_spec(args) -> dict:
+    """train-related's --spec-json, checked: known keys, the method --method names, a non-empty reward mix."""
+    from margrpo.stages._common import json_arg
+
+    spec = check_keys(json_arg(args.spec_json, "--spec-json"), SPEC_KEYS, "--spec-json")
+    if spec.get("method", args.method) != args.method:
+        raise InputError(f"--spec-json: method {spec['method']!r} disagrees with --method {args.method}")
+    reward = check_keys(spec.get("reward"), ("name", "weights"), "--spec-json: reward")
+    if not isinstance(reward.get("weights"), dict) or not reward["weights"]:
+        raise InputError("--spec-json: reward.weights: expected a non-empty object {scorer: weight}")
+    if not isinstance(spec.get("related", {}), dict):
+        raise InputError("--spec-json: related: expected a JSON object of the method's settings")
+    return {**spec, "method": args.method}
+
+
+def build_reward(spec: dict, toyclip_dir: str | None, toypref_dir: str | None = None):
+    from margrpo.rewards import build_reward_mix
+    from margrpo.stages._common import reward_options
+
+    weights = spec["reward"]["weights"]
+    try:
+        return build_reward_mix(
+            weights, reward_options(weights, spec.get("reward_models", {}), toyclip_dir, toypref_dir)
+        )
+    except ValueError as err:
+        raise InputError(f"--spec-json: reward: {err}") from None
+
+
+def mask_settings(args, spec: dict):
+    """(MaskGRPOConfig, MaskSamplingConfig) of a grpo-mask / maskgrpo spec."""
+    from margrpo.related.maskgrpo.trainer import MaskGRPOConfig
+
+    related = dict(spec.get("related", {}))
+    if related.pop("method", METHODS[args.method]) != METHODS[args.method]:
+        raise InputError(f"--spec-json: related.method disagrees with --method {args.method}")
+    related["seed"] = args.seed
+    cfg = dataclass_from(MaskGRPOConfig, related, "--spec-json: related", fixed={"method": METHODS[args.method]})
+    return cfg, mask_sampling(spec.get("sampling"), "--spec-json: sampling")
+
+
+def marval_settings(args, spec: dict):
+    """(MARVALRLConfig, SamplingConfig) of a marval-rl spec; the reward weights come from reward.weights."""
+    from margrpo.related.marval import MARVALRLConfig
+    from margrpo.stages._common import sampling_config
+
+    weights = spec["reward"]["weights"]
+    if set(weights) - {"toyclip", "shapes"} or not weights.get("toyclip"):
+        raise InputError(
+            f"--spec-json: reward.weights: marval-rl needs a non-zero toyclip weight (its gradient) and "
+            f"takes toyclip and shapes only, got {weights}"
+        )
+    related = {**spec.get("related", {}), "seed": args.seed}
+    cfg = dataclass_from(
+        MARVALRLConfig,
+        related,
+        "--spec-json: related",
+        fixed={"toyclip_weight": float(weights["toyclip"]), "shapes_weight": float(weights.get("shapes", 0.0))},
+    )
+    if cfg.reg_weight:
+        raise InputError(
+            "--spec-json: related.reg_weight > 0 needs the teacher's distiller, which train-related does not build; "
+            "set it to 0"
+        )
+    return cfg, sampling_config(spec.get("sampling", {}))
 
 
 def teacher_sampling(teacher_dir: str | Path):

@@ -12,13 +12,12 @@ MaskSamplingConfig fields for toy-mask, the schema's `policies.*.sampling` for m
 "mixed_precision" (recorded; these methods run in float32)}. Unknown keys are one-line errors.
 
 RUN gets metrics.csv, summary.json (grpo/trainer.py's format: checkpoints with per-prompt validation
-scores, base_val_*, variant = the method) and state/ckpt-XXXXXX/policy at every validation. Validation
-scores the first `val_prompts` prompts of val.jsonl, one image each, under the run's reward mix, from a
-fixed generator (the same noise for every run and step). Resume: state/trainer.pt (optimizer, metrics,
-checkpoints, the settings one by one) is read back when it was written under settings that give the same steps
-(`related.steps` and `related.val_every` may grow); any other state stops the run naming what differs and deletes
-nothing, unless `--restart` moves it aside (as `margrpo train`). SLURM's time limit or a SIGTERM / SIGUSR1 / SIGINT
-saves and exits with status 75 (infra.stopping); the same command resumes.
+scores, base_val_*, variant = the method), spec.json and state/ckpt-XXXXXX/policy at every validation. The trainer
+is the method's own (related.method: the run loop's Method, checkpointed by grpo.checkpoints as `margrpo train`):
+it resumes a state written under settings that give the same steps (`related.steps` and `related.val_every` may
+grow); any other state stops the run naming what differs and deletes nothing, unless `--restart` moves it aside.
+SLURM's time limit or a SIGTERM / SIGUSR1 / SIGINT saves and exits with status 75 (infra.stopping); the same
+command resumes.
 """
 
 from __future__ import annotations
@@ -29,21 +28,10 @@ import logging
 from pathlib import Path
 
 from margrpo.infra.files import InputError
-from margrpo.infra.readers import check_keys, dataclass_from
-from margrpo.stages._common import (
-    json_arg,
-    prompt_set,
-    reward_options,
-    run_spec,
-    sampling_config,
-    setup,
-    write_spec,
-)
-from margrpo.stages._related import mask_sampling
+from margrpo.stages._common import prompt_set, run_spec, setup, write_spec
+from margrpo.stages._related import METHODS, build_reward, load_any_policy, marval_settings, mask_settings, read_spec
 
 log = logging.getLogger(__name__)
-METHODS = {"grpo-mask": "grpo", "maskgrpo": "mask_grpo", "marval-rl": None}  # --method -> MaskGRPOConfig.method
-SPEC_KEYS = ("method", "related", "reward", "reward_models", "sampling", "device", "mixed_precision")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -72,67 +60,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a state/ of other settings, or one that cannot be resumed, is moved to <out-dir>/aside-<time>/ and the "
         "run starts afresh; without it such a run stops with an error naming what differs",
     )
-
-
-def read_spec(args) -> dict:
-    spec = check_keys(json_arg(args.spec_json, "--spec-json"), SPEC_KEYS, "--spec-json")
-    if spec.get("method", args.method) != args.method:
-        raise InputError(f"--spec-json: method {spec['method']!r} disagrees with --method {args.method}")
-    reward = check_keys(spec.get("reward"), ("name", "weights"), "--spec-json: reward")
-    if not isinstance(reward.get("weights"), dict) or not reward["weights"]:
-        raise InputError("--spec-json: reward.weights: expected a non-empty object {scorer: weight}")
-    if not isinstance(spec.get("related", {}), dict):
-        raise InputError("--spec-json: related: expected a JSON object of the method's settings")
-    return {**spec, "method": args.method}
-
-
-def build_reward(spec: dict, toyclip_dir: str | None, toypref_dir: str | None = None):
-    from margrpo.rewards import build_reward_mix
-
-    weights = spec["reward"]["weights"]
-    try:
-        return build_reward_mix(
-            weights, reward_options(weights, spec.get("reward_models", {}), toyclip_dir, toypref_dir)
-        )
-    except ValueError as err:
-        raise InputError(f"--spec-json: reward: {err}") from None
-
-
-def mask_settings(args, spec: dict):
-    """(MaskGRPOConfig, MaskSamplingConfig) of a grpo-mask / maskgrpo spec."""
-    from margrpo.related.maskgrpo.trainer import MaskGRPOConfig
-
-    related = dict(spec.get("related", {}))
-    if related.pop("method", METHODS[args.method]) != METHODS[args.method]:
-        raise InputError(f"--spec-json: related.method disagrees with --method {args.method}")
-    related["seed"] = args.seed
-    cfg = dataclass_from(MaskGRPOConfig, related, "--spec-json: related", fixed={"method": METHODS[args.method]})
-    return cfg, mask_sampling(spec.get("sampling"), "--spec-json: sampling")
-
-
-def marval_settings(args, spec: dict):
-    """(MARVALRLConfig, SamplingConfig) of a marval-rl spec; the reward weights come from reward.weights."""
-    from margrpo.related.marval import MARVALRLConfig
-
-    weights = spec["reward"]["weights"]
-    if set(weights) - {"toyclip", "shapes"} or not weights.get("toyclip"):
-        raise InputError(
-            f"--spec-json: reward.weights: marval-rl needs a non-zero toyclip weight (its gradient) and "
-            f"takes toyclip and shapes only, got {weights}"
-        )
-    related = {**spec.get("related", {}), "seed": args.seed}
-    cfg = dataclass_from(
-        MARVALRLConfig,
-        related,
-        "--spec-json: related",
-        fixed={"toyclip_weight": float(weights["toyclip"]), "shapes_weight": float(weights.get("shapes", 0.0))},
-    )
-    if cfg.reg_weight:
-        raise InputError(
-            "--spec-json: related.reg_weight > 0 needs the teacher's distiller, which train-related does not build; "
-            "set it to 0"
-        )
-    return cfg, sampling_config(spec.get("sampling", {}))
 
 
 def mask_trainer(args, cfg, sampling, policy, reward, train, val):
@@ -173,7 +100,6 @@ def run(args) -> None:
     from margrpo.infra.files import refuse_symlink, spec_hash
     from margrpo.infra.run_lock import hold_run_folder
     from margrpo.infra.stopping import EXIT_RESUMABLE, StopRequest
-    from margrpo.stages._related import load_any_policy
 
     spec = read_spec(args)
     cfg, sampling = (marval_settings if args.method == "marval-rl" else mask_settings)(args, spec)
