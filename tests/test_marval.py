@@ -250,3 +250,36 @@ def test_reward_gradient_flows_through_the_fed_back_tokens():
     r.images.mean().backward()
     assert policy.token_proj.weight.grad is not None and policy.token_proj.weight.grad.abs().sum() > 0
     assert policy.diffloss.out.weight.grad.abs().sum() > 0
+
+
+def test_marval_rl_with_its_regulariser_resumes_to_the_uninterrupted_run(tmp_path):
+    """The regulariser's fake score head, its optimizer and its generator are the method's training state beside
+    the policy's (grpo.checkpoints.Part): a run stopped after 2 steps and resumed to 3 draws and updates as the run
+    that went straight to 3."""
+    from dataclasses import asdict
+
+    from margrpo.grpo.checkpoints import flat_record
+    from margrpo.world.reward import ShapesReward
+
+    def run(steps: int, state_dir=None) -> MARVALRL:
+        distiller = MARVALDistiller(tiny_policy("flow"), TEACHER_SAMPLING, MARVALConfig(rows=32))
+        cfg = MARVALRLConfig(
+            steps=steps, batch_prompts=2, group_size=2, lr=1e-3, val_every=1, val_prompts=2, reg_weight=0.5
+        )
+        rl = MARVALRL(distiller.student, _toyclip(), ShapesReward(), PROMPT_SET, PROMPT_SET, ONE_STEP, cfg, distiller)
+        if state_dir is not None:
+            rl.keep_state(state_dir, flat_record({"related": asdict(cfg)}), "")
+        rl.train()
+        return rl
+
+    run(2, tmp_path / "state")
+    resumed, full = run(3, tmp_path / "state"), run(3)
+    assert resumed.step == full.step == 3
+
+    def numbers(rows):
+        return [{k: v for k, v in r.items() if k != "step_time_s"} for r in rows]
+
+    assert numbers(resumed.rows) == numbers(full.rows)
+    for (name, a), b in zip(resumed.policy.state_dict().items(), full.policy.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert torch.equal(resumed.distiller.generator.get_state(), full.distiller.generator.get_state())
