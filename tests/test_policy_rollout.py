@@ -1,4 +1,4 @@
-"""DESIGN 3.1, 3.2, 3.6, 3.9: the rollout record reproduces its own log-probs (ratio == 1). The policy contract
+"""design.md §3.1, §3.2, §3.6, §3.9: the rollout record reproduces its own log-probs (ratio == 1). The policy contract
 (tests/policy_contract.py) runs on the toy's two heads; the tests here go beyond it: MTE's draws, subsets of steps,
 CFG, shared noise and order, steps recorded in part."""
 
