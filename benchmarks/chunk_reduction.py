@@ -34,17 +34,31 @@ from margrpo.grpo.rollout import SamplingConfig  # noqa: E402
 from margrpo.plan.step import allocator_record  # noqa: E402
 
 
+def counted_reduce_scatters(policy: torch.nn.Module) -> list:
+    """A list that gets an entry at each of FSDP2's reduce-scatters of `policy`'s groups: its default communication,
+    set on every group through FSDP's own hook (`set_custom_reduce_scatter`)."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
+
+    calls = []
+
+    class Counted(DefaultReduceScatter):
+        def __call__(self, *args, **kwargs):
+            calls.append(1)
+            return super().__call__(*args, **kwargs)
+
+    for module in policy.modules():
+        if isinstance(module, FSDPModule):
+            module.set_custom_reduce_scatter(Counted())
+    return calls
+
+
 def worker(args) -> None:
     """One process: `steps` timed steps after a warm-up, then one profiled step; rank 0 prints JSON."""
-    import margrpo.grpo.parallel as parallel
     from margrpo.grpo.engine import join_process_group
 
     torch.set_num_threads(1)
     join_process_group("cpu")
-    parallel.FSDPEngine.reduce_each_chunk = args.each_chunk
-    calls = []  # FSDP2's reduce-scatters (its default communication calls torch.distributed's)
-    counting = torch.distributed.reduce_scatter_single
-    torch.distributed.reduce_scatter_single = lambda *a, **k: (calls.append(1), counting(*a, **k))[1]
     MODEL.update(json.loads(args.model))
     config = load_config(args.config)
     name = config["experiments"]["ladder"]["policies"][0]
@@ -63,6 +77,8 @@ def worker(args) -> None:
         "grad_variance": not args.no_probe,
     }
     trainer = make_trainer(None, sampling, grpo, {}, args.steps + 1, prompts=PROMPTS * 4)
+    trainer.engine.reduce_each_chunk = args.each_chunk  # this engine's choice (FSDPEngine.reduce_each_chunk)
+    calls = counted_reduce_scatters(trainer.policy)
     walls, cpus, per_step, first = [], [], [], None
     for _ in range(args.steps + 1):
         calls.clear()

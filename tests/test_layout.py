@@ -225,3 +225,126 @@ def test_the_trainer_asks_the_engine_about_processes():
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert not any(m.startswith("torch.distributed") or m.endswith("data_parallel") for m in imported), imported
+
+
+# --- nothing replaced at run time ---------------------------------------------------------------------------------
+ROOT = SRC.parent
+# (file, target) -> why it stays: rebinding a name of another module where that module offers no hook for it
+REBINDS_ALLOWED = {
+    ("src/margrpo/policy/invariant.py", "F.linear"): "batch_invariant() itself: every caller of F.linear (nn.Linear, "
+    "peft, transformers) must find the row-blocked product, and a TorchFunctionMode costs +18% a toy step (measured)",
+    ("src/margrpo/rewards/real/evaluator_stack.py", "blip.BertTokenizer"): "ImageReward's BLIP loads its tokenizer by "
+    "hub name and takes no path: the local folder is answered there, for the load only",
+    ("src/margrpo/stages/train.py", "trainer.checkpointer.on_accept"): "a callback slot the Checkpointer offers "
+    "(None until set), not a method replaced",
+    # left to replace (issue 69 item 6): the benchmarks' profiler wraps the trainer's and the policy's methods to
+    # time them, and a latent toy is made by swapping a built ToyMAR's class
+    ("benchmarks/step_profile.py", "setattr(owner, ...)"): "not yet replaced",
+    ("benchmarks/grpo_step.py", "policy.__class__"): "not yet replaced",
+    # and the tape's recording run: a torch function mode sees no call made inside a call it handles, and a
+    # checkpointed block recomputes inside Tensor.backward's (which torch.autograd.backward dispatches again)
+    ("src/margrpo/plan/tape.py", "torch.Tensor.tolist"): "not yet replaced",
+    ("src/margrpo/plan/tape.py", "F.scaled_dot_product_attention"): "not yet replaced",
+}
+
+
+def _rooted_at(node: ast.AST, through=(ast.Attribute, ast.Subscript)) -> str | None:
+    """The name an attribute chain (`torch.Tensor.tolist`, `a.b[0].c`) starts from."""
+    while isinstance(node, through):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _callable_value(node: ast.AST, functions: set[str]) -> bool:
+    """A lambda, a functools.partial or a function of this file: what replacing a method assigns."""
+    if isinstance(node, ast.Lambda):
+        return True
+    if isinstance(node, ast.Call):
+        return (node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")) == "partial"
+    return isinstance(node, ast.Name) and node.id in functions
+
+
+def rebinds(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, target) of every run-time replacement in a module: an assignment to (or `del`, `setattr`, `delattr`
+    of) an attribute of an imported module or class, or of a module alias (`F = torch.nn.functional`); a lambda,
+    partial or local function assigned to an attribute of anything but `self` (a method replaced on an instance);
+    a `__class__` or `__dict__` assigned; unittest.mock. The object's own state (`self.x = ...`, `m.training =
+    flag`, a config's field) is no replacement."""
+    imported, functions = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions.add(node.name)
+    for node in ast.walk(tree):  # aliases: F = torch.nn.functional; F, t = torch.nn.functional, torch.Tensor
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                pairs = (
+                    zip(target.elts, node.value.elts)
+                    if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple)
+                    else [(target, node.value)]
+                )
+                imported |= {
+                    t.id for t, v in pairs if isinstance(t, ast.Name) and _rooted_at(v, ast.Attribute) in imported
+                }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name.startswith("unittest.mock") for a in node.names):
+            found.append((node.lineno, "unittest.mock"))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("unittest.mock"):
+            found.append((node.lineno, "unittest.mock"))
+        pairs = []  # (target, value)
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
+                    pairs += list(zip(target.elts, node.value.elts))
+                else:
+                    pairs += [(t, node.value) for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            pairs.append((node.target, node.value))
+        elif isinstance(node, ast.Delete):
+            pairs += [(t, None) for t in node.targets]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr"):
+            owner, value = node.args[0], node.args[2] if len(node.args) > 2 else None
+            if _rooted_at(owner) in imported or (value is not None and _callable_value(value, functions)):
+                found.append((node.lineno, f"{node.func.id}({ast.unparse(owner)}, ...)"))
+        for target, value in pairs:
+            if not isinstance(target, ast.Attribute):
+                continue
+            root = _rooted_at(target)
+            if (
+                root in imported
+                or target.attr in ("__class__", "__dict__")
+                or (root not in ("self", "cls") and value is not None and _callable_value(value, functions))
+            ):
+                found.append((target.lineno, ast.unparse(target)))
+    return sorted(found)
+
+
+def test_the_rebind_check_finds_replacements():
+    code = (
+        "import torch\nimport torch.nn.functional as F\nfrom margrpo.grpo import rollout\n"
+        "from functools import partial\n"
+        "def f(policy, opt, m):\n"
+        "    torch.Tensor.tolist = len\n    G = torch.nn.functional\n    G.gelu = None\n    rollout.ar_pass = f\n"
+        "    policy.to = partial(f, policy)\n    opt.step = lambda: None\n    setattr(torch.nn.utils, 'x', 1)\n"
+        "    m.training, self.x, opt.lr = False, f, 0.1\n    policy.__class__ = type\n"
+    )
+    assert [line for line, _ in rebinds(ast.parse(code))] == [6, 8, 9, 10, 11, 12, 14]
+
+
+@pytest.mark.parametrize("folder", ["src/margrpo", "benchmarks"])
+def test_nothing_is_replaced_at_run_time(folder):
+    """Issue 69: no module, class or instance gets an attribute replaced at run time (a patch that a reader of the
+    patched code cannot see): code that needs another behaviour takes it through a hook, an argument or a context
+    manager the code offers, and torch functions through torch's modes (TorchFunctionMode, TorchDispatchMode).
+    REBINDS_ALLOWED names the exceptions and why."""
+    bad = []
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        name = str(path.relative_to(ROOT))
+        for line, target in rebinds(ast.parse(path.read_text(), name)):
+            if (name, target) not in REBINDS_ALLOWED:
+                bad.append(f"{name}:{line}: {target}")
+    assert not bad, bad

@@ -13,6 +13,7 @@ A group never spans processes, so advantages stay per group; what crosses proces
 from __future__ import annotations
 
 import contextlib
+from collections import OrderedDict
 from collections.abc import Callable
 
 import torch
@@ -60,7 +61,7 @@ class Engine:
         self.policy, self.device, self.precision = policy, torch.device(device), precision
         self.world = dist.get_world_size() if distributed() else 1
         self.rank = dist.get_rank() if distributed() else 0
-        self._after_autocast: dict[int, Callable[[], None]] = {}  # register_autocast_exit_hook
+        self._after_autocast: OrderedDict[int, Callable[[], None]] = OrderedDict()  # register_autocast_exit_hook
 
     # --- the processes ------------------------------------------------------------------------------------------
     @property

@@ -14,6 +14,7 @@ draws, so the images do not change and the rollout's head does a fraction of the
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -233,6 +234,29 @@ def ar_pass(policy, tokens, known, cond: TextCondition, uncond: TextCondition | 
     return z.chunk(2)
 
 
+_ar_pass_scopes: list = []  # `each_ar_pass_within`'s
+
+
+@contextlib.contextmanager
+def each_ar_pass_within(scope):
+    """For the duration, every AR pass of a rollout runs inside `scope(policy)` (a context manager a pass): an
+    instrument's (benchmarks/gradient_signal.py scales each AR step's use of the trained parameters)."""
+    _ar_pass_scopes.append(scope)
+    try:
+        yield
+    finally:
+        _ar_pass_scopes.remove(scope)
+
+
+def _ar_pass_scope(policy) -> contextlib.AbstractContextManager:
+    if not _ar_pass_scopes:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    for scope in list(_ar_pass_scopes):
+        stack.enter_context(scope(policy))
+    return stack
+
+
 def _draw_orders(n_prompts: int, group_size: int, L: int, generator, shared: bool) -> Tensor:
     """A random generation order per image [N, L]; `shared`: one per prompt, repeated over its group."""
     if shared:
@@ -406,7 +430,8 @@ def _ar_steps(
     for k, (before, left) in enumerate(zip([L] + schedule, schedule)):  # unknown tokens before / after step k
         rec.known[k] = known
         rec.committed[k] = (rank >= L - before) & (rank < L - left)  # [N, L]
-        z_c, z_u = ar_pass(policy, tokens, known, *conds)  # [N, L, W]
+        with _ar_pass_scope(policy):
+            z_c, z_u = ar_pass(policy, tokens, known, *conds)  # [N, L, W]
         rows = (~known).nonzero(as_tuple=True)  # every still-unknown token is predicted (completion mask)
         parts = _split_rows(rows, streams, group_size)
         xs = [

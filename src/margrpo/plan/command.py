@@ -296,7 +296,8 @@ def run(args) -> dict:
     torch.set_num_threads(args.threads)
     t0, c0 = time.perf_counter(), time.process_time()
     out = _header(args)
-    ledger.VERBOSE, args.steps = not args.test, {}
+    ledger.say_phases(not args.test)
+    args.steps = {}
     preload()
     out.update(plan(args))
     if args.test and "nova" in args.steps and ("grpo", "new") in args.steps["nova"]:  # the planned step, for real

@@ -13,10 +13,10 @@ from margrpo.plan.step import Run, Step, measure
 
 def plan_step(run: Run, steps: int | None, say=print) -> Step:
     """Record the tape on the narrow twin, then take the fake full-size step."""
-    if ledger.VERBOSE:
+    if ledger.saying_phases():
         print(f"  {run.policy} {run.variant} [{run.label()}]: recording on the narrow twin ...", flush=True)
     rec = isolated(measure, run, False, True, None, steps)
-    if ledger.VERBOSE:
+    if ledger.saying_phases():
         print(f"    recorded {len(rec.tape)} values ({rec.seconds:.0f} s); the fake step ...", flush=True)
     step = isolated(measure, run, True, False, rec.tape, steps)
     step.seconds, step.cpu_seconds = step.seconds + rec.seconds, step.cpu_seconds + rec.cpu_seconds

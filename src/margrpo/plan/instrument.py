@@ -6,7 +6,6 @@ CPU-only code."""
 from __future__ import annotations
 
 import contextlib
-import importlib
 from functools import partial
 
 import torch
@@ -14,6 +13,8 @@ import torch
 from margrpo.grpo.step_hooks import StepHooks
 from margrpo.plan.cuda_autocast import CudaAutocast
 from margrpo.plan.ledger import Ledger
+from margrpo.policy.checkpointing import recomputing_under
+from margrpo.policy.invariant import as_on_gpu
 
 
 def _nbytes(tensors) -> int:
@@ -23,32 +24,6 @@ def _nbytes(tensors) -> int:
 def _per_step(r) -> list:
     """A rollout's tensors with one entry per AR step (the record's size grows with K)."""
     return [r.known, r.committed, r.states, r.log_probs]
-
-
-def _batch_invariant_owners() -> list:
-    """(module, value) of `batch_invariant` wherever it was imported (margrpo.policy.invariant, where it exists)."""
-    blocks = []
-    for name in ("margrpo.policy.invariant", "margrpo.policy.base", "margrpo.policy.checkpointing"):
-        try:
-            owner = importlib.import_module(name)
-        except ImportError:
-            continue
-        if hasattr(owner, "batch_invariant"):
-            blocks.append((owner, owner.batch_invariant))
-    return blocks
-
-
-def _forward_mode_with_amp(forward_mode, amp: CudaAutocast, block):
-    """A checkpointed block recomputes in backward under CUDA's policy too (torch restores CPU autocast there, and
-    with it the CPU's policy, which would recompute other dtypes than the forward saved)."""
-    before, recompute = forward_mode(block)
-
-    @contextlib.contextmanager
-    def both():
-        with recompute, amp:
-            yield
-
-    return before, both()
 
 
 def _rollout_steps(trainer, K: int, steps: int | None, chosen: str) -> int:
@@ -104,20 +79,14 @@ class PlanHooks(StepHooks):
         self.ledger.set_phase("optimizer", "optim")
 
 
-def _cuda_autocast(saved, amp: CudaAutocast):
-    """engine.autocast under CUDA's policy: the trainer's autocast regions as a GPU runs them."""
+def _clear_after_outermost(amp: CudaAutocast):
+    """An autocast exit hook: CUDA's cache of cast weights lives until the outermost autocast region closes."""
 
-    def cuda_policy(device, precision):
-        @contextlib.contextmanager
-        def region():
-            with saved(device, precision):
-                yield
-            if not torch.is_autocast_enabled("cpu"):
-                amp.clear()
+    def clear() -> None:
+        if not torch.is_autocast_enabled("cpu"):
+            amp.clear()
 
-        return region()
-
-    return cuda_policy
+    return clear
 
 
 @contextlib.contextmanager
@@ -132,29 +101,21 @@ def instrumented(ledger: Ledger, trainer, amp: CudaAutocast, steps: int | None, 
       not depend on later steps (step 0 predicts every token; the AR's transients are the same at every step); the
       record of the missing steps, and of their copies, is added to the ledger exactly (`phantom`).
     Emulating a GPU's kernels on this CPU (not the step's choices, so not its hooks), for the block's duration:
-    - CUDA's autocast policy where the trainer opens autocast (Engine.autocast), checkpointed blocks included;
+    - CUDA's autocast policy where the trainer opens autocast (Engine.autocast, whose exit hook ends the cache of
+      cast weights), checkpointed blocks included (`checkpointing.recomputing_under`);
     - CPU-only code takes its CUDA branch: `margrpo.policy.invariant.batch_invariant` (fixed row blocks for F.linear
-      on CPU tensors; CUDA tensors pass through it untouched), where that module exists, is left out.
+      on CPU tensors; CUDA tensors pass through it untouched) does nothing (`invariant.as_on_gpu`).
     Yields (K, R): the AR steps of the schedule and those the rollout runs."""
-    import margrpo.grpo.engine as engine_module  # the trainer's autocast regions: Engine.autocast
-    import margrpo.policy.checkpointing as checkpointing
-
     hooks = trainer.hooks
     if not isinstance(hooks, PlanHooks):
         raise TypeError("instrumented: make the trainer with hooks=PlanHooks(ledger)")
-    blocks = _batch_invariant_owners()
-    forward_mode, autocast = checkpointing.forward_mode, engine_module.autocast
     K = trainer.ar_steps
     R = _rollout_steps(trainer, K, steps, chosen)
     hooks.cut(K, R, worst=chosen == "first")
     trainer.optimizer.register_step_post_hook(lambda *_: ledger.set_phase("after"))
-    engine_module.autocast = _cuda_autocast(autocast, amp)
-    checkpointing.forward_mode = partial(_forward_mode_with_amp, forward_mode, amp)
-    for owner, _ in blocks:
-        owner.batch_invariant = contextlib.nullcontext
+    cache = trainer.engine.register_autocast_exit_hook(_clear_after_outermost(amp))
     try:
-        yield K, R
+        with recomputing_under(amp), as_on_gpu():
+            yield K, R
     finally:
-        engine_module.autocast, checkpointing.forward_mode = autocast, forward_mode
-        for owner, value in blocks:
-            owner.batch_invariant = value
+        cache.remove()

@@ -13,7 +13,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map_only
 
 GiB = 2**30
-VERBOSE = False  # each phase's end, as it happens (the full-size steps take minutes); `margrpo plan` sets it
+_verbose = False
+
+
+def say_phases(on: bool) -> None:
+    """Print each phase's peak as it ends (the full-size steps take minutes): `margrpo plan` turns it on."""
+    global _verbose
+    _verbose = on
+
+
+def saying_phases() -> bool:
+    return _verbose
 
 
 def _storages(t: torch.Tensor) -> list:
@@ -68,7 +78,7 @@ class Ledger(TorchDispatchMode):
         self.note()
 
     def set_phase(self, phase: str, default: str = "act") -> None:
-        if VERBOSE and self.phase in ("rollout", "replay", "optimizer"):
+        if _verbose and self.phase in ("rollout", "replay", "optimizer"):
             print(
                 f"      {self.phase}: peak {self.peaks[self.phase][0] / GiB:.2f} GiB "
                 f"({time.perf_counter() - self.t0:.0f} s)",

@@ -10,7 +10,6 @@ import resource
 import tempfile
 import time
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -192,12 +191,8 @@ def measure(run: Run, fake: bool, narrow: bool = False, tape: list | None = None
     ):
         policy = BUILD[run.policy](run.size, narrow)
         fused_attention(policy)
-        if fake:  # the trainer's policy.to(cpu) would swap every fake parameter for itself, which torch refuses
-            policy.to = partial(_itself, policy)
         with tempfile.TemporaryDirectory(prefix="memory_plan-") as out:
             trainer = make_trainer(run, policy, out, "no" if cheap else None, PlanHooks(ledger))
-        for m in {id(x): x for x in (policy, trainer.ref) if x is not None}.values():
-            m.__dict__.pop("to", None)
         warm(trainer)
         register(ledger, trainer)
         sizes = group_sizes(trainer, probe=run.config()["grpo"].get("grad_variance", False))
@@ -257,10 +252,6 @@ def allocator_record(enabled: bool):
         if before is not None:
             peak = max(peak, live)
     out.append(peak - (live if before is None else before))
-
-
-def _itself(module, *args, **kwargs):
-    return module
 
 
 def _rss(reset: bool = False) -> int:

@@ -13,15 +13,43 @@ from torch.utils.checkpoint import checkpoint
 
 from margrpo.policy.invariant import batch_invariant, batch_invariant_active
 
+_recompute_modes: list = []  # what `recomputing_under` adds to run_blocks' recomputation
+
 
 def run_blocks(blocks, h: torch.Tensor, *args, checkpointing: bool = False) -> torch.Tensor:
     """`h` through each block; with `checkpointing` and gradients enabled, each block is recomputed in backward."""
     for block in blocks:
         if checkpointing and torch.is_grad_enabled():
-            h = checkpoint(block, h, *args, use_reentrant=False, context_fn=functools.partial(forward_mode, block))
+            h = checkpoint(block, h, *args, use_reentrant=False, context_fn=functools.partial(_block_modes, block))
         else:
             h = block(h, *args)
     return h
+
+
+def _block_modes(block: nn.Module):
+    before, recompute = forward_mode(block)
+    return before, _within(recompute, list(_recompute_modes)) if _recompute_modes else recompute
+
+
+@contextlib.contextmanager
+def _within(recompute, modes: list):
+    with recompute, contextlib.ExitStack() as stack:
+        for mode in modes:
+            stack.enter_context(mode)
+        yield
+
+
+@contextlib.contextmanager
+def recomputing_under(mode):
+    """For the duration, the blocks run_blocks checkpoints are recomputed in backward under `mode` (a torch function
+    mode) too. margrpo plan's CUDA autocast policy: torch restores CPU autocast for the recomputation, and with it
+    the CPU's policy, which would recompute other dtypes than the forward saved. Transformers' own checkpointing
+    (Harmon's LLM) is not covered."""
+    _recompute_modes.append(mode)
+    try:
+        yield
+    finally:
+        _recompute_modes.remove(mode)
 
 
 def forward_mode(module: nn.Module):

@@ -108,6 +108,7 @@ def _linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor
 
 
 _depth = 0
+_off = 0  # depth of `as_on_gpu()`
 
 
 @contextlib.contextmanager
@@ -115,8 +116,11 @@ def batch_invariant() -> Iterator[None]:
     """For the duration, F.linear on CPU tensors runs in blocks of ROW_BLOCK rows (row_blocked_linear): nn.Linear
     and every caller of torch.nn.functional.linear (the policies, peft, transformers) find it there. The name is
     rebound rather than every torch call intercepted (a TorchFunctionMode: +18% on a toy +Fix step, measured);
-    process-wide while on, as torch's own defaults are; nested uses are fine."""
+    process-wide while on, as torch's own defaults are; nested uses are fine. Inside `as_on_gpu()` it does nothing."""
     global _depth
+    if _off:
+        yield
+        return
     _depth += 1
     F.linear = _linear
     try:
@@ -125,6 +129,18 @@ def batch_invariant() -> Iterator[None]:
         _depth -= 1
         if not _depth:
             F.linear = _LINEAR
+
+
+@contextlib.contextmanager
+def as_on_gpu() -> Iterator[None]:
+    """For the duration, `batch_invariant()` does nothing, as it does for CUDA tensors: code that emulates a GPU step
+    on CPU tensors (margrpo plan) takes F.linear's own path, as the GPU would."""
+    global _off
+    _off += 1
+    try:
+        yield
+    finally:
+        _off -= 1
 
 
 def batch_invariant_active() -> bool:
