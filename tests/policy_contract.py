@@ -248,10 +248,10 @@ class PolicyContract:
         tape recorded on a real run (margrpo.plan.tape): here the build and one AR pass and head call."""
         from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-        from margrpo.plan.tape import Recording, Tape
+        from margrpo.plan.tape import Tape, recording
 
         tape = Tape()
-        with tape, Recording(cheap=False):
+        with tape, recording(cheap=False):
             real = self.build()
             outputs = ar_and_head(real)
         fake_tape = Tape(tape.values)
