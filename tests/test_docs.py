@@ -135,3 +135,14 @@ def test_every_relative_link_of_the_docs_reaches_a_file():
     assert any(md.name == "README.md" for md, _ in links)
     broken = [f"{md.relative_to(REPO)}: {target}" for md, target in links if not (md.parent / target).exists()]
     assert not broken, "\n".join(broken)
+
+
+def test_every_test_the_design_contract_names_exists():
+    """The contract says which tests hold each invariant: a renamed or removed test must not leave it naming one."""
+    defined = {path.stem for path in (REPO / "tests").glob("*.py")}  # a test file named alone
+    for path in (REPO / "tests").glob("*.py"):
+        defined |= set(re.findall(r"^\s*(?:def|class) (\w+)", path.read_text(), flags=re.M))
+    named = set(re.findall(r"\b((?:test_|Test)[A-Za-z0-9_]+)", (REPO / "docs" / "design.md").read_text()))
+    named = {n for n in named if not n.endswith("_") and n != "Tests"}  # a family ("test_slurm_*"); the word
+    assert named, "docs/design.md names no test: the pattern is wrong"
+    assert not named - defined, f"docs/design.md names tests that do not exist: {sorted(named - defined)}"
