@@ -5,7 +5,7 @@ Why: on the toy, RL at any lr tried lowers the validation reward, the training r
 "Why RL does not climb"). Two causes predict that: a biased estimator (the policy gradient points down) or a
 noise-dominated one (each step moves the policy mostly at random, and a random move away from a trained policy
 costs reward). This tells them apart, at one parameter point, through the real code path (`rollout_and_score`,
-`plan_updates`, `update` without its optimizer step):
+`plan_updates`, `accumulate`: an update's gradient without its optimizer step):
 
 - the loss gradients g_b of B independent batches (the trainer's own streams, steps 0..B-1);
 - their mean pairwise cosine rho: for g_b = s + n_b (signal s, independent noise), E[cos] ~ |s|^2 / E|g|^2, so
@@ -51,7 +51,7 @@ from pathlib import Path
 import torch
 
 from margrpo.grpo.gradient_estimates import flat_grad, pathwise_gradient, pathwise_reward
-from margrpo.grpo.rollout import generate, stochastic_steps
+from margrpo.grpo.rollout import each_ar_pass_within, generate, stochastic_steps
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer
 from margrpo.policy import load_policy
 from margrpo.policy.settings import PolicySettings
@@ -88,7 +88,7 @@ def build(spec_path: Path, changes, root: Path) -> GRPOTrainer:
     )
     suites = inputs["suites_dir"]
     policy = load_policy(inputs["policy_dir"], torch.device("cpu"))
-    cfg.grad_clip = 0.0  # the update measures the norm and scales by exactly 1: the batch gradient as it is
+    cfg.grad_clip = 0.0  # an update would measure the norm and scale by exactly 1: the batch gradient as it is
     trainer = GRPOTrainer(
         policy,
         reward,
@@ -99,7 +99,6 @@ def build(spec_path: Path, changes, root: Path) -> GRPOTrainer:
         tempfile.mkdtemp(prefix="gradient-signal-"),
         policy_settings=PolicySettings.from_spec(spec),
     )
-    trainer.optimizer.step = lambda *args, **kwargs: None  # `update` leaves the gradient in .grad, the policy as it is
     return trainer
 
 
@@ -111,8 +110,7 @@ def batch_gradient(tr: GRPOTrainer, step: int, forms: tuple[str, ...] = ("group"
     advantage `forms`, one gradient per form from the same rollout ([F, P]): "group" the trainer's own (DESIGN 3.4,
     (R - group mean) / group std), "centered" R - group mean (no std: the likelihood-ratio estimator of the
     gradient of E[R] itself, up to the factor (G - 1) / G)."""
-    tr.step = step
-    batch = tr.rollout_and_score()
+    batch = tr.rollout_and_score(step)
     plan = tr.plan_updates(batch)[0]
     flats, own = [], batch.adv
     for form in forms:
@@ -122,7 +120,7 @@ def batch_gradient(tr: GRPOTrainer, step: int, forms: tuple[str, ...] = ("group"
             batch.adv = (r - r.mean(1, keepdim=True)).reshape(-1).to(own.dtype)
         elif form != "group":
             raise ValueError(f"advantage form {form!r}: expected one of {ADVANTAGE_FORMS}")
-        tr.update(batch, plan)  # what the optimizer would step on (its step is off: `build`)
+        tr.accumulate(batch, plan)  # the batch gradient an update steps on
         flats.append(flat_grad(tr.params))
     return (flats[0] if len(forms) == 1 else torch.stack(flats)), batch.rewards.mean().item()
 
@@ -163,29 +161,23 @@ def grpo_step_weights(tr: GRPOTrainer) -> list[float]:
 def _weighted_steps(tr: GRPOTrainer, weights: list[float] | None):
     """While generating: the k-th AR pass sees the trained parameters as p.detach() + w_k (p - p.detach()) (the
     same values; w_k times the gradient)."""
-    import margrpo.grpo.rollout as rollout_module
-
     if weights is None:
         yield
         return
-    original, calls = rollout_module.ar_pass, [0]
+    calls = [0]
     names = [n for n, p in tr.policy.named_parameters() if p.requires_grad]
 
-    def weighted(policy, *args):
+    def weighted(policy):
         w = weights[calls[0]]
         calls[0] += 1
         params = dict(policy.named_parameters())
         scaled = {n: params[n].detach() + w * (params[n] - params[n].detach()) for n in names}
-        with torch.nn.utils.stateless._reparametrize_module(policy, scaled):
-            return original(policy, *args)
+        return torch.nn.utils.stateless._reparametrize_module(policy, scaled)
 
-    rollout_module.ar_pass = weighted
-    try:
+    with each_ar_pass_within(weighted):
         yield
-    finally:
-        rollout_module.ar_pass = original
-        if calls[0] and calls[0] != len(weights):
-            raise RuntimeError(f"{calls[0]} AR passes for {len(weights)} step weights")
+    if calls[0] and calls[0] != len(weights):
+        raise RuntimeError(f"{calls[0]} AR passes for {len(weights)} step weights")
 
 
 def exact_gradient(
