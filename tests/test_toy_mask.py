@@ -275,3 +275,14 @@ def test_config_rejects_unknown_options():
         MaskSamplingConfig(selection="greedy")
     with pytest.raises(ValueError, match="snapped world"):
         ToyMaskConfig(world=WorldConfig(snap=False, max_objects=2).to_dict())
+
+
+def test_mask_steps_means_what_grpo_mask_steps_means():
+    """|M| of the K unmasking steps, 1 <= |M| <= K, as grpo.mask_steps: no value stands for "every step"."""
+    with pytest.raises(ValueError, match="must be >= 1"):
+        MaskGRPOConfig(mask_steps=0)
+    policy, g = tiny(), torch.Generator().manual_seed(0)
+    r = rollout(policy, MaskSamplingConfig(steps=4, cfg_scale=2.0))
+    assert len(plan_targets(MaskGRPOConfig(mask_steps=4, iterations=1), r, g)) == 1
+    with pytest.raises(ValueError, match="mask_steps .M. = 5 exceeds the 4 unmasking steps"):
+        plan_targets(MaskGRPOConfig(mask_steps=5, iterations=1), r, g)

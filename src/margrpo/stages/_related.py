@@ -66,8 +66,15 @@ def mask_settings(args, spec: dict):
     if related.pop("method", METHODS[args.method]) != METHODS[args.method]:
         raise InputError(f"--spec-json: related.method disagrees with --method {args.method}")
     related["seed"] = args.seed
+    sampling = mask_sampling(spec.get("sampling"), "--spec-json: sampling")
+    related.setdefault("mask_steps", sampling.steps)  # not given: every one of the K unmasking steps
+    if isinstance(related["mask_steps"], int) and related["mask_steps"] > sampling.steps:
+        raise InputError(
+            f"--spec-json: related.mask_steps: |M| = {related['mask_steps']} exceeds the {sampling.steps} unmasking "
+            "steps (sampling.steps); lower it"
+        )
     cfg = dataclass_from(MaskGRPOConfig, related, "--spec-json: related", fixed={"method": METHODS[args.method]})
-    return cfg, mask_sampling(spec.get("sampling"), "--spec-json: sampling")
+    return cfg, sampling
 
 
 def marval_settings(args, spec: dict):

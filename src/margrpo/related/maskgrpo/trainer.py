@@ -43,7 +43,6 @@ import copy
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -56,9 +55,7 @@ from margrpo.prompts.suites import PromptSet
 from margrpo.related.maskgrpo.policy import ToyMaskPolicy
 from margrpo.related.maskgrpo.rollout import MaskGITSampler, MaskRollout, MaskSamplingConfig, conditions, generate
 from margrpo.related.method import RelatedTrainer
-
-if TYPE_CHECKING:
-    from margrpo.grpo.trainer import RewardFn
+from margrpo.rewards.registry import RewardFn
 
 METHODS, KLS, LOGPROB_CFGS = ("grpo", "mask_grpo"), ("k3", "exact"), ("exact", "cond_only")
 
@@ -78,7 +75,9 @@ class MaskGRPOConfig:
     beta: float = 0.01  # KL weight; 0 = no reference model
     kl: str = "k3"  # "k3" (the official estimator on the scored tokens) or "exact" (categorical KL there)
     iterations: int = 4  # mu: optimizer steps per rollout batch (MaskGRPO: one re-mask ratio each; official T2I: 6)
-    mask_steps: int | None = None  # grpo: unmasking steps scored per update, drawn uniformly (None: all K)
+    # grpo: |M| of the K unmasking steps scored per update, drawn uniformly, as grpo.mask_steps (1 <= |M| <= K);
+    # 8: every step of the default K = 8
+    mask_steps: int = 8
     min_mask_ratio: float = 0.6  # mask_grpo: r_min of the high-truncated re-mask ratios (official T2I script)
     # "exact": log-probs under the rollout's guidance; "cond_only": the conditional branch alone, as the official
     # training pass (mask_grpo_trainer.py l. 664-686, CFG commented out)
@@ -102,8 +101,8 @@ class MaskGRPOConfig:
             raise ValueError("steps, batch_prompts, iterations, val_every and val_prompts must be >= 1 and lr > 0")
         if not 0 <= self.min_mask_ratio < 1 or self.clip_eps < 0 or self.beta < 0:
             raise ValueError("min_mask_ratio must lie in [0, 1), clip_eps and beta be >= 0")
-        if self.mask_steps is not None and self.mask_steps < 1:
-            raise ValueError(f"mask_steps must be >= 1 or None (all steps), got {self.mask_steps}")
+        if self.mask_steps < 1:
+            raise ValueError(f"mask_steps |M| must be >= 1, got {self.mask_steps}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -173,7 +172,9 @@ def plan_targets(cfg: MaskGRPOConfig, rollout: MaskRollout, generator: torch.Gen
     targets = []
     for ratio in mask_ratios(cfg.iterations, cfg.min_mask_ratio):
         if cfg.method == "grpo":
-            steps = torch.randperm(K, generator=generator)[: cfg.mask_steps or K].sort().values
+            if cfg.mask_steps > K:
+                raise ValueError(f"mask_steps |M| = {cfg.mask_steps} exceeds the {K} unmasking steps: lower it")
+            steps = torch.randperm(K, generator=generator)[: cfg.mask_steps].sort().values
             targets.append(Target(rollout.masked[steps], rollout.committed[steps]))
         else:
             masked = remask(rollout.tokens, ratio, generator)[None]  # [1, N, L]
