@@ -460,5 +460,10 @@ def record_hash(record: dict) -> str:
 
 
 def legacy_resume_key(settings: dict, sampling: dict, spec: dict | None) -> str:
-    """The key states were written under before issue 59 (inputs as paths; one hash for everything)."""
+    """The key states were written under before issue 59 (inputs as paths; one hash for everything).
+
+    Its end: this key, `_differences`' branch for a header without a `record`, `Checkpointer._resume_whole` and the
+    fixture tests/data/state-before-52 go together at the next change of the state's format (format 3), whose
+    reader will refuse, naming the format, every state older than format 2: by then no run of before issue 59 can
+    still be in flight, and a finished one is never resumed."""
     return spec_hash({"grpo": _quiet(settings), "sampling": sampling, "spec": _with_policy(spec)})
