@@ -107,7 +107,7 @@ ADVANTAGE_FORMS = ("group", "centered")
 
 def batch_gradient(tr: GRPOTrainer, step: int, forms: tuple[str, ...] = ("group",)) -> tuple[torch.Tensor, float]:
     """The loss gradient of the batch the trainer draws at `step` (flat over the trained parameters); with several
-    advantage `forms`, one gradient per form from the same rollout ([F, P]): "group" the trainer's own (DESIGN 3.4,
+    advantage `forms`, one gradient per form from the same rollout ([F, P]): "group" the trainer's own (design.md §3.4,
     (R - group mean) / group std), "centered" R - group mean (no std: the likelihood-ratio estimator of the
     gradient of E[R] itself, up to the factor (G - 1) / G)."""
     batch = tr.rollout_and_score(step)

@@ -1,6 +1,6 @@
 """Where a MAR policy's compute goes: the diffusion head's share of the parameters, of a rollout's FLOPs
 and of a GRPO step's, for the toy policies of a config and for NOVA-0.6B / Harmon-1.5B at their paper
-schedules, and the MTE / +Fix step ratio that those shares predict (DESIGN 3.9, Algorithm 2).
+schedules, and the MTE / +Fix step ratio that those shares predict (design.md §3.9, Algorithm 2).
 
 The paper's story rests on a light head: "the mismatch in parameter scale between large-scale AR
 transformer and lightweight diffusion head", and MTE's extra trajectories are head-only, so "negligible".

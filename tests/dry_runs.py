@@ -9,7 +9,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
-# DESIGN sections 3-4: every stage of the experiment must be in the DAG.
+# design.md §3-4: every stage of the experiment must be in the DAG.
 TOY_STAGES = {
     "make_suites",
     "train_toyclip",

@@ -173,7 +173,7 @@ def replayed_ratios(policy, r):
 
 
 def assert_ratio_is_one(policy, r, atol=1e-5):
-    """DESIGN 3.2: replaying every (AR step, diffusion step) of rollout `r` with unchanged parameters
+    """design.md §3.2: replaying every (AR step, diffusion step) of rollout `r` with unchanged parameters
     reproduces the recorded log-probs — committed trajectory and MTE trajectories alike."""
     rp, ratio, mte_ratio = replayed_ratios(policy, r)
     assert torch.allclose(ratio, torch.ones_like(ratio), atol=atol, rtol=0), (ratio.min(), ratio.max())

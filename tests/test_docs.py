@@ -97,7 +97,6 @@ def test_every_citation_of_the_design_contract_names_one_of_its_headings():
     assert not missing, "citations of sections docs/design.md does not have:\n" + "\n".join(missing)
 
 
-@pytest.mark.xfail(strict=True, reason="until the citations are rewritten")
 def test_no_file_cites_the_design_contract_in_the_legacy_form():
     found = [
         f"{path.relative_to(REPO)}:{text.count(chr(10), 0, m.start()) + 1}: {text[m.start() : m.start() + 30]!r}"

@@ -1,4 +1,4 @@
-"""Harmon-1.5B (ours) on a tiny random config: DESIGN 3.2 ratio == 1, a GRPO step, checkpoints, key table."""
+"""Harmon-1.5B (ours) on a tiny random config: design.md §3.2 ratio == 1, a GRPO step, checkpoints, key table."""
 
 from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""DESIGN 3.2 on every kernel path this CPU can take (issue #37): ratio == 1 to 1e-5 under each ATen kernel cap
+"""design.md §3.2 on every kernel path this CPU can take (issue #37): ratio == 1 to 1e-5 under each ATen kernel cap
 (ATEN_CPU_CAPABILITY: default, avx2, and avx512 where the CPU has it) and under MKL's Intel-like GEMM path.
 
 The rollout and the replay meet the same rows in batches of other shapes; a BLAS chooses its kernel and its

@@ -1,5 +1,5 @@
 """Resumable state (GRPO runs, pre-training, warm-up): resumed only under the spec that wrote it, and a
-SIGKILL while a checkpoint is being saved, then a resume, reaches the uninterrupted result (DESIGN 6). What a run
+SIGKILL while a checkpoint is being saved, then a resume, reaches the uninterrupted result (design.md §6). What a run
 leaves of the rest of its folder: test_run_folder.py."""
 
 import csv

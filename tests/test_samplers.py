@@ -1,4 +1,4 @@
-"""The samplers' contract (DESIGN 3.1): exact per-step log-probabilities that recompute bit for bit,
+"""The samplers' contract (design.md §3.1): exact per-step log-probabilities that recompute bit for bit,
 per-row step indices, temperature, the deterministic final step, the limits each process must
 reduce to, and training losses. Small shapes only: everything here runs in a few seconds on CPU."""
 

@@ -1,4 +1,4 @@
-"""Checkpoint selection (DESIGN 3.12): best-by-validation for baselines, a fixed step for the method."""
+"""Checkpoint selection (design.md §3.12): best-by-validation for baselines, a fixed step for the method."""
 
 import json
 import math

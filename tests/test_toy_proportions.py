@@ -1,5 +1,5 @@
-"""The toy in the real models' proportions (DESIGN 4): the default config's toy heads are light, the
-DESIGN 3 invariants hold on those toys themselves (not only on the tests' tiny one), and
+"""The toy in the real models' proportions (design.md §4): the default config's toy heads are light, the
+design.md §3 invariants hold on those toys themselves (not only on the tests' tiny one), and
 benchmarks/policy_cost.py reports the shares beside NOVA's and Harmon's."""
 
 import math
@@ -79,7 +79,8 @@ def test_policy_cost_test_mode_prints_each_head_share():
     }
     assert set(shares) == {*TOYS, "NOVA-0.6B", "Harmon-1.5B"}, out.stdout
     assert all(shares[name] <= 15 for name in TOYS)
-    assert shares["NOVA-0.6B"] == pytest.approx(5.1, abs=0.1)  # DESIGN 4: the 3 x 1280 diffusion MLP of nova-d48w1024
+    # design.md §4: the 3 x 1280 diffusion MLP of nova-d48w1024
+    assert shares["NOVA-0.6B"] == pytest.approx(5.1, abs=0.1)
     for name in shares:  # every policy: its share of a rollout's and of a step's FLOPs, and the MTE/Fix FLOP ratio
         line = next(ln for ln in out.stdout.splitlines() if ln.strip().startswith(f"{name}:"))
         assert re.search(

@@ -1,6 +1,7 @@
-"""DESIGN 3.3-3.10 at the level of one update: the loss a micro-batch backpropagates against DESIGN 3's formula,
-its exact reductions, the gradient's independence of the micro-batch and replay-chunk splits, the gradient statistics
-(the norm, the variance probe) and the non-finite guards. The variants and the loop: test_trainer_variants.py."""
+"""design.md §3.3-3.10 at the level of one update: the loss a micro-batch backpropagates against design.md §3's
+formula, its exact reductions, the gradient's independence of the micro-batch and replay-chunk splits, the gradient
+statistics (the norm, the variance probe) and the non-finite guards. The variants and
+the loop: test_trainer_variants.py."""
 
 import math
 
@@ -243,7 +244,7 @@ def test_committed_loss_tokens_average_over_the_tokens_each_step_commits(tmp_pat
     ids=["grpo", "fix", "mte", "sim", "sim-committed", "kl-gaussian"],
 )
 def test_gradient_does_not_depend_on_the_micro_batch_split(tmp_path, variant):
-    """DESIGN 3.7: the loss is normalised by the whole batch's weighted token count, so 1, 2 or 3
+    """design.md §3.7: the loss is normalised by the whole batch's weighted token count, so 1, 2 or 3
     micro-batches give the same gradient (Sim's per-token weights included)."""
     grads = []
     for n in (1, 2, 3):
@@ -336,7 +337,7 @@ def test_replay_chunks_give_the_same_gradient_and_stats(tmp_path, variant):
 
 @pytest.mark.parametrize("variant", ["fix", "mte", "sim"])
 def test_the_loss_a_micro_batch_backpropagates_is_design_3s_formula(tmp_path, variant):
-    """`micro_loss`, the loss `update` backpropagates, against DESIGN 3 written out here in float64: the
+    """`micro_loss`, the loss `update` backpropagates, against design.md §3 written out here in float64: the
     ratio to log_prob_old, the clip, Eq. 10's trajectory mean over M^k (+MTE), Sim's kappa weights (+Sim), the
     completion mask, the KL of Eq. 14 on the completion mask, both normalised by the whole batch's token counts
     of each chosen step, then averaged over the chosen steps (Eq. 7) with beta on the KL."""
@@ -376,7 +377,7 @@ def test_the_loss_a_micro_batch_backpropagates_is_design_3s_formula(tmp_path, va
         LossInputs(sub, batch.adv[rows], ar, diff, mte, keep, OldLogProbs(old, old_mte), counts)
     )
 
-    def surrogate(lp, lp_old, adv):  # DESIGN 3.5: min(r A, clip(r, 1 - eps, 1 + eps) A)
+    def surrogate(lp, lp_old, adv):  # design.md §3.5: min(r A, clip(r, 1 - eps, 1 + eps) A)
         r = torch.exp(lp.double() - lp_old.double())
         return torch.minimum(r * adv, r.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv)
 

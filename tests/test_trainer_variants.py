@@ -1,4 +1,4 @@
-"""DESIGN 3.3-3.10 at the level of the trainer: one loop, every variant (what each trains, freezes, samples and
+"""design.md §3.3-3.10 at the level of the trainer: one loop, every variant (what each trains, freezes, samples and
 logs), the settings' checks, resume. The update's loss and gradient: test_trainer_update.py."""
 
 import math
@@ -155,7 +155,7 @@ def test_first_update_ratio_is_one_under_bf16_with_recomputed_old_log_probs(tmp_
 
 def test_later_updates_use_log_probs_from_before_the_first_update(tmp_path):
     """updates_per_rollout = 2: the second update's log_prob_old is the pre-update pass; in float32
-    that equals the record (to DESIGN 3.2's 1e-5), so `recomputed` and `recorded` log the same ratios."""
+    that equals the record (to design.md §3.2's 1e-5), so `recomputed` and `recorded` log the same ratios."""
     rows = {}
     for old in ("recorded", "recomputed"):
         trainer = make_trainer(

@@ -24,7 +24,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "refresh-release": ("toy_weights", "keep the release current across a change of its code that moves no number"),
     "check-weights": ("check_weights", "check a local real-scale weights folder and write a pointer to it"),
     "weights": ("weights", "list the released models a config needs: found, or the `hf download` command"),
-    "warmup": ("warmup", "fine-tune only the diffusion head (Harmon warm-up, DESIGN 3.11)"),
+    "warmup": ("warmup", "fine-tune only the diffusion head (Harmon warm-up, design.md §3.11)"),
     "train": ("train", "GRPO training: grpo / fix / mte / sim variants"),
     "pretrain-mask": ("pretrain_mask", "train the discrete toy-mask base policy (MaskGIT-style) on ShapesWorld"),
     "distill-marval": ("distill_marval", "distil a toy-nova teacher into a one-step policy (MARVAL)"),

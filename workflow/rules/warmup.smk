@@ -1,5 +1,5 @@
 rule warmup:
-    """Head-only fine-tuning before RL (Harmon warm-up, DESIGN 3.11), a checkpoint of its own."""
+    """Head-only fine-tuning before RL (Harmon warm-up, design.md §3.11), a checkpoint of its own."""
     input:
         policy=lambda wc: get_loaded_policy(WARMED[wc.warmed]),
         world=f"{DATA}/world.json",

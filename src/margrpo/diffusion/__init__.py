@@ -1,4 +1,4 @@
-"""Stochastic samplers of the diffusion head with exact per-step log-probabilities (DESIGN 3.1).
+"""Stochastic samplers of the diffusion head with exact per-step log-probabilities (design.md §3.1).
 
 Two processes behind one interface (`Sampler`): `DDPMSampler` (MAR / Harmon: eps or v prediction,
 fixed or learned-range variance, respaced) and `FlowSDESampler` (NOVA: flow matching with the

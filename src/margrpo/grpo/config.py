@@ -1,4 +1,4 @@
-"""GRPOConfig: every knob of the GRPO trainer (DESIGN 3), validated where it is built."""
+"""GRPOConfig: every knob of the GRPO trainer (design.md §3), validated where it is built."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ _CHOICES = {
 
 @dataclass
 class GRPOConfig:
-    """Every knob of DESIGN 3. Defaults are the paper's where it states them."""
+    """Every knob of design.md §3. Defaults are the paper's where it states them."""
 
     steps: int = 60
     batch_prompts: int = 3  # prompts per rollout batch
@@ -60,7 +60,7 @@ class GRPOConfig:
     # group baseline also removes the reward variance the unscored initial noise causes; what is left
     # within a group comes from the scored SDE steps (and the order, unless group_order is shared).
     group_noise: str = "independent"
-    # "group": DESIGN 3.4. "shuffled": a no-signal control, the same advantages permuted over the batch's
+    # "group": design.md §3.4. "shuffled": a no-signal control, the same advantages permuted over the batch's
     # images (its own stream), so a run moves the policy by update noise alone: beside a real run it tells
     # whether a change of reward comes from the reward's signal or from the updates' noise
     advantages: str = "group"

@@ -1,4 +1,4 @@
-"""The GRPO algebra of MAR-GRPO as pure tensor functions (DESIGN 3, items 4, 5, 7, 9, 10).
+"""The GRPO algebra of MAR-GRPO as pure tensor functions (design.md §3.4, §3.5, §3.7, §3.9, §3.10).
 
 Nothing here knows about models, rollouts or rewards: every function takes tensors and returns
 tensors, so each equation can be tested against an independent computation. The trainer
@@ -52,7 +52,7 @@ def _f32(x: torch.Tensor) -> torch.Tensor:
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) -> tuple[torch.Tensor, float]:
-    """GRPO group-normalised advantages (DESIGN 3.4): A_i = (R_i - mean_g) / (std_g + eps).
+    """GRPO group-normalised advantages (design.md §3.4): A_i = (R_i - mean_g) / (std_g + eps).
 
     Args:
         rewards: [N] with N = B * group_size; the G = group_size consecutive rewards of one
@@ -104,7 +104,7 @@ def per_token_policy_objective(
     advantages: torch.Tensor,
     clip_eps: float | None,
 ) -> torch.Tensor:
-    """Unreduced clipped surrogate per token (DESIGN 3.5), to be maximised.
+    """Unreduced clipped surrogate per token (design.md §3.5), to be maximised.
 
     l = min(r A, clip(r, 1 - eps, 1 + eps) A) with r = exp(log_prob - old_log_prob).
     With ``clip_eps=None`` it is the official code's REINFORCE form l = exp(lp - sg(lp)) A,
@@ -260,7 +260,7 @@ def kl_gaussian(
 
 
 def token_uncertainty(final_latents: torch.Tensor) -> torch.Tensor:
-    """u_j of MTE (DESIGN 3.9): std over the S final latents [S, ..., D] (ddof = 0, so S = 1 gives 0),
+    """u_j of MTE (design.md §3.9): std over the S final latents [S, ..., D] (ddof = 0, so S = 1 gives 0),
     averaged over the D channels: [...]."""
     return _f32(final_latents).std(dim=0, correction=0).mean(dim=-1)
 

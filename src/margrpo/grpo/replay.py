@@ -1,5 +1,5 @@
 """Replay of a recorded rollout: the log-probs of the chosen AR and diffusion steps recomputed under the current
-parameters (DESIGN 3.3), in batched passes over the rows training reads; with unchanged parameters the PPO ratio
+parameters (design.md §3.3), in batched passes over the rows training reads; with unchanged parameters the PPO ratio
 is exactly 1 (`policy.invariant`)."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def replay(
     mte_tokens: Tensor | None = None,
     chunk_rows: int = 1 << 16,
 ) -> Replay:
-    """Recompute log-probs of the recorded transitions at the chosen steps, batched (DESIGN 3.3).
+    """Recompute log-probs of the recorded transitions at the chosen steps, batched (design.md §3.3).
 
     ar_steps: LongTensor [M]; diff_steps: LongTensor [M, U] (stochastic steps only). Gradients flow
     to whatever parameters require them. `logprob_cfg="cond_only"` scores with the conditional branch

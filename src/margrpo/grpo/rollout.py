@@ -2,7 +2,7 @@
 
 At AR step k the AR model gives z_k for every position; the head then runs the full stochastic
 diffusion trajectory for every still-unknown token (the completion mask, as in the paper's code),
-and the tokens scheduled for step k are committed. The record (DESIGN 3.2) holds the order, the
+and the tokens scheduled for step k are committed. The record (design.md §3.2) holds the order, the
 known / committed masks per AR step, every (x_t, x_{t-1}, log_prob) of every diffusion step, the
 final latent and, for MTE (Algorithm 2), S - 1 extra trajectories of every token predicted at the
 AR steps chosen for training, drawn from the same z_k inside the loop.
@@ -355,7 +355,7 @@ def generate(
     ar_step_limit: int | None = None,
     on_record=None,
 ) -> Rollout:
-    """Generate group_size images per prompt and record the trajectory (DESIGN 3.2).
+    """Generate group_size images per prompt and record the trajectory (design.md §3.2).
 
     With `trajectories` S > 1, every AR step in `mte_steps` (default: all) also draws S - 1 more
     trajectories of each token it predicts, from the same z_k and guidance, batched into the head
@@ -518,7 +518,8 @@ def _denoise_step(
 
 
 def _extra_group(sampler, rows, z_c, z_u, S1, D, generator):
-    """S - 1 more trajectories of the predicted tokens `rows` from the same z_k (DESIGN 3.9): the rows to denoise."""
+    """S - 1 more trajectories of the predicted tokens `rows` from the same z_k (design.md §3.9): the rows to
+    denoise."""
     x = sampler.init_noise((S1 * len(rows[0]), D), generator=generator, device=z_c.device)
 
     # [S1*R, W], trajectory-major

@@ -62,7 +62,7 @@ def choose_steps(
     ar_steps: int, stochastic: int, mask_steps: int, diffusion_steps: int, g: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """|M| = mask_steps of the K = ar_steps AR steps and, for each, |T| = diffusion_steps of the
-    stochastic diffusion steps, uniformly without replacement (DESIGN 3.3): [M] and [M, U], sorted."""
+    stochastic diffusion steps, uniformly without replacement (design.md §3.3): [M] and [M, U], sorted."""
     ar = torch.randperm(ar_steps, generator=g)[:mask_steps].sort().values
     diff = torch.stack([torch.randperm(stochastic, generator=g)[:diffusion_steps].sort().values for _ in ar])
     return ar, diff

@@ -1,4 +1,4 @@
-"""The one GRPO trainer: every policy plugs in through the MAR policy interface (DESIGN 3).
+"""The one GRPO trainer: every policy plugs in through the MAR policy interface (design.md §3).
 
 A step (`train_step`, then `update` for each optimizer step; read top-down): sample prompts -> choose |M| AR steps
 and |T| diffusion steps -> rollout with CFG (recording the trajectory, and S trajectories for MTE) -> rewards ->
@@ -160,7 +160,7 @@ class GRPOTrainer:
         log.warning("saving and stopping at step %d of %d: %s", self.step, self.cfg.steps, why)
         return why
 
-    # --- one GRPO step (DESIGN 3) ----------------------------------------------------------------------------------
+    # --- one GRPO step (design.md §3) ------------------------------------------------------------------------------
     def train_step(self) -> dict:
         """One GRPO step: rollout and rewards -> group advantages (with MTE's extra trajectories and Sim's weights)
         -> each optimizer step of the rollout -> the step's row."""
@@ -351,7 +351,7 @@ class GRPOTrainer:
             )
 
     def choose_steps(self, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """|M| AR steps and, for each, |T| stochastic diffusion steps, uniformly (DESIGN 3.3)."""
+        """|M| AR steps and, for each, |T| stochastic diffusion steps, uniformly (design.md §3.3)."""
         return choose_steps(
             self.ar_steps, stochastic_steps(self.sampling), self.cfg.mask_steps, self.cfg.diffusion_steps, g
         )

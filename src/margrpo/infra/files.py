@@ -1,4 +1,4 @@
-"""Atomic output helpers shared by every stage (DESIGN 6: temp file + rename).
+"""Atomic output helpers shared by every stage (design.md §6: temp file + rename).
 
 Each writer puts its bytes into a temporary file in the destination's own folder (so the final
 ``os.replace`` is a same-filesystem rename, atomic on POSIX) and renames it over the target only

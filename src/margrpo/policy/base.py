@@ -1,4 +1,4 @@
-"""The MAR policy interface every model implements (DESIGN section 2).
+"""The MAR policy interface every model implements (design.md §2).
 
 A masked autoregressive generator with a diffusion head factors into an AR model that maps the
 currently known tokens to a conditioning vector z per position, and a small head that denoises a
@@ -142,7 +142,7 @@ def deterministic(module: nn.Module):
     duration, restoring each submodule's flag afterwards.
 
     Rollouts and their log-prob recomputation both run inside this, so a policy left in train
-    mode cannot break the ratio == 1 invariant (DESIGN 3.2), nor can the other batch shapes in which
+    mode cannot break the ratio == 1 invariant (design.md §3.2), nor can the other batch shapes in which
     the replay meets the rollout's rows (their products would take other kernel paths on CPU).
     """
     flags = [(m, m.training) for m in module.modules()]

@@ -23,14 +23,14 @@ KV cache. Harmon's sampler computes the prompt's keys/values once and appends th
 with the cache; its training pass runs prompt and image tokens in one forward. Under the causal
 mask the prompt's states never depend on the image tokens, so both are the same function. We run
 the one-pass form in every `ar_forward` (rollout and GRPO replay alike): one code path, the same
-arithmetic in both (DESIGN 3.2, ratio == 1), and gradients reach the prompt's states too. The price
+arithmetic in both (design.md §3.2, ratio == 1), and gradients reach the prompt's states too. The price
 is recomputing ~30 prompt positions next to 64 buffers plus up to 1024 image tokens per call.
 
 Only known tokens enter the encoder and the LLM (Harmon drops the masked ones), packed in raster
 order. The GRPO replay stacks AR steps that know different numbers of tokens, so `ar_forward` runs
 one pass per known count: no padding, and each row sees exactly the shapes it saw in the rollout.
 That matters beyond speed: padding changes z in its last bits, which eps prediction amplifies at the
-noisiest DDPM step enough to fail the ratio test of DESIGN 3.2 (docs/findings.md, "Harmon's packed tokens").
+noisiest DDPM step enough to fail the ratio test of design.md §3.2 (docs/findings.md, "Harmon's packed tokens").
 
 The folders it reads and writes (the `.pth` release, the transformers-format folder, a Hugging Face cache id)
 are described in `margrpo.policy.harmon_files`; `save_pretrained` writes the release's layout.

@@ -4,7 +4,7 @@ The rollout computes a token's head output and z in batches of one size (its AR 
 branches, MTE's extra trajectories), the replay in batches of another (the chosen steps of a micro-batch). A BLAS
 picks its kernel and splits its threads by the shape, so a row's last bits can depend on how many rows came with
 it, and the head's log-density multiplies one ulp of its mean by 1 / sigma^2: the PPO ratio with unchanged
-parameters then misses DESIGN 3.2's 1 to 1e-5.
+parameters then misses design.md §3.2's 1 to 1e-5.
 
 `batch_invariant()` computes every `F.linear` on CPU tensors (nn.Linear, the policies' own calls, peft's
 adapters, transformers' layers) in blocks of exactly `ROW_BLOCK` rows, the last padded with zero rows: every

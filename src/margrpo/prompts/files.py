@@ -9,7 +9,7 @@ the suites come from files instead, in the same three-split JSONL layout (`margr
   color; no category in the name: object);
 - eval: `<category>_val.txt` of the T2I-CompBench folder (the shipped `COMPBENCH_DIR`) for each
   evaluation category (the paper's 300-prompt splits);
-- val (checkpoint selection, DESIGN 3.12): `val_file` if given, else `n_val` RL prompts held out
+- val (checkpoint selection, design.md §3.12): `val_file` if given, else `n_val` RL prompts held out
   (drawn with `seed`, spread over the task types) and removed from train. The CompBench
   `<category>_train.txt` splits cannot serve: the RL prompts already contain almost all of them.
 
@@ -163,7 +163,7 @@ def build_file_suites(
             raise ValueError(
                 f"{val_file}: {len(clash)} validation prompt(s) are also training or evaluation prompts, "
                 f"e.g. {clash[0]!r}; "
-                "checkpoint selection needs disjoint prompts (DESIGN 3.12)"
+                "checkpoint selection needs disjoint prompts (design.md §3.12)"
             )
     else:
         if len(train) <= n_val:

@@ -345,7 +345,7 @@ def plot_uncertainty(maps: dict, max_trajectories: int = 4) -> Figure:
             ax.set_yticks([])
         sub.suptitle(_wrap(prompts[p], 18 * ncols), fontsize=10)
     fig.suptitle(
-        "Per-token uncertainty of the base policy (MTE, DESIGN 3.9): each token's std over the S final latents\n"
+        "Per-token uncertainty of the base policy (MTE, design.md §3.9): each token's std over the S final latents\n"
         "drawn from the same z_k at the AR step k that commits it (the committed sample among them), "
         "mean over channels",
         fontsize=11,

@@ -2,7 +2,7 @@
 
 Nothing here writes; every loader takes the results root and a run id, and raises
 ``MissingResultError`` naming the expected file (and the stage that writes it) when a file is
-absent. Result layout (DESIGN 1, ``results/<rule>/<run>/...``):
+absent. Result layout (design.md §1, ``results/<rule>/<run>/...``):
 
     <root>/<run>/metrics.csv                  training log, one row per step      (margrpo train)
     <root>/<run>/summary.json                 checkpoints and their val reward    (margrpo train)
@@ -58,7 +58,7 @@ __all__ = [
     "ABLATION_SYMBOLS",
 ]
 
-# The per-step training log (DESIGN 3, "Logged every step"); every column but `step` is optional
+# The per-step training log (design.md §3, "Logged every step"); every column but `step` is optional
 # to the readers here, which fill a missing one with NaN.
 METRIC_COLUMNS = [
     "step",

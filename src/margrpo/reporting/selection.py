@@ -1,4 +1,4 @@
-"""Which checkpoint a run reports (DESIGN 3.12).
+"""Which checkpoint a run reports (design.md §3.12).
 
 Baselines (GRPO*, +Fix*) report the checkpoint with the best validation reward, as the paper
 does (marked * in the tables); the full method reports a step fixed in the config before

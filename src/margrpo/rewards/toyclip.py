@@ -1,4 +1,4 @@
-"""toyclip: the learned toy image-text reward of ShapesWorld (the analogue of HPS, DESIGN 4).
+"""toyclip: the learned toy image-text reward of ShapesWorld (the analogue of HPS, design.md §4).
 
 A small CLIP-style dual encoder trained from scratch by `margrpo train-toyclip`:
 

@@ -1,4 +1,4 @@
-"""toypref: the toy world's learned preference reward, the analogue of HPS (DESIGN 4).
+"""toypref: the toy world's learned preference reward, the analogue of HPS (design.md §4).
 
 HPS v2 is CLIP fine-tuned on human choices between two images of one prompt: people prefer the image that follows the
 prompt, and at equal fidelity the better-looking one, so HPS rewards aesthetics as well as alignment. toypref is the

@@ -1,4 +1,4 @@
-"""`margrpo select`: write the checkpoint a run reports (DESIGN 3.12).
+"""`margrpo select`: write the checkpoint a run reports (design.md §3.12).
 
     margrpo select --summary results/toy/train/.../seed0/summary.json --step best \\
         --out results/toy/select/.../selection.json

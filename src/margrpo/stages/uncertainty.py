@@ -52,7 +52,8 @@ def run(args) -> None:
         mte_generator=torch.Generator().manual_seed(args.seed + 1),
     )
     finals = r.mte_finals()  # [K, S, P, L, D], index 0 the rollout's own sample at step k
-    step_maps = token_uncertainty(finals.transpose(0, 1)) * r.mte_candidates()  # [K, P, L], DESIGN 3.9; 0 where known
+    # [K, P, L], design.md §3.9; 0 where known
+    step_maps = token_uncertainty(finals.transpose(0, 1)) * r.mte_candidates()
     committed = r.committed.float()  # [K, P, L], one step per token
     u = (step_maps * committed).sum(0)  # [P, L]: each token's uncertainty at the step that commits it
     # trajectory s: every token as drawn by the s-th trajectory of the step that commits it (s = 0: the sample)

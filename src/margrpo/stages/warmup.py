@@ -1,4 +1,4 @@
-"""`margrpo warmup`: fine-tune only the diffusion head before RL (Harmon warm-up, DESIGN 3.11).
+"""`margrpo warmup`: fine-tune only the diffusion head before RL (Harmon warm-up, design.md §3.11).
 
 The quality report records the policy before and after, so the effect of the warm-up is a number.
 """

@@ -1,4 +1,4 @@
-"""Pre-training of a toy MAR base policy and the head-only warm-up (DESIGN 3.11).
+"""Pre-training of a toy MAR base policy and the head-only warm-up (design.md §3.11).
 
 Both minimise MAR's loss: mask a random fraction of the tokens (truncated normal, mostly high
 ratios, because generation starts from an almost empty canvas), run the AR model on the rest, and

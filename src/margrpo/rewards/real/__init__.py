@@ -1,4 +1,4 @@
-"""Real-scale reward models and metrics (DESIGN 5), every one loaded from local files.
+"""Real-scale reward models and metrics (design.md §5), every one loaded from local files.
 
 Nothing is downloaded: each scorer takes the local path(s) of its weights as keyword options
 (config `reward_models.<name>`), and a missing path raises FileNotFoundError naming the files
