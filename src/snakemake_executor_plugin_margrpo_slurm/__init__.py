@@ -1,10 +1,12 @@
 """`executor: margrpo-slurm`: Snakemake's SLURM executor (snakemake-executor-plugin-slurm, pinned) whose jobs all
 end for Snakemake within a bounded time (margrpo.infra.slurm_states: "CANCELLED by <uid>", PREEMPTED under
-PreemptMode=CANCEL, NODE_FAIL without a requeue, UNKNOWN, a job the status command forgot).
+PreemptMode=CANCEL, NODE_FAIL without a requeue, UNKNOWN, a job the status command forgot, a job held or suspended),
+and whose jobs given up on are cancelled, and seen ended, before they are reported failed.
 
 Everything else is the SLURM plugin's own: its settings under this executor's prefix (`--margrpo-slurm-requeue`,
-`--margrpo-slurm-status-command`, ...), its submission and its status queries. One setting is added,
-`--margrpo-slurm-patience` (seconds a job may sit in a state that ends nothing before it is reported failed).
+`--margrpo-slurm-status-command`, ...), its submission, its status queries and its `scancel`. Two settings are
+added: `--margrpo-slurm-patience` (seconds a job may sit in a state that ends nothing before it is given up) and
+`--margrpo-slurm-held-patience` (the same for a job a person paused: held, requeue-held, suspended).
 The status answer is rewritten where the plugin reads it, its module's `query_job_status`: the plugin's version is
 checked, so an upgrade that moves it fails here, by name, and not silently.
 """
@@ -14,7 +16,9 @@ from importlib.metadata import version
 
 import snakemake_executor_plugin_slurm as slurm
 from snakemake_executor_plugin_slurm import common_settings  # noqa: F401 (a plugin's required attribute)
+from snakemake_executor_plugin_slurm.job_cancellation import cancel_slurm_jobs
 from snakemake_interface_common.exceptions import WorkflowError
+from snakemake_interface_executor_plugins.executors.base import SubmittedJobInfo
 
 from margrpo.infra.slurm_states import JobStates
 
@@ -28,7 +32,18 @@ class ExecutorSettings(slurm.ExecutorSettings):
         default=600,
         metadata={
             "help": "Seconds a job may stay PREEMPTED, NODE_FAIL, UNKNOWN or unlisted (states that end nothing by "
-            "themselves, while SLURM may still requeue the job) before it is reported to Snakemake as failed.",
+            "themselves, while SLURM may still requeue the job) before it is given up: cancelled, and reported to "
+            "Snakemake as failed once SLURM shows it ended. A held or suspended job is named in the log after it.",
+            "env_var": False,
+            "required": False,
+        },
+    )
+    held_patience: int = field(
+        default=3600,
+        metadata={
+            "help": "Seconds a job may stay held (PENDING JobHeldUser / JobHeldAdmin, REQUEUE_HOLD, SPECIAL_EXIT), "
+            "SUSPENDED or STOPPED (states a person ends) before it is given up as one past --margrpo-slurm-patience "
+            "is; at least that patience.",
             "env_var": False,
             "required": False,
         },
@@ -43,10 +58,23 @@ class Executor(slurm.Executor):
                 f"{version('snakemake-executor-plugin-slurm')} is installed (constraints.txt pins {PINNED})"
             )
         super().__post_init__(test_mode)
-        self.job_states = JobStates(self.workflow.executor_settings.patience, self.logger.warning)
+        settings = self.workflow.executor_settings
+        try:
+            self.job_states = JobStates(
+                settings.patience, settings.held_patience, cancel=self.cancel_given_up, warn=self.logger.warning
+            )
+        except ValueError as e:
+            raise WorkflowError(f"--margrpo-slurm-patience / --margrpo-slurm-held-patience: {e}") from None
 
         async def settled_query(command: str, logger):
             states, seconds = await PLUGIN_QUERY(command, logger)
             return (None, None) if states is None else (self.job_states.settle(states), seconds)
 
         slurm.query_job_status = settled_query  # the name check_active_jobs calls
+
+    def cancel_given_up(self, jobs: list[str]) -> None:
+        """The plugin's own `scancel` of jobs given up on; one that fails is sent again at the next status query."""
+        try:
+            cancel_slurm_jobs([SubmittedJobInfo(None, job) for job in jobs], self._submitted_job_clusters, self.logger)
+        except WorkflowError as e:
+            self.logger.warning(f"SLURM jobs {', '.join(jobs)} given up on: {e}; sent again at the next status query")
