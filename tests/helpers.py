@@ -1,6 +1,8 @@
 """Tiny random-weight policies, prompt sets, the tests' reward and trainer, shared by the tests."""
 
 import dataclasses
+import os
+import signal
 from pathlib import Path
 
 import torch
@@ -105,6 +107,37 @@ class KillAt(StepHooks):
         if self.begun == self.step:
             self.kill()
         self.begun += 1
+
+
+class StopAt(StepHooks):
+    """A stop request inside step `step` + 1 of a fresh run: `send` (default: SIGTERM to this process, as SLURM sends
+    it) as its AR step `ar_step` begins, or as the backward pass `part` of its update `update` (0: the first; 1: the
+    second, after the first optimizer step) is about to run. `after` lists what the step still showed the hooks
+    after the request: ("ar", k) for an AR step begun, ("part", update, i) for a backward pass."""
+
+    def __init__(self, step: int, ar_step: int | None = None, update: int | None = None, part: int = 0, send=None):
+        self.step, self.at_ar_step, self.at_update, self.at_part = step, ar_step, update, part
+        self.send = send or (lambda: os.kill(os.getpid(), signal.SIGTERM))
+        self.begun, self.updates, self.sent, self.after = 0, 0, False, []
+
+    def rolling_out(self) -> None:
+        self.begun, self.updates = self.begun + 1, 0
+
+    def _now(self, what: tuple, at: bool) -> None:
+        if self.sent:
+            self.after.append(what)
+        elif at and self.begun == self.step + 1:
+            self.sent = True
+            self.send()
+
+    def ar_step(self, k: int) -> None:
+        self._now(("ar", k), k == self.at_ar_step)
+
+    def replays(self, passes):
+        update, self.updates = self.updates, self.updates + 1
+        for i, part in enumerate(passes):
+            self._now(("part", update, i), update == self.at_update and i == self.at_part)
+            yield part
 
 
 def random_batches(n, generator):

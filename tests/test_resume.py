@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import make_trainer, pretrain, tiny_policy
+from helpers import StopAt, make_trainer, pretrain, tiny_policy
 
 from margrpo.infra.files import InputError, sha256_file
 
@@ -420,13 +420,15 @@ def test_a_run_stopped_before_its_time_limit_saves_and_resumes_to_the_uninterrup
     assert [c["step"] for c in resumed.checkpoints] == [c["step"] for c in full.checkpoints]
 
 
-def test_a_second_ctrl_c_interrupts_at_once():
-    """The first SIGINT asks for a save and a stop between steps; a second one is Python's KeyboardInterrupt."""
+def test_a_second_ctrl_c_interrupts_at_once(monkeypatch):
+    """The first SIGINT asks for a save and a stop between steps; a second one is Python's KeyboardInterrupt (once
+    REPEAT_S has passed: a copy sooner is the same Ctrl-C, tests/test_stopping.py)."""
     import os
     import signal
 
     from margrpo.infra import stopping
 
+    monkeypatch.setattr(stopping, "REPEAT_S", 0.0)
     before = signal.getsignal(signal.SIGINT)  # Python's default; SIG_IGN where the suite runs in the background
     stop = stopping.StopRequest(read_limit=False)
     try:
@@ -437,3 +439,79 @@ def test_a_second_ctrl_c_interrupts_at_once():
     finally:
         stop.close()
     assert signal.getsignal(signal.SIGINT) is before
+
+
+# Issue 70: a stop inside a step gives the step up (before its first optimizer step) and saves the state of its start
+GIVEN_UP = dict(steps=4, save_every=4, val_every=2, updates_per_rollout=2)  # two optimizer steps a step
+TIMING = ("seconds", "time", "wall", "mem", "peak")
+
+
+def run_numbers(trainer) -> str:
+    """A run's metrics rows without their timings, its checkpoints for selection and their weights, as one string:
+    two runs are the same bits where these are equal."""
+    rows = [{k: v for k, v in r.items() if not any(t in k for t in TIMING)} for r in trainer.rows]
+    ckpts = [{**c, "path": c["path"] and Path(c["path"]).name} for c in trainer.checkpoints]
+    folders = [Path(c["path"]) for c in trainer.checkpoints if c["path"]]
+    weights = {f"{f.name}/{p.relative_to(f)}": sha256_file(p) for f in folders for p in f.rglob("*.safetensors")}
+    return json.dumps({"rows": rows, "checkpoints": ckpts, "weights": dict(sorted(weights.items()))}, sort_keys=True)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    torch.set_num_threads(1)  # as every test runs (conftest.py), before its function-scoped fixture sets it
+    full = make_trainer(tmp_path_factory.mktemp("full"), policy=tiny_policy("flow", seed=1), **GIVEN_UP)
+    full.train()
+    return full
+
+
+@pytest.mark.parametrize(
+    "at,kw",
+    [
+        ("rollout", dict(ar_step=2)),  # as step 3's AR step 2 begins
+        ("replay", dict(update=0, part=1)),  # before step 3's second backward pass
+        ("second update", dict(update=1, part=0)),  # after step 3's first optimizer step: not given up
+        ("rollout, step 2 saved", dict(ar_step=1, save_every=2)),  # its periodic checkpoint is kept
+    ],
+)
+def test_a_stop_inside_a_step_saves_the_state_of_its_start_and_the_resumed_run_is_the_uninterrupted_one(
+    tmp_path, logged, uninterrupted, at, kw
+):
+    """A SIGTERM in step 3 (rollout, or replay before the first optimizer step): the step is given up at once (no AR
+    step or backward pass after the request), its gradients dropped, and the state of its start (step 2) saved (or
+    step 2's periodic checkpoint kept); a stop after the first optimizer step waits for the step, saved as between
+    steps. The resumed run repeats step 3 from its keyed streams: the uninterrupted run's bits."""
+    from contextlib import nullcontext
+
+    from margrpo.grpo.rollout import each_ar_pass_within
+    from margrpo.infra.stopping import StopRequest
+
+    config = {**GIVEN_UP, "save_every": kw.pop("save_every", GIVEN_UP["save_every"])}
+    stopper = StopAt(2, **kw)
+    trainer = make_trainer(tmp_path / "run", policy=tiny_policy("flow", seed=1), hooks=stopper, **config)
+    saves, save = [], trainer.save  # (step, whether the request had come)
+    trainer.save = lambda: (saves.append((trainer.step, stopper.sent)), save())[1]
+    passes = []  # whether the request had come as each AR pass began
+    stop = StopRequest(read_limit=False)
+    try:
+        with each_ar_pass_within(lambda policy: (passes.append(stopper.sent), nullcontext())[1]):
+            trainer.train(stop=stop)
+    finally:
+        stop.close()
+    assert stopper.sent and trainer.stopped == "SIGTERM received", trainer.stopped
+    assert True not in passes  # no AR pass began after the request
+    if at == "second update":  # the step ran on to its end, and saved as between steps
+        assert stopper.after == [("part", 1, 1)] and trainer.step == 3 and saves == [(3, True)]
+    else:  # nothing of the step ran after the request
+        assert stopper.after == [] and trainer.step == 2 and [r["step"] for r in trainer.rows] == [1, 2]
+        assert saves == [(2, config["save_every"] != 2)] and "giving up step 3" in logged()
+        assert all(p.grad is None for p in trainer.policy.parameters())
+    assert torch.load(tmp_path / "run/state/trainer.pt", weights_only=True)["step"] == trainer.step
+    resumed = make_trainer(tmp_path / "run", policy=tiny_policy("flow", seed=1), **config)
+    resumed.train()
+    assert "resumed from" in logged() and [r["step"] for r in resumed.rows] == [1, 2, 3, 4]
+    assert_same_weights(resumed.policy, uninterrupted.policy)
+    if config["save_every"] == GIVEN_UP["save_every"]:
+        assert run_numbers(resumed) == run_numbers(uninterrupted)
+    else:  # the same rows and weights; step 2 listed besides
+        assert json.loads(run_numbers(resumed))["rows"] == json.loads(run_numbers(uninterrupted))["rows"]
+        assert [c["step"] for c in resumed.checkpoints] == [0, 2, 4]

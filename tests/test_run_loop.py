@@ -3,13 +3,14 @@
 
 import math
 
+import pytest
 import torch
 from helpers import PROMPTS, redness, tiny_policy
 
 from margrpo.grpo.config import GRPOConfig
 from margrpo.grpo.rollout import SamplingConfig
 from margrpo.grpo.run_files import RunState
-from margrpo.grpo.run_loop import Cadence, run_loop
+from margrpo.grpo.run_loop import Cadence, StepAbandoned, run_loop
 from margrpo.grpo.step_hooks import StepHooks
 from margrpo.grpo.trainer import GRPOTrainer
 from margrpo.prompts.suites import PromptSet
@@ -64,6 +65,43 @@ def test_a_stop_request_saves_an_unlisted_checkpoint_and_returns_why():
     again.state = m.state
     assert run_loop(again, again.state, Cadence(steps=5, val_every=4), "t", show=False) is None
     assert [r["step"] for r in again.state.rows] == [1, 2, 3, 4, 5] and ("validate", 0) not in again.calls
+
+
+class Abandoning(Counting):
+    """A method that gives up its step `at` + 1 in progress (its state as at the step's start)."""
+
+    def __init__(self, at: int):
+        super().__init__()
+        self.at = at
+
+    def train_step(self):
+        if self.state.step == self.at:
+            self.calls.append(("abandoned", self.at + 1))
+            raise StepAbandoned("SIGTERM received")
+        return super().train_step()
+
+
+@pytest.mark.parametrize(
+    "at,save_every,written",
+    [
+        (0, None, False),  # the run's first step: its start is the run's (a run started again begins the same way)
+        (2, 3, True),  # step 3: step 2 was validated, not saved: the state of step 3's start is saved, unlisted
+        (3, 3, False),  # step 4: step 3's periodic checkpoint is the state of its start: kept, not written again
+    ],
+)
+def test_a_step_given_up_saves_the_state_of_its_start_unless_it_is_on_disk(at, save_every, written):
+    m = Abandoning(at)
+    assert run_loop(m, m.state, Cadence(steps=5, val_every=2, save_every=save_every), "t", show=False) == (
+        "SIGTERM received"
+    )
+    assert m.state.step == at and [r["step"] for r in m.state.rows] == list(range(1, at + 1))
+    given_up = m.calls.index(("abandoned", at + 1))
+    assert m.calls[given_up:] == [("abandoned", at + 1)] + ([("save", at)] if written else [])
+    assert [c["step"] for c in m.state.checkpoints] == [0]  # what a step given up saves is not for selection
+    again = Abandoning(at)  # resumed at the step given up, and given up again at once: its checkpoint is kept
+    again.state = m.state
+    assert run_loop(again, again.state, Cadence(steps=5, val_every=2), "t", show=False) == "SIGTERM received"
+    assert again.calls == [("abandoned", at + 1)]
 
 
 class Stepping(RelatedTrainer):

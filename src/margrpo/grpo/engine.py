@@ -158,6 +158,9 @@ class Engine:
         is reduced, and under FSDP `.grad` shows the reduced shards: it is never called. Whoever builds the engine
         attaches an observer (grpo.build: the gradient-variance probe); the engine knows none."""
 
+    def release_gathered(self) -> None:
+        """Drop whatever whole weights the engine gathered for a step (a step given up: grpo.trainer.StepGuard)."""
+
     def clip_grad_norm(self, params: list[nn.Parameter], max_norm: float) -> float:
         """The total norm of `params`' reduced gradients over every process, clipped to `max_norm` (inf: measured
         only, a scale of exactly 1). Under FSDP torch returns it as a DTensor, gathered here."""

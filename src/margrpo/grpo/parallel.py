@@ -141,6 +141,12 @@ class FSDPEngine(Engine):
         """Every micro-batch, into the shards (its last chunk; every chunk with `reduce_each_chunk`)."""
         return last_chunk or self.reduce_each_chunk
 
+    def release_gathered(self) -> None:
+        """Back to the shards: `shard_grad_op` keeps a group's gathered weights after its forward until its backward,
+        which a step given up never runs."""
+        for module in [*self.units, self.policy]:
+            module.reshard()
+
     def shard_sum(self, x: torch.Tensor) -> torch.Tensor:
         """Each shard once: under `hybrid_shard` every shard is held by one process on each node (the replicas)."""
         return self.all_sum(x) / (self.mesh.shape[0] if self.mesh.ndim == 2 else 1)

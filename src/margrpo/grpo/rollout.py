@@ -354,6 +354,7 @@ def generate(
     full_steps: Tensor | list[int] | None = None,
     ar_step_limit: int | None = None,
     on_record=None,
+    before_ar_step=None,
 ) -> Rollout:
     """Generate group_size images per prompt and record the trajectory (design.md §3.2).
 
@@ -368,6 +369,8 @@ def generate(
     streams, so its samples do not depend on the batch it shares (data-parallel ranks split groups). `full_steps`:
     the AR steps that record every unknown token (default all; MTE's always); the rest only their committed ones.
     `ar_step_limit`, `on_record`: an instrument's (grpo.step_hooks): the AR steps to run, a view of the record.
+    `before_ar_step(k)`: called before each AR step's pass (the trainer's stop check, which may raise to give the
+    rollout up, and an instrument's view).
     """
     if trajectories < 1:
         raise ValueError("trajectories (S) must be >= 1")
@@ -388,7 +391,19 @@ def generate(
         full = _full_steps(len(schedule), full_steps, rec.mte_steps if S1 else None)
         conds = (cond, uncond)
         tokens = _ar_steps(
-            policy, sampler, sampling, schedule, rec, full, streams, orders, conds, scales, group_size, shared_noise
+            policy,
+            sampler,
+            sampling,
+            schedule,
+            rec,
+            full,
+            streams,
+            orders,
+            conds,
+            scales,
+            group_size,
+            shared_noise,
+            before_ar_step or _nothing,
         )
         return _as_rollout(policy, prompts, group_size, tokens, orders, rec, scales, sampling, full, full_steps)
 
@@ -419,7 +434,19 @@ def _as_rollout(policy, prompts, group_size, tokens, orders, rec, scales, sampli
 
 
 def _ar_steps(
-    policy, sampler, sampling, schedule, rec, full, streams, orders, conds, scales, group_size, shared_noise
+    policy,
+    sampler,
+    sampling,
+    schedule,
+    rec,
+    full,
+    streams,
+    orders,
+    conds,
+    scales,
+    group_size,
+    shared_noise,
+    before_step,
 ) -> Tensor:
     """Every AR step of a rollout into `rec`: the AR pass, the head's trajectories of the still-unknown tokens (every
     one at the steps in `full`), and the commitment of the step's tokens. Returns the final latents [N, L, D]."""
@@ -428,6 +455,7 @@ def _ar_steps(
     tokens = torch.zeros(N, L, D, device=device)
     known = torch.zeros(N, L, dtype=torch.bool, device=device)
     for k, (before, left) in enumerate(zip([L] + schedule, schedule)):  # unknown tokens before / after step k
+        before_step(k)
         rec.known[k] = known
         rec.committed[k] = (rank >= L - before) & (rank < L - left)  # [N, L]
         with _ar_pass_scope(policy):

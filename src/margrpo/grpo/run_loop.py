@@ -11,7 +11,12 @@ decides when:
 - a checkpoint is written every `save_every` steps and at the last step, or, with `save_every` None, at each
   validation; it is listed for selection where the step was validated;
 - with a stop request, when the method says the next step would not end in time, the state is saved and the loop
-  returns why (a resumed run goes on from there).
+  returns why (a resumed run goes on from there);
+- a method may give up a step in progress instead (`StepAbandoned`, raised from `train_step` before its first
+  optimizer step began: the GRPO trainer's stop checks inside a step; the related methods stop between steps only):
+  the run state is then the step's start, which is saved unless its checkpoint is there already (the run's start,
+  step 0, is its own: a run started again begins the same way), and the loop returns why. The resumed run repeats
+  the step from its keyed random streams.
 """
 
 from __future__ import annotations
@@ -42,11 +47,17 @@ class Cadence:
         return step % self.save_every == 0 or step == self.steps
 
 
+class StepAbandoned(Exception):
+    """A step given up before its first optimizer step began (str: why): the method's run state, parameters and
+    optimizer are as they were at the step's start."""
+
+
 class Method(Protocol):
     state_dir: Path | None  # where checkpoints go (None: a run in memory)
 
     def train_step(self) -> dict:
-        """Run the next step (advancing the run state's `step`) and return its metrics row."""
+        """Run the next step (advancing the run state's `step`) and return its metrics row; or raise StepAbandoned
+        with the state as it was."""
 
     def validate(self) -> list[float]:
         """One reward per validation prompt, from fixed noise (paired across steps and runs)."""
@@ -74,9 +85,17 @@ def run_loop(method: Method, state: RunState, cadence: Cadence, desc: str, show:
     bar = tqdm(total=cadence.steps, initial=state.step, desc=desc, mininterval=5, disable=not show)
     step_s = save_s = 0.0  # the longest step (with its validation) and save so far: what one more costs
     stopped = None
+    saved_at = state.step  # the step whose state is on disk: a resumed run's checkpoint, or the run's start
     while state.step < cadence.steps:
         started = time.monotonic()
-        row = method.train_step()
+        try:
+            row = method.train_step()
+        except StepAbandoned as abandoned:
+            stopped = str(abandoned)
+        if stopped:  # outside the handler: the step's tensors, held by the traceback, are gone before the save
+            if saved_at != state.step:
+                _save(method, state, float("nan"), None)
+            break
         scores = method.validate() if cadence.validates(state.step) else None
         row["val_reward"] = float("nan") if scores is None else mean(scores)
         state.rows.append(row)
@@ -85,7 +104,7 @@ def run_loop(method: Method, state: RunState, cadence: Cadence, desc: str, show:
         if saved:
             started = time.monotonic()
             _save(method, state, row["val_reward"], scores)
-            save_s = max(save_s, time.monotonic() - started)
+            save_s, saved_at = max(save_s, time.monotonic() - started), state.step
         bar.update(1)
         bar.set_postfix(
             reward=f"{row.get('reward_mean', math.nan):.3f}", val=f"{row['val_reward']:.3f}", refresh=False

@@ -21,6 +21,9 @@ class StepHooks:
     def recorded(self, record) -> None:
         """A rollout's record (grpo.rollout), as generation allocates it, before the first AR step fills it."""
 
+    def ar_step(self, k: int) -> None:
+        """Before the rollout's AR step k (its pass, then its diffusion steps)."""
+
     def scored(self, batch) -> None:
         """The step's batch (grpo.step_plan.StepBatch): rolled out, scored, split in micro-batches; no update yet."""
 

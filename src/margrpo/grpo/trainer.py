@@ -4,7 +4,8 @@ A step (`train_step`, then `update` for each optimizer step; read top-down): sam
 and |T| diffusion steps -> rollout with CFG (recording the trajectory, and S trajectories for MTE) -> rewards ->
 group advantages -> for each micro-batch and replay chunk, the log-probs recomputed there in batched passes and the
 clipped surrogate with the MTE and Sim masks plus beta * KL to the frozen reference (`micro_loss`), backpropagated
--> clip, guard, one optimizer step. Variants (grpo / fix / mte / sim) are config switches.
+-> clip, guard, one optimizer step. Variants (grpo / fix / mte / sim) are config switches. A stop request inside a
+step gives it up before its first optimizer step (`StepGuard`); the run loop saves the state of its start.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from margrpo.grpo.rollout import (
     stochastic_steps,
 )
 from margrpo.grpo.run_files import RunState, step_row, write_run_outputs
-from margrpo.grpo.run_loop import Cadence, run_loop
+from margrpo.grpo.run_loop import Cadence, StepAbandoned, run_loop
 from margrpo.grpo.step_hooks import StepHooks
 from margrpo.grpo.step_plan import Backward, StepBatch, Update, choose_steps, subset_rollout
 from margrpo.grpo.step_stats import micro_batch_stats, update_columns, update_log
@@ -60,6 +61,29 @@ from margrpo.rewards.registry import RewardFn
 
 RUN_NAME = "grpo"  # the trackers' run: <out>/tb/grpo/
 log = logging.getLogger(__name__)
+
+
+class StepGuard:
+    """The stop check at the fixed points of a step (before each AR step of the rollout, before and after scoring,
+    before each backward pass of the first update), armed from the step's start until its first optimizer step
+    begins: where any process was told to stop (a signal; the time limit is read between steps), every process
+    gives the step up together (`StepAbandoned`). Free unless armed; one process reads a flag, several agree
+    through one all-reduce of one float per check (a collective at the same points on each: the steps' shapes are
+    the same on every process)."""
+
+    def __init__(self, engine):
+        self.engine, self.stop, self.armed = engine, None, False
+
+    def __call__(self) -> None:
+        if not self.armed:
+            return
+        mine = self.stop.signalled  # read once: a signal may come at any time
+        asked = mine is not None
+        if self.engine.world > 1:
+            asked = self.engine.all_sum(torch.tensor([float(asked)])).item() > 0
+        if asked:
+            self.armed = False
+            raise StepAbandoned(f"{mine} received" if mine else "another process was asked to stop")
 
 
 class GRPOTrainer:
@@ -105,6 +129,7 @@ class GRPOTrainer:
         self.run, self.nonfinite_run = RunState(), 0  # steps run, their rows, the validations (grpo.run_loop)
         self.stopped: str | None = None  # why `train` saved and stopped early (None: it ran to the end)
         self.stop_request: StopRequest | None = None
+        self.guard = StepGuard(self.engine)  # armed in `train_step` where there is a stop request
         self.spec: dict | None = None  # the stage's spec (inputs, variant), set by `train`
         self.record = self.run_record(None)
         self.spec_hash = record_hash(self.record)  # the run's key (the trackers' run id)
@@ -132,7 +157,7 @@ class GRPOTrainer:
         start_trackers(self.accelerator, self.out_dir / "tb", RUN_NAME, self.step if resumed else None, wandb=wandb)
         if not resumed:  # the loop validates the base policy first
             self.rows, self.checkpoints = [], []
-        self.stop_request = stop
+        self.stop_request = self.guard.stop = stop
         cadence = Cadence(self.cfg.steps, self.cfg.val_every, self.cfg.save_every)
         self.stopped = run_loop(self, self.run, cadence, f"grpo[{self.cfg.seed}]", show=self.engine.is_main)
         end_trackers(self.accelerator)
@@ -163,15 +188,26 @@ class GRPOTrainer:
     # --- one GRPO step (design.md §3) ------------------------------------------------------------------------------
     def train_step(self) -> dict:
         """One GRPO step: rollout and rewards -> group advantages (with MTE's extra trajectories and Sim's weights)
-        -> each optimizer step of the rollout -> the step's row."""
+        -> each optimizer step of the rollout -> the step's row. Given up (StepAbandoned) where the guard says so,
+        with its gradients and any gathered weights dropped: the parameters and optimizer are the step's start's."""
         t0 = time.time()
-        batch = self.rollout_and_score()
-        logs = [self.update(batch, update) for update in self.plan_updates(batch)]
+        self.guard.armed = self.stop_request is not None
+        try:
+            batch = self.rollout_and_score()
+            logs = [self.update(batch, update) for update in self.plan_updates(batch)]
+        except StepAbandoned as why:
+            log.warning("giving up step %d in progress, saving the state of its start: %s", self.step + 1, why)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.engine.release_gathered()
+            raise
+        finally:
+            self.guard.armed = False
         return self.step_row(batch, update_columns(logs), time.time() - t0)
 
     def update(self, batch: StepBatch, update: Update) -> dict:
         """One optimizer step on the batch gradient (`accumulate`), then clip, guard and step."""
         done = self.accumulate(batch, update)
+        self.guard.armed = False  # the optimizer step begins: the step is no longer given up
         square_norm_ar = grad_square_norm(self.stat_params, self.engine)  # before clipping: Fig. 2a / 5
         # the total norm of every trained gradient, clipped to grad_clip (0: measured only; a scale of exactly 1)
         grad_norm = self.engine.clip_grad_norm(self.params, self.cfg.grad_clip or math.inf)
@@ -197,6 +233,7 @@ class GRPOTrainer:
         self.probe.start()
         done = []  # (backward, its loss, its stats)
         for part in self.hooks.replays(self.backwards(batch, update)):
+            self.guard()
             with self.engine.sync(self.engine.reduces(part.last_micro_batch, part.last_chunk)):
                 loss, stats = self.engine.forward(partial(self.micro_loss, part.inputs))
                 (loss * part.share).backward()
@@ -234,8 +271,11 @@ class GRPOTrainer:
                 full_steps=self.recorded_steps(ar),
                 ar_step_limit=self.hooks.ar_step_limit,
                 on_record=self.hooks.recorded,
+                before_ar_step=self.before_ar_step,
             )
+        self.guard()
         rewards, components = self.reward_fn(rollout.images, rollout.prompts, meta)
+        self.guard()
         adv, frac_zero = group_advantages(rewards, cfg.group_size)
         if cfg.advantages == "shuffled":  # the no-signal control (GRPOConfig.advantages)
             shuffle = torch.randperm(len(adv), generator=step_generator(cfg.seed, step, Stream.SHUFFLE))
@@ -257,6 +297,11 @@ class GRPOTrainer:
         )
         self.hooks.scored(batch)
         return batch
+
+    def before_ar_step(self, k: int) -> None:
+        """An instrument's view of the rollout's AR step k, then the stop check, before its pass."""
+        self.hooks.ar_step(k)
+        self.guard()
 
     def plan_updates(self, batch: StepBatch) -> list[Update]:
         """The optimizer steps of this rollout, each over all chosen AR steps (`updates_per_rollout`; one
