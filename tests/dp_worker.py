@@ -3,7 +3,8 @@
 `python -m margrpo.infra.launch W python dp_worker.py MODE OUT` (torchrun's environment):
   first-update OUT  one GRPO step of each variant; rank 0 saves the parameters and the logged row
   train OUT         a 4-step run in OUT/run (save_every 2), recording every file each process writes;
-                    with KILL_AT_STEP=s, rank 1 is SIGKILLed in the middle of step s
+                    with KILL_AT_STEP=s, rank 1 is SIGKILLed in the middle of step s; with STOP_AT_STEP=s, every
+                    process has a stop request and rank 1 alone is sent SIGTERM as AR step 2 of step s begins
 """
 
 import builtins
@@ -18,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import KillAt, make_trainer, tiny_policy  # noqa: E402
+from helpers import KillAt, StopAt, make_trainer, tiny_policy  # noqa: E402
 
 VARIANTS = {
     "grpo": {},
@@ -159,6 +160,9 @@ def train(out: Path) -> None:
     rank = int(os.environ["RANK"])  # torchrun's (margrpo.infra.launch)
     # process 1 dies (SIGKILL) as step `kill_at` begins
     dies = KillAt(kill_at - 1, lambda: os.kill(os.getpid(), signal.SIGKILL)) if kill_at and rank == 1 else None
+    stop_at = int(os.environ.get("STOP_AT_STEP", "0"))
+    if stop_at and rank == 1:  # the one process told to stop, in mid-rollout
+        dies = StopAt(stop_at - 1, ar_step=2)
     trainer = make_trainer(
         out / "run",
         policy=tiny_policy("flow", seed=1),
@@ -172,7 +176,15 @@ def train(out: Path) -> None:
     )
     assert rank == trainer.engine.rank
     writes = record_writes(rank)
-    trainer.train({"seed": 0})
+    from margrpo.infra.stopping import StopRequest
+
+    stop = StopRequest(read_limit=False) if stop_at else None
+    try:
+        trainer.train({"seed": 0}, stop)
+    finally:
+        if stop:
+            stop.close()
+    (out / f"stopped-rank{rank}.json").write_text(json.dumps({"stopped": trainer.stopped, "step": trainer.step}))
     if trainer.engine.is_main:
         trainer.write_outputs({"variant": {"name": "grpo"}})
     recorded = list(writes)

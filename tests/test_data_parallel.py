@@ -230,6 +230,37 @@ def test_only_rank_zero_writes_and_a_killed_run_resumes_to_the_same_result(tmp_p
         assert float(x.split(",")[1]) == pytest.approx(float(y.split(",")[1]), rel=1e-4, abs=1e-6)
 
 
+def test_a_stop_on_one_process_in_mid_rollout_gives_the_step_up_on_both_and_resumes_to_the_same_bits(tmp_path):
+    """Issue 70: rank 1 alone is sent SIGTERM as AR step 2 of step 2 begins (shard_grad_op: FSDP keeps the gathered
+    weights after each forward). Both processes agree at the next check, give step 2 up and save the state of its
+    start (step 1, which no periodic checkpoint holds); resumed on two processes, the run ends with the
+    uninterrupted run's metrics and weights, bit for bit."""
+    env = dict(SHARDING="shard_grad_op")
+    ok(torchrun(2, "train", tmp_path / "straight", **env))
+    ok(torchrun(2, "train", tmp_path / "stopped", STOP_AT_STEP="2", **env))
+    stopped = [json.loads((tmp_path / "stopped" / f"stopped-rank{r}.json").read_text()) for r in range(2)]
+    assert stopped == [
+        {"stopped": "another process was asked to stop", "step": 1},
+        {"stopped": "SIGTERM received", "step": 1},
+    ]
+    state = tmp_path / "stopped" / "run" / "state"
+    assert torch.load(state / "trainer.pt", weights_only=True)["step"] == 1
+    resumed = torchrun(2, "train", tmp_path / "stopped", **env)
+    ok(resumed)
+    assert "resumed from" in resumed.stderr and "at step 1" in resumed.stderr
+    a, b = (torch.load(tmp_path / d / "params-rank0.pt") for d in ("straight", "stopped"))
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    straight, again = (_untimed_rows(tmp_path / d / "run" / "metrics.csv") for d in ("straight", "stopped"))
+    assert len(again) == 4 and again == straight
+
+
+def _untimed_rows(path: Path) -> list[dict]:
+    import csv
+
+    with open(path, newline="") as f:
+        return [{k: v for k, v in r.items() if not k.endswith(("_s", "_mb"))} for r in csv.DictReader(f)]
+
+
 def free_port() -> int:
     import socket
 
