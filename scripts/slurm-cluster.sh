@@ -108,6 +108,9 @@ TaskPlugin=task/affinity
 TaskPluginParam=Cores
 KillWait=30
 JobRequeue=1
+# a requeued job may start again after the job credential's lifetime (120 s by default, slurm.conf(5) AuthInfo;
+# at least 5): 20 s here, so that a test run of several requeues takes minutes, not tens of them
+AuthInfo=cred_expire=20
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 GresTypes=gpu

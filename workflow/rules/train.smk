@@ -26,18 +26,18 @@ rule train:
         toypref=f"{TOYPREF}/model",
         launch=TRAIN_LAUNCH,
         threads=config["threads"],  # per process
-        requeues=config["slurm"]["requeues"],  # > 0: a planned stop inside SLURM requeues the job (infra.slurm.requeue)
+        requeues=config["slurm"]["requeues"],  # a planned stop inside SLURM requeues the job (infra.slurm.after_stop)
     threads: config["threads"] * TRAIN_PROCS
     resources:
         **TRAIN_RESOURCES,
         **slurm("train"),
     conda:
         "../../envs/margrpo.yaml"
-    log:
+    log:  # appended: each retry or requeue of the job adds its part, headed with its job id, restart count and time
         f"logs/{NAME}/{{kind}}/{{policy}}/{{reward}}/{{setting}}/seed{{seed}}.log",
     benchmark:
         f"timings/{NAME}/{{kind}}/{{policy}}/{{reward}}/{{setting}}/seed{{seed}}.tsv"
     shell:
         "{params.launch} train --policy-dir {input.policy:q} --suites-dir {params.suites_dir:q} --spec-json {params.spec:q}"
         " --toyclip-dir {params.toyclip:q} --toypref-dir {params.toypref:q} --seed {wildcards.seed:q} --out-dir {params.run_dir:q}"
-        " --threads {params.threads:q} --restart --requeues {params.requeues:q} > {log:q} 2>&1"
+        " --threads {params.threads:q} --restart --requeues {params.requeues:q} >> {log:q} 2>&1"

@@ -70,10 +70,24 @@ def launch(world: int, command: list[str]) -> int:
         master_listen_fd=listener.fileno(),
     )
     print(f"margrpo.infra.launch: on {socket.gethostname()}: {world} processes", file=sys.stderr, flush=True)
-    procs = [subprocess.Popen(command, env=worker_env(rank, world, port)) for rank in range(world)]
-    # Snakemake and SLURM stop a job with SIGTERM, a site's sbatch --signal may send USR1: pass them on
+    procs: list[subprocess.Popen] = []
+    # Snakemake and SLURM stop a job with SIGTERM, a site's sbatch --signal may send USR1: pass them on, from
+    # before the first process starts (a signal then would end this launcher); one that came while the processes
+    # were being started goes to each started after it too
+    asked: list[int] = []
+
+    def forward(sig, _frame) -> None:
+        asked.append(sig)
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(sig)
+
     for sig in STOP_SIGNALS:
-        signal.signal(sig, lambda s, _: [p.send_signal(s) for p in procs if p.poll() is None])
+        signal.signal(sig, forward)
+    for rank in range(world):
+        procs.append(subprocess.Popen(command, env=worker_env(rank, world, port)))
+        for sig in dict.fromkeys(asked):
+            procs[-1].send_signal(sig)
     failed = first_failure(procs)
     if failed:
         rank, code = failed
@@ -242,15 +256,24 @@ def launch_slurm(nodes: int, per_node: int, port: int | str, command: list[str])
         file=sys.stderr,
         flush=True,
     )
-    step = subprocess.Popen(srun + agent)
     # this launcher is the batch script's process: `scancel --full`, `sbatch --signal=B:...` and a requeue signal it
-    # (the default action would end it and its store). srun forwards TERM and USR1 to every node's torchrun; a lone
-    # SIGINT is srun's request for a status line, so INT goes on as TERM
+    # (the default action would end it and its store), from before srun starts. srun forwards TERM and USR1 to
+    # every node's torchrun; a lone SIGINT is srun's request for a status line, so INT goes on as TERM
+    steps: list[subprocess.Popen] = []
+    asked: list[int] = []
+
+    def forward(sig, _frame) -> None:
+        asked.append(signal.SIGTERM if sig == signal.SIGINT else sig)
+        for step in steps:
+            if step.poll() is None:
+                step.send_signal(asked[-1])
+
     for sig in STOP_SIGNALS:
-        signal.signal(
-            sig, lambda s, _: step.poll() is None and step.send_signal(s if s != signal.SIGINT else signal.SIGTERM)
-        )
-    return step.wait()
+        signal.signal(sig, forward)
+    steps.append(subprocess.Popen(srun + agent))
+    for sig in dict.fromkeys(asked):
+        steps[0].send_signal(sig)
+    return steps[0].wait()
 
 
 def interface_of(addr: str) -> str | None:
@@ -311,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--port {args.port}: expected auto or a port in 1024-65535")
     if args.node_agent:
         return node_agent(args.node_agent, args.nodes, args.processes, args.command)
+    from margrpo.infra.slurm import segment_header
+
+    print(segment_header(), file=sys.stderr, flush=True)  # heads this job's part of a log that retries append to
     if args.nodes > 1:
         return launch_slurm(args.nodes, args.processes, args.port, args.command)
     return launch(args.processes, args.command)

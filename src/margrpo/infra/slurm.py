@@ -19,6 +19,7 @@ address, the CPUs each task holds and the job's end time are asked of `scontrol`
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
 import os
 import shlex
@@ -28,6 +29,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 PORT_BASE, PORT_SPAN = 20000, 10000  # below Linux's ephemeral range (32768-60999): no client socket holds them
@@ -150,18 +152,20 @@ def job_end_time(job_id: str | None = None) -> float | None:
     return at
 
 
-def requeue(limit: int, job_id: str | None = None) -> bool:
+def requeue(limit: int, job_id: str | None = None, ending: bool = False) -> bool:
     """Put this job back in SLURM's queue under its own id: a planned stop (a time limit, a warning signal, a
     preemption) that whoever waits on the job (Snakemake) sees as a job still to run, costing none of its retries.
     At most `limit` times a job (its `Restarts`); False outside SLURM, past the limit, or where `scontrol`
-    refuses (then the job ends resumable, status 75, and a retry runs it again)."""
+    refuses (then the job ends resumable, status 75, and a retry runs it again). A job SLURM is ending already is
+    requeued only when told so (`ending`: a preemption under PreemptMode=CANCEL; SLURM requeues a job that is
+    completing)."""
     job_id = job_id or os.environ.get("SLURM_JOB_ID")
     if not job_id or limit <= 0:
         return False
     try:
         record = job_record(job_id)
         restarts = int(record.get("Restarts", "0"))
-        if record.get("JobState") != "RUNNING":  # SLURM ends it already (a requeue, a preemption, scancel)
+        if record.get("JobState") != "RUNNING" and not ending:  # SLURM ends it already (a requeue, scancel, ...)
             log.warning("SLURM job %s is %s: not requeued by the run", job_id, record.get("JobState"))
             return False
         if restarts >= limit:
@@ -172,12 +176,112 @@ def requeue(limit: int, job_id: str | None = None) -> bool:
         _scontrol("requeue", job_id)
     except (RuntimeError, OSError, ValueError, subprocess.CalledProcessError) as err:
         why = err.stderr.strip() if isinstance(err, subprocess.CalledProcessError) and err.stderr else err
+        if ending and "pending" in str(why).lower():  # PreemptMode=REQUEUE: SLURM requeued it first
+            log.warning("SLURM job %s: requeued by SLURM (%s); it runs again under its id", job_id, why)
+            return True
         log.warning("SLURM job %s: cannot requeue it (%s); ending resumable instead", job_id, why)
         return False
     log.warning(
         "SLURM job %s requeued (%d of at most %d): it runs again under its id and resumes", job_id, restarts + 1, limit
     )
     return True
+
+
+def ending_state(job_id: str, wait_s: float = 10.0) -> str:
+    """The job's state as SLURM ends it: RUNNING while nothing ends it (a signal alone: the warning signal,
+    `scancel --signal`, a preemption's grace time); else why it ends. `scontrol` shows every job being ended as
+    COMPLETING; accounting keeps the base state SLURM decided (CANCELLED, TIMEOUT, PREEMPTED, REQUEUED, ...), so
+    sacct is asked then, for up to `wait_s` while its record still says RUNNING. "" where SLURM cannot say;
+    COMPLETING where accounting cannot."""
+    try:
+        state = job_record(job_id).get("JobState", "")
+    except (RuntimeError, OSError, subprocess.CalledProcessError):
+        return ""
+    deadline = time.time() + wait_s
+    while state == "COMPLETING":
+        try:
+            sacct = ["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"]
+            lines = subprocess.run(sacct, capture_output=True, text=True, check=True, timeout=30).stdout.split()
+        except (OSError, subprocess.SubprocessError):
+            return state
+        words = [w for w in lines if w.isupper()]  # "CANCELLED by 0": the state word alone; the last: this segment
+        if (words and words[-1] not in ("RUNNING", "PENDING")) or time.time() > deadline:
+            return words[-1] if words else state
+        time.sleep(1.0)
+    return state
+
+
+# a deliberate stop (`scancel` by a person or an admin, Snakemake's own on Ctrl-C): the run folder's note of it, so
+# that a retry within the same Snakemake run (the profile's `retries`) does not undo it
+CANCELLED_NOTE = "cancelled.json"
+
+
+def after_stop(limit: int, run_dir: Path, step: int, job_id: str | None = None) -> str:
+    """What the main process does once a stopped run saved, inside SLURM (docs/real-scale.md, "How a job
+    stops"), by the job's state now: "requeued" (it waits for SLURM to end the job, which runs again under its
+    id), "cancelled" (a deliberate stop: noted in the run folder, not requeued; the log's last line says how to
+    go on) or "ended" (exit resumable: SLURM requeues the job itself, or ended it by its time limit and a retry
+    resumes it; outside SLURM, the same command)."""
+    job_id = job_id or os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        return "ended"
+    state = ending_state(job_id)
+    if state == "CANCELLED":
+        note = {"job": job_id, "job_name": _job_name(job_id), "step": step, "at": time.strftime("%Y-%m-%d %H:%M:%S")}
+        (run_dir / CANCELLED_NOTE).write_text(json.dumps(note) + "\n")
+        log.error(
+            "SLURM job %s was cancelled (scancel, or Snakemake stopped): not requeued; its state is saved at step "
+            "%d: run snakemake again to go on",
+            job_id,
+            step,
+        )
+        return "cancelled"
+    if state in ("RUNNING", "PREEMPTED"):  # planned: a warning, the end-time watch, a preemption
+        return "requeued" if requeue(limit, job_id, ending=state == "PREEMPTED") else "ended"
+    log.warning("SLURM job %s is %s: ending resumable", job_id, state or "in a state SLURM does not say")
+    return "ended"
+
+
+def refuse_cancelled_retry(run_dir: Path, remove: bool) -> None:
+    """Stop a retry of a cancelled job (SystemExit naming it): the note of a `scancel` in this run folder, made in
+    this Snakemake run (the SLURM plugin names every job of a run alike: the job name). A note of an earlier run
+    (a new `snakemake`, or a run by hand) goes (`remove`: the main process) and the run resumes."""
+    path = run_dir / CANCELLED_NOTE
+    try:
+        note = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if job_id and note.get("job_name") and _job_name(job_id) == note["job_name"]:
+        raise SystemExit(
+            f"margrpo train: SLURM job {note.get('job')} of this Snakemake run was cancelled at {note.get('at')} "
+            f"(its state saved at step {note.get('step')}); a retry does not undo that: run snakemake again to go on"
+        )
+    if remove:
+        path.unlink(missing_ok=True)
+
+
+def _job_name(job_id: str) -> str | None:
+    try:
+        return job_record(job_id).get("JobName")
+    except (RuntimeError, OSError, subprocess.CalledProcessError):
+        return None
+
+
+def segment_header() -> str:
+    """The line that heads one job's part of a log the rule appends to (retries and requeues keep the earlier
+    parts): the job id, how often SLURM restarted it (its requeues) and the time."""
+    when, host = time.strftime("%Y-%m-%d %H:%M:%S"), socket.gethostname()
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return f"==== {when}: started on {host} (pid {os.getpid()}) ===="
+    restarts = os.environ.get("SLURM_RESTART_COUNT")  # the jobstep plugin strips it: then scontrol's Restarts
+    if restarts is None:
+        try:
+            restarts = job_record(job).get("Restarts", "?")
+        except (RuntimeError, OSError, subprocess.CalledProcessError):
+            restarts = "?"
+    return f"==== {when}: SLURM job {job}, restart {restarts}, on {host} ===="
 
 
 def wait_to_be_ended(seconds: float = 600.0) -> None:

@@ -46,9 +46,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--requeues",
         type=int,
-        default=0,
-        help="inside SLURM, a planned stop (time limit, SIGTERM / SIGUSR1) requeues the job under its id up to this "
-        "many times (the config's slurm.requeues); 0: it exits with status 75",
+        default=20,
+        help="inside SLURM, a planned stop (the time limit drawing near, the warning signal, a preemption) requeues "
+        "the job under its id up to this many times (the config's slurm.requeues); a `scancel` does not; 0: it "
+        "exits with status 75",
     )
 
 
@@ -65,6 +66,24 @@ def _read_spec(args) -> dict:
 
 
 def run(args) -> None:
+    from margrpo.infra.slurm import refuse_cancelled_retry, segment_header
+    from margrpo.infra.stopping import StopRequest
+
+    main = os.environ.get("RANK", "0") == "0"
+    if "RANK" not in os.environ:  # one process; the launcher heads a job of several
+        print(segment_header(), flush=True)
+    refuse_cancelled_retry(Path(args.out_dir), remove=main)
+    # the stop's handlers from before the model is built until after the last collective: a signal saves, never
+    # ends a process of the job with 143 (the main process reads SLURM's time limit)
+    stop = StopRequest(read_limit=main)
+    try:
+        _build_and_train(args, stop)
+        leave_process_group()
+    finally:
+        stop.close()
+
+
+def _build_and_train(args, stop) -> None:
     from margrpo.experiment.settings import train_settings
     from margrpo.grpo.parallel import build_policy
     from margrpo.grpo.trainer import GRPOTrainer
@@ -110,7 +129,7 @@ def run(args) -> None:
     )
     # spec.json once the run folder's lock is held and its state accepted: a refused run leaves it as it was
     trainer.checkpointer.on_accept = partial(write_spec, out, full_spec)  # called on the main process
-    _train_or_stop(trainer, full_spec, args.restart, args.requeues)
+    _train_or_stop(trainer, full_spec, stop, args.restart, args.requeues)
     if not trainer.engine.is_main:  # data parallel: one process writes the run's files
         return
     trainer.write_outputs(full_spec)
@@ -138,31 +157,28 @@ def _writable(out: Path) -> Path:
     return out
 
 
-def _train_or_stop(trainer, spec: dict, restart: bool = False, requeues: int = 0) -> None:
+def _train_or_stop(trainer, spec: dict, stop, restart: bool = False, requeues: int = 0) -> None:
     """Train to the end, or save where SLURM's time limit draws near or the job is told to stop (infra.stopping):
-    then, inside SLURM, requeue the job (at most `requeues` times a job: infra.slurm.requeue), else exit with
-    EXIT_RESUMABLE; the same command resumes."""
+    then, inside SLURM, requeue the job if the stop was planned (at most `requeues` times a job), note a `scancel`
+    as deliberate (infra.slurm.after_stop), else exit with EXIT_RESUMABLE; the same command resumes."""
     from margrpo.infra.run_lock import hold_run_folder
-    from margrpo.infra.slurm import requeue, wait_to_be_ended
-    from margrpo.infra.stopping import EXIT_RESUMABLE, StopRequest
+    from margrpo.infra.slurm import after_stop, wait_to_be_ended
+    from margrpo.infra.stopping import EXIT_RESUMABLE
 
-    stop = StopRequest(read_limit=trainer.engine.is_main)  # the main process reads the limit; all catch signals
     # one job per run folder: the main process holds state/'s lock (its other processes are the same job)
     held = hold_run_folder(trainer.state_dir) if trainer.engine.is_main else contextlib.nullcontext()
-    try:
-        with held:
-            trainer.train(spec, stop, restart)
-    finally:
-        stop.close()
+    with held:
+        trainer.train(spec, stop, restart)
     if trainer.stopped:
         log.warning(
             f"stopped at step {trainer.step} of {trainer.cfg.steps} ({trainer.stopped}{stop.since_signal()}); "
             "run again to go on"
         )
-        # a planned stop inside SLURM: the main process requeues the job under its id (no retry spent); every
-        # process then waits for SLURM to end it, so no level reads the stop as a failure
-        requeued = trainer.engine.from_main(requeue(requeues) if trainer.engine.is_main else None)
+        # inside SLURM the main process decides what follows from the job's state; a requeued job's processes
+        # wait for SLURM to end it, so no level reads the stop as a failure
+        main = trainer.engine.is_main
+        then = trainer.engine.from_main(after_stop(requeues, trainer.out_dir, trainer.step) if main else None)
         leave_process_group()
-        if requeued:
+        if then == "requeued":
             wait_to_be_ended()
         raise SystemExit(EXIT_RESUMABLE)

@@ -1,0 +1,177 @@
+"""How a job stops (issue 70, docs/real-scale.md "How a job stops"): one request is one request however many copies
+of its signal arrive; the handlers cover a process's whole life; what follows a saved stop inside SLURM is chosen
+from the job's state (a planned stop requeues, a `scancel` does not, and a retry does not undo it); each segment of
+a job heads its part of the appended log."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from margrpo.infra import slurm, stopping
+
+REPO = Path(__file__).resolve().parents[1]
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+
+@pytest.fixture
+def handlers():
+    """The test process's signal handlers, put back afterwards."""
+    saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+def test_one_ctrl_c_that_arrives_twice_is_one_request_and_a_later_one_interrupts(handlers, monkeypatch):
+    """Ctrl-C reaches a worker from the terminal and from the launcher (`scancel --signal=INT` from slurmd and srun)
+    within milliseconds: a save, not KeyboardInterrupt. Pressed again once REPEAT_S has passed, it interrupts."""
+    stop = stopping.StopRequest(read_limit=False)
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # the forwarded copy
+        except KeyboardInterrupt:
+            pytest.fail("the forwarded copy of one Ctrl-C was read as a second one: no save")
+        assert stop.reason(0.0) == "SIGINT received"
+        monkeypatch.setattr(stopping, "REPEAT_S", 0.05)
+        time.sleep(0.1)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        stop.close()
+
+
+def test_a_sigterm_after_a_sigint_keeps_the_first_signal_and_counts_no_second_ctrl_c(handlers):
+    stop = stopping.StopRequest(read_limit=False)
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)  # srun's copy
+        assert stop.signalled == "SIGINT" and "saved" in stop.since_signal()
+    finally:
+        stop.close()
+
+
+class Killed(Exception):
+    """The default action of a stop signal where no handler of ours was installed yet (exit 143 for a process)."""
+
+
+def _fatal(signum, _frame):
+    raise Killed(signal.Signals(signum).name)
+
+
+def test_the_launcher_passes_a_signal_that_comes_while_it_starts_its_processes_to_each(handlers, monkeypatch):
+    """A SIGTERM while the launcher starts its processes: it neither ends the launcher nor misses the processes
+    started after it."""
+    from margrpo.infra import launch
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _fatal)
+    popen, started = subprocess.Popen, []
+
+    def start(command, env):
+        started.append(popen(command, env=env))
+        if len(started) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # SLURM's stop, between the first process and the second
+        return started[-1]
+
+    monkeypatch.setattr(launch.subprocess, "Popen", start)
+    code = launch.launch(2, [sys.executable, "-c", "import time; time.sleep(60)"])
+    assert [p.returncode for p in started] == [-signal.SIGTERM, -signal.SIGTERM] and code == 128 + signal.SIGTERM
+
+
+def test_a_sigterm_while_the_model_is_built_saves_and_exits_resumable(tmp_path, handlers, monkeypatch):
+    """The stop's handlers are there before the model is built (minutes at real scale): a preemption then ends the
+    stage with status 75, not the process with 143."""
+    from helpers import train_inputs
+
+    from margrpo.cli import main
+    from margrpo.grpo import parallel
+
+    spec = train_inputs(tmp_path)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _fatal)
+    build = parallel.build_policy
+
+    def build_then_signal(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(parallel, "build_policy", build_then_signal)
+    argv = ["train", "--policy-dir", str(tmp_path / "policy"), "--suites-dir", str(tmp_path / "suites")]
+    argv += ["--spec-json", json.dumps(spec), "--out-dir", str(tmp_path / "run"), "--threads", "1"]
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == stopping.EXIT_RESUMABLE
+
+
+class FakeSlurm:
+    """scontrol and sacct as a job sees them while SLURM ends it: scontrol says COMPLETING, sacct the base state."""
+
+    def __init__(self, monkeypatch, state: str, sacct: str = "", restarts: int = 0):
+        self.record = {"JobState": state, "Restarts": str(restarts), "JobName": "run-uuid-1"}
+        self.calls = []
+        monkeypatch.setenv("SLURM_JOB_ID", "42")
+        monkeypatch.setattr(slurm, "job_record", lambda job_id=None: self.record)
+        monkeypatch.setattr(slurm, "_scontrol", lambda *args: self.calls.append(args) or "")
+        real_run = subprocess.run
+
+        def run(cmd, *args, **kwargs):
+            if cmd[0] == "sacct":
+                return subprocess.CompletedProcess(cmd, 0, stdout=sacct + "\n", stderr="")
+            return real_run(cmd, *args, **kwargs)
+
+        monkeypatch.setattr(slurm.subprocess, "run", run)
+
+
+@pytest.mark.parametrize(
+    "state, sacct, then, requeued",
+    [
+        ("RUNNING", "", "requeued", True),  # the warning signal, the end-time watch, `scancel --signal`
+        ("COMPLETING", "PREEMPTED", "requeued", True),  # PreemptMode=CANCEL: SLURM requeues a completing job
+        ("COMPLETING", "TIMEOUT", "ended", False),  # the limit came first: Snakemake sees TIMEOUT, a retry resumes
+        ("COMPLETING", "REQUEUED", "ended", False),  # SLURM requeues it itself (PreemptMode=REQUEUE, scontrol)
+        ("COMPLETING", "CANCELLED by 0", "cancelled", False),  # a person's, an admin's or Snakemake's scancel
+    ],
+)
+def test_what_follows_a_saved_stop_is_chosen_from_the_jobs_state(tmp_path, monkeypatch, state, sacct, then, requeued):
+    fake = FakeSlurm(monkeypatch, state, sacct)
+    assert slurm.after_stop(20, tmp_path, 7) == then
+    assert (fake.calls == [("requeue", "42")]) is requeued
+    assert (tmp_path / slurm.CANCELLED_NOTE).exists() is (then == "cancelled")
+    assert slurm.after_stop(0, tmp_path, 7) in ("ended", "cancelled")  # slurm.requeues: 0 never requeues
+
+
+def test_a_cancelled_job_is_not_undone_by_a_retry_but_goes_on_in_the_next_snakemake_run(tmp_path, monkeypatch, caplog):
+    fake = FakeSlurm(monkeypatch, "COMPLETING", "CANCELLED by 0")
+    assert slurm.after_stop(20, tmp_path, 7) == "cancelled"
+    assert "was cancelled" in caplog.text and "run snakemake again to go on" in caplog.text
+    with pytest.raises(SystemExit, match=r"SLURM job 42 of this Snakemake run was cancelled .* run snakemake again"):
+        slurm.refuse_cancelled_retry(tmp_path, remove=True)  # the retry: the same job name (the plugin's run id)
+    fake.record["JobName"] = "run-uuid-2"  # the next `snakemake`
+    slurm.refuse_cancelled_retry(tmp_path, remove=True)
+    assert not (tmp_path / slurm.CANCELLED_NOTE).exists()
+
+
+def test_each_segment_of_a_job_heads_its_part_of_the_appended_log(monkeypatch):
+    FakeSlurm(monkeypatch, "RUNNING", restarts=3)
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)  # the jobstep plugin strips it
+    assert re.search(r"^==== \d{4}-\d\d-\d\d \d\d:\d\d:\d\d: SLURM job 42, restart 3, on ", slurm.segment_header())
+    shell = (REPO / "workflow/rules/train.smk").read_text()
+    assert ">> {log:q} 2>&1" in shell and "> {log:q}" not in shell.replace(">> {log:q}", "")
+
+
+def test_a_requeue_is_the_default_at_real_scale_and_the_profiles_retries_are_for_failures():
+    import yaml
+
+    schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
+    assert schema["properties"]["slurm"]["properties"]["requeues"]["default"] >= 20
+    profile = yaml.safe_load((REPO / "workflow/profiles/slurm/config.yaml").read_text())
+    assert profile["retries"] == 1 and "--signal=TERM@300" in profile["default-resources"]["slurm_extra"]
