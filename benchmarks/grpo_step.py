@@ -29,6 +29,7 @@ import tempfile
 import time
 
 import torch
+from torch import nn
 
 from margrpo.experiment.config import load_config
 from margrpo.grpo.replay import replay
@@ -36,6 +37,7 @@ from margrpo.grpo.rollout import SamplingConfig, ar_schedule, generate, stochast
 from margrpo.grpo.trainer import GRPOConfig, GRPOTrainer, choose_steps
 from margrpo.infra.runtime import autocast, peak_memory_mb
 from margrpo.policy import ToyMAR, ToyMARConfig, load_policy
+from margrpo.policy.layers import SimpleMLPAdaLN
 from margrpo.policy.settings import PolicySettings
 from margrpo.prompts.suites import PromptSet
 from margrpo.world import prompt_vocabulary
@@ -56,20 +58,38 @@ def reward(images, prompts, metadata):
 
 
 MODEL: dict = {}
-TOKEN_CHANNELS: list[int | None] = [None]  # set: the toy generates tokens of this many channels (`latent_tokens`)
 
 
-def make_policy(path):
+def make_policy(path, cls: type | None = None, **kwargs):
+    """A trained toy (`path`), or a new one (random init with MODEL's overrides) of class `cls` built with `kwargs`:
+    ToyMAR by default, LatentToyMAR (`channels=C`), or a subclass."""
     if path and MODEL:
         raise SystemExit("give --policy or --model, not both")
+    if path and (cls or kwargs):
+        raise SystemExit("a trained --policy is loaded as it was saved")
     torch.manual_seed(0)
-    policy = load_policy(path) if path else ToyMAR(ToyMARConfig(vocab=prompt_vocabulary(), **MODEL))
-    return latent_tokens(policy, TOKEN_CHANNELS[0]) if TOKEN_CHANNELS[0] else policy
+    if path:
+        return load_policy(path)
+    return (cls or ToyMAR)(ToyMARConfig(vocab=prompt_vocabulary(), **MODEL), **kwargs)
 
 
 class LatentToyMAR(ToyMAR):
-    """The toy generating `C`-channel tokens that a frozen linear codec decodes to its pixel patches (the shape of
-    toy revision 4's tokens, issue 43). The codec is random here: a step's cost depends on shapes, not values."""
+    """The toy generating `channels`-channel tokens that a frozen linear codec decodes to its pixel patches (the
+    shape of toy revision 4's tokens, issue 43): a new token projection and head of that width, the rest the toy's.
+    The codec is random here: a step's cost depends on shapes, not values."""
+
+    def __init__(self, config: ToyMARConfig, channels: int):
+        super().__init__(config)
+        c, pixels = config, self.token_dim
+        out_factor = 2 if (c.head_type == "ddpm" and c.ddpm_variance == "learned_range") else 1
+        self.token_dim = channels
+        self.token_proj = nn.Linear(channels, c.width)
+        self.diffloss = SimpleMLPAdaLN(
+            channels, c.width, c.head_width, c.head_depth, channels * out_factor, c.head_z_input
+        )
+        basis, _ = torch.linalg.qr(torch.randn(pixels, channels))  # orthonormal columns: [pixels, C]
+        self.register_buffer("codec_basis", basis.T.contiguous())  # [C, pixels]
+        self.register_buffer("codec_mean", torch.zeros(pixels))
 
     def encode(self, images):
         return (super().encode(images) - self.codec_mean) @ self.codec_basis.T
@@ -78,35 +98,18 @@ class LatentToyMAR(ToyMAR):
         return super().decode(tokens.float() @ self.codec_basis + self.codec_mean)
 
 
-def latent_tokens(policy: ToyMAR, channels: int) -> ToyMAR:
-    """`policy` with `channels`-channel tokens: a new token projection and head of that width, the rest kept."""
-    from torch import nn
-
-    from margrpo.policy.layers import SimpleMLPAdaLN
-
-    c, pixels = policy.config, policy.token_dim
-    out_factor = 2 if (c.head_type == "ddpm" and c.ddpm_variance == "learned_range") else 1
-    policy.__class__ = LatentToyMAR
-    policy.token_dim = channels
-    policy.token_proj = nn.Linear(channels, c.width)
-    policy.diffloss = SimpleMLPAdaLN(
-        channels, c.width, c.head_width, c.head_depth, channels * out_factor, c.head_z_input
-    )
-    basis, _ = torch.linalg.qr(torch.randn(pixels, channels))  # orthonormal columns: [pixels, C]
-    policy.register_buffer("codec_basis", basis.T.contiguous())  # [C, pixels]
-    policy.register_buffer("codec_mean", torch.zeros(pixels))
-    return policy
-
-
-def make_trainer(policy_path, sampling, grpo, variant, steps, prompts=PROMPTS) -> GRPOTrainer:
-    """`grpo` and `variant` may set GRPOConfig's fields and the policy's settings (PolicySettings) alike."""
+def make_trainer(
+    policy, sampling, grpo, variant, steps, prompts=PROMPTS, reward_fn=reward, trainer_class=GRPOTrainer
+) -> GRPOTrainer:
+    """`policy`: a ToyMAR, or make_policy's argument (a trained policy's folder; None: random init). `grpo` and
+    `variant` may set GRPOConfig's fields and the policy's settings (PolicySettings) alike. `trainer_class`:
+    GRPOTrainer or a subclass."""
     settings = {**grpo, **variant, "steps": steps + 1}
     cfg = GRPOConfig(**{k: v for k, v in settings.items() if k in GRPOConfig.__dataclass_fields__})
-    policy = PolicySettings(**{k: v for k, v in settings.items() if k in PolicySettings.__dataclass_fields__})
+    policy_settings = PolicySettings(**{k: v for k, v in settings.items() if k in PolicySettings.__dataclass_fields__})
     ps = PromptSet(prompts, [{}] * len(prompts))
-    return GRPOTrainer(
-        make_policy(policy_path), reward, ps, ps, sampling, cfg, tempfile.mkdtemp(), policy_settings=policy
-    )
+    policy = policy if isinstance(policy, ToyMAR) else make_policy(policy)
+    return trainer_class(policy, reward_fn, ps, ps, sampling, cfg, tempfile.mkdtemp(), policy_settings=policy_settings)
 
 
 def interleaved_step_times(trainers, steps, clock=time.process_time) -> list[list[float]]:

@@ -6,9 +6,11 @@ CPU time, over --steps steps after a warm-up step:
   and the rest of `generate` (samplers, masks, the record);
 - reward: the reward function (a cheap stand-in here, mean brightness: the trainer, not a scorer);
 - replay: the AR transformer and the head recomputed with gradients, the reference's pass (KL), and the rest of
-  the backward (autograd's backward, the log-densities, the loss);
-- optimizer: gradient clipping and AdamW;
+  the backward passes (autograd's backward, the log-densities, the loss);
+- optimizer: the gradients' norms and clipping (with the update's statistics), and AdamW;
 - other: the step's remaining Python (advantages, MTE / Sim masks, logging rows).
+The parts are timed by subclasses of the trainer and the toy, built as such (`TimedTrainer`, `TimedPolicy`), by the
+reward function the trainer is given and by the optimizer's step hooks: nothing in the step is replaced.
 
     python benchmarks/step_profile.py [--config config/config.yaml] [--variant fix] [--grpo '{"batch_prompts": 12}']
         [--token-channels 16]  (the toy's tokens as 16-channel latents a frozen linear codec decodes: issue 43)
@@ -17,7 +19,7 @@ CPU time, over --steps steps after a warm-up step:
 from __future__ import annotations
 
 import argparse
-import functools
+import contextlib
 import json
 import platform
 import sys
@@ -28,12 +30,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-import grpo_step  # noqa: E402
-from grpo_step import make_trainer  # noqa: E402
+from grpo_step import LatentToyMAR, make_policy, make_trainer, reward  # noqa: E402
 
 from margrpo.experiment.config import load_config  # noqa: E402
 from margrpo.grpo.rollout import SamplingConfig  # noqa: E402
 from margrpo.grpo.trainer import GRPOTrainer  # noqa: E402
+from margrpo.policy import ToyMAR  # noqa: E402
 
 COLORS, SHAPES = ["red", "blue", "green", "yellow"], ["circle", "square", "triangle"]
 PROMPTS = [f"a {c} {s}" for c in COLORS for s in SHAPES]  # 12: enough groups for 48 images a step
@@ -50,48 +52,78 @@ class Parts:
 
     def __init__(self):
         self.seconds: dict[tuple[str, str], float] = defaultdict(float)
-        self.stack: list[list] = []  # [phase, part, start, time of the parts inside]
+        self.stack: list[list] = []  # [phase outside, phase, part, start, time of the parts inside]
         self.phase = "other"
+        self.policy = None  # the trainer's policy (its reference copy's parts are named apart)
 
-    def wrap(self, owner, name: str, part: str, phase: str | None = None) -> None:
-        fn = getattr(owner, name)
+    def start(self, part: str, phase: str | None = None) -> None:
+        self.stack.append([self.phase, phase or self.phase, part, time.process_time(), 0.0])
+        self.phase = phase or self.phase
 
-        @functools.wraps(fn)
-        def timed(*args, **kwargs):
-            outer = self.phase
-            if phase:
-                self.phase = phase
-            self.stack.append([self.phase, part, time.process_time(), 0.0])
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                ph, pt, start, inner = self.stack.pop()
-                spent = time.process_time() - start
-                self.seconds[(ph, pt)] += spent - inner
-                if self.stack:
-                    self.stack[-1][3] += spent
-                self.phase = outer
+    def stop(self) -> None:
+        self.phase, phase, part, start, inner = self.stack.pop()
+        spent = time.process_time() - start
+        self.seconds[(phase, part)] += spent - inner
+        if self.stack:
+            self.stack[-1][4] += spent
 
-        setattr(owner, name, timed)
+    @contextlib.contextmanager
+    def timed(self, part: str, phase: str | None = None):
+        self.start(part, phase)
+        try:
+            yield
+        finally:
+            self.stop()
 
 
-def instrument(trainer: GRPOTrainer, parts: Parts) -> None:
-    policy, ref = trainer.policy, trainer.ref
-    parts.wrap(trainer, "rollout_and_score", "generate (samplers, masks, record)", "rollout")
-    parts.wrap(trainer, "reward_fn", "reward function", "reward")
-    parts.wrap(trainer, "update", "backward, log-densities, loss", "replay")  # clip and AdamW: their own parts
-    parts.wrap(trainer.optimizer, "step", "AdamW", "optimizer")
-    parts.wrap(torch.nn.utils, "clip_grad_norm_", "clipping", "optimizer")
-    for name, part in (
-        ("ar_forward", "AR transformer"),
-        ("head", "head"),
-        ("encode_prompts", "text encoder"),
-        ("decode", "decoder"),
-    ):
-        parts.wrap(policy, name, part)
-    if ref is not None and ref is not policy:
-        for name in ("ar_forward", "head", "encode_prompts"):
-            parts.wrap(ref, name, f"reference {name}")
+PARTS = Parts()
+
+
+def _timed_method(name: str, part: str):
+    def method(self, *args, **kwargs):
+        with PARTS.timed(part if self is PARTS.policy else f"reference {name}"):
+            return getattr(super(TimedPolicy, self), name)(*args, **kwargs)
+
+    return method
+
+
+class TimedPolicy:
+    """Put before ToyMAR (or a subclass of it) in a class's bases: the policy's parts, timed."""
+
+    ar_forward = _timed_method("ar_forward", "AR transformer")
+    head = _timed_method("head", "head")
+    encode_prompts = _timed_method("encode_prompts", "text encoder")
+    decode = _timed_method("decode", "decoder")
+
+
+class TimedToyMAR(TimedPolicy, ToyMAR):
+    pass
+
+
+class TimedLatentToyMAR(TimedPolicy, LatentToyMAR):
+    pass
+
+
+class TimedTrainer(GRPOTrainer):
+    """The trainer's phases, timed: the rollout, the replay's backward passes (`accumulate`) and the rest of an update
+    (the gradients' norms, clipping and the update's statistics); AdamW through the optimizer's step hooks."""
+
+    def rollout_and_score(self, step: int | None = None):
+        with PARTS.timed("generate (samplers, masks, record)", "rollout"):
+            return super().rollout_and_score(step)
+
+    def accumulate(self, batch, update):
+        with PARTS.timed("backward, log-densities, loss", "replay"):
+            return super().accumulate(batch, update)
+
+    def update(self, batch, update):
+        with PARTS.timed("gradient norms, clipping", "optimizer"):
+            return super().update(batch, update)
+
+
+def timed_reward(images, prompts, metadata):
+    with PARTS.timed("reward function", "reward"):
+        return reward(images, prompts, metadata)
 
 
 def main() -> None:
@@ -104,21 +136,24 @@ def main() -> None:
     p.add_argument("--json", default=None)
     args = p.parse_args()
     torch.set_num_threads(1)
-    grpo_step.TOKEN_CHANNELS[0] = args.token_channels
     config = load_config(args.config)
     name = config["experiments"]["ladder"]["policies"][0]
     sampling = SamplingConfig(**config["policies"][name]["sampling"])
     grpo = {**config["grpo"], "precision": config["mixed_precision"], **json.loads(args.grpo), "trackers": []}
-    trainer = make_trainer(None, sampling, grpo, VARIANTS[args.variant], args.steps, prompts=PROMPTS)
+    channels = {"channels": args.token_channels} if args.token_channels else {}
+    PARTS.policy = make_policy(None, TimedLatentToyMAR if channels else TimedToyMAR, **channels)
+    variant = VARIANTS[args.variant]
+    trainer = make_trainer(PARTS.policy, sampling, grpo, variant, args.steps, PROMPTS, timed_reward, TimedTrainer)
+    trainer.optimizer.register_step_pre_hook(lambda *_: PARTS.start("AdamW", "optimizer"))
+    trainer.optimizer.register_step_post_hook(lambda *_: PARTS.stop())
     cfg = trainer.cfg
     trainer.train_step()  # warm-up
-    parts = Parts()
-    instrument(trainer, parts)
+    PARTS.seconds.clear()
     c0, w0 = time.process_time(), time.perf_counter()
     for _ in range(args.steps):
         trainer.train_step()
     cpu, wall = (time.process_time() - c0) / args.steps, (time.perf_counter() - w0) / args.steps
-    per_step = {k: v / args.steps for k, v in parts.seconds.items()}
+    per_step = {k: v / args.steps for k, v in PARTS.seconds.items()}
     per_step[("other", "the step's remaining Python")] = cpu - sum(per_step.values())
     images = cfg.batch_prompts * cfg.group_size
     print(

@@ -237,14 +237,6 @@ REBINDS_ALLOWED = {
     "hub name and takes no path: the local folder is answered there, for the load only",
     ("src/margrpo/stages/train.py", "trainer.checkpointer.on_accept"): "a callback slot the Checkpointer offers "
     "(None until set), not a method replaced",
-    # left to replace (issue 69 item 6): the benchmarks' profiler wraps the trainer's and the policy's methods to
-    # time them, and a latent toy is made by swapping a built ToyMAR's class
-    ("benchmarks/step_profile.py", "setattr(owner, ...)"): "not yet replaced",
-    ("benchmarks/grpo_step.py", "policy.__class__"): "not yet replaced",
-    # and the tape's recording run: a torch function mode sees no call made inside a call it handles, and a
-    # checkpointed block recomputes inside Tensor.backward's (which torch.autograd.backward dispatches again)
-    ("src/margrpo/plan/tape.py", "torch.Tensor.tolist"): "not yet replaced",
-    ("src/margrpo/plan/tape.py", "F.scaled_dot_product_attention"): "not yet replaced",
 }
 
 

@@ -54,7 +54,7 @@ Reward models' weights (per `reward_models.<name>.dtype`, float32 by default) ar
 parameter counts come from their architectures built on the meta device (`reward_weights`).
 
 Where each piece lives in margrpo.plan: the ledger (ledger.py), the tape (tape.py), CUDA's autocast policy
-(cuda_autocast.py), the patches around the trainer (instrument.py), one measured step (step.py), the policies and
+(cuda_autocast.py), the hooks around the trainer (instrument.py), one measured step (step.py), the policies and
 their stand-in prompts, tokenizer and reward (policies.py, stand_ins.py), the step planned in child processes
 (fake_step.py), the per-GPU composition and the allowance (composition.py), the scorers' weights
 (reward_weights.py), the checks (validation.py), and this command.

@@ -19,7 +19,7 @@ from margrpo.plan.instrument import PlanHooks, instrumented
 from margrpo.plan.ledger import Ledger
 from margrpo.plan.policies import BUILD
 from margrpo.plan.stand_ins import PROMPTS, brightness
-from margrpo.plan.tape import Tape, recording
+from margrpo.plan.tape import Tape, recording, stand_in_attention
 
 ROOT = Path(__file__).resolve().parents[3]  # the checkout (the package is installed editable): config/ is at its root
 
@@ -191,6 +191,8 @@ def measure(run: Run, fake: bool, narrow: bool = False, tape: list | None = None
     ):
         policy = BUILD[run.policy](run.size, narrow)
         fused_attention(policy)
+        if cheap:
+            stand_in_attention(policy)
         with tempfile.TemporaryDirectory(prefix="memory_plan-") as out:
             trainer = make_trainer(run, policy, out, "no" if cheap else None, PlanHooks(ledger))
         warm(trainer)

@@ -8,8 +8,12 @@ import contextlib
 from collections import deque
 
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from margrpo.policy.checkpointing import recomputing_under
 
 INDEX_OPS = {
     torch.ops.aten.index.Tensor,
@@ -102,16 +106,57 @@ def _cheap_attention(q, k, v, *args, **kwargs):
     return q + 0 * (k.mean() + v.mean())
 
 
-@contextlib.contextmanager
-def recording(cheap: bool):
+class Recording(TorchFunctionMode):
     """While a real run records the tape: `Tensor.tolist` (which reads memory without dispatching) takes one `.item()`
     per element, as a fake tensor's `tolist` does, so both steps put the same entries on the tape. `cheap` (the narrow
     run): attention is q + 0 (k, v), which keeps every gradient: attention decides nothing data-dependent, and its
-    S^2 work at 1,000+ positions is what made that run slow. Patched functions rather than modes: a mode costs every
-    op."""
-    F, tolist, sdpa = torch.nn.functional, torch.Tensor.tolist, torch.nn.functional.scaled_dot_product_attention
-    torch.Tensor.tolist, F.scaled_dot_product_attention = _items, _cheap_attention if cheap else sdpa
-    try:
+    S^2 work at 1,000+ positions is what made that run slow."""
+
+    def __init__(self, cheap: bool):
+        super().__init__()
+        self.cheap = cheap
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.tolist:
+            return _items(*args)
+        if func is F.scaled_dot_product_attention and self.cheap:
+            return _cheap_attention(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def recording(cheap: bool):
+    """A `Recording` for the block, and again where run_blocks recomputes a checkpointed block in backward
+    (`checkpointing.recomputing_under`): a mode sees no call made inside a call it handles, and backward is one.
+    Transformers' own checkpointing (Harmon's LLM) recomputes elsewhere: its attention is given the stand-in where
+    the model looks it up (`stand_in_attention`)."""
+    mode = Recording(cheap)
+    with mode, recomputing_under(mode):
         yield
-    finally:
-        torch.Tensor.tolist, F.scaled_dot_product_attention = tolist, sdpa
+
+
+STAND_IN = "margrpo_plan_sdpa"
+
+
+def _stand_in_sdpa(module, *args, **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    with Recording(cheap=True):
+        return sdpa_attention_forward(module, *args, **kwargs)
+
+
+def stand_in_attention(policy) -> None:
+    """The narrow run's attention in the transformers models inside `policy` (NOVA's Phi, Harmon's LLM), also where
+    transformers recomputes a checkpointed layer: their `sdpa` under a `Recording` of its own, through the attention
+    implementations transformers lets one register (with sdpa's masks)."""
+    from transformers import AttentionInterface, PreTrainedModel
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    AttentionInterface.register(STAND_IN, _stand_in_sdpa)
+    AttentionMaskInterface.register(STAND_IN, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    for m in policy.modules():
+        if isinstance(m, PreTrainedModel) and m.config._attn_implementation == "sdpa":
+            m.set_attn_implementation(STAND_IN)
+            if m.config._attn_implementation != STAND_IN:
+                raise RuntimeError(f"{type(m).__name__} kept its attention {m.config._attn_implementation!r}")
