@@ -53,6 +53,8 @@ network() {
   for i in "${!NODES[@]}"; do
     local node=${NODES[$i]} ns=mg-${NODES[$i]}
     ip netns list | grep -qw "$ns" && continue
+    # a process of an earlier cluster's job that outlived it (its slurmstepd) keeps that namespace and its veth
+    ip link del "mgv-$node" 2>/dev/null || true
     ip netns add "$ns"
     ip link add "mgv-$node" type veth peer name eth0 netns "$ns"
     ip link set "mgv-$node" master "$BRIDGE" up
@@ -213,7 +215,10 @@ stop_daemons() {  # the daemons this script started, by their pid files: never a
 
 stop() {
   stop_daemons
-  for node in "${NODES[@]}"; do ip netns del "mg-$node" 2>/dev/null || true; done
+  for node in "${NODES[@]}"; do
+    ip netns del "mg-$node" 2>/dev/null || true
+    ip link del "mgv-$node" 2>/dev/null || true
+  done
   ip link del "$BRIDGE" 2>/dev/null || true
 }
 

@@ -175,3 +175,41 @@ def test_a_requeue_is_the_default_at_real_scale_and_the_profiles_retries_are_for
     assert schema["properties"]["slurm"]["properties"]["requeues"]["default"] >= 20
     profile = yaml.safe_load((REPO / "workflow/profiles/slurm/config.yaml").read_text())
     assert profile["retries"] == 1 and "--signal=TERM@300" in profile["default-resources"]["slurm_extra"]
+
+
+def test_the_end_time_estimate_counts_the_next_steps_validation_and_a_save(monkeypatch):
+    """A step takes 1 s, a validation 5 s, a save 2 s (a clock of the test's own). The stop is asked before each
+    step with what the next one costs: the step, its validation where it has one (the base validation's time
+    before any step's), and a save (a step's time before the first save)."""
+    from margrpo.grpo import run_loop
+    from margrpo.grpo.run_files import RunState
+
+    clock = [0.0]
+    monkeypatch.setattr(run_loop.time, "monotonic", lambda: clock[0])
+    asked = []
+
+    class Method:
+        state_dir = None
+
+        def train_step(self):
+            clock[0] += 1.0
+            state.step += 1
+            return {"step": state.step}
+
+        def validate(self):
+            clock[0] += 5.0
+            return [1.0]
+
+        def save(self):
+            clock[0] += 2.0
+
+        def log(self, row):
+            pass
+
+        def should_stop(self, next_seconds):
+            asked.append(next_seconds)
+
+    state = RunState()
+    run_loop.run_loop(Method(), state, run_loop.Cadence(steps=4, val_every=2, save_every=3), "test", show=False)
+    # before step 2 (validated; no save yet): 1 + 5 + 1; before 3 (saved there): 1 + 0 + 1; before 4: 1 + 5 + 2
+    assert asked == [7.0, 2.0, 8.0], asked

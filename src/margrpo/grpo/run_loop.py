@@ -79,11 +79,13 @@ def mean(scores: list[float]) -> float:
 def run_loop(method: Method, state: RunState, cadence: Cadence, desc: str, show: bool = True) -> str | None:
     """Run `method` from `state` (a resumed run's, or a fresh one) to `cadence.steps`; returns why it stopped early,
     or None when it ran to the end. `show`: the progress bar (the main process's)."""
+    step_s = val_s = save_s = 0.0  # the longest step, validation and save so far: what one more step costs
     if not state.checkpoints:  # the base policy, before any update
+        started = time.monotonic()
         scores = method.validate()
+        val_s = time.monotonic() - started
         state.checkpoints = [{"step": 0, "val_reward": mean(scores), "val_scores": scores, "path": None}]
     bar = tqdm(total=cadence.steps, initial=state.step, desc=desc, mininterval=5, disable=not show)
-    step_s = save_s = 0.0  # the longest step (with its validation) and save so far: what one more costs
     stopped = None
     saved_at = state.step  # the step whose state is on disk: a resumed run's checkpoint, or the run's start
     while state.step < cadence.steps:
@@ -96,11 +98,15 @@ def run_loop(method: Method, state: RunState, cadence: Cadence, desc: str, show:
             if saved_at != state.step:
                 _save(method, state, float("nan"), None)
             break
-        scores = method.validate() if cadence.validates(state.step) else None
+        step_s, scores = max(step_s, time.monotonic() - started), None
+        if cadence.validates(state.step):
+            started = time.monotonic()
+            scores = method.validate()
+            val_s = max(val_s, time.monotonic() - started)
         row["val_reward"] = float("nan") if scores is None else mean(scores)
         state.rows.append(row)
         method.log(row)
-        step_s, saved = max(step_s, time.monotonic() - started), cadence.saves(state.step, scores is not None)
+        saved = cadence.saves(state.step, scores is not None)
         if saved:
             started = time.monotonic()
             _save(method, state, row["val_reward"], scores)
@@ -110,7 +116,9 @@ def run_loop(method: Method, state: RunState, cadence: Cadence, desc: str, show:
             reward=f"{row.get('reward_mean', math.nan):.3f}", val=f"{row['val_reward']:.3f}", refresh=False
         )
         if state.step < cadence.steps:
-            stopped = method.should_stop(step_s + (save_s or step_s))
+            # the next step, its validation where it has one, and a save (each not yet seen: a step's time)
+            validation = (val_s or step_s) if cadence.validates(state.step + 1) else 0.0
+            stopped = method.should_stop(step_s + validation + (save_s or step_s))
             if stopped:
                 if not saved:
                     _save(method, state, float("nan"), None)  # resumable state; not a checkpoint for selection
