@@ -157,6 +157,7 @@ PAUSES = {  # what sacct lists, what squeue shows (both as SLURM 22.05 wrote the
     "requeue hold": ("PENDING", ("PENDING", "job requeued in held state"), "scontrol release 5"),
     "REQUEUE_HOLD": ("REQUEUE_HOLD", ("REQUEUE_HOLD", "job requeued in held state"), "scontrol release 5"),
     "SPECIAL_EXIT": ("PENDING", ("SPECIAL_EXIT", "job requeued in held state"), "scontrol release 5"),
+    "held by SLURM": ("PENDING", ("PENDING", "launch failed requeued held"), "scontrol release 5"),
     "SUSPENDED": ("SUSPENDED", ("SUSPENDED", "None"), "scontrol resume 5"),
     "STOPPED": ("STOPPED", ("STOPPED", "None"), "scancel --signal=CONT 5"),
 }

@@ -57,7 +57,6 @@ class Executor(slurm.Executor):
                 f"executor margrpo-slurm wraps snakemake-executor-plugin-slurm {PINNED}'s status query; "
                 f"{version('snakemake-executor-plugin-slurm')} is installed (constraints.txt pins {PINNED})"
             )
-        super().__post_init__(test_mode)
         settings = self.workflow.executor_settings
         try:
             self.job_states = JobStates(
@@ -65,12 +64,23 @@ class Executor(slurm.Executor):
             )
         except ValueError as e:
             raise WorkflowError(f"--margrpo-slurm-patience / --margrpo-slurm-held-patience: {e}") from None
+        super().__post_init__(test_mode)
 
         async def settled_query(command: str, logger):
             states, seconds = await PLUGIN_QUERY(command, logger)
             return (None, None) if states is None else (self.job_states.settle(states), seconds)
 
         slurm.query_job_status = settled_query  # the name check_active_jobs calls
+
+    async def check_active_jobs(self, active_jobs):
+        async for job in super().check_active_jobs(active_jobs):
+            yield job
+        # a job cancelled and not yet seen ended: looked at again after the first interval, not the plugin's growing
+        # one (the status thread may run before __post_init__ has made job_states)
+        if getattr(self, "job_states", None) and self.job_states.cancelled:
+            self.next_seconds_between_status_checks = (
+                self.workflow.executor_settings.init_seconds_before_status_checks or 40
+            )
 
     def cancel_given_up(self, jobs: list[str]) -> None:
         """The plugin's own `scancel` of jobs given up on; one that fails is sent again at the next status query."""

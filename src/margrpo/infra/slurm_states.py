@@ -22,8 +22,10 @@ job, for `patience` seconds. A paused job reads as PENDING too: after `patience`
 state, the reason, and the command that lets it go on), and after `held_patience` seconds it is given up. A job
 given up on is cancelled (`scancel`) and reads as PENDING until the controller (`squeue`, not sacct: sacct writes
 CANCELLED while the job's processes still run, COMPLETING) shows it ended or no longer knows it; only then does it
-read as FAILED: Snakemake retries it (the profile's retries) or stops, and a retried train job resumes from its
-last checkpoint. A job that SLURM requeues, or a person lets go on, in time (PENDING, RUNNING again) is never failed.
+read as FAILED: Snakemake retries it (the profile's retries) or stops. A train job that was running when
+cancelled saved its state and takes the scancel as a person's (infra.slurm.after_stop: the next `snakemake`
+resumes it); one that was not resumes in its retry. A job that SLURM requeues, or a person lets go on, in time
+(PENDING, RUNNING again) is never failed.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ PAUSED = {
     "SUSPENDED": "scontrol resume {job}",
     "STOPPED": "scancel --signal=CONT {job}",
 }
-HELD = "scontrol release {job}"  # a PENDING job held (reason JobHeldUser, JobHeldAdmin, "job requeued in held state")
+HELD = "scontrol release {job}"  # a PENDING job held (is_held)
 UNSETTLED_AS = "PENDING"  # what a job not yet given up on reads as, whatever holds it
 
 
@@ -58,13 +60,15 @@ def state_word(state: str) -> str:
 
 
 def is_held(reason: str) -> bool:
-    return reason.startswith("JobHeld") or "held state" in reason
+    """squeue's reason for a held job: JobHeldUser, JobHeldAdmin, "job requeued in held state", "launch failed
+    requeued held" (SLURM's own hold of a batch job it could not start)."""
+    return "held" in reason.lower()
 
 
 def controller_view(jobs: Iterable[str], run=subprocess.run) -> dict[str, tuple[str, str]] | None:
     """{job: (state, reason)} as slurmctld has them now (`squeue`), None when it did not answer. A job it no longer
     knows (purged MinJobAge after its end) is left out: it is not running."""
-    jobs = sorted(jobs)
+    jobs = sorted(set(jobs))
     cmd = ["squeue", "--noheader", "--states=all", "--format=%i|%T|%r", f"--jobs={','.join(jobs)}"]
     try:
         out = run(cmd, capture_output=True, text=True, timeout=60)
@@ -186,7 +190,8 @@ class JobStates:
         self.warn(
             f"SLURM job {job}: {what} for {lasted:.0f} s (patience {self.patience:.0f} s, "
             f"{self.held_patience:.0f} s for a paused job); cancelled, and ended ({state}); reported to Snakemake "
-            "as FAILED (a retry submits it again, and a train job resumes from its checkpoint)"
+            "as FAILED (a retry submits it again; a train job that was running saved at the scancel and is a "
+            "cancelled one: docs/real-scale.md, How a job stops)"
         )
         return "FAILED"
 
