@@ -13,7 +13,7 @@ import torch
 from margrpo.plan import composition
 from margrpo.plan.cuda_autocast import CudaAutocast
 from margrpo.plan.step import Run, Step
-from margrpo.plan.tape import Tape, recording
+from margrpo.plan.tape import Tape, recording, stand_in_attention
 
 
 def test_test_mode_agrees_with_real_tensors_and_predicts_the_old_setting_larger(repo, tmp_path):
@@ -159,6 +159,37 @@ def test_tape_replays_in_order_and_refuses_another_path():
         assert not replay.queue
         with Tape(list(reversed(recorder.values))), pytest.raises(RuntimeError, match="another path"):
             step(fake_x)
+
+
+def test_the_narrow_runs_attention_is_met_again_where_backward_recomputes():
+    """recording(cheap=True): the stand-in attention in the forward pass and again where backward recomputes a
+    checkpointed block, run_blocks' (recomputing_under) and transformers' own (stand_in_attention), or checkpoint
+    refuses the recomputed tensors."""
+    from transformers import Qwen2Config, Qwen2Model
+
+    from margrpo.policy.checkpointing import run_blocks
+    from margrpo.policy.layers import Block
+
+    torch.manual_seed(0)
+    blocks, x = [Block(8, 2, fused=True)], torch.randn(2, 5, 8, requires_grad=True)
+    llm = Qwen2Model(
+        Qwen2Config(
+            vocab_size=16,
+            hidden_size=8,
+            intermediate_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            attn_implementation="sdpa",
+        )
+    )
+    llm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    stand_in_attention(llm)
+    with recording(cheap=True):
+        y = run_blocks(blocks, x, checkpointing=True)
+        z = llm(inputs_embeds=x).last_hidden_state
+        (y.sum() + z.sum()).backward()
+    assert not torch.allclose(y, run_blocks(blocks, x))  # not the real attention
 
 
 def test_cuda_autocast_policy():
