@@ -121,7 +121,9 @@ MinJobAge=3600
 JobCompType=jobcomp/filetxt
 JobCompLoc=$LOGS/jobcomp.log
 AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost=localhost
+# the controller's address, not localhost: sacct inside a job (a node's own network namespace) reaches slurmdbd too,
+# as on a cluster (a stopped train job reads its state there: margrpo.infra.slurm.ending_state)
+AccountingStorageHost=$CTL_ADDR
 JobAcctGatherType=jobacct_gather/none
 SchedulerType=sched/backfill
 PreemptType=preempt/partition_prio
@@ -188,6 +190,9 @@ start() {
   fi
   database
   slurmctld </dev/null >/dev/null 2>&1
+  # a job an earlier cluster saved in its state (a held or suspended test job) would hold the nodes: none is kept
+  for _ in $(seq 20); do squeue -h >/dev/null 2>&1 && break; sleep 0.5; done
+  squeue -h -o %i 2>/dev/null | xargs -r scancel 2>/dev/null || true
   for node in "${NODES[@]}"; do start_node "$node"; done
   for _ in $(seq 60); do
     if [ "$(sinfo -h -N -p debug -o '%N %T' 2>/dev/null | grep -cE 'idle|mixed|alloc')" -eq "${#NODES[@]}" ]; then

@@ -213,3 +213,18 @@ def test_the_end_time_estimate_counts_the_next_steps_validation_and_a_save(monke
     run_loop.run_loop(Method(), state, run_loop.Cadence(steps=4, val_every=2, save_every=3), "test", show=False)
     # before step 2 (validated; no save yet): 1 + 5 + 1; before 3 (saved there): 1 + 0 + 1; before 4: 1 + 5 + 2
     assert asked == [7.0, 2.0, 8.0], asked
+
+
+def test_without_accounting_scontrol_tells_a_preemption_and_a_time_limit(monkeypatch):
+    fake = FakeSlurm(monkeypatch, "COMPLETING")
+
+    def no_sacct(cmd, *args, **kwargs):
+        raise FileNotFoundError(cmd[0])
+
+    monkeypatch.setattr(slurm.subprocess, "run", no_sacct)
+    fake.record.update(PreemptTime="2026-12-03T20:15:00", Reason="None")
+    assert slurm.ending_state("42") == "PREEMPTED"
+    fake.record.update(PreemptTime="None", Reason="TimeLimit")
+    assert slurm.ending_state("42") == "TIMEOUT"
+    fake.record.update(Reason="None")  # a scancel: not told apart without accounting; not noted, not requeued
+    assert slurm.ending_state("42") == "COMPLETING"

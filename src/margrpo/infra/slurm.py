@@ -191,24 +191,31 @@ def ending_state(job_id: str, wait_s: float = 10.0) -> str:
     """The job's state as SLURM ends it: RUNNING while nothing ends it (a signal alone: the warning signal,
     `scancel --signal`, a preemption's grace time); else why it ends. `scontrol` shows every job being ended as
     COMPLETING; accounting keeps the base state SLURM decided (CANCELLED, TIMEOUT, PREEMPTED, REQUEUED, ...), so
-    sacct is asked then, for up to `wait_s` while its record still says RUNNING. "" where SLURM cannot say;
-    COMPLETING where accounting cannot."""
+    sacct is asked then (for up to `wait_s` while its record still says RUNNING). Without accounting, scontrol's
+    PreemptTime and Reason tell a preemption and a time limit; "" where SLURM cannot say."""
     try:
-        state = job_record(job_id).get("JobState", "")
+        record = job_record(job_id)
     except (RuntimeError, OSError, subprocess.CalledProcessError):
         return ""
+    state = record.get("JobState", "")
+    if state != "COMPLETING":
+        return state
     deadline = time.time() + wait_s
-    while state == "COMPLETING":
+    while True:
         try:
             sacct = ["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"]
-            lines = subprocess.run(sacct, capture_output=True, text=True, check=True, timeout=30).stdout.split()
+            out = subprocess.run(sacct, capture_output=True, text=True, check=True, timeout=30).stdout
         except (OSError, subprocess.SubprocessError):
-            return state
-        words = [w for w in lines if w.isupper()]  # "CANCELLED by 0": the state word alone; the last: this segment
-        if (words and words[-1] not in ("RUNNING", "PENDING")) or time.time() > deadline:
-            return words[-1] if words else state
+            break
+        words = [w for w in out.split() if w.isupper()]  # "CANCELLED by 0": the state word; the last: this segment
+        if words and words[-1] not in ("RUNNING", "PENDING"):
+            return words[-1]
+        if time.time() > deadline:
+            break
         time.sleep(1.0)
-    return state
+    if record.get("PreemptTime", "None") not in ("None", "Unknown"):
+        return "PREEMPTED"
+    return "TIMEOUT" if record.get("Reason") == "TimeLimit" else state
 
 
 # a deliberate stop (`scancel` by a person or an admin, Snakemake's own on Ctrl-C): the run folder's note of it, so
