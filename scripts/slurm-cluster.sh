@@ -171,7 +171,7 @@ database() {  # MariaDB for slurmdbd, on a data directory, socket and port of it
   local sql=(mariadb --socket="$DB/mysqld.sock" -u root)
   for _ in $(seq 60); do "${sql[@]}" -e 'select 1' >/dev/null 2>&1 && break; sleep 0.5; done
   "${sql[@]}" -e "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'margrpo-test';
-    GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; FLUSH PRIVILEGES;"
+    GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; FLUSH PRIVILEGES; DROP DATABASE IF EXISTS slurm_acct_db;"
   slurmdbd </dev/null >/dev/null 2>&1
   for _ in $(seq 60); do sacctmgr -n list cluster >/dev/null 2>&1 && break; sleep 0.5; done
   sacctmgr -i add cluster margrpo-test >/dev/null 2>&1 || true  # already there on a second start
@@ -182,6 +182,9 @@ database() {  # MariaDB for slurmdbd, on a data directory, socket and port of it
 start() {
   install
   stop_daemons
+  # every start a clean slate: a job an earlier cluster saved in its state (a held or suspended test job, whose
+  # processes may outlive that cluster in its namespaces) would hold a node, and its accounting would share job ids
+  rm -rf "$STATE/ctld"
   network
   configure
   if ! pgrep -x munged >/dev/null; then
@@ -190,9 +193,6 @@ start() {
   fi
   database
   slurmctld </dev/null >/dev/null 2>&1
-  # a job an earlier cluster saved in its state (a held or suspended test job) would hold the nodes: none is kept
-  for _ in $(seq 20); do squeue -h >/dev/null 2>&1 && break; sleep 0.5; done
-  squeue -h -o %i 2>/dev/null | xargs -r scancel 2>/dev/null || true
   for node in "${NODES[@]}"; do start_node "$node"; done
   for _ in $(seq 60); do
     if [ "$(sinfo -h -N -p debug -o '%N %T' 2>/dev/null | grep -cE 'idle|mixed|alloc')" -eq "${#NODES[@]}" ]; then
@@ -215,6 +215,7 @@ stop_daemons() {  # the daemons this script started, by their pid files: never a
   [ "${#pids[@]}" -gt 0 ] || return 0
   kill "${pids[@]}" 2>/dev/null || true
   for _ in $(seq 20); do kill -0 "${pids[@]}" 2>/dev/null || break; sleep 0.5; done
+  kill -9 "${pids[@]}" 2>/dev/null || true  # a slurmd stuck on a job of a namespace gone would block the next start
   rm -f /run/slurmctld.pid /run/slurmd-*.pid /run/slurmdbd.pid "$DB/mysqld.pid" "$STATE/munged.pid"
 }
 
