@@ -48,6 +48,8 @@ def cluster():
         pytest.skip("the test cluster needs root, iproute2 and Debian's slurm packages (scripts/slurm-cluster.sh)")
     script = REPO / "scripts/slurm-cluster.sh"
     start = subprocess.run(["bash", str(script), "start"], capture_output=True, text=True, timeout=600)
+    if start.returncode != 0:  # the daemons that did start go too: the next session starts from nothing
+        subprocess.run(["bash", str(script), "stop"], capture_output=True, timeout=120)
     assert start.returncode == 0, start.stdout[-2000:] + start.stderr[-3000:]
     yield
     subprocess.run(["bash", str(script), "stop"], capture_output=True, timeout=120)
