@@ -184,7 +184,7 @@ start() {
   stop_daemons
   # every start a clean slate: a job an earlier cluster saved in its state (a held or suspended test job, whose
   # processes may outlive that cluster in its namespaces) would hold a node, and its accounting would share job ids
-  rm -rf "$STATE/ctld"
+  rm -rf "$STATE/ctld" "$STATE"/node*/spool
   network
   configure
   if ! pgrep -x munged >/dev/null; then
@@ -203,7 +203,7 @@ start() {
   done
   echo "slurm-cluster: the nodes never became idle; see $LOGS/" >&2
   sinfo -N >&2 || true
-  tail -20 "$LOGS"/slurmctld.log "$LOGS"/slurmd-*.log >&2 || true
+  tail -n 20 "$LOGS"/slurmctld.log "$LOGS"/slurmd-*.log >&2 || true
   return 1
 }
 
