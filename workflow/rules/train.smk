@@ -3,6 +3,9 @@
 # moves the old state to <run>/aside-<time>/ (nothing is deleted) where a run by hand would stop and say why.
 
 
+TRAIN_LOG = f"logs/{NAME}/{{kind}}/{{policy}}/{{reward}}/{{setting}}/seed{{seed}}.log"
+
+
 rule train:
     """A GRPO run. `kind` train: the training ladder (grpo / fix / mte / sim, per base policy, reward setting and
     seed; `setting` is the variant). `kind` ablation: a Fig. 7 grid point (k, tau, S) of config/ablations.tsv, the
@@ -26,6 +29,9 @@ rule train:
         toypref=f"{TOYPREF}/model",
         launch=TRAIN_LAUNCH,
         threads=config["threads"],  # per process
+        # Snakemake deletes a job's log before each run (a retry, a requeued job's next segment): every segment is
+        # appended here, headed with its job id, restart count and time, and the log is a copy of it
+        segments=lambda wc: TRAIN_LOG.format(**dict(wc.items())) + ".segments",
         requeues=config["slurm"]["requeues"],  # a planned stop inside SLURM requeues the job (infra.slurm.after_stop)
     threads: config["threads"] * TRAIN_PROCS
     resources:
@@ -33,11 +39,12 @@ rule train:
         **slurm("train"),
     conda:
         "../../envs/margrpo.yaml"
-    log:  # appended: each retry or requeue of the job adds its part, headed with its job id, restart count and time
-        f"logs/{NAME}/{{kind}}/{{policy}}/{{reward}}/{{setting}}/seed{{seed}}.log",
+    log:
+        TRAIN_LOG,
     benchmark:
         f"timings/{NAME}/{{kind}}/{{policy}}/{{reward}}/{{setting}}/seed{{seed}}.tsv"
     shell:
         "{params.launch} train --policy-dir {input.policy:q} --suites-dir {params.suites_dir:q} --spec-json {params.spec:q}"
         " --toyclip-dir {params.toyclip:q} --toypref-dir {params.toypref:q} --seed {wildcards.seed:q} --out-dir {params.run_dir:q}"
-        " --threads {params.threads:q} --restart --requeues {params.requeues:q} >> {log:q} 2>&1"
+        " --threads {params.threads:q} --restart --requeues {params.requeues:q} >> {params.segments:q} 2>&1 || status=$?;"
+        " cp {params.segments:q} {log:q}; exit ${{status:-0}}"
