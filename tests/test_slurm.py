@@ -2,8 +2,10 @@
 "nodes" in network namespaces of their own, each with two stand-in GPUs and two CPUs its tasks are bound to; node1's
 own name resolves to 127.0.1.1 there, as on Debian): the geometry each GRPO job asks for, as SLURM records it; the
 CPUs each process holds; the command run once per job and once per node; each first update equal to the 1-process
-one; rendezvous ports of a job's own; a job cut by its time limit or requeued resumes to the uninterrupted result;
-a failing process ends its job at once.
+one; rendezvous ports of a job's own; a job stopped by the profile's warning signal, a real TIMEOUT, a `scancel`, a
+preemption or a requeue saves within KillWait and resumes to the uninterrupted result (requeued by itself, spending
+no retry, where the stop was planned; not undone by a retry where it was a `scancel`); a failing process ends its
+job at once. Every job runs with the profile's own default resources.
 
 Only the train jobs go through SLURM: the stages before them run locally once (they are what the smoke DAG tests).
 `make test-slurm`; needs root (namespaces, daemons).
@@ -27,8 +29,7 @@ pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 RUN = "train/toy-nova/toypref/fix/seed0"
-SMALL = ["mem_mb=500", "runtime=30"]  # the CPU rules' defaults; a train job's CPUs, memory and time are its own
-LONG = 250  # steps of the runs that a time limit or a requeue interrupts: more than one minute's work here
+LONG = 400  # steps of the runs a stop interrupts: about a minute's work here, longer than SLURM's 30 s time checks
 MEM = {"train": {"runtime": 30, "mem_mb": 1500}}  # the config's `slurm` section, sized for the test cluster
 TIMEOUT = 600  # a job status SLURM never reports fails the test here, naming where it stopped
 
@@ -95,9 +96,7 @@ def through_slurm(workdir: Path, config: Path, target: str, *args: str, expect: 
         "2",
         "--latency-wait",
         "5",
-        "--default-resources",
-        *SMALL,
-    )
+    )  # the profile's own default resources: its warning signal (--signal=TERM@300) goes with every job
     text = out.stdout + out.stderr
     assert out.returncode == expect, text[-6000:]
     return text, re.findall(r"SLURM jobid (\d+)", text)
@@ -284,46 +283,183 @@ def act_once_a_checkpoint_is_there(state: Path, *command: str, delay: float = 0)
 
 
 def resumed_at(log: str) -> int:
-    return int(re.search(r"resumed from .* at step (\d+)", log).group(1))
+    return int(re.findall(r"resumed from .* at step (\d+)", log)[-1])
 
 
-def test_a_train_job_cut_by_its_time_limit_saves_is_resubmitted_and_ends_as_the_uninterrupted_run(workdir):
-    """A one-minute limit (the config's slurm.train.runtime) on a run that needs more: each job saves before its
-    limit and exits 75; Snakemake's retries submit it again (the profile's 3; more here, where each job has only a
-    minute), and it resumes."""
-    config = write_config(workdir / "limit.yaml", "slurm-limit", 1, 1, "replicate", gpus=False, steps=LONG)
+def cut_config(workdir: Path, name: str) -> Path:
+    """The long run of a job that a stop interrupts: no periodic checkpoint before its last step (save_every =
+    LONG), so a run that resumes at a step > 0 resumed from the save its stop made."""
+    config = write_config(workdir / f"{name}.yaml", name, 1, 1, "replicate", gpus=False, steps=LONG)
     spec = yaml.safe_load(config.read_text())
-    spec["slurm"]["train"] = {"runtime": 1, "mem_mb": 1500}
+    spec["grpo"]["save_every"] = LONG
     config.write_text(yaml.safe_dump(spec, sort_keys=False))
-    # each one-minute job trains ~20-30 s after its start-up and margin: as many retries as a slow machine needs
-    text, jobs = through_slurm(workdir, config, f"results/slurm-limit/{RUN}/summary.json", "--retries", "12")
-    assert len(jobs) >= 2, text[-3000:]  # cut at least once
-    states = [job_record(j)["JobState"] for j in jobs]
-    assert states[-1] == "COMPLETED" and "TIMEOUT" not in states, states  # each stopped before SLURM cut it
-    log = (workdir / f"logs/slurm-limit/{RUN}.log").read_text()  # the last attempt's
-    assert "resumed from" in log, log[-3000:]
-    assert_same_run(workdir, "slurm-limit")
+    return config
 
 
-def test_a_requeued_train_job_resumes_and_snakemake_waits_for_it(workdir):
-    """`scontrol requeue` (what a preemption with PreemptMode=REQUEUE does): SIGTERM, the trainer saves; the same
-    job id runs again, resumes, and Snakemake reports success."""
-    config = write_config(workdir / "requeue.yaml", "slurm-requeue", 1, 1, "replicate", gpus=False, steps=LONG)
-    thread, done = act_once_a_checkpoint_is_there(
-        workdir / f"results/slurm-requeue/{RUN}/state", "scontrol", "requeue"
-    )
-    text, jobs = through_slurm(workdir, config, f"results/slurm-requeue/{RUN}/summary.json")
+def cut_while_training(workdir: Path, name: str, cuts: list, delay: float = 8) -> tuple[threading.Thread, dict]:
+    """A thread that cuts the run's job once per entry of `cuts` (a function of the job id and its record),
+    `delay` s after each segment began training: the first once the run folder is locked, each later one once the
+    log says the run resumed once more. Records what each cut returned."""
+    done = {"job": None, "cuts": []}
+    state, log = workdir / f"results/{name}/{RUN}/state", workdir / f"logs/{name}/{RUN}.log.segments"
+
+    def act():
+        deadline = time.time() + TIMEOUT
+        for i, cut in enumerate(cuts):
+            while time.time() < deadline:
+                text = log.read_text() if log.exists() else ""
+                if (state / ".lock").exists() if i == 0 else text.count("resumed from") >= i:
+                    break
+                if (state.parent / "summary.json").exists():  # the run ended before this cut: the test says so
+                    return
+                time.sleep(0.5)
+            time.sleep(delay)
+            running = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i"], capture_output=True, text=True)
+            done["job"] = done["job"] or (running.stdout.split() or ["none running"])[0]
+            done["cuts"].append(cut(done["job"], job_record(done["job"])))
+
+    thread = threading.Thread(target=act)
+    thread.start()
+    return thread, done
+
+
+def run(*command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(command, capture_output=True, text=True)
+
+
+def elapsed_s(record: dict) -> float:
+    return time.time() - time.mktime(time.strptime(record["StartTime"], "%Y-%m-%dT%H:%M:%S"))
+
+
+def segment_states(job: str) -> list[str]:
+    """sacct's state of each segment of a job (its requeues included), oldest first."""
+    out = run("sacct", "-X", "-n", "-P", "--duplicates", "-j", job, "-o", "State").stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def saved_within_killwait(log: str) -> list[float]:
+    seconds = [float(s) for s in re.findall(r"saved ([\d.]+) s after it", log)]
+    assert seconds and max(seconds) < 30, log[-3000:]  # KillWait
+    return seconds
+
+
+def test_a_train_job_cut_three_times_requeues_itself_and_spends_no_retry(workdir):
+    """The profile's warning signal (`--signal=TERM@300`: the job's time limit moved to 5 minutes from now, which
+    the run's own watch of its EndTime does not see), then twice the same SIGTERM by hand: each time the job saves
+    and requeues itself under its id (slurm.requeues); Snakemake waits on the one job, spends none of the
+    profile's retries, and sacct shows three segments REQUEUED and the last COMPLETED. The log keeps all four
+    segments, each headed with the job id and its restart count."""
+    name = "slurm-cuts"
+    config = cut_config(workdir, name)
+
+    def warn(job, record):  # SLURM's next check (every 30 s) sends the warning
+        update = run("scontrol", "update", f"JobId={job}", f"TimeLimit={int(elapsed_s(record) // 60) + 5}")
+        deadline = time.time() + 120
+        while time.time() < deadline and job_record(job)["JobState"] == "RUNNING":
+            time.sleep(0.5)
+        return update, run("scontrol", "update", f"JobId={job}", "TimeLimit=30")  # the next segment's own
+
+    def term(job, record):
+        return run("scancel", "--signal=TERM", job)
+
+    thread, done = cut_while_training(workdir, name, [warn, term, term], delay=3)
+    text, jobs = through_slurm(workdir, config, f"results/{name}/{RUN}/summary.json")
     thread.join()
-    assert done["out"].returncode == 0, done["out"].stderr
+    assert done["cuts"][0][0].returncode == 0 and jobs == [done["job"]], (jobs, done, text[-3000:])
+    job = job_record(jobs[0])
+    assert job["JobState"] == "COMPLETED" and job["Restarts"] == "3", job
+    assert segment_states(jobs[0]) == ["REQUEUED"] * 3 + ["COMPLETED"], segment_states(jobs[0])
+    log = (workdir / f"logs/{name}/{RUN}.log").read_text()
+    headers = re.findall(rf"==== [\d: -]+: SLURM job {jobs[0]}, restart (\d+), on node\d ====", log)
+    assert headers == ["0", "1", "2", "3"], log[-3000:]  # every segment kept (log.segments, copied to the log)
+    assert log.count(f"SLURM job {jobs[0]} requeued (") == 3 and resumed_at(log) > 0, log[-3000:]
+    saved_within_killwait(log)
+    assert_same_run(workdir, name)
+
+
+def test_a_train_job_cut_by_a_real_timeout_saves_within_killwait_and_its_retry_resumes(workdir):
+    """The time limit moved to now (`scontrol update TimeLimit=0`: EndTime = now): SLURM's next check sends the
+    warning and ends the job in the same breath (TIMEOUT: SIGTERM, then KillWait, 30 s). The run saves
+    within it and does not requeue itself (Snakemake reads TIMEOUT as failed at once); the profile's one retry
+    resumes from that save."""
+    name = "slurm-timeout"
+    config = cut_config(workdir, name)
+
+    def timeout(job, record):  # the limit now: SLURM's next check (every 30 s) warns and ends the job at once
+        return run("scontrol", "update", f"JobId={job}", "TimeLimit=0")
+
+    thread, done = cut_while_training(workdir, name, [timeout], delay=3)
+    text, jobs = through_slurm(workdir, config, f"results/{name}/{RUN}/summary.json")
+    thread.join()
+    assert done["cuts"][0].returncode == 0 and jobs[0] == done["job"] and len(jobs) == 2, (jobs, done, text[-3000:])
+    assert segment_states(jobs[0]) == ["TIMEOUT"] and job_record(jobs[1])["JobState"] == "COMPLETED"
+    log = (workdir / f"logs/{name}/{RUN}.log").read_text()
+    assert resumed_at(log) > 0, log[-3000:]  # the stop's save (save_every = LONG)
+    saved_within_killwait(log)
+    assert_same_run(workdir, name)
+
+
+def test_a_scancelled_train_job_saves_is_not_retried_and_the_next_snakemake_resumes_it(workdir):
+    """A plain `scancel` (a person's or an admin's stop; Snakemake's own on Ctrl-C): the job saves within KillWait
+    and is not requeued; the profile's retry stops at once with one line, so the rule fails saying the job was
+    cancelled and how to go on; the next `snakemake` resumes from the save."""
+    name = "slurm-scancel"
+    config = cut_config(workdir, name)
+    thread, done = cut_while_training(workdir, name, [lambda job, _: run("scancel", job)])
+    text, jobs = through_slurm(workdir, config, f"results/{name}/{RUN}/summary.json", expect=1)
+    thread.join()
+    assert done["cuts"][0].returncode == 0 and jobs[0] == done["job"], (jobs, done, text[-3000:])
+    assert segment_states(jobs[0]) == ["CANCELLED"], segment_states(jobs[0])
+    assert "was cancelled (scancel, or Snakemake stopped): not requeued" in text, text[-3000:]
+    assert "a retry does not undo that: run snakemake again to go on" in text, text[-3000:]
+    saved_within_killwait((workdir / f"logs/{name}/{RUN}.log").read_text())
+    through_slurm(workdir, config, f"results/{name}/{RUN}/summary.json")
+    log = (workdir / f"logs/{name}/{RUN}.log").read_text()
+    assert resumed_at(log) > 0, log[-3000:]
+    assert_same_run(workdir, name)
+
+
+def test_a_preempted_train_job_saves_requeues_itself_and_resumes(workdir):
+    """The `urgent` partition preempts the job (PreemptMode=CANCEL: SLURM would end it PREEMPTED): it saves
+    within KillWait and requeues itself, and Snakemake waits on the one job."""
+    name = "slurm-preempt"
+    config = cut_config(workdir, name)
+
+    def preempt(job, record):
+        urgent = ["sbatch", "--parsable", "-p", "urgent", f"--nodelist={record['NodeList']}", "-c", "2"]
+        return run(*urgent, "--mem=500", "-t", "1", "--wrap", "sleep 2")
+
+    thread, done = cut_while_training(workdir, name, [preempt])
+    text, jobs = through_slurm(workdir, config, f"results/{name}/{RUN}/summary.json")
+    thread.join()
+    assert done["cuts"][0].returncode == 0 and jobs == [done["job"]], (jobs, done, text[-3000:])
+    job = job_record(jobs[0])
+    assert job["JobState"] == "COMPLETED" and job["Restarts"] == "1", job
+    log = (workdir / f"logs/{name}/{RUN}.log").read_text()
+    assert f"SLURM job {jobs[0]} requeued (1 of at most" in log and resumed_at(log) > 0, log[-3000:]
+    saved_within_killwait(log)
+    assert_same_run(workdir, name)
+
+
+def test_a_requeued_train_job_resumes_from_its_signals_save_and_snakemake_waits_for_it(workdir):
+    """`scontrol requeue` from outside (what a preemption with PreemptMode=REQUEUE does): SIGTERM, the trainer
+    saves; the same job id runs again, resumes from that save (no periodic checkpoint before the last step), and
+    Snakemake reports success."""
+    name = "slurm-requeue"
+    config = cut_config(workdir, name)
+    thread, done = cut_while_training(workdir, name, [lambda job, _: run("scontrol", "requeue", job)])
+    text, jobs = through_slurm(workdir, config, f"results/{name}/{RUN}/summary.json")
+    thread.join()
+    assert done["cuts"][0].returncode == 0, done
     assert jobs == [done["job"]], (jobs, done)  # one submission: SLURM ran it again under its id
     job = job_record(jobs[0])
     assert job["JobState"] == "COMPLETED" and int(job["Restarts"]) == 1, job
-    log = (workdir / f"logs/slurm-requeue/{RUN}.log").read_text()
-    assert "resumed from" in log, log[-3000:]
-    assert_same_run(workdir, "slurm-requeue")
+    log = (workdir / f"logs/{name}/{RUN}.log").read_text()
+    assert resumed_at(log) > 0, log[-3000:]
+    assert_same_run(workdir, name)
 
 
-SHORT = 60  # steps of the two-node runs a signal or a time limit interrupts
+SHORT = 60  # steps of the two-node run a signal interrupts
 
 
 @pytest.fixture(scope="module")
@@ -334,33 +470,21 @@ def two_node_reference(workdir):
     return "slurm-2ref"
 
 
-def test_a_two_node_job_sent_sigterm_saves_and_its_retry_resumes_to_the_uninterrupted_run(workdir, two_node_reference):
-    """`scancel --signal=TERM` (what an administrator's stop or a preemption's grace sends every step): srun passes
-    it to each node's torchrun, torchrun to its worker, and the workers save after their step and exit; the retry
-    resumes from that save, not from the last periodic checkpoint."""
+def test_a_two_node_job_sent_sigterm_saves_and_requeues_itself_to_the_uninterrupted_run(workdir, two_node_reference):
+    """`scancel --signal=TERM` (what the profile's warning or a preemption's grace sends every step): srun passes
+    it to each node's torchrun, torchrun to its worker; the workers save and the main process requeues the job
+    (it is still RUNNING: a planned stop); it resumes from that save, not from the last periodic checkpoint."""
     config = write_config(workdir / "term.yaml", "slurm-term", 1, 2, "full_shard", gpus=False, steps=SHORT)
     state = workdir / f"results/slurm-term/{RUN}/state"
     thread, done = act_once_a_checkpoint_is_there(state, "scancel", "--signal=TERM", delay=5)  # a few steps on
-    text, jobs = through_slurm(workdir, config, f"results/slurm-term/{RUN}/summary.json", "--retries", "1")
+    text, jobs = through_slurm(workdir, config, f"results/slurm-term/{RUN}/summary.json")
     thread.join()
-    assert done["out"].returncode == 0 and jobs[0] == done["job"] and len(jobs) == 2, (jobs, done, text[-3000:])
-    log = (workdir / f"logs/slurm-term/{RUN}.log").read_text()  # the retry's
+    assert done["out"].returncode == 0 and jobs == [done["job"]], (jobs, done, text[-3000:])
+    assert job_record(jobs[0])["Restarts"] == "1" and segment_states(jobs[0]) == ["REQUEUED", "COMPLETED"]
+    log = (workdir / f"logs/slurm-term/{RUN}.log").read_text()
     assert resumed_at(log) > 25, log[-3000:]  # saved on the signal (the periodic checkpoint is step 25's)
+    saved_within_killwait(log)
     assert_same_run(workdir, "slurm-term", two_node_reference, SHORT)
-
-
-def test_a_two_node_job_cut_by_its_time_limit_resumes_to_the_uninterrupted_run(workdir, two_node_reference):
-    """A two-minute limit on the two-node run (its jobs take ~30 s to start training, a step ~1.2 s): the
-    processes agree to save before the limit, and the retry resumes."""
-    config = write_config(workdir / "limit2.yaml", "slurm-limit2", 1, 2, "full_shard", gpus=False, steps=SHORT)
-    spec = yaml.safe_load(config.read_text())
-    spec["slurm"]["train"] = {"runtime": 2, "mem_mb": 1500}
-    config.write_text(yaml.safe_dump(spec, sort_keys=False))
-    text, jobs = through_slurm(workdir, config, f"results/slurm-limit2/{RUN}/summary.json", "--retries", "6")
-    states = [job_record(j)["JobState"] for j in jobs]
-    assert len(jobs) >= 2 and states[-1] == "COMPLETED" and "TIMEOUT" not in states, (states, text[-3000:])
-    assert "resumed from" in (workdir / f"logs/slurm-limit2/{RUN}.log").read_text()
-    assert_same_run(workdir, "slurm-limit2", two_node_reference, SHORT)
 
 
 PROBE = """
