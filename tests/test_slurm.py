@@ -427,7 +427,7 @@ def test_a_preempted_train_job_saves_requeues_itself_and_resumes(workdir):
 
     def preempt(job, record):
         urgent = ["sbatch", "--parsable", "-p", "urgent", f"--nodelist={record['NodeList']}", "-c", "2"]
-        return run(*urgent, "--mem=500", "-t", "1", "--wrap", "sleep 2")
+        return run(*urgent, "--mem=500", "-t", "1", "-o", "/dev/null", "--wrap", "sleep 2")
 
     thread, done = cut_while_training(workdir, name, [preempt])
     text, jobs = through_slurm(workdir, config, f"results/{name}/{RUN}/summary.json")
