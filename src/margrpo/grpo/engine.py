@@ -85,6 +85,10 @@ class Engine:
         dist.all_reduce(y)
         return y.to(x.device)
 
+    def any_process(self, flag: bool) -> bool:
+        """Whether any process says `flag`: one all-reduce of one float where there are several, none on one."""
+        return flag if self.world == 1 else self.all_sum(torch.tensor([float(flag)])).item() > 0
+
     def all_cat(self, x: torch.Tensor) -> torch.Tensor:
         """Every process's x (same shape on each) concatenated along dim 0, in rank order, on x's device."""
         if self.world == 1:

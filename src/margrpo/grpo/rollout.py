@@ -358,19 +358,14 @@ def generate(
 ) -> Rollout:
     """Generate group_size images per prompt and record the trajectory (design.md §3.2).
 
-    With `trajectories` S > 1, every AR step in `mte_steps` (default: all) also draws S - 1 more
-    trajectories of each token it predicts, from the same z_k and guidance, batched into the head
-    calls of the committed trajectory (Algorithm 2). Their noise comes from `mte_generator`, so the
-    committed trajectory, and the images, are identical for every S given the same `generator`.
-    `shared_order`: the images of a group share one generation order (common random numbers for the
-    group baseline); `shared_noise`: they share each token's initial diffusion noise (per prompt and
-    position), so what differs within a group is the scored SDE noise (and the order, unless shared).
-    `generator` / `mte_generator` may be lists, one per prompt: each group then draws from its own
-    streams, so its samples do not depend on the batch it shares (data-parallel ranks split groups). `full_steps`:
-    the AR steps that record every unknown token (default all; MTE's always); the rest only their committed ones.
-    `ar_step_limit`, `on_record`: an instrument's (grpo.step_hooks): the AR steps to run, a view of the record.
-    `before_ar_step(k)`: called before each AR step's pass (the trainer's stop check, which may raise to give the
-    rollout up, and an instrument's view).
+    With S = `trajectories` > 1, every AR step in `mte_steps` (default: all) also draws S - 1 more trajectories of
+    each token it predicts, from the same z_k and guidance, in the committed trajectory's head calls (Algorithm 2),
+    their noise from `mte_generator`: the committed trajectory and the images are the same for every S.
+    `shared_order` / `shared_noise`: a group's images share one generation order / each token's initial noise.
+    `generator` / `mte_generator` may be lists, one per prompt: each group draws from its own streams, so its samples
+    do not depend on the batch it shares (data-parallel ranks split groups). `full_steps`: the AR steps that record
+    every unknown token (default all; MTE's always). Hooks (grpo.step_hooks): `ar_step_limit`, `on_record` (a view of
+    the record); `before_ar_step(k)` runs before AR step k (the trainer's stop check may raise to give it up).
     """
     if trajectories < 1:
         raise ValueError("trajectories (S) must be >= 1")
@@ -382,14 +377,12 @@ def generate(
         scales = cfg_scales(sampling, L, schedule)
         cond, uncond = prompt_conditions(policy, prompts, group_size, guided=sampling.cfg_scale != 1.0)
         streams = _streams(len(prompts), generator, mte_generator)
-        orders = torch.cat([_draw_orders(st.count, group_size, L, st.generator, shared_order) for st in streams]).to(
-            device
-        )  # [N, L]
+        orders = [_draw_orders(st.count, group_size, L, st.generator, shared_order) for st in streams]
+        orders = torch.cat(orders).to(device)  # [N, L]
         N, S1 = len(orders), trajectories - 1
         rec = _Record.empty(len(schedule), sampling.diffusion_steps, N, L, D, S1, mte_steps, device)
         (on_record or _nothing)(rec)
         full = _full_steps(len(schedule), full_steps, rec.mte_steps if S1 else None)
-        conds = (cond, uncond)
         tokens = _ar_steps(
             policy,
             sampler,
@@ -399,7 +392,7 @@ def generate(
             full,
             streams,
             orders,
-            conds,
+            (cond, uncond),
             scales,
             group_size,
             shared_noise,

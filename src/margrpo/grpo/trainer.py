@@ -78,10 +78,7 @@ class StepGuard:
         if not self.armed:
             return
         mine = self.stop.signalled  # read once: a signal may come at any time
-        asked = mine is not None
-        if self.engine.world > 1:
-            asked = self.engine.all_sum(torch.tensor([float(asked)])).item() > 0
-        if asked:
+        if self.engine.any_process(mine is not None):
             self.armed = False
             raise StepAbandoned(f"{mine} received" if mine else "another process was asked to stop")
 
@@ -179,7 +176,7 @@ class GRPOTrainer:
         if self.stop_request is None:  # every process alike: no collective
             return None
         why = self.stop_request.reason(next_seconds)
-        if self.engine.all_sum(torch.tensor([float(why is not None)])).item() == 0:
+        if not self.engine.any_process(why is not None):
             return None
         why = why or "another process was asked to stop"
         log.warning("saving and stopping at step %d of %d: %s", self.step, self.cfg.steps, why)
