@@ -229,3 +229,20 @@ def test_without_accounting_scontrol_tells_a_preemption_and_a_time_limit(monkeyp
     assert slurm.ending_state("42") == "TIMEOUT"
     fake.record.update(Reason="None")  # a scancel: not told apart without accounting; not noted, not requeued
     assert slurm.ending_state("42") == "COMPLETING"
+
+
+def test_a_job_the_executor_gave_up_on_ends_resumable_and_its_retry_goes_on(tmp_path, monkeypatch):
+    """margrpo-slurm's own scancel (a job it gave up on, marked in its Comment first) is not a person's: no note,
+    so the retry it submits resumes the run instead of stopping."""
+    fake = FakeSlurm(monkeypatch, "COMPLETING", "CANCELLED by 0")
+    fake.record["Comment"] = slurm.GIVEN_UP
+    assert slurm.after_stop(20, tmp_path, 7) == "ended"
+    assert not (tmp_path / slurm.CANCELLED_NOTE).exists() and fake.calls == []
+    slurm.refuse_cancelled_retry(tmp_path, remove=True)  # the retry goes on
+
+
+def test_the_executor_marks_a_job_it_gives_up_on_before_its_scancel(monkeypatch):
+    calls = []
+    monkeypatch.setattr(slurm.subprocess, "run", lambda cmd, **kwargs: calls.append(cmd))
+    slurm.mark_given_up(["42", "43"])
+    assert calls == [["scontrol", "update", f"JobId={j}", f"Comment={slurm.GIVEN_UP}"] for j in ("42", "43")]

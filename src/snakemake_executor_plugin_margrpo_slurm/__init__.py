@@ -20,6 +20,7 @@ from snakemake_executor_plugin_slurm.job_cancellation import cancel_slurm_jobs
 from snakemake_interface_common.exceptions import WorkflowError
 from snakemake_interface_executor_plugins.executors.base import SubmittedJobInfo
 
+from margrpo.infra.slurm import mark_given_up
 from margrpo.infra.slurm_states import JobStates
 
 PINNED = "2.8.0"  # the version whose status path this wraps (constraints.txt)
@@ -84,6 +85,7 @@ class Executor(slurm.Executor):
 
     def cancel_given_up(self, jobs: list[str]) -> None:
         """The plugin's own `scancel` of jobs given up on; one that fails is sent again at the next status query."""
+        mark_given_up(jobs)  # not a person's scancel: the job ends resumable and its retry goes on (infra.slurm)
         try:
             cancel_slurm_jobs([SubmittedJobInfo(None, job) for job in jobs], self._submitted_job_clusters, self.logger)
         except WorkflowError as e:

@@ -221,6 +221,22 @@ def ending_state(job_id: str, wait_s: float = 10.0) -> str:
 # a deliberate stop (`scancel` by a person or an admin, Snakemake's own on Ctrl-C): the run folder's note of it, so
 # that a retry within the same Snakemake run (the profile's `retries`) does not undo it
 CANCELLED_NOTE = "cancelled.json"
+GIVEN_UP = "margrpo-slurm-gave-up"  # the Comment margrpo-slurm sets on a job it gives up on, before its scancel
+
+
+def mark_given_up(jobs: list[str]) -> None:
+    """Tell a job the executor cancels from a person's `scancel` (its Comment): the job then ends resumable, and the
+    retry Snakemake submits next resumes it. A failed mark leaves a plain scancel (the retry stops, naming it)."""
+    for job in jobs:
+        subprocess.run(["scontrol", "update", f"JobId={job}", f"Comment={GIVEN_UP}"], capture_output=True, check=False)
+
+
+def given_up(job_id: str) -> bool:
+    """Whether margrpo-slurm gave this job up (`mark_given_up`) before it was cancelled."""
+    try:
+        return job_record(job_id).get("Comment") == GIVEN_UP
+    except (RuntimeError, OSError, subprocess.CalledProcessError):
+        return False
 
 
 def after_stop(limit: int, run_dir: Path, step: int, job_id: str | None = None) -> str:
@@ -233,6 +249,9 @@ def after_stop(limit: int, run_dir: Path, step: int, job_id: str | None = None) 
     if not job_id:
         return "ended"
     state = ending_state(job_id)
+    if state == "CANCELLED" and given_up(job_id):  # the executor's scancel before a retry: that retry resumes it
+        log.warning("SLURM job %s was given up on by margrpo-slurm, not stopped by a person: ending resumable", job_id)
+        return "ended"
     if state == "CANCELLED":
         note = {"job": job_id, "job_name": _job_name(job_id), "step": step, "at": time.strftime("%Y-%m-%d %H:%M:%S")}
         (run_dir / CANCELLED_NOTE).write_text(json.dumps(note) + "\n")
