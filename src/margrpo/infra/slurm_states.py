@@ -22,10 +22,10 @@ job, for `patience` seconds. A paused job reads as PENDING too: after `patience`
 state, the reason, and the command that lets it go on), and after `held_patience` seconds it is given up. A job
 given up on is cancelled (`scancel`) and reads as PENDING until the controller (`squeue`, not sacct: sacct writes
 CANCELLED while the job's processes still run, COMPLETING) shows it ended or no longer knows it; only then does it
-read as FAILED: Snakemake retries it (the profile's retries) or stops. A train job that was running when
-cancelled saved its state and takes the scancel as a person's (infra.slurm.after_stop: the next `snakemake`
-resumes it); one that was not resumes in its retry. A job that SLURM requeues, or a person lets go on, in time
-(PENDING, RUNNING again) is never failed.
+read as FAILED: Snakemake retries it (the profile's retries) or stops. The job is marked given up in its Comment
+before the scancel (infra.slurm.mark_given_up), so a train job that was running saves its state and ends resumable,
+not as after a person's scancel: its retry resumes it, as it does one that was not running. A job that SLURM
+requeues, or a person lets go on, in time (PENDING, RUNNING again) is never failed.
 """
 
 from __future__ import annotations
