@@ -256,9 +256,14 @@ def launch_slurm(nodes: int, per_node: int, port: int | str, command: list[str])
         file=sys.stderr,
         flush=True,
     )
-    # this launcher is the batch script's process: `scancel --full`, `sbatch --signal=B:...` and a requeue signal it
-    # (the default action would end it and its store), from before srun starts. srun forwards TERM and USR1 to
-    # every node's torchrun; a lone SIGINT is srun's request for a status line, so INT goes on as TERM
+    return _run_forwarding_stops(srun + agent)
+
+
+def _run_forwarding_stops(command: list[str]) -> int:
+    """Run srun's `command` to its end from this launcher, the batch script's process: `scancel --full`, `sbatch
+    --signal=B:...` and a requeue signal it (the default action would end it and its store), from before srun
+    starts. srun forwards TERM and USR1 to every node's torchrun; a lone SIGINT is srun's request for a status line,
+    so INT goes on as TERM."""
     steps: list[subprocess.Popen] = []
     asked: list[int] = []
 
@@ -270,7 +275,7 @@ def launch_slurm(nodes: int, per_node: int, port: int | str, command: list[str])
 
     for sig in STOP_SIGNALS:
         signal.signal(sig, forward)
-    steps.append(subprocess.Popen(srun + agent))
+    steps.append(subprocess.Popen(command))
     for sig in dict.fromkeys(asked):
         steps[0].send_signal(sig)
     return steps[0].wait()
