@@ -184,10 +184,11 @@ def train(out: Path) -> None:
     finally:
         if stop:
             stop.close()
-    (out / f"stopped-rank{rank}.json").write_text(json.dumps({"stopped": trainer.stopped, "step": trainer.step}))
     if trainer.engine.is_main:
         trainer.write_outputs({"variant": {"name": "grpo"}})
-    recorded = list(writes)
+    recorded = list(writes)  # the run's own writes: what the test's file below is not
+    if stop_at:
+        (out / f"stopped-rank{rank}.json").write_text(json.dumps({"stopped": trainer.stopped, "step": trainer.step}))
     torch.save(
         list(trainer.engine.full_tensors(dict(trainer.policy.named_parameters())).values()),
         out / f"params-rank{rank}.pt",
