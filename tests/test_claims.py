@@ -91,7 +91,7 @@ def test_claims_from_fixed_runs(tmp_path):
     assert list(f.metric) == ["val@early", "val@final-early"] and list(f.verdict) == ["reproduced", "reproduced"]
     assert list(f["diff"]) == pytest.approx([0.03, -0.05], abs=0.003)
     assert (c.claims[(c.claims.verdict == "reproduced") & (c.claims.claim != "b")]["mde80"] >= 0).all()
-    ladder = c.claims[(c.claims.claim == "a") & (c.claims.metric == "val@best")]
+    ladder = c.claims[(c.claims.claim == "a") & (c.claims.metric == "val@best-heldout")]
     assert list(ladder.verdict) == ["reproduced"] * 3 and len(ladder) == 3
     assert ladder["diff"].to_numpy() == pytest.approx([0.06, 0.02, 0.02], abs=0.005)
     b = c.claims[c.claims.claim == "b"]
@@ -102,7 +102,7 @@ def test_claims_from_fixed_runs(tmp_path):
     assert len(c.power) == 5 and c.power["met"].all() and (c.power["t_half"] < 0.01).all()
     # the t columns of every paired difference agree with scipy's paired interval on the per-seed means
     row = c.paired[
-        (c.paired.metric == "val@best") & (c.paired.method == "+Sim") & (c.paired.reference == "GRPO*")
+        (c.paired.metric == "val@best-heldout") & (c.paired.method == "+Sim") & (c.paired.reference == "GRPO*")
     ].iloc[0]
     per_seed = [float(x) for x in row["per_seed"].split(";")]
     ref = stats.ttest_1samp(per_seed, 0).confidence_interval(0.95)
@@ -131,7 +131,7 @@ def test_a_second_seed_set_decides_each_claim_again_and_only_agreement_counts(tm
     c = claims(tmp_path, {**spec, "replicate_seeds": [4, 5, 6, 7]})
     assert "both" not in alone.claims and c.claims[list(alone.claims)].equals(alone.claims)  # the first set's columns
     a = c.claims[c.claims.claim == "a"].set_index(["metric", "comparison"])
-    sim, fix = a.loc[("val@best", "+Sim - +Fix*")], a.loc[("val@best", "+Fix* - GRPO*")]
+    sim, fix = a.loc[("val@best-heldout", "+Sim - +Fix*")], a.loc[("val@best-heldout", "+Fix* - GRPO*")]
     assert (sim.verdict, sim.replicate_verdict, sim.both) == ("reproduced", "refuted", "differs")
     assert (fix.verdict, fix.replicate_verdict, fix.both) == ("reproduced", "reproduced", "reproduced")
     assert fix.replicate_n_seeds == 4 and fix.replicate_mde80 > 0
@@ -144,7 +144,8 @@ def test_a_second_seed_set_decides_each_claim_again_and_only_agreement_counts(tm
     )
     p = part.claims[part.claims.claim == "a"].set_index(["metric", "comparison"])
     assert (
-        p.loc[("val@best", "+Sim - +Fix*")].both == "–" and p.loc[("val@best", "+Fix* - GRPO*")].both == "reproduced"
+        p.loc[("val@best-heldout", "+Sim - +Fix*")].both == "–"
+        and p.loc[("val@best-heldout", "+Fix* - GRPO*")].both == "reproduced"
     )
     assert "nan" not in to_markdown(part).lower()
 

@@ -4,6 +4,7 @@ test_reporting_figures.py."""
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -137,8 +138,27 @@ def test_tables_write_three_formats(tree, tmp_path):
     assert pd.read_csv(tmp_path / "table1.csv")["method"].tolist() == ["Base", "+GRPO*", "Ours"]
 
 
+OFFSETS = np.array([0.05, -0.02, -0.05, 0.02])  # per-prompt: mean 0 on the even and on the odd prompts
+
+
+def _with_val_scores(tree, root):
+    """A copy of the tree whose summaries hold each validated step's per-prompt scores (the planted reward plus
+    OFFSETS) and the base's: the held-out best step is the best one on either half."""
+    shutil.copytree(tree["root"], root)
+    for run in tree["runs"]:
+        val = load_metrics(root, run)[["step", "val_reward"]].dropna()
+        ckpts = [
+            {"step": int(s), "val_reward": float(v), "val_scores": list(v + OFFSETS), "path": None}
+            for s, v in zip(val["step"], val["val_reward"])
+        ]
+        summary = {"base_val_reward": BASE_VAL, "base_val_scores": list(BASE_VAL + OFFSETS), "checkpoints": ckpts}
+        atomic_write_json(root / run / "summary.json", summary)
+    return root
+
+
 def test_val_gain_pairs_each_run_with_its_base(tree, tmp_path):
-    t = tables.val_gain(tree["root"], {"runs": tree["runs"], "variants": VARIANTS}, 0.95)
+    root = _with_val_scores(tree, tmp_path / "tree")
+    t = tables.val_gain(root, {"runs": tree["runs"], "variants": VARIANTS}, 0.95)
     df = t.data
     assert df["method"].tolist() == ["Base", "GRPO", "+Fix", "+MTE", "+Sim"]
     assert t.metrics == [
@@ -147,6 +167,7 @@ def test_val_gain_pairs_each_run_with_its_base(tree, tmp_path):
         ("gain", "step 8"),
         ("gain", "step 12"),
         ("gain", "best"),
+        ("gain", "best, held out"),
     ]
     assert df.at[0, "val/base/mean"] == BASE_VAL and math.isnan(df.at[0, "gain/best/mean"])
     for v, method in zip(VARIANTS, df["method"][1:]):
@@ -160,11 +181,14 @@ def test_val_gain_pairs_each_run_with_its_base(tree, tmp_path):
         assert math.isclose(
             row["gain/best/mean"], np.mean([0.3 + 0.12 * sc - BASE_VAL for sc in scales]), rel_tol=1e-9
         )
+        # every step lifts every prompt alike, so both halves choose the best step and the held-out gain is its gain
+        assert math.isclose(row["gain/best, held out/mean"], row["gain/best/mean"], rel_tol=1e-9)
     best = tables._best(t)
     assert (0, ("val", "base")) not in best  # the lone base value is not "best" of anything
     assert {i for i, m in best if m[0] == "gain"} == {4}  # +Sim has the largest gains
     paths = tables.write_table(t, tmp_path / "val_gain")
     assert "Gain over the base policy" in paths[2].read_text() and "step 12" in paths[1].read_text()
+    assert "best, held out" in paths[1].read_text() and "biased upward" in t.caption
 
 
 def test_val_gain_without_a_base_reward_names_the_file(tmp_path):

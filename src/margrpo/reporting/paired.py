@@ -126,13 +126,14 @@ class RunScores:
     run: str
     seed: int
     base_val: np.ndarray  # the base policy's per-prompt validation reward (same prompts and noise)
-    best: np.ndarray  # per-prompt validation reward at the best trained step
+    best: np.ndarray  # per-prompt validation reward at the best trained step (chosen on these prompts: biased up)
     final: np.ndarray  # ... at the last step
     early: np.ndarray  # ... at the first validated step after the base (the rise of claim f)
     best_step: int
     compbench: pd.Series | None  # strict score per image file, at the reported checkpoint
     dynamics: pd.DataFrame = field(repr=False, default=None)  # step, grad_norm_ar, grad_var_ar
     selected: np.ndarray | None = None  # per-prompt validation reward at the reported checkpoint (selection.json)
+    heldout: np.ndarray | None = None  # ... at the best step chosen on the other half of the prompts (`heldout_best`)
 
 
 def _val_scores(entry: dict, where: str) -> np.ndarray:
@@ -143,6 +144,36 @@ def _val_scores(entry: dict, where: str) -> np.ndarray:
             "report); retrain the run"
         )
     return np.asarray(scores, dtype=np.float64)
+
+
+def heldout_best(checkpoints: Sequence[dict], where: str) -> np.ndarray:
+    """Per-prompt validation reward at a best step that prompt took no part in choosing (cross-fitting).
+
+    The validation prompts split into two fixed halves, even and odd index. The best trained step on one half
+    (highest mean, ties to the earliest, as `select_checkpoint`) scores the prompts of the other, and the other
+    way round. The best step scored on the prompts that chose it is a maximum of noisy means, above the base
+    even for a run that learned nothing; here the prompts that choose a step never judge it, so the mean is an
+    unbiased estimate of what a step chosen by validation is worth. `checkpoints`: a summary.json's list."""
+    ckpts = sorted(
+        (c for c in checkpoints if c.get("val_reward") is not None and int(c["step"]) > 0), key=lambda c: c["step"]
+    )
+    if not ckpts:
+        raise ValueError(f"{where} has no validated checkpoint")
+    rows = [_val_scores(c, where) for c in ckpts]
+    if len({r.shape for r in rows}) > 1:
+        raise ValueError(f"{where}: its checkpoints were validated on different numbers of prompts")
+    scores = np.stack(rows)  # steps x prompts
+    if scores.shape[1] < 2:
+        raise ValueError(
+            f"{where}: {scores.shape[1]} validation prompt(s); the held-out best step needs two halves "
+            "(val_prompts >= 2)"
+        )
+    out = np.empty(scores.shape[1])
+    for chooses, judged in ((slice(0, None, 2), slice(1, None, 2)), (slice(1, None, 2), slice(0, None, 2))):
+        means = scores[:, chooses].mean(axis=1)
+        chosen = int(np.argmax(np.where(np.isfinite(means), means, -np.inf)))  # the first maximum: the earliest step
+        out[judged] = scores[chosen, judged]
+    return out
 
 
 def _compbench(root: Path, run: str) -> pd.Series | None:
@@ -182,6 +213,7 @@ def load_run(root: str | Path, run: str) -> RunScores:
         _compbench(root, run) if selected is not None else None,
         metrics,
         at_selected,
+        heldout_best(ckpts, where) if base.size >= 2 else None,  # one prompt: no halves (val@best-heldout says so)
     )
 
 
@@ -201,14 +233,22 @@ def _per_prompt(a: RunScores, b: RunScores | None, metric: str, base_compbench: 
         return (joined.iloc[:, 0] - joined.iloc[:, 1]).to_numpy()
     if metric == "val@final-early":  # a run against itself: from its first validated step to its last
         return a.final - a.early
-    pick = {"val@best": "best", "val@final": "final", "val@early": "early", "val@selected": "selected"}[metric]
+    pick = {
+        "val@best": "best",
+        "val@best-heldout": "heldout",
+        "val@final": "final",
+        "val@early": "early",
+        "val@selected": "selected",
+    }[metric]
     x = getattr(a, pick)
     y = a.base_val if b is None else getattr(b, pick)
     if x is None or y is None:
-        raise ValueError(
-            f"{a.run}{'' if b is None else ' or ' + b.run}: no validated checkpoint at the step its "
-            "selection.json reports (written by `margrpo select`)"
+        why = (
+            "one validation prompt: no two halves to choose the best step on (val_prompts >= 2)"
+            if pick == "heldout"
+            else "no validated checkpoint at the step its selection.json reports (written by `margrpo select`)"
         )
+        raise ValueError(f"{a.run}{'' if b is None else ' or ' + b.run}: {why}")
     if x.shape != y.shape:
         raise ValueError(
             f"{a.run} and {b.run if b else 'its base'} were validated on different prompts ({x.shape} vs {y.shape})"

@@ -20,9 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from margrpo.infra.files import atomic_write_csv, atomic_write_text
+from margrpo.reporting.paired import heldout_best
 from margrpo.reporting.results import (
     RunId,
     comparable_scores,
@@ -241,6 +243,24 @@ def _run_gains(root: str | Path, run: str) -> tuple[float, dict[int, float]]:
     return float(base), {int(step): float(v) - float(base) for step, v in zip(val["step"], val["val_reward"])}
 
 
+def _heldout_gain(root: str | Path, run: str) -> float:
+    """One run's held-out best gain (`paired.heldout_best`): on each half of the validation prompts, the gain of the
+    best step chosen on the other half over the base; the two halves' gains averaged."""
+    where = Path(root) / run / "summary.json"
+    summary = load_summary(root, run)
+    base = np.asarray(summary.get("base_val_scores") or [], dtype=np.float64)
+    if not base.size:
+        raise ValueError(f"{where} has no per-prompt base_val_scores (written by `margrpo train`); retrain the run")
+    scores = heldout_best(summary["checkpoints"], str(where))
+    if scores.shape != base.shape:
+        raise ValueError(
+            f"{where}: the base and the checkpoints were validated on different prompts "
+            f"({base.size} vs {scores.size} scores)"
+        )
+    diff = scores - base
+    return float((diff[0::2].mean() + diff[1::2].mean()) / 2)
+
+
 def _gain_records(rows: list[tuple], metrics: list[tuple[str, str]], confidence: float) -> list[dict]:
     """val_gain's table rows: a row's labels and runs, then mean, CI half-width and n of each metric's values."""
     records = []
@@ -267,21 +287,28 @@ def val_gain(root: str | Path, spec: dict, confidence: float = 0.95, digits: int
     ``spec = {"runs": [train/... runs], "variants": [grpo, fix, ...]}``. A run's gain at step s is
     its validation reward at s minus the base policy's on the same prompts and seeds (its
     ``summary.json``), so every seed is paired with its own baseline. ``best`` is the maximum
-    over steps — what checkpoint selection sees, biased upwards by taking a maximum of noisy values.
+    over steps — what checkpoint selection sees, biased upwards by taking a maximum of noisy values:
+    a run that learned nothing shows a positive best. ``best, held out`` is its honest reference: the
+    step is chosen on one half of the validation prompts and its gain measured on the other, both ways
+    (`paired.heldout_best`), so a run that learned nothing has an expected held-out best of 0.
     """
     runs = [parse_run(r) for r in spec["runs"]]
     if not runs:
         raise ValueError("val_gain: no runs given")
     variants = list(spec.get("variants") or dict.fromkeys(r.variant for r in runs))
     gains = {r.run: _run_gains(root, r.run) for r in runs}
+    heldout = {r.run: _heldout_gain(root, r.run) for r in runs}
     steps = sorted({s for _, g in gains.values() for s in g})
-    metrics = [("val", "base")] + [("gain", f"step {s}") for s in steps] + [("gain", "best")]
+    metrics = (
+        [("val", "base")] + [("gain", f"step {s}") for s in steps] + [("gain", "best"), ("gain", "best, held out")]
+    )
     policies, rewards = _policies_rewards(runs)
 
     def cells(picked: list[str]) -> dict[tuple[str, str], list[float]]:
         """A variant row's values per metric: one gain per run (seed); the base reward is on the Base row."""
         out = {("gain", f"step {s}"): [gains[r][1][s] for r in picked if s in gains[r][1]] for s in steps}
         out[("gain", "best")] = [max(gains[r][1].values()) for r in picked if gains[r][1]]
+        out[("gain", "best, held out")] = [heldout[r] for r in picked]
         return out
 
     rows = []  # (labels, values per metric)
@@ -301,7 +328,9 @@ def val_gain(root: str | Path, spec: dict, confidence: float = 0.95, digits: int
     caption = (
         "Validation reward of the base policy and each variant's gain over it (validation reward minus the "
         "base policy's on the same prompts and seeds), per validation step and at the best step. "
-        + _ci_note(confidence)
+        "Best: the maximum over steps, biased upward (a run that learned nothing shows a positive one). "
+        "Best, held out: the honest estimate — the best step chosen on half of the validation prompts "
+        "(even or odd index), its gain measured on the other half, both ways and averaged. " + _ci_note(confidence)
     )
     for col in ("policy", "reward"):
         if data[col].nunique() == 1:
