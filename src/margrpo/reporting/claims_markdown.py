@@ -41,8 +41,9 @@ def to_markdown(c: Claims) -> str:
     if len(c.power):
         out += [
             "",
-            f"**Power.** 95% CI half-width of variant - GRPO* on the validation reward at the best step "
-            f"(target <= {POWER_TARGET}) and the smallest effect detected with 80% power:",
+            "**Power.** 95% CI half-width of variant - GRPO* on the validation reward at the held-out best step "
+            "(`val@best-heldout`: each half of the validation prompts scored at the best step the other half chose; "
+            f"target <= {POWER_TARGET}) and the smallest effect detected with 80% power:",
             "",
             "| block | method | seeds | difference | half-width (t) | half-width (bootstrap) | MDE80 | target met |",
             "|:---|:---|---:|---:|---:|---:|---:|:---|",
