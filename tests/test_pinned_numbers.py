@@ -1,7 +1,7 @@
-"""Every number stays as it was through a refactor (issue 69): four short runs of the tiny toy (tests/pinned_numbers.py)
-against the numbers 044f26d's code made, before the method moved into grpo/variants.py and the related trainers into
-the run loop. On the CPU that made them they must be the same bits; elsewhere within a tolerance far below what a
-changed loss weight, mask or step order moves (float kernels differ between CPU models)."""
+"""Every number stays as it was through a refactor (issue 69): four short runs of the tiny toy
+(tests/pinned_numbers.py) against the numbers 044f26d's code made, before the method moved into grpo/variants.py and
+the related trainers into the run loop. On the CPU that made them they must be the same bits; elsewhere within a
+tolerance far below what a changed loss weight, mask or step order moves (float kernels differ between CPU models)."""
 
 import json
 import math
