@@ -177,3 +177,20 @@ def test_reward_preprocessing_times_the_real_path_at_one_and_two_threads(repo):
     lines = [line for line in run.stdout.splitlines() if line.startswith("threads ")]
     assert [line.split(":")[0] for line in lines] == ["threads 1", "threads 2"], run.stdout
     assert all("2 images of 64 px: median" in line and "% of a 20 s step" in line for line in lines), run.stdout
+
+
+def test_save_stall_tiny_measures_both_saves(repo, tmp_path):
+    out = tmp_path / "stall.json"
+    run = subprocess.run(
+        [sys.executable, str(repo / "benchmarks/save_stall.py"), "--gib", "0.01", "--repeats", "1", "--out", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["state_gib"] >= 0.01 and [r["background"] for r in report["rows"]] == [False, True]
+    behind = report["rows"][1]
+    assert 0 < behind["stall_s"] <= behind["on_disk_s"] and math.isfinite(report["stall_ratio_behind_over_at_once"])
+    assert "median stall: at once" in run.stdout

@@ -196,7 +196,8 @@ def _initial(variant: str) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("sharding", ["replicate", "full_shard", "full_shard+lora"])
 def test_only_rank_zero_writes_and_a_killed_run_resumes_to_the_same_result(tmp_path, sharding):
-    """Killed in step 3 (rank 1 SIGKILLed), the run resumes from the step-2 checkpoint with one process and with
+    """Killed as step 4 begins (rank 1 SIGKILLed; step 2's training state, written behind step 3, was named the
+    checkpoint to resume from before step 4), the run resumes from the step-2 checkpoint with one process and with
     two: each process saved its shards of the training state (torch.distributed.checkpoint), which a load reshards
     to whatever reads them (FSDP with an EMA of the trained parameters, and LoRA's adapters, included)."""
     sharding, lora = sharding.split("+")[0], "+lora" in sharding  # LoRA: adapters beside the state dict
@@ -212,7 +213,7 @@ def test_only_rank_zero_writes_and_a_killed_run_resumes_to_the_same_result(tmp_p
     rows = (tmp_path / "straight" / "run" / "metrics.csv").read_text().splitlines()
     assert len(rows) == 5  # header + 4 steps, written once
 
-    killed = torchrun(2, "train", tmp_path / "killed", KILL_AT_STEP="3", SHARDING=sharding, **ema)
+    killed = torchrun(2, "train", tmp_path / "killed", KILL_AT_STEP="4", SHARDING=sharding, **ema)
     assert killed.returncode != 0 and not (tmp_path / "killed" / "params-rank0.pt").exists()
     assert (tmp_path / "killed" / "run" / "state" / "trainer.pt").exists()  # the step-2 checkpoint
     shutil.copytree(tmp_path / "killed", tmp_path / "killed-2")

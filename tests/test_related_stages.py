@@ -363,8 +363,9 @@ def test_train_related_deletes_nothing_it_did_not_write(mask_policy, data, tmp_p
     plant_user_files(run)
     save = RelatedTrainer.save
 
-    def save_then_die(self):
-        save(self)
+    def save_then_die(self, background=False):
+        save(self, background)
+        self.finish_saves()  # killed once the checkpoint is on disk
         raise Interrupted
 
     with monkeypatch.context() as patch:

@@ -199,12 +199,14 @@ def dying(save, only=None):
         os.kill(os.getpid(), signal.SIGKILL)
     return wrapped
 
-def dying_after(save):
-    def wrapped(*args, **kwargs):  # call number {kill_at} finishes, then the process dies
+def dying_after(save, behind=False):
+    def wrapped(*args, **kwargs):  # call number {kill_at} finishes (`behind`: its writing), then the process dies
         global count
         count += 1
         out = save(*args, **kwargs)
         if count >= {kill_at}:
+            if behind:
+                out.result()
             os.kill(os.getpid(), signal.SIGKILL)
         return out
     return wrapped
@@ -222,25 +224,28 @@ def run_killed(tmp_path, setup, patch, run, kill_at):
     assert out.returncode == -9, out.stdout[-2000:] + out.stderr[-3000:]  # SIGKILL
 
 
-KILLS = {
-    "header": "torch.save = dying(torch.save, only='trainer.pt')",
-    "policy weights": "st.save_file = dying(st.save_file)",
-    # every process's shards on disk, killed before they are checked and renamed in
-    "training state": "import torch.distributed.checkpoint as dcp; dcp.save = dying_after(dcp.save)",
+DCP = "import torch.distributed.checkpoint as dcp; "
+KILLS = {  # what dies, and at which of its calls
+    "header": ("torch.save = dying(torch.save, only='trainer.pt')", 2),
+    "policy weights": ("st.save_file = dying(st.save_file)", 2),
+    # every process's shards on disk, killed before they are checked and renamed in: step 2's, written behind
+    # step 3, and the last step's, written at once
+    "training state written behind": (DCP + "dcp.async_save = dying_after(dcp.async_save, behind=True)", 2),
+    "training state": (DCP + "dcp.save = dying_after(dcp.save)", 1),
 }
 
 
 @pytest.mark.parametrize("during", list(KILLS))
 def test_grpo_killed_while_saving_resumes_to_the_uninterrupted_result(tmp_path, logged, during):
     """save_every = 1: the kill lands in the step-2 checkpoint (its trainer.pt, its model.safetensors, or its
-    training state)."""
-    patch = KILLS[during]
+    training state, written behind step 3) or in the last step's training state."""
+    patch, kill_at = KILLS[during]
     run_killed(
         tmp_path,
         "from helpers import make_trainer, tiny_policy",
         patch,
         "make_trainer('run', policy=tiny_policy('flow', seed=1), steps=3).train()",
-        kill_at=2,
+        kill_at=kill_at,
     )
     resumed = make_trainer(tmp_path / "run", policy=tiny_policy("flow", seed=1), steps=3)
     rows = resumed.train()
@@ -489,7 +494,7 @@ def test_a_stop_inside_a_step_saves_the_state_of_its_start_and_the_resumed_run_i
     stopper = StopAt(2, **kw)
     trainer = make_trainer(tmp_path / "run", policy=tiny_policy("flow", seed=1), hooks=stopper, **config)
     saves, save = [], trainer.save  # (step, whether the request had come)
-    trainer.save = lambda: (saves.append((trainer.step, stopper.sent)), save())[1]
+    trainer.save = lambda background=False: (saves.append((trainer.step, stopper.sent)), save(background))[1]
     passes = []  # whether the request had come as each AR pass began
     stop = StopRequest(read_limit=False)
     try:
@@ -503,7 +508,12 @@ def test_a_stop_inside_a_step_saves_the_state_of_its_start_and_the_resumed_run_i
         assert stopper.after == [("part", 1, 1)] and trainer.step == 3 and saves == [(3, True)]
     else:  # nothing of the step ran after the request
         assert stopper.after == [] and trainer.step == 2 and [r["step"] for r in trainer.rows] == [1, 2]
-        assert saves == [(2, config["save_every"] != 2)] and "giving up step 3" in logged()
+        where = (
+            "before backward pass 2 of the first update"
+            if at == "replay"
+            else f"in the rollout, before AR step {kw['ar_step'] + 1} of 4"
+        )
+        assert saves == [(2, config["save_every"] != 2)] and f"giving up step 3 in progress ({where})" in logged()
         assert all(p.grad is None for p in trainer.policy.parameters())
     assert torch.load(tmp_path / "run/state/trainer.pt", weights_only=True)["step"] == trainer.step
     resumed = make_trainer(tmp_path / "run", policy=tiny_policy("flow", seed=1), **config)
@@ -515,3 +525,56 @@ def test_a_stop_inside_a_step_saves_the_state_of_its_start_and_the_resumed_run_i
     else:  # the same rows and weights; step 2 listed besides
         assert json.loads(run_numbers(resumed))["rows"] == json.loads(run_numbers(uninterrupted))["rows"]
         assert [c["step"] for c in resumed.checkpoints] == [0, 2, 4]
+
+
+def test_a_periodic_save_is_written_behind_the_next_step_and_named_once_complete(tmp_path, monkeypatch):
+    """The training state of a checkpoint before the last step is written behind the next step: its header (the
+    rows as they were at its step) is written when the next save begins, the last step's at once; the run returns
+    with every save on disk."""
+    from margrpo.grpo.checkpoints import Checkpointer
+
+    import torch.distributed.checkpoint as dcp
+
+    trainer = make_trainer(tmp_path / "run", steps=3)
+    done, complete, behind, real = [], Checkpointer._complete, [], dcp.async_save
+
+    def seen(self, header, *args):
+        done.append((header["step"], len(header["rows"]), trainer.step))  # the checkpoint's, its rows, the run's
+        return complete(self, header, *args)
+
+    monkeypatch.setattr(Checkpointer, "_complete", seen)
+    monkeypatch.setattr(dcp, "async_save", lambda *a, **k: (behind.append(trainer.step), real(*a, **k))[1])
+    trainer.train()
+    assert behind == [1, 2] and [d[:2] for d in done] == [(1, 1), (2, 2), (3, 3)]
+    assert done[0][2] >= 1 and done[1][2] >= 2  # named once its writing was over: at the next step's start or later
+    assert torch.load(tmp_path / "run/state/trainer.pt", weights_only=True)["step"] == 3
+    assert not list((tmp_path / "run/state").glob(".*.tmp"))
+
+
+def test_a_save_written_behind_that_fails_leaves_the_previous_checkpoint_and_says_why(tmp_path, monkeypatch):
+    """Step 2's training state fails in the background (a disk gone): the next save raises that error, removes the
+    partial folder, and state/ still names step 1, which resumes."""
+    from concurrent.futures import Future
+
+    import torch.distributed.checkpoint as dcp
+
+    calls, real = [], dcp.async_save
+
+    def failing_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) < 2:
+            return real(*args, **kwargs)
+        failed = Future()
+        failed.set_exception(OSError("No space left on device"))
+        return failed
+
+    monkeypatch.setattr(dcp, "async_save", failing_second)
+    trainer = make_trainer(tmp_path / "run", steps=3)
+    with pytest.raises(OSError, match="No space left"):
+        trainer.train()
+    state = tmp_path / "run/state"
+    assert torch.load(state / "trainer.pt", weights_only=True)["step"] == 1 and not list(state.glob(".*.tmp"))
+    monkeypatch.setattr(dcp, "async_save", real)
+    resumed = make_trainer(tmp_path / "run", steps=3)
+    resumed.train()
+    assert [r["step"] for r in resumed.rows] == [1, 2, 3]

@@ -48,8 +48,9 @@ def test_margrpo_train_deletes_nothing_it_did_not_write(tmp_path, monkeypatch, l
     plant_user_files(run)
     save = GRPOTrainer.save
 
-    def save_then_die(self):
-        save(self)
+    def save_then_die(self, background=False):
+        save(self, background)
+        self.finish_saves()  # killed once the checkpoint is on disk
         raise Interrupted
 
     with monkeypatch.context() as patch:

@@ -22,6 +22,7 @@ class Counting:
 
     def __init__(self, stop_after: int | None = None):
         self.state, self.calls, self.stop_after, self.state_dir = RunState(), [], stop_after, None
+        self.background, self.waits = [], 0  # each save's `background`; how often the loop waited for the saves
 
     def train_step(self):
         self.state.step += 1
@@ -32,8 +33,13 @@ class Counting:
         self.calls.append(("validate", self.state.step))
         return [float(self.state.step), 1.0]
 
-    def save(self):
+    def save(self, background=False):
         self.calls.append(("save", self.state.step))
+        self.background.append(background)
+        return 0.0
+
+    def finish_saves(self, wait=True):
+        self.waits += wait
 
     def log(self, row):
         self.calls.append(("log", row["step"]))
@@ -48,6 +54,7 @@ def test_the_loop_validates_the_base_then_every_val_every_and_the_last_step_savi
     assert run_loop(m, m.state, Cadence(steps=5, val_every=2, save_every=3), "t", show=False) is None
     assert [c for c in m.calls if c[0] == "validate"] == [("validate", s) for s in (0, 2, 4, 5)]
     assert [c for c in m.calls if c[0] == "save"] == [("save", 3), ("save", 5)]
+    assert m.background == [True, False] and m.waits == 1  # step 3's written behind step 4; the last at once
     # listed for selection: the base, and the saved steps that were validated (3 was saved, not validated)
     assert [c["step"] for c in m.state.checkpoints] == [0, 5] and m.state.checkpoints[0]["path"] is None
     rows = m.state.rows

@@ -111,13 +111,29 @@ def first_update(run: Path) -> dict[str, torch.Tensor]:
     return load_file(next((run / "state/ckpt-000001/policy").glob("*.safetensors")))
 
 
+SLOW = dict(ar_steps=16, diffusion_steps=400)  # steps of about 6 s here, most of it the rollout: a stop lands in it
+SLOW_REF = ("slurm-slow", 1, 3)  # the uninterrupted run of slow steps (name, processes, steps)
+
+
+def slow_steps(config: Path) -> Path:
+    """The run of `config` with long steps (every AR step of the toy's 16, many diffusion steps each) and no
+    checkpoint before its last step."""
+    spec = yaml.safe_load(config.read_text())
+    spec["policies"]["toy-nova"]["sampling"].update(SLOW)
+    spec["grpo"]["save_every"] = spec["grpo"]["steps"]
+    config.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return config
+
+
 @pytest.fixture(scope="module")
 def workdir(cluster, tmp_path_factory):
     """The shared stages and the reference runs, locally: one process, and four processes of one machine (the
     two-node job's processes each roll out what these do)."""
     work = tmp_path_factory.mktemp("slurm")
-    for name, processes, steps in (("slurm-ref", 1, 1), ("slurm-4local", 4, 1), ("slurm-long", 1, LONG)):
+    for name, processes, steps in (("slurm-ref", 1, 1), ("slurm-4local", 4, 1), ("slurm-long", 1, LONG), SLOW_REF):
         config = write_config(work / f"{name}.yaml", name, processes, 1, "full_shard", gpus=False, steps=steps)
+        if name == SLOW_REF[0]:
+            config = slow_steps(config)
         out = snakemake(work, config, f"results/{name}/{RUN}/summary.json", "--cores", "2")
         assert out.returncode == 0, (out.stdout + out.stderr)[-6000:]
     return work
@@ -296,10 +312,13 @@ def cut_config(workdir: Path, name: str) -> Path:
     return config
 
 
-def cut_while_training(workdir: Path, name: str, cuts: list, delay: float = 8) -> tuple[threading.Thread, dict]:
+def cut_while_training(
+    workdir: Path, name: str, cuts: list, delay: float = 8, once: str | None = None
+) -> tuple[threading.Thread, dict]:
     """A thread that cuts the run's job once per entry of `cuts` (a function of the job id and its record),
-    `delay` s after each segment began training: the first once the run folder is locked, each later one once the
-    log says the run resumed once more. Records what each cut returned."""
+    `delay` s after each segment began training: the first once the run folder is locked (or once the log shows
+    the pattern `once`), each later one once the log says the run resumed once more. Records what each cut
+    returned."""
     done = {"job": None, "cuts": []}
     state, log = workdir / f"results/{name}/{RUN}/state", workdir / f"logs/{name}/{RUN}.log.segments"
 
@@ -308,7 +327,8 @@ def cut_while_training(workdir: Path, name: str, cuts: list, delay: float = 8) -
         for i, cut in enumerate(cuts):
             while time.time() < deadline:
                 text = log.read_text() if log.exists() else ""
-                if (state / ".lock").exists() if i == 0 else text.count("resumed from") >= i:
+                first = re.search(once, text) if once else (state / ".lock").exists()
+                if first if i == 0 else text.count("resumed from") >= i:
                     break
                 if (state.parent / "summary.json").exists():  # the run ended before this cut: the test says so
                     return
@@ -457,6 +477,25 @@ def test_a_requeued_train_job_resumes_from_its_signals_save_and_snakemake_waits_
     log = (workdir / f"logs/{name}/{RUN}.log").read_text()
     assert resumed_at(log) > 0, log[-3000:]
     assert_same_run(workdir, name)
+
+
+def test_a_stop_in_mid_rollout_of_a_long_step_is_saved_within_seconds_and_resumes_to_the_uninterrupted_run(workdir):
+    """Steps of about 6 s (16 AR steps of 400 diffusion steps each): a SIGTERM (the profile's warning signal,
+    by hand) in step 2's rollout gives the step up before its next AR step, saves step 1's state a few seconds
+    after the signal, requeues the job, and the resumed run repeats step 2 from its keyed streams to the
+    uninterrupted run's metrics and weights."""
+    name, (reference, _, steps) = "slurm-midroll", SLOW_REF
+    config = slow_steps(write_config(workdir / f"{name}.yaml", name, 1, 1, "replicate", gpus=False, steps=steps))
+    term = [lambda job, _: run("scancel", "--signal=TERM", job)]
+    thread, done = cut_while_training(workdir, name, term, delay=1.5, once=rf"\b1/{steps} \[")  # step 1 logged
+    text, jobs = through_slurm(workdir, config, f"results/{name}/{RUN}/summary.json")
+    thread.join()
+    assert done["cuts"][0].returncode == 0 and jobs == [done["job"]], (jobs, done, text[-3000:])
+    assert segment_states(jobs[0]) == ["REQUEUED", "COMPLETED"], segment_states(jobs[0])
+    log = (workdir / f"logs/{name}/{RUN}.log").read_text()
+    assert "giving up step 2 in progress (in the rollout, before AR step" in log, log[-3000:]
+    assert max(saved_within_killwait(log)) < 5 and resumed_at(log) == 1, log[-3000:]
+    assert_same_run(workdir, name, reference, steps)
 
 
 SHORT = 60  # steps of the two-node run a signal interrupts

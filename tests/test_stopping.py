@@ -201,8 +201,11 @@ def test_the_end_time_estimate_counts_the_next_steps_validation_and_a_save(monke
             clock[0] += 5.0
             return [1.0]
 
-        def save(self):
+        def save(self, background=False):
             clock[0] += 2.0
+
+        def finish_saves(self, wait=True):
+            pass
 
         def log(self, row):
             pass

@@ -13,6 +13,7 @@ how its policy folder is written and, for a state of before torch.distributed.ch
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import os
@@ -59,6 +60,19 @@ HEADER_COPY = "header.pt"  # the header as it was when a checkpoint was written,
 # run's are in its `grpo` section, a related method's (margrpo train-related) in its `related` section
 EXTENDING = ("steps", "val_every", "save_every")
 SECTIONS = ("grpo", "related")
+
+
+@dataclass
+class _Pending:
+    """A save written behind the steps: its future, when it began, the header to write once it is complete, its
+    folders."""
+
+    written: object  # concurrent.futures.Future
+    started: float
+    header: dict
+    tmp: str
+    target: Path
+    done_at: float | None = None
 
 
 @dataclass
@@ -117,6 +131,8 @@ class Checkpointer:
         self.write_policy = write_policy or (lambda policy, folder: write_policy_folder(policy, folder, lora))
         self.read_policy = read_policy or _checkpoint_policy
         self.on_accept: Callable[[], None] | None = None
+        self.pending: _Pending | None = None  # the save written behind the steps
+        self.longest_s, self._group = 0.0, None
 
     def training_state(self) -> dict:
         """What torch.distributed.checkpoint saves and loads in place: each process's tensors (shards under FSDP),
@@ -139,11 +155,16 @@ class Checkpointer:
                 state[f"{name}.{key}"] = generator.get_state()
         return state
 
-    def save(self, step: int, header: dict) -> None:
+    def save(self, step: int, header: dict, background: bool = False) -> float:
         """The checkpoint of `step`: the policy folder (the EMA's weights where there is one), the training state
         beside it, then the header that names it, written last so that a save killed anywhere leaves the previous
-        checkpoint resumable."""
-        ckpt, engine = checkpoint_path(self.state_dir, step), self.engine
+        checkpoint resumable. `background`: the training state is copied to CPU memory here and written behind the
+        next steps (torch.distributed.checkpoint.async_save), its header once it is complete (`finish`, which the
+        run loop calls before each step and the next save calls first); until then a killed run resumes from the
+        checkpoint before it. Returns the longest time a save took so far, written in full (what a stop's
+        save must be given)."""
+        self.finish()  # one save in flight: the headers follow the steps' order
+        started, ckpt, engine = time.monotonic(), checkpoint_path(self.state_dir, step), self.engine
 
         def write(policy: nn.Module) -> None:
             with space_named(ckpt.parent):  # a full disk says so, naming the checkpoint (torch: "basic_ios::clear")
@@ -160,18 +181,64 @@ class Checkpointer:
             tmp = tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
             os.chmod(tmp, 0o755)  # mkdtemp's folder is private
         tmp = engine.from_main(tmp)
+        header = {**copy.deepcopy(header), "step": step, "format": 2}  # the rows as they are now, not as they grow
         try:
             with space_named(target.parent), _one_process(engine):
-                dcp.save(self.training_state(), checkpoint_id=tmp, no_dist=engine.world == 1)
+                if background:
+                    group = self._background_group()
+                    written = dcp.async_save(
+                        self.training_state(), checkpoint_id=tmp, no_dist=engine.world == 1, process_group=group
+                    )
+                else:
+                    dcp.save(self.training_state(), checkpoint_id=tmp, no_dist=engine.world == 1)
         except BaseException as err:
-            if engine.is_main:
-                shutil.rmtree(tmp, ignore_errors=True)
-            causes = [c for c in failure_causes(err) if c is not err]
-            if causes:  # torch.distributed.checkpoint gathers each process's error into a BaseException of its own
-                raise causes[0] from err
-            raise
+            self._discard(tmp, err)
+        if background:
+            self.pending = pending = _Pending(written, started, header, tmp, target)
+            written.add_done_callback(lambda _: setattr(pending, "done_at", time.monotonic()))
+        else:
+            self._complete(header, tmp, target, time.monotonic() - started)
+        return self.longest_s
+
+    def finish(self, wait: bool = True) -> None:
+        """Every process together: the save written behind the steps (if any) completed, its header written, once
+        its writing is over on every process (one all-reduce where there are several), or at once with `wait`; or
+        its error raised, the previous checkpoint left as it was."""
+        pending = self.pending
+        if pending is None or (not wait and self.engine.any_process(not pending.written.done())):
+            return
+        self.pending = None
+        try:
+            with space_named(pending.target.parent):
+                pending.written.result()
+        except BaseException as err:
+            self._discard(pending.tmp, err)
+        seconds = (pending.done_at or time.monotonic()) - pending.started
+        self._complete(pending.header, pending.tmp, pending.target, seconds)
+
+    def _background_group(self):
+        """The process group a background save agrees through: gloo of its own (the steps' collectives, NCCL's
+        among them, go on beside it), made once by every process together; None on one process."""
+        if self.engine.world == 1:
+            return None
+        if self._group is None:
+            import torch.distributed as dist
+
+            self._group = dist.new_group(backend="gloo")
+        return self._group
+
+    def _discard(self, tmp: str, err: BaseException) -> None:
+        if self.engine.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        causes = [c for c in failure_causes(err) if c is not err]
+        if causes:  # torch.distributed.checkpoint gathers each process's error into a BaseException of its own
+            raise causes[0] from err
+        raise err
+
+    def _complete(self, header: dict, tmp: str, target: Path, seconds: float) -> None:
+        """The training state's folder renamed in, then the header that names it; older states dropped."""
+        step, engine = header["step"], self.engine
         if engine.is_main:
-            header = {**header, "step": step, "format": 2}
             torch.save(header, Path(tmp) / HEADER_COPY)  # what a damaged trainer.pt is rebuilt from
             record_checksums(tmp, sorted(p.name for p in Path(tmp).iterdir()))  # every shard, .metadata, the copy
             shutil.rmtree(target, ignore_errors=True)  # a checkpoint saved again (a resumed run's)
@@ -179,6 +246,7 @@ class Checkpointer:
             with checked_path(self.state_dir / HEADER) as path:
                 torch.save(header, path)
             drop_training_states(self.state_dir, keep=step)
+        self.longest_s = max(self.longest_s, seconds)
         # no process goes on before the checkpoint is on disk: one that dies in the next step cannot take it along
         engine.barrier()
 
@@ -249,11 +317,17 @@ def _tensors(module: nn.Module) -> dict:
 
 @contextlib.contextmanager
 def _one_process(engine):
-    """torch.distributed.checkpoint on one process (no process group): as meant, so without its warning."""
+    """torch.distributed.checkpoint on one process (no process group): as meant, so without its warning. A save
+    written behind the steps warns from its own thread, after this has returned: that warning is filtered where
+    the module is imported (ONE_PROCESS)."""
     with warnings.catch_warnings():
         if engine.world == 1:
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+            warnings.filterwarnings("ignore", message=ONE_PROCESS, category=UserWarning)
         yield
+
+
+ONE_PROCESS = "torch.distributed is disabled, unavailable or uninitialized, assuming the intent is to save in a single"
+warnings.filterwarnings("ignore", message=ONE_PROCESS, category=UserWarning)  # every engine of world 1 passes no_dist
 
 
 def decide_resume(state_dir: Path, record: dict, legacy_hash: str, restart: bool) -> dict:

@@ -9,7 +9,10 @@ decides when:
 - the base policy is validated once, before the first step (checkpoint 0, no folder: `base_val_*`);
 - a step is validated every `val_every` steps and at the last step (`val_reward` NaN between);
 - a checkpoint is written every `save_every` steps and at the last step, or, with `save_every` None, at each
-  validation; it is listed for selection where the step was validated;
+  validation; it is listed for selection where the step was validated; the training state of one before the last
+  step is written behind the next steps (the method's `save(background=True)`) and named the one to resume from
+  before the first step that begins after its writing is over (`finish_saves`); every other save is written at
+  once, and the loop returns only once every save is on disk;
 - with a stop request, when the method says the next step would not end in time, the state is saved and the loop
   returns why (a resumed run goes on from there);
 - a method may give up a step in progress instead (`StepAbandoned`, raised from `train_step` before its first
@@ -62,8 +65,13 @@ class Method(Protocol):
     def validate(self) -> list[float]:
         """One reward per validation prompt, from fixed noise (paired across steps and runs)."""
 
-    def save(self) -> None:
-        """The checkpoint of the run state's step (the loop has listed it in its `checkpoints` where validated)."""
+    def save(self, background: bool = False) -> float:
+        """The checkpoint of the run state's step (the loop has listed it in its `checkpoints` where validated),
+        written behind the next steps where `background`; returns the longest time a save took so far, in full."""
+
+    def finish_saves(self, wait: bool = True) -> None:
+        """Every save written behind the steps whose writing is over named as the run's checkpoint (`wait`: once
+        every save begun is on disk)."""
 
     def log(self, row: dict) -> None:
         """The row to the run's trackers (nothing where it has none)."""
@@ -89,6 +97,7 @@ def run_loop(method: Method, state: RunState, cadence: Cadence, desc: str, show:
     stopped = None
     saved_at = state.step  # the step whose state is on disk: a resumed run's checkpoint, or the run's start
     while state.step < cadence.steps:
+        method.finish_saves(wait=False)  # a save written behind the last steps becomes the one to resume from
         started = time.monotonic()
         try:
             row = method.train_step()
@@ -107,10 +116,10 @@ def run_loop(method: Method, state: RunState, cadence: Cadence, desc: str, show:
         state.rows.append(row)
         method.log(row)
         saved = cadence.saves(state.step, scores is not None)
-        if saved:
+        if saved:  # a periodic save is written behind the next steps; the last step's at once
             started = time.monotonic()
-            _save(method, state, row["val_reward"], scores)
-            save_s, saved_at = max(save_s, time.monotonic() - started), state.step
+            longest = _save(method, state, row["val_reward"], scores, background=state.step < cadence.steps)
+            save_s, saved_at = max(save_s, time.monotonic() - started, longest or 0.0), state.step
         bar.update(1)
         bar.set_postfix(
             reward=f"{row.get('reward_mean', math.nan):.3f}", val=f"{row['val_reward']:.3f}", refresh=False
@@ -124,12 +133,15 @@ def run_loop(method: Method, state: RunState, cadence: Cadence, desc: str, show:
                     _save(method, state, float("nan"), None)  # resumable state; not a checkpoint for selection
                 break
     bar.close()
+    method.finish_saves()
     return stopped
 
 
-def _save(method: Method, state: RunState, val_reward: float, scores: list[float] | None) -> None:
-    """Save, and list the checkpoint for selection where it was validated."""
+def _save(
+    method: Method, state: RunState, val_reward: float, scores: list[float] | None, background: bool = False
+) -> float:
+    """Save, and list the checkpoint for selection where it was validated; the longest save's seconds so far."""
     if math.isfinite(val_reward):
         path = str(checkpoint_path(method.state_dir, state.step)) if method.state_dir else None  # None: in memory
         state.checkpoints.append({"step": state.step, "val_reward": val_reward, "val_scores": scores, "path": path})
-    method.save()
+    return method.save(background)

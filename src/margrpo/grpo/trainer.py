@@ -73,13 +73,14 @@ class StepGuard:
 
     def __init__(self, engine):
         self.engine, self.stop, self.armed = engine, None, False
+        self.at = ""  # where the step was given up (the log says it: a stop in mid-rollout is told from one later)
 
-    def __call__(self) -> None:
+    def __call__(self, at: str) -> None:
         if not self.armed:
             return
         mine = self.stop.signalled  # read once: a signal may come at any time
         if self.engine.any_process(mine is not None):
-            self.armed = False
+            self.armed, self.at = False, at
             raise StepAbandoned(f"{mine} received" if mine else "another process was asked to stop")
 
 
@@ -193,7 +194,12 @@ class GRPOTrainer:
             batch = self.rollout_and_score()
             logs = [self.update(batch, update) for update in self.plan_updates(batch)]
         except StepAbandoned as why:
-            log.warning("giving up step %d in progress, saving the state of its start: %s", self.step + 1, why)
+            log.warning(
+                "giving up step %d in progress (%s), saving the state of its start: %s",
+                self.step + 1,
+                self.guard.at,
+                why,
+            )
             self.optimizer.zero_grad(set_to_none=True)
             self.engine.release_gathered()
             raise
@@ -229,8 +235,8 @@ class GRPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.probe.start()
         done = []  # (backward, its loss, its stats)
-        for part in self.hooks.replays(self.backwards(batch, update)):
-            self.guard()
+        for i, part in enumerate(self.hooks.replays(self.backwards(batch, update))):
+            self.guard(f"before backward pass {i + 1} of the first update")
             with self.engine.sync(self.engine.reduces(part.last_micro_batch, part.last_chunk)):
                 loss, stats = self.engine.forward(partial(self.micro_loss, part.inputs))
                 (loss * part.share).backward()
@@ -270,9 +276,9 @@ class GRPOTrainer:
                 on_record=self.hooks.recorded,
                 before_ar_step=self.before_ar_step,
             )
-        self.guard()
+        self.guard("before scoring")
         rewards, components = self.reward_fn(rollout.images, rollout.prompts, meta)
-        self.guard()
+        self.guard("after scoring")
         adv, frac_zero = group_advantages(rewards, cfg.group_size)
         if cfg.advantages == "shuffled":  # the no-signal control (GRPOConfig.advantages)
             shuffle = torch.randperm(len(adv), generator=step_generator(cfg.seed, step, Stream.SHUFFLE))
@@ -298,7 +304,7 @@ class GRPOTrainer:
     def before_ar_step(self, k: int) -> None:
         """An instrument's view of the rollout's AR step k, then the stop check, before its pass."""
         self.hooks.ar_step(k)
-        self.guard()
+        self.guard(f"in the rollout, before AR step {k + 1} of {self.sampling.ar_steps}")
 
     def plan_updates(self, batch: StepBatch) -> list[Update]:
         """The optimizer steps of this rollout, each over all chosen AR steps (`updates_per_rollout`; one
@@ -441,10 +447,15 @@ class GRPOTrainer:
         """metrics.csv (one row per step) and summary.json (checkpoints with validation rewards) in the run folder."""
         write_run_outputs(self.out_dir, self.run, spec["variant"]["name"], spec, self.settings())
 
-    def save(self) -> None:
-        """Checkpoint (policy folder) + resumable training state (grpo.checkpoints)."""
+    def save(self, background: bool = False) -> float:
+        """Checkpoint (policy folder) + resumable training state (grpo.checkpoints); returns the longest save's
+        seconds so far."""
         header = {"rows": self.rows, "checkpoints": self.checkpoints, "nonfinite_run": self.nonfinite_run}
-        self.checkpointer.save(self.step, {**header, "spec_hash": self.spec_hash, "record": self.record})
+        header = {**header, "spec_hash": self.spec_hash, "record": self.record}
+        return self.checkpointer.save(self.step, header, background)
+
+    def finish_saves(self, wait: bool = True) -> None:
+        self.checkpointer.finish(wait)
 
     def try_resume(self, restart: bool = False) -> bool:
         """Resume from state/ where it was written under settings that give the same steps (`self.record`)."""

@@ -84,9 +84,15 @@ class RelatedTrainer:
         return self.rows
 
     # --- the run loop's side (grpo.run_loop) ----------------------------------------------------------------------
-    def save(self) -> None:
+    def save(self, background: bool = False) -> float:
+        if self.checkpointer is None:
+            return 0.0
+        header = {**self.header, "rows": self.rows, "checkpoints": self.checkpoints}
+        return self.checkpointer.save(self.step, header, background)
+
+    def finish_saves(self, wait: bool = True) -> None:
         if self.checkpointer is not None:
-            self.checkpointer.save(self.step, {**self.header, "rows": self.rows, "checkpoints": self.checkpoints})
+            self.checkpointer.finish(wait)
 
     def log(self, row: dict) -> None:  # the related runs keep no trackers
         if row.get("skipped"):
