@@ -531,9 +531,9 @@ def test_a_periodic_save_is_written_behind_the_next_step_and_named_once_complete
     """The training state of a checkpoint before the last step is written behind the next step: its header (the
     rows as they were at its step) is written when the next save begins, the last step's at once; the run returns
     with every save on disk."""
-    from margrpo.grpo.checkpoints import Checkpointer
-
     import torch.distributed.checkpoint as dcp
+
+    from margrpo.grpo.checkpoints import Checkpointer
 
     trainer = make_trainer(tmp_path / "run", steps=3)
     done, complete, behind, real = [], Checkpointer._complete, [], dcp.async_save

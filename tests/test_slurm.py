@@ -94,6 +94,8 @@ def through_slurm(workdir: Path, config: Path, target: str, *args: str, expect: 
         str(REPO / "workflow/profiles/slurm"),
         "--margrpo-slurm-init-seconds-before-status-checks",  # the plugin's default status command: sacct
         "2",
+        "--margrpo-slurm-max-status-interval",  # a job seen ended within 5 s, not the plugin's growing 10-180 s
+        "5",
         "--latency-wait",
         "5",
     )  # the profile's own default resources: its warning signal (--signal=TERM@300) goes with every job

@@ -4,9 +4,10 @@ PreemptMode=CANCEL, NODE_FAIL without a requeue, UNKNOWN, a job the status comma
 and whose jobs given up on are cancelled, and seen ended, before they are reported failed.
 
 Everything else is the SLURM plugin's own: its settings under this executor's prefix (`--margrpo-slurm-requeue`,
-`--margrpo-slurm-status-command`, ...), its submission, its status queries and its `scancel`. Two settings are
-added: `--margrpo-slurm-patience` (seconds a job may sit in a state that ends nothing before it is given up) and
-`--margrpo-slurm-held-patience` (the same for a job a person paused: held, requeue-held, suspended).
+`--margrpo-slurm-status-command`, ...), its submission, its status queries and its `scancel`. Three settings are
+added: `--margrpo-slurm-patience` (seconds a job may sit in a state that ends nothing before it is given up),
+`--margrpo-slurm-held-patience` (the same for a job a person paused: held, requeue-held, suspended) and
+`--margrpo-slurm-max-status-interval` (the longest wait between two status queries).
 The status answer is rewritten where the plugin reads it, its module's `query_job_status`: the plugin's version is
 checked, so an upgrade that moves it fails here, by name, and not silently.
 """
@@ -50,6 +51,17 @@ class ExecutorSettings(slurm.ExecutorSettings):
         },
     )
 
+    max_status_interval: int = field(
+        default=180,
+        metadata={
+            "help": "The longest wait in seconds between two status queries. The SLURM plugin adds 10 s to the wait "
+            "after each query in which no job finished, up to 180 s: a job is seen ended up to that long after it "
+            "ended. Lower it where jobs are short (the test cluster: 5), keep it where sacct is slow to answer.",
+            "env_var": False,
+            "required": False,
+        },
+    )
+
 
 class Executor(slurm.Executor):
     def __post_init__(self, test_mode: bool = False):
@@ -78,9 +90,12 @@ class Executor(slurm.Executor):
             yield job
         # a job cancelled and not yet seen ended: looked at again after the first interval, not the plugin's growing
         # one (the status thread may run before __post_init__ has made job_states)
+        settings = self.workflow.executor_settings
         if getattr(self, "job_states", None) and self.job_states.cancelled:
-            self.next_seconds_between_status_checks = (
-                self.workflow.executor_settings.init_seconds_before_status_checks or 40
+            self.next_seconds_between_status_checks = settings.init_seconds_before_status_checks or 40
+        if settings.max_status_interval:  # the plugin's growing wait, bounded
+            self.next_seconds_between_status_checks = min(
+                self.next_seconds_between_status_checks, settings.max_status_interval
             )
 
     def cancel_given_up(self, jobs: list[str]) -> None:
