@@ -111,8 +111,10 @@ TaskPluginParam=Cores
 KillWait=30
 JobRequeue=1
 # a requeued job may start again after the job credential's lifetime (120 s by default, slurm.conf(5) AuthInfo;
-# at least 5): 20 s here, so that a test run of several requeues takes minutes, not tens of them
-AuthInfo=cred_expire=20
+# at least 5): 10 s here, and the scheduler looks at pending jobs every 5 s (60 s and the backfill's 30 s by
+# default), so that a requeued job starts again within seconds of its hold, not at the next minute's pass
+AuthInfo=cred_expire=10
+SchedulerParameters=sched_interval=5,bf_interval=5
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 GresTypes=gpu

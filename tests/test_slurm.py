@@ -72,6 +72,9 @@ def snakemake(workdir: Path, config: Path, *args: str) -> subprocess.CompletedPr
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", HF_HUB_OFFLINE="1")
     # the options of many values (--configfile, --set-resources) each end at the next option
     cmd = [SNAKEMAKE, *args, "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir)]
+    # the runs share the stages before training (built locally by `workdir`); a config whose policy samples with
+    # other settings (slow_steps) would rerun the base policy's quality report on its changed params
+    cmd += ["--rerun-triggers", "mtime"]
     try:
         return subprocess.run(
             [*cmd, "--configfile", str(config)], capture_output=True, text=True, env=env, timeout=TIMEOUT
@@ -505,9 +508,12 @@ SHORT = 60  # steps of the two-node run a signal interrupts
 
 @pytest.fixture(scope="module")
 def two_node_reference(workdir):
-    """The uninterrupted two-node run (one CPU process a node) that the interrupted ones must end as."""
-    config = write_config(workdir / "two-ref.yaml", "slurm-2ref", 1, 2, "full_shard", gpus=False, steps=SHORT)
-    through_slurm(workdir, config, f"results/slurm-2ref/{RUN}/summary.json")
+    """The uninterrupted two-node run (one CPU process a node) that the interrupted ones must end as: its two
+    processes on this machine, locally (the same ranks, groups and shards; test_a_two_node_job_runs_torchrun_once_...
+    holds a two-node update against the same processes on one machine)."""
+    config = write_config(workdir / "two-ref.yaml", "slurm-2ref", 2, 1, "full_shard", gpus=False, steps=SHORT)
+    out = snakemake(workdir, config, f"results/slurm-2ref/{RUN}/summary.json", "--cores", "2")
+    assert out.returncode == 0, (out.stdout + out.stderr)[-6000:]
     return "slurm-2ref"
 
 

@@ -184,8 +184,9 @@ def test_a_paused_running_job_is_named_then_cancelled_and_fails_once_it_ended(cl
     assert code == 1 and f"`{remedy} {job}` lets it go on" in out, out[-3000:]
     given_up(out, job, what)
     assert sacct_state(job).startswith("CANCELLED"), sacct_state(job)
-    # given up within its patience and a few of the bounded queries (the plugin's growing waits alone: 2, 12, 22, 32 s)
-    assert HELD_PATIENCE <= seconds < HELD_PATIENCE + 25, seconds
+    # given up within its patience, SLURM's requeue (up to ~20 s here) and a few bounded queries (the plugin's
+    # growing waits alone query at 2, 14, 36, 68 s: seen at 68 s at the earliest)
+    assert HELD_PATIENCE <= seconds < HELD_PATIENCE + 40, seconds
 
 
 def test_a_held_pending_job_is_named_then_cancelled_and_fails(cluster, tmp_path):
