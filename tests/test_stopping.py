@@ -165,8 +165,9 @@ def test_each_segment_of_a_job_heads_its_part_of_the_appended_log(monkeypatch):
     monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)  # the jobstep plugin strips it
     assert re.search(r"^==== \d{4}-\d\d-\d\d \d\d:\d\d:\d\d: SLURM job 42, restart 3, on ", slurm.segment_header())
     # Snakemake deletes a job's log before each run: the segments are appended beside it, the log is their copy
-    shell = (REPO / "workflow/rules/train.smk").read_text()
-    assert ">> {params.segments:q} 2>&1" in shell and "cp {params.segments:q} {log:q}" in shell
+    for rules in ("train.smk", "related.smk"):  # GRPO's train rule and the related methods'
+        shell = (REPO / "workflow/rules" / rules).read_text()
+        assert ">> {params.segments:q} 2>&1" in shell and "cp {params.segments:q} {log:q}" in shell, rules
 
 
 def test_a_requeue_is_the_default_at_real_scale_and_the_profiles_retries_are_for_failures():

@@ -75,6 +75,9 @@ rule train_related:
         suites_dir=lambda wc, input: os.path.dirname(input.suites[0]),
         toyclip=f"{TOYCLIP}/model",
         toypref=f"{TOYPREF}/model",
+        # every segment of the run (a retry's) appended, headed with its time (and job), the log a copy: Snakemake
+        # deletes a job's log before each run (as the train rule)
+        segments=lambda wc: f"logs/{NAME}/train/{wc.relpolicy}/{wc.reward}/{wc.method}/seed{wc.seed}.log.segments",
     threads: config["threads"]
     resources:
         gpu=GPU,
@@ -88,7 +91,8 @@ rule train_related:
     shell:
         "margrpo {params.command} --policy-dir {input.policy:q} --suites-dir {params.suites_dir:q} --spec-json {params.spec:q}"
         " --toyclip-dir {params.toyclip:q} --toypref-dir {params.toypref:q} --seed {wildcards.seed:q} --out-dir {params.run_dir:q}"
-        " --threads {threads:q} --restart > {log:q} 2>&1"
+        " --threads {threads:q} --restart >> {params.segments:q} 2>&1 || status=$?;"
+        " cp {params.segments:q} {log:q}; exit ${{status:-0}}"
 
 
 rule table3:

@@ -99,8 +99,10 @@ def run(args) -> None:
     from margrpo.grpo.run_files import write_run_outputs
     from margrpo.infra.files import refuse_symlink, spec_hash
     from margrpo.infra.run_lock import hold_run_folder
+    from margrpo.infra.slurm import segment_header
     from margrpo.infra.stopping import EXIT_RESUMABLE, StopRequest
 
+    print(segment_header(), flush=True)  # heads this run's part of a log that retries append to
     spec = read_spec(args)
     cfg, sampling = (marval_settings if args.method == "marval-rl" else mask_settings)(args, spec)
     device = setup(args.threads, spec.get("device", "auto"))
