@@ -137,11 +137,14 @@ def workdir(cluster, tmp_path_factory):
     work = tmp_path_factory.mktemp("slurm")
     for name, processes, steps in (("slurm-ref", 1, 1), ("slurm-4local", 4, 1), ("slurm-long", 1, LONG), SLOW_REF):
         config = write_config(work / f"{name}.yaml", name, processes, 1, "full_shard", gpus=False, steps=steps)
-        if name == SLOW_REF[0]:
-            config = slow_steps(config)
-        out = snakemake(work, config, f"results/{name}/{RUN}/summary.json", "--cores", "2")
-        assert out.returncode == 0, (out.stdout + out.stderr)[-6000:]
+        run_locally(work, slow_steps(config) if name == SLOW_REF[0] else config, name)
     return work
+
+
+def run_locally(work: Path, config: Path, name: str) -> None:
+    """The run of `config` to its end on this machine, outside SLURM: an uninterrupted reference."""
+    out = snakemake(work, config, f"results/{name}/{RUN}/summary.json", "--cores", "2")
+    assert out.returncode == 0, (out.stdout + out.stderr)[-6000:]
 
 
 # Against one process, another process count's first update is a sanity check, not an equality: each process scores
@@ -512,8 +515,7 @@ def two_node_reference(workdir):
     processes on this machine, locally (the same ranks, groups and shards; test_a_two_node_job_runs_torchrun_once_...
     holds a two-node update against the same processes on one machine)."""
     config = write_config(workdir / "two-ref.yaml", "slurm-2ref", 2, 1, "full_shard", gpus=False, steps=SHORT)
-    out = snakemake(workdir, config, f"results/slurm-2ref/{RUN}/summary.json", "--cores", "2")
-    assert out.returncode == 0, (out.stdout + out.stderr)[-6000:]
+    run_locally(workdir, config, "slurm-2ref")
     return "slurm-2ref"
 
 

@@ -36,8 +36,8 @@ rule hold:
 def start_workflow(
     work: Path, hold: int, retries: int, patience=PATIENCE, held_patience=None, extra="", path=""
 ) -> subprocess.Popen:
-    """The one-rule workflow (a retry sleeps 1 s), its status queried 2 s after the submission, then 10 s later and
-    every 5 s from then on (the plugin alone adds 10 s to each wait, up to 180 s)."""
+    """The one-rule workflow (a retry sleeps 1 s), its status queried 2 s after the submission and every 5 s from
+    then on (the plugin alone adds 10 s to each wait, up to 180 s)."""
     (work / "Snakefile").write_text(SNAKEFILE)
     env = dict(os.environ, PATH=f"{path}{Path(sys.executable).parent}:{os.environ['PATH']}")
     cmd = [SNAKEMAKE, "--executor", "margrpo-slurm", "--jobs", "1", "--retries", str(retries)]

@@ -60,6 +60,10 @@ HEADER_COPY = "header.pt"  # the header as it was when a checkpoint was written,
 # run's are in its `grpo` section, a related method's (margrpo train-related) in its `related` section
 EXTENDING = ("steps", "val_every", "save_every")
 SECTIONS = ("grpo", "related")
+# torch.distributed.checkpoint on one process (no process group, no_dist) warns that it assumes one process, on
+# each save and load: as meant. Filtered once here rather than around each call, because a save written behind the
+# steps warns from its own thread after the call has returned; with several processes it never warns.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
 
 
 @dataclass
@@ -183,7 +187,7 @@ class Checkpointer:
         tmp = engine.from_main(tmp)
         header = {**copy.deepcopy(header), "step": step, "format": 2}  # the rows as they are now, not as they grow
         try:
-            with space_named(target.parent), _one_process(engine):
+            with space_named(target.parent):
                 if background:
                     group = self._background_group()
                     written = dcp.async_save(
@@ -286,8 +290,7 @@ class Checkpointer:
 
         # the optimizer's state is created (a step at lr 0, which the EMA's hook sees) before anything is read into it
         state = self.training_state()
-        with _one_process(self.engine):
-            dcp.load(state, checkpoint_id=folder, no_dist=self.engine.world == 1)
+        dcp.load(state, checkpoint_id=folder, no_dist=self.engine.world == 1)
         set_optimizer_state_dict(self.policy, self.optimizer, state["optimizer"])
         for name, part in self.parts.items():
             if part.optimizer is not None:
@@ -313,21 +316,6 @@ class Checkpointer:
 
 def _tensors(module: nn.Module) -> dict:
     return {n: t.detach() for n, t in [*module.named_parameters(), *module.named_buffers()]}
-
-
-@contextlib.contextmanager
-def _one_process(engine):
-    """torch.distributed.checkpoint on one process (no process group): as meant, so without its warning. A save
-    written behind the steps warns from its own thread, after this has returned: that warning is filtered where
-    the module is imported (ONE_PROCESS)."""
-    with warnings.catch_warnings():
-        if engine.world == 1:
-            warnings.filterwarnings("ignore", message=ONE_PROCESS, category=UserWarning)
-        yield
-
-
-ONE_PROCESS = "torch.distributed is disabled, unavailable or uninitialized, assuming the intent is to save in a single"
-warnings.filterwarnings("ignore", message=ONE_PROCESS, category=UserWarning)  # every engine of world 1 passes no_dist
 
 
 def decide_resume(state_dir: Path, record: dict, legacy_hash: str, restart: bool) -> dict:
