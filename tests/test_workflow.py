@@ -141,6 +141,29 @@ def test_smoke_dag_measures_each_estimator_against_the_exact_gradient(smoke_run)
     assert (report / "fig_estimators.png").stat().st_size > 1000
 
 
+def test_smoke_dag_measures_the_ar_gradient_at_trained_checkpoints(smoke_run):
+    """Issue 71 item 1: rule checkpoint_gradient at each ladder seed's checkpoint of GRPO and +Fix (the checkpoint's
+    own policy folder, where the run keeps it), its report and figure, and claim b's two trained-checkpoint rows."""
+    from margrpo.grpo.run_files import checkpoint_path
+
+    report = smoke_run / "results/smoke/report"
+    points = pd.read_csv(report / "checkpoint_gradients.csv")
+    assert sorted(set(zip(points["variant"], points["seed"], points["step"]))) == sorted(
+        (v, s, t) for v in ("fix", "grpo") for s in (0, 1) for t in (0, 2)
+    )
+    assert (points["batches"] == 3).all() and (points["norm"] > 0).all()
+    at_base = points[points["step"] == 0]
+    assert at_base["norm"].nunique() == 1  # the base's +Fix batches, shared
+    log = (smoke_run / "logs/smoke/estimators/toy-nova/toypref/checkpoints/grpo-seed1-step2.log").read_text()
+    run = smoke_run / "results/smoke/train/toy-nova/toypref/grpo/seed1"
+    assert checkpoint_path(run / "state", 2).is_dir()
+    claims = pd.read_csv(report / "claims.csv")
+    trained = claims[claims["statement"].str.contains("at trained checkpoints")]
+    assert list(trained["claim"]) == ["b", "b"] and (trained["comparison"] == "+Fix / GRPO").all()
+    assert (report / "fig_checkpoint_gradients.png").stat().st_size > 1000
+    assert "batch 3/3" in log
+
+
 def test_every_stage_of_the_smoke_dag_records_the_kernel_caps_it_ran_under(smoke_run):
     """Issue #37: the caps reach every stage through `margrpo` itself (not through the Makefile), and each stage's
     spec.json says which kernels made its result."""
@@ -168,8 +191,8 @@ def test_smoke_dag_writes_the_claims_table(smoke_run):
     for link in ("+Fix* > GRPO*", "+MTE > +Fix*", "+Sim > +MTE"):
         assert {f"ladder on validation: {link}", f"ladder on CompBench: {link}"} <= statements
     assert {
-        "AR gradient norm lower with the frozen head",
-        "AR gradient variance lower with the frozen head",
+        "AR gradient norm lower with the frozen head (per-step probe)",
+        "AR gradient variance lower with the frozen head (per-step probe)",
         "end-to-end GRPO ends below the base policy",
     } <= statements
     assert {"+Fix (committed) > GRPO*", "+Fix (committed) > +Sim"} <= statements
@@ -271,9 +294,11 @@ def test_html_report_builds_and_a_browser_renders_its_figures(smoke_run, tmp_pat
             "fig7b_reward_curves",
             "fig7c_final_metric",
             "fig_estimators",
+            "fig_checkpoint_gradients",
         )
     ]
     tables = [f"{report}/{t}.csv" for t in ("table1", "table2", "val_gain", "claims", "artifacts", "estimators")]
+    tables.append(f"{report}/checkpoint_gradients.csv")
     assert sorted(results) == sorted(tables + figures + [f.replace(".png", ".pdf") for f in figures])
     assert all("Config:" in r["caption"] for r in results.values())  # the caption names the config behind it
     assert "toy-nova" in results[f"{report}/table2.csv"]["caption"]  # rendered from the config, not a template

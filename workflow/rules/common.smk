@@ -280,7 +280,8 @@ ESTIMATES = f"{RUNS}/estimators"
 
 def estimator_block():
     E = EXP["estimators"]
-    return {"policy": E["policy"], "reward": E["reward"], "dir": f"estimators/{E['policy']}/{E['reward']}", "estimators": E["estimators"]}
+    return {"policy": E["policy"], "reward": E["reward"], "dir": f"estimators/{E['policy']}/{E['reward']}", "estimators": E["estimators"],
+            "checkpoints": {**E["checkpoints"], "seeds": EXP["ladder"]["seeds"]} if E["checkpoints"]["variants"] else None}
 
 
 def estimator_outputs():
@@ -290,6 +291,25 @@ def estimator_outputs():
     E = EXP["estimators"]
     folder = f"{ESTIMATES}/{E['policy']}/{E['reward']}"
     return [f"{folder}/exact.json"] + [f"{folder}/{e}/batches.json" for e in E["estimators"]]
+
+
+def checkpoint_outputs():
+    """The AR part's batches at every ladder seed's checkpoints of experiments.estimators.checkpoints; [] where off."""
+    E = EXP["estimators"]
+    C = E["checkpoints"]
+    if not E["enabled"] or not C["variants"]:
+        return []
+    folder = f"{ESTIMATES}/{E['policy']}/{E['reward']}/checkpoints"
+    return expand(
+        f"{folder}/{{variant}}/seed{{seed}}/step{{step}}/fix/batches.json",
+        variant=C["variants"], seed=EXP["ladder"]["seeds"], step=C["steps"],
+    )
+
+
+def checkpoint_policy(summary, step):
+    """A ladder run's policy folder at `step` (its summary.json beside state/; grpo.run_files.checkpoint_path, not
+    imported here: the grpo package imports torch), a folder the run keeps."""
+    return os.path.join(os.path.dirname(summary), "state", f"ckpt-{step:06d}", "policy")
 
 
 
@@ -356,6 +376,9 @@ def get_final_outputs():
     if EXP["estimators"]["enabled"]:
         outs += expand(f"{R}/estimators.{{ext}}", ext=["csv", "md"])
         figs += ["fig_estimators"]
+        if EXP["estimators"]["checkpoints"]["variants"]:
+            outs += expand(f"{R}/checkpoint_gradients{{f}}", f=[".csv", "_ratios.csv", ".md"])
+            figs += ["fig_checkpoint_gradients"]
     outs += expand(f"{R}/{{fig}}.{{ext}}", fig=figs, ext=fmts)
     return outs
 

@@ -91,6 +91,7 @@ rule claims:
         expand(f"{RUNS}/select/{{run}}/selection.json", run=ladder_runs()),
         expand(f"{RUNS}/eval/{{run}}/compbench_per_image.csv", run=base_runs() + ladder_runs()),
         estimator_outputs(),  # claims h-j, where experiments.estimators is on
+        checkpoint_outputs(),  # claim b at trained checkpoints, where experiments.estimators.checkpoints names variants
     output:
         report(f"{REPORT}/claims.csv", caption="../report/claims.rst", category=CATEGORY_LADDER, subcategory="tables"),
         f"{REPORT}/claims_paired.csv",
@@ -351,3 +352,40 @@ rule estimators:
         **SITE,
     shell:
         report_cmd("estimators")
+
+
+rule checkpoint_gradients:
+    """Claim b along training: the AR batch gradient's noise and norm at the ladder's checkpoints, +Fix against GRPO
+    (report/checkpoint_gradients.*, fig_checkpoint_gradients.*)."""
+    input:
+        checkpoint_outputs(),
+        estimator_outputs(),
+    output:
+        report(
+            f"{REPORT}/checkpoint_gradients.csv",
+            caption="../report/checkpoint_gradients.rst",
+            category=CATEGORY_LADDER,
+            subcategory="tables",
+        ),
+        f"{REPORT}/checkpoint_gradients_ratios.csv",
+        f"{REPORT}/checkpoint_gradients.md",
+        report(
+            expand(f"{REPORT}/fig_checkpoint_gradients.{{ext}}", ext=config["report"]["formats"]),
+            caption="../report/checkpoint_gradients.rst",
+            category=CATEGORY_LADDER,
+            subcategory="figures",
+        ),
+    params:
+        runs=json.dumps({"blocks": [estimator_block()]}),
+        prefix=lambda wc, output: report_prefix(output),
+        **REPORT_PARAMS,
+    conda:
+        "../../envs/margrpo.yaml"
+    log:
+        f"logs/{NAME}/report/checkpoint_gradients.log",
+    benchmark:
+        f"timings/{NAME}/report/checkpoint_gradients.tsv"
+    resources:
+        **SITE,
+    shell:
+        report_cmd("checkpoint-gradients")

@@ -155,6 +155,37 @@ def check_estimators(config: dict, source: str) -> None:
             f"{source}: key 'experiments.estimators.exact_images': {e['exact_images']} images in "
             f"{e['exact_parts']} parts: the parts must be even in number, each a multiple of 4 images"
         )
+    check_checkpoint_gradients(config, source)
+
+
+def check_checkpoint_gradients(config: dict, source: str) -> None:
+    """The instrument at trained checkpoints: ladder runs of the estimators' base and reward, checkpoints they save,
+    and the base's +Fix batches as its step 0 (the same batch seeds)."""
+    e, ladder = config["experiments"]["estimators"], config["experiments"]["ladder"]
+    c = e["checkpoints"]
+    if not c["variants"]:
+        return
+    key = "experiments.estimators.checkpoints"
+    if missing := [v for v in c["variants"] if v not in ladder["variants"]]:
+        raise ConfigError(f"{source}: key '{key}.variants': {missing} are not ladder variants (experiments.ladder)")
+    if e["policy"] not in ladder["policies"] or e["reward"] not in ladder["rewards"]:
+        raise ConfigError(
+            f"{source}: key '{key}': the ladder trains no runs of {e['policy']!r} on {e['reward']!r} "
+            "(experiments.estimators.policy / reward) whose checkpoints it could measure"
+        )
+    if "fix" not in e["estimators"] or c["batches"] > e["batches"]:
+        raise ConfigError(
+            f"{source}: key '{key}.batches': step 0 is the base's +Fix batches, so experiments.estimators.estimators "
+            f"needs fix and at least {c['batches']} batches (has {e['estimators']}, {e['batches']})"
+        )
+    for variant in c["variants"]:
+        grpo = {**config["grpo"], **(config["variants"][variant].get("overrides") or {})}
+        saved = {s for s in range(grpo["save_every"], grpo["steps"] + 1, grpo["save_every"])} | {grpo["steps"]}
+        if bad := sorted(set(c["steps"]) - saved):
+            raise ConfigError(
+                f"{source}: key '{key}.steps': {variant!r} saves no checkpoint at steps {bad} (grpo.steps "
+                f"{grpo['steps']}, save_every {grpo['save_every']})"
+            )
 
 
 def check_references(config: dict, source: str) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from margrpo.reporting.checkpoint_gradients import CHECKPOINT_NOTE, checkpoint_gradients
 from margrpo.reporting.estimators import CLAIMS_NOTE, estimator_claims, read_block
 from margrpo.reporting.paired import (
     MIN_SEEDS_FOR_T,
@@ -198,7 +199,7 @@ class _Block:
                 {
                     "block": self.name,
                     "claim": "b",
-                    "statement": f"{what} lower with the frozen head",
+                    "statement": f"{what} lower with the frozen head (per-step probe)",
                     "metric": f"{column} ratio (geometric mean over steps)",
                     "comparison": "+Fix / GRPO",
                     "n_seeds": r["n_seeds"],
@@ -341,6 +342,10 @@ def _decide_claims(root: Path, runs: list, spec: dict, confidence: float, with_a
     if with_ablations and spec.get("estimators"):  # claims h-j: measured at the base, once (report/estimators.md)
         rows += _estimator_claims(root, spec["estimators"], confidence)
         notes.append(CLAIMS_NOTE)
+        if any(b.get("checkpoints") for b in spec["estimators"]):  # claim b at trained checkpoints
+            found = checkpoint_gradients(root, {"blocks": spec["estimators"]}, confidence)
+            rows += found.claims
+            notes.append(CHECKPOINT_NOTE)
     notes.append(
         f"{BEST}: {METRIC_TEXT[BEST]}: the best step on the even-index prompts scores the odd ones and the other "
         "way round, so no prompt judges the step it chose (the maximum over steps is biased upward)."

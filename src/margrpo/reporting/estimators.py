@@ -162,13 +162,19 @@ def bootstrap(stat, estimates: list[Batches], confidence: float, n_boot: int = N
     value = stat(*estimates)
     rng = np.random.default_rng(seed)
     draws = np.array([stat(*(e.take(idx) for e in estimates)) for idx in rng.integers(0, n, size=(n_boot, n))])
+    return (value, *bc_interval(value, draws, confidence, n_boot))
+
+
+def bc_interval(value: float, draws: np.ndarray, confidence: float, n_boot: int) -> tuple[float, float]:
+    """The bias-corrected percentile interval of `value` from its bootstrap `draws` (non-finite draws left out;
+    NaN where fewer than half of the n_boot draws are finite)."""
     draws = draws[np.isfinite(draws)]
     if len(draws) < n_boot / 2 or not math.isfinite(value):
-        return value, math.nan, math.nan
+        return math.nan, math.nan
     below = (np.sum(draws < value) + 0.5 * np.sum(draws == value)) / len(draws)
     z0, z = norm.ppf(np.clip(below, 1 / len(draws), 1 - 1 / len(draws))), norm.ppf(0.5 + confidence / 2)
     lo, hi = np.quantile(draws, norm.cdf([2 * z0 - z, 2 * z0 + z]))
-    return value, float(lo), float(hi)
+    return float(lo), float(hi)
 
 
 def describe(b: Batches, confidence: float) -> dict:

@@ -11,8 +11,10 @@ second writes `<estimator>/batches.json`: B batch gradients of one estimator (th
 0..B-1 of seed `--seed`: the same rollouts for every estimator), reduced to what `margrpo report estimators` reads
 (their Gram matrix, their projections on the exact direction, CPU seconds per batch). Estimators (ESTIMATORS): the
 ladder's `fix`, `mte`, `sim`, `committed` (their train specs as they are), `every_step` (+Fix with every AR and
-diffusion step credited) and `pathwise` (the exact gradient's estimator on one batch's images: DRaFT-like). Holds B
-gradients in memory: a toy's instrument (B x 1.8M floats for toy-nova), not a real-scale one.
+diffusion step credited) and `pathwise` (the exact gradient's estimator on one batch's images: DRaFT-like). With
+`--policy-dir` a ladder run's checkpoint and `--exact` the base's exact.pt, the same batches at a trained policy
+(rule checkpoint_gradient: claim b along training). Holds B gradients in memory: a toy's instrument (B x 1.8M
+floats for toy-nova), not a real-scale one.
 """
 
 from __future__ import annotations
@@ -47,11 +49,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     else:
         p.add_argument("--estimator", required=True, choices=ESTIMATORS)
         p.add_argument("--batches", type=int, required=True, help="B batch seeds")
+        p.add_argument(
+            "--exact",
+            default=None,
+            help="the base's exact.pt (default: OUT_DIR/exact.pt); a trained checkpoint's batches project on it too",
+        )
 
 
 def build_trainer(args, spec: dict):
-    """The GRPO trainer of `spec` on the base, as `margrpo train` builds it, in a scratch folder (nothing saved)."""
+    """The GRPO trainer of `spec` on `--policy-dir`, as `margrpo train` builds it, in a scratch folder that is
+    removed with the trainer (nothing saved)."""
+    import shutil
     import tempfile
+    import weakref
 
     from margrpo.experiment.settings import train_settings
     from margrpo.grpo.trainer import GRPOTrainer
@@ -74,6 +84,7 @@ def build_trainer(args, spec: dict):
         policy, reward, prompt_set(suites / "train.jsonl"), val, settings.sampling, cfg, scratch, device=device,
         policy_settings=settings.policy,
     )  # fmt: skip
+    weakref.finalize(trainer, shutil.rmtree, scratch, ignore_errors=True)
     return trainer
 
 
@@ -154,7 +165,8 @@ def estimator(args) -> None:
     spec = json_arg(args.spec_json, "--spec-json")
     spec = every_step_spec(spec) if args.estimator == "every_step" else spec
     out = Path(args.out_dir)
-    exact = torch.load(out / "exact.pt")
+    exact_path = Path(args.exact or out / "exact.pt")
+    exact = torch.load(exact_path)
     unit = exact["gradient"].double() / exact["gradient"].double().norm()
     trainer = build_trainer(args, spec)
     images = trainer.cfg.batch_prompts * trainer.cfg.group_size
@@ -170,7 +182,7 @@ def estimator(args) -> None:
             g = -g  # the loss's descent: the reward's ascent direction
         cpu.append(time.process_time() - t0)
         if g.numel() != unit.numel():
-            raise ValueError(f"{out / 'exact.pt'}: {unit.numel()} parameters, the estimator trains {g.numel()}")
+            raise ValueError(f"{exact_path}: {unit.numel()} parameters, the estimator trains {g.numel()}")
         if not torch.isfinite(g).all():
             raise FloatingPointError(f"{args.estimator}: batch seed {b} gave a non-finite gradient; nothing written")
         grads.append(g.double())

@@ -26,6 +26,7 @@ REPORTS: dict[str, tuple[str, str, str]] = {
     "claims": ("claims", "claims", "claims"),
     "artifacts": ("report", "artifacts", "artifacts"),
     "estimators": ("report", "estimators", "estimators"),
+    "checkpoint-gradients": ("report", "checkpoint_gradients", "checkpoint_gradients"),
     "dynamics": ("figure", "figures", "dynamics"),
     "uncertainty": ("figure", "figures", "uncertainty"),
     "samples": ("figure", "figures", "samples"),

@@ -1,6 +1,8 @@
 """`margrpo warmup`: fine-tune only the diffusion head before RL (Harmon warm-up, design.md §3.11).
 
-The quality report records the policy before and after, so the effect of the warm-up is a number.
+The quality report records the policy before and after, so the effect of the warm-up is a number: among them the
+share of images with no object of a palette colour (`no_valid_object`, evaluation.failures), the failure the paper
+warms Harmon's head up to repair.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import logging
 from pathlib import Path
 
 from margrpo.stages._common import json_arg, sampling_config, setup, stage_args, write_spec
-from margrpo.stages.pretrain import load_world, world_batches, write_policy, write_quality
+from margrpo.stages.pretrain import load_world, world_batches, write_policy, write_sample_grid
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> None:
-    from margrpo.evaluation.quality import quality_report
+    from margrpo.evaluation.quality import format_report
+    from margrpo.infra.files import atomic_write_json
     from margrpo.policy import load_policy
     from margrpo.prompts.suites import load_suite
     from margrpo.toylab.pretraining import PretrainConfig, train
@@ -53,14 +56,7 @@ def run(args) -> None:
         out.parent,
         {**stage_args(args), "warmup_json": w, "sampling_json": sampling_json, "world": world_cfg.to_dict()},
     )
-    before, _ = quality_report(
-        policy,
-        load_suite(args.eval_suite),
-        sampling,
-        args.quality_images,
-        world_cfg=world_cfg,
-        precision=args.precision,
-    )
+    before = quality_with_failures(policy, args, sampling, world_cfg)[0]
     cfg = PretrainConfig(
         steps=w["steps"],
         lr=w["lr"],
@@ -81,13 +77,31 @@ def run(args) -> None:
         spec={"policy_dir": str(args.policy_dir), "world": world_cfg.to_dict()},
     )
     write_policy(policy, out)
-    after = write_quality(
-        policy,
-        args,
-        sampling,
-        args.quality,
-        {"before_warmup": before},
-        world_cfg,
-        title=f"{out.parent.name}: after head warm-up ({cfg.steps} steps)",
+    after, images = quality_with_failures(policy, args, sampling, world_cfg)
+    atomic_write_json(args.quality, {**after, "before_warmup": before})
+    if args.samples_png:
+        title = f"{out.parent.name}: after head warm-up ({cfg.steps} steps)"
+        write_sample_grid(load_suite(args.eval_suite), images, args.quality_images, args.samples_png, title)
+    log.info(format_report(after))
+    log.info(
+        f"warm-up: overall strict {before['overall']['strict']:.3f} -> {after['overall']['strict']:.3f}, images with "
+        f"no valid object {before['no_valid_object']:.3f} -> {after['no_valid_object']:.3f}"
     )
-    log.info(f"warm-up: overall strict {before['overall']['strict']:.3f} -> {after['overall']['strict']:.3f}")
+
+
+def quality_with_failures(policy, args, sampling, world_cfg) -> tuple[dict, object]:
+    """The quality report of `policy` on the evaluation suite, with its share of failed images; and the images."""
+    from margrpo.evaluation.failures import failed_share
+    from margrpo.evaluation.quality import quality_report
+    from margrpo.prompts.suites import load_suite
+
+    report, images = quality_report(
+        policy,
+        load_suite(args.eval_suite),
+        sampling,
+        args.quality_images,
+        world_cfg=world_cfg,
+        precision=args.precision,
+    )
+    report["no_valid_object"] = failed_share(images, world_cfg)
+    return report, images
