@@ -237,6 +237,17 @@ def test_table1_two_policies_one_seed(tmp_path):
     assert "| toy-harmon | Base |" in md  # the base policy is one policy, not a seed
     assert tex.count(r"\midrule") == 2 and "toy-harmon & Ours & $\\mathbf{1.300}$" in tex
 
+    # a warmed-up base: its warm-up's failed images, strict and seen single objects before and after, in the caption
+    quality = {"overall": {"strict": 0.24}, "single_object_color_and_shape": {"seen_pairs": {"accuracy": 0.5}}}
+    before = {**quality, "overall": {"strict": 0.17}, "no_valid_object": 0.232}
+    (tmp_path / "warm.json").write_text(json.dumps({**quality, "no_valid_object": 0.117, "before_warmup": before}))
+    caption = tables.table1(tmp_path, {**spec, "warmups": {"toy-harmon": str(tmp_path / "warm.json")}}).caption
+    assert (
+        "toy-harmon's Base is its base after the head warm-up (quality suite: 0.232 of images with no valid object, "
+        "strict 0.170, seen single objects 0.50 before it, 0.117 of images with no valid object, strict 0.240, seen "
+        "single objects 0.50 after)." in caption
+    )
+
 
 def test_table1_refuses_rows_over_unlike_evaluations(tmp_path):
     """Issue #31.2: a run's compbench.csv without one category printed a dash and averaged its overall over the

@@ -162,6 +162,11 @@ def get_base_policy(wildcards):
     return get_loaded_policy(wildcards.policy)
 
 
+def table1_warmups():
+    """{policy: its warm-up's quality.json} for Table 1's bases that are warmed up (the caption's note on it)."""
+    return {p: f"{SHARED['warmup'][p]}/quality.json" for p in EXP["table1"]["policies"] if p in SHARED["warmup"]}
+
+
 def get_loaded_policy(policy):
     """Toy policies are pre-trained here; real ones are checked in place (a pointer file, no copy)."""
     return f"{SHARED['base'][policy]}/" + ("policy" if is_toy(policy) else "policy.json")

@@ -15,12 +15,14 @@ rule table1:
     """Table 1: each base policy, +GRPO and Ours; preference metrics and CompBench categories."""
     input:
         get_eval_outputs(base_runs() + table1_runs()),
+        warmups=table1_warmups().values(),
     output:
         report(f"{REPORT}/table1.csv", caption="../report/table1.rst", category=CATEGORY_TABLE1, subcategory="tables"),
         f"{REPORT}/table1.md",
         f"{REPORT}/table1.tex",
     params:
-        runs=json.dumps({"base": base_runs(), "runs": table1_runs(), "baseline": EXP["table1"]["baseline"], "ours": EXP["table1"]["ours"]}),
+        runs=json.dumps({"base": base_runs(), "runs": table1_runs(), "baseline": EXP["table1"]["baseline"], "ours": EXP["table1"]["ours"],
+                         "warmups": table1_warmups()}),
         prefix=lambda wc, output: report_prefix(output),
         **REPORT_PARAMS,
     conda:

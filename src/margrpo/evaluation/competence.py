@@ -18,7 +18,7 @@ from __future__ import annotations
 # strict 0.45 (was 0.60; issue 71 item 4): on unseen prompts and seeds toy-nova (0.460) draws 86 of 90 seen single
 # objects and both objects of 59 of 72 pairs right, inside NOVA-0.6B's own CompBench range (0.30-0.69, paper Table 1).
 # The warm-up's bars (issue 71 item 3) stand where toy-harmon stands: failed 0.232 -> 0.117, strict 0.240, shuffled
-# 0.130, seen single objects 0.50 (docs/findings.md); each failure bar 2-4 standard errors from its number (384 images).
+# 0.130, seen single objects 0.50 (docs/findings.md); each failure bar 2-4 standard errors from its number.
 GATES = {
     "pretrain": {"strict": (">=", 0.45), "shuffled_strict": ("<=", 0.20), "single_object_seen_pairs": (">=", 0.95)},
     "warmup": {

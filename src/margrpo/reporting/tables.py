@@ -198,8 +198,29 @@ def table1(root: str | Path, spec: dict, confidence: float = 0.95, digits: int =
         "Preference: mean score per scorer; T2I-CompBench: strict accuracy per category. "
         + _ci_note(confidence)
         + (" *: best checkpoint by validation reward." if any("*" in r.method for r in rows) else "")
+        + "".join(warmup_note(policy, path) for policy, path in (spec.get("warmups") or {}).items())
     )
     return build_table(root, rows, confidence, "table1", "Table 1", caption, digits)
+
+
+def warmup_note(policy: str, quality_path: str) -> str:
+    """A sentence on a base that is its head warm-up: what the warm-up changed (its quality.json, before and after)."""
+    from margrpo.infra.files import read_json
+
+    after = read_json(quality_path)
+    before = after.get("before_warmup")
+    if not before:
+        raise ValueError(f"{quality_path}: no before_warmup entry (not a `margrpo warmup` quality report)")
+
+    def numbers(q: dict) -> str:
+        failed = f"{q['no_valid_object']:.3f} of images with no valid object, " if "no_valid_object" in q else ""
+        seen = q["single_object_color_and_shape"]["seen_pairs"]["accuracy"]
+        return f"{failed}strict {q['overall']['strict']:.3f}, seen single objects {seen:.2f}"
+
+    return (
+        f" {policy}'s Base is its base after the head warm-up (quality suite: {numbers(before)} before it, "
+        f"{numbers(after)} after)."
+    )
 
 
 def table2(root: str | Path, spec: dict, confidence: float = 0.95, digits: int = 3) -> Table:
