@@ -185,17 +185,40 @@ def _weak_results(tmp_path: Path, strict: float) -> tuple[dict, Path]:
         (results / key / "quality.json").write_text(json.dumps(quality))
     from margrpo.experiment.specs import shared_dirs
 
+    warmed = {**quality, "no_valid_object": 0.1, "before_warmup": {**quality, "no_valid_object": 0.3}}
     for folder in shared_dirs(config)["warmup"].values():
         (results / Path(*Path(folder).parts[-2:])).mkdir(parents=True, exist_ok=True)
-        (results / Path(*Path(folder).parts[-2:]) / "quality.json").write_text(json.dumps(quality))
+        (results / Path(*Path(folder).parts[-2:]) / "quality.json").write_text(json.dumps(warmed))
     return config, results
+
+
+@pytest.mark.parametrize(
+    "before, after, short",
+    [
+        (0.3, 0.1, []),
+        (0.3, 0.3, ["failed 0.300 (needs <= 0.15)"]),  # the warm-up repaired nothing
+        (0.05, 0.05, ["failed_before_warmup 0.050 (needs >= 0.15)"]),  # nothing to repair: not Harmon-like
+        (None, None, ["failed_before_warmup not measured (needs >= 0.15)", "failed not measured (needs <= 0.15)"]),
+    ],
+)
+def test_a_harmon_like_base_is_gated_on_the_failure_its_warm_up_repairs(before, after, short):
+    from margrpo.evaluation.competence import shortfalls
+
+    quality = {
+        "overall": {"strict": 0.3, "shuffled_strict": 0.1},
+        "single_object_color_and_shape": {"seen_pairs": {"accuracy": 0.5}},
+    }
+    warmed = {**quality, "before_warmup": dict(quality)}
+    if before is not None:
+        warmed["before_warmup"]["no_valid_object"], warmed["no_valid_object"] = before, after
+    assert shortfalls(warmed, "warmup") == short
 
 
 def test_pack_weights_refuses_a_base_below_its_bar_unless_told_why(tmp_path):
     from margrpo.stages.toy_weights import pack
 
-    _, results = _weak_results(tmp_path, strict=0.2)
-    weak = r"below their quality bar.*strict 0.200 \(needs >= 0.45\).*--accept-weak-base"
+    _, results = _weak_results(tmp_path, strict=0.15)  # below both bars, the NOVA-like 0.45 and the Harmon-like 0.20
+    weak = r"below their quality bar.*strict 0.150 \(needs >= 0.45\).*strict 0.150 \(needs >= 0.20\).*--accept-weak"
     with pytest.raises(InputError, match=weak):
         pack(str(REPO / "config/smoke.yaml"), results, tmp_path / "release")
     assert not (tmp_path / "release").exists()  # nothing packed
