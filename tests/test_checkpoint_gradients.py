@@ -76,6 +76,12 @@ def test_equal_noise_is_not_called_lower(tmp_path):
     assert noise_claim["verdict"] == "not settled"
 
 
+def test_one_checkpoint_step_gives_one_row_and_one_claim_per_statistic(tmp_path):
+    found = checkpoint_gradients(tmp_path, {"blocks": [block(tmp_path, {"grpo": 1.0, "fix": 0.6}, steps=(2,))]})
+    assert list(found.ratios["steps"]) == ["2", "2"] and len(found.claims) == 2
+    assert "(steps 2)" in found.claims[0]["statement"] and "| mean \\|g\\| | 2 |" in found.to_markdown()
+
+
 def test_the_ratio_is_the_geometric_mean_of_the_paired_ratios(tmp_path):
     blk = block(tmp_path, {"grpo": 1.0, "fix": 0.8}, seeds=(0, 1), steps=(24,), B=6)
     points = {}

@@ -86,7 +86,8 @@ class CheckpointGradients:
         ]
         for r in self.ratios.to_dict("records"):
             out.append(
-                f"| {STATISTICS[r['statistic']][0]} | {r['steps']} | {r['ratio']:.3f}x [{r['lo']:.3f}, {r['hi']:.3f}] "
+                f"| {STATISTICS[r['statistic']][0].replace('|', chr(92) + '|')} | {r['steps']} | "
+                f"{r['ratio']:.3f}x [{r['lo']:.3f}, {r['hi']:.3f}] "
                 f"| {r['per_seed']} |"
             )
         out += ["", "Claims:", "", "| claim | statement | effect | CI | verdict |", "|:---|:---|---:|:---|:---|"]
@@ -114,7 +115,7 @@ class CheckpointGradients:
             ax.set(xlabel="training step (0: the base)", ylabel=STATISTICS[stat][0], yscale="log")
             ax.set_xticks(sorted(self.points["step"].unique()))
             ax.legend(fontsize=8)
-        pooled = self.ratios[self.ratios["steps"] == "all"].set_index("statistic")
+        pooled = self.ratios.groupby("statistic").last()  # each statistic's last row pools every checkpoint
         for ax, stat in zip(axes, STATISTICS):
             if stat in pooled.index:
                 r = pooled.loc[stat]
@@ -218,7 +219,7 @@ def checkpoint_gradients(root: str | Path, spec: dict, confidence: float = 0.95)
     if all(v in c["variants"] for v in PAIR):
         steps = sorted(c["steps"])
         for stat in STATISTICS:
-            for which in [[t] for t in steps] + [steps]:
+            for which in [[t] for t in steps] + ([steps] if len(steps) > 1 else []):
                 r, lo, hi, per_seed = paired_ratio(points, STAT_FNS[stat], list(c["seeds"]), which, confidence)
                 label = "all" if len(which) > 1 else str(which[0])
                 ratios.append(
@@ -232,7 +233,7 @@ def checkpoint_gradients(root: str | Path, spec: dict, confidence: float = 0.95)
                         "per_seed": ", ".join(f"{s}: {v:.3f}" for s, v in per_seed.items()),
                     }
                 )
-                if len(which) == len(steps):
+                if which == steps:  # the claim pools every checkpoint
                     claims.append(_claim_row(name, stat, steps, ratios[-1], len(points[PAIR[0], c["seeds"][0], 0])))
     return CheckpointGradients(table, pd.DataFrame(ratios), claims, name, c["batches"], confidence)
 
