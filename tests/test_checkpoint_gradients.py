@@ -62,6 +62,7 @@ def test_a_known_factor_in_the_noise_is_found_and_decided(tmp_path):
     assert pooled.loc["norm", "ratio"] == pytest.approx(0.6, rel=0.05)
     assert [c["verdict"] for c in found.claims] == ["reproduced", "reproduced"]
     assert {c["claim"] for c in found.claims} == {"b"}
+    assert not any("|" in c["metric"] or "|" in c["statement"] for c in found.claims)  # Markdown table cells
     per_step = found.ratios[found.ratios["steps"] != "all"]
     assert sorted(per_step["steps"].unique()) == ["24", "48"]
     # step 0 is the base, the same batches for every variant and seed

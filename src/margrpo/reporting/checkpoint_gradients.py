@@ -27,7 +27,7 @@ from margrpo.reporting.estimators import LABELS, N_BOOT, Batches, bc_interval, n
 from margrpo.reporting.paired import ratio_verdict
 from margrpo.reporting.tables import VARIANT_LABELS
 
-STATISTICS = {"noise": ("noise tr Cov g", "tr Cov g ratio"), "norm": ("mean |g|", "mean |g| ratio")}
+STATISTICS = {"noise": ("noise tr Cov g", "tr Cov g ratio"), "norm": ("mean |g|", "mean batch-gradient norm ratio")}
 PAIR = ("fix", "grpo")  # the claim's ratio: +Fix / GRPO
 CHECKPOINT_NOTE = (
     "Claim b has two instruments. The per-step probe (`grad_norm_ar`, `grad_var_ar`: the spread of the AR gradient "
@@ -101,6 +101,7 @@ class CheckpointGradients:
     def figure(self):
         """Noise and mean |g| against the training step: a thin line per seed, the geometric mean thick."""
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import NullFormatter, ScalarFormatter
 
         fig, axes = plt.subplots(1, 2, figsize=(10, 4))
         for ax, stat in zip(axes, STATISTICS):
@@ -113,6 +114,8 @@ class CheckpointGradients:
                 label = VARIANT_LABELS.get(variant, variant)
                 ax.plot(mean.index, mean.values, "o-", color=colour, lw=2.2, label=label)
             ax.set(xlabel="training step (0: the base)", ylabel=STATISTICS[stat][0], yscale="log")
+            ax.yaxis.set_major_formatter(ScalarFormatter())  # plain numbers on the log axis
+            ax.yaxis.set_minor_formatter(NullFormatter())
             ax.set_xticks(sorted(self.points["step"].unique()))
             ax.legend(fontsize=8)
         pooled = self.ratios.groupby("statistic").last()  # each statistic's last row pools every checkpoint
