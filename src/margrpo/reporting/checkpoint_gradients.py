@@ -101,7 +101,6 @@ class CheckpointGradients:
     def figure(self):
         """Noise and mean |g| against the training step: a thin line per seed, the geometric mean thick."""
         import matplotlib.pyplot as plt
-        from matplotlib.ticker import NullFormatter, ScalarFormatter
 
         fig, axes = plt.subplots(1, 2, figsize=(10, 4))
         for ax, stat in zip(axes, STATISTICS):
@@ -113,9 +112,7 @@ class CheckpointGradients:
                 mean = rows.groupby("step")[stat].apply(_geomean)
                 label = VARIANT_LABELS.get(variant, variant)
                 ax.plot(mean.index, mean.values, "o-", color=colour, lw=2.2, label=label)
-            ax.set(xlabel="training step (0: the base)", ylabel=STATISTICS[stat][0], yscale="log")
-            ax.yaxis.set_major_formatter(ScalarFormatter())  # plain numbers on the log axis
-            ax.yaxis.set_minor_formatter(NullFormatter())
+            ax.set(xlabel="training step (0: the base)", ylabel=STATISTICS[stat][0])
             ax.set_xticks(sorted(self.points["step"].unique()))
             ax.legend(fontsize=8)
         pooled = self.ratios.groupby("statistic").last()  # each statistic's last row pools every checkpoint
