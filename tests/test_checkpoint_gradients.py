@@ -12,7 +12,12 @@ import pytest
 import yaml
 
 from margrpo.experiment.config import ConfigError, load_config
-from margrpo.reporting.checkpoint_gradients import batches_path, checkpoint_gradients, mean_norm, paired_ratio
+from margrpo.reporting.checkpoint_gradients import (
+    batches_path,
+    checkpoint_gradients,
+    mean_norm,
+    paired_checkpoint_ratio,
+)
 from margrpo.reporting.estimators import Batches, noise
 
 P = 400
@@ -89,7 +94,7 @@ def test_the_ratio_is_the_geometric_mean_of_the_paired_ratios(tmp_path):
     for v in ("grpo", "fix"):
         for s in (0, 1):
             points[v, s, 24] = Batches.read(tmp_path / batches_path(blk["dir"], v, s, 24))
-    value, lo, hi, per_seed = paired_ratio(points, noise, [0, 1], [24], 0.95, n_boot=200)
+    value, lo, hi, per_seed = paired_checkpoint_ratio(points, noise, [0, 1], [24], 0.95, n_boot=200)
     want = [noise(points["fix", s, 24]) / noise(points["grpo", s, 24]) for s in (0, 1)]
     assert value == pytest.approx(math.sqrt(want[0] * want[1]))
     assert per_seed == pytest.approx({0: want[0], 1: want[1]})

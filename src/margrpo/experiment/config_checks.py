@@ -182,6 +182,8 @@ def check_checkpoint_gradients(config: dict, source: str) -> None:
         grpo = {**config["grpo"], **(config["variants"][variant].get("overrides") or {})}
         if not all(isinstance(grpo[k], int) and grpo[k] > 0 for k in ("steps", "save_every")):
             continue  # a bad override: the overrides' own check names it
+        # the steps grpo.run_loop.Cadence.saves writes (not imported: the grpo package imports torch, and the config
+        # checks run before every Snakemake start)
         saved = {s for s in range(grpo["save_every"], grpo["steps"] + 1, grpo["save_every"])} | {grpo["steps"]}
         if bad := sorted(set(c["steps"]) - saved):
             raise ConfigError(

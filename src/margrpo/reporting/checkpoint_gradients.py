@@ -169,7 +169,9 @@ def read_points(root: Path, blk: dict) -> dict[tuple[str, int, int], Batches]:
     return points
 
 
-def paired_ratio(points, stat, seeds: list[int], steps: list[int], confidence: float, n_boot: int = N_BOOT, seed=0):
+def paired_checkpoint_ratio(
+    points, stat, seeds: list[int], steps: list[int], confidence: float, n_boot: int = N_BOOT, seed=0
+):
     """Geometric mean over `seeds` x `steps` of stat(+Fix) / stat(GRPO) at the same seed and step, and its
     bias-corrected bootstrap interval: seeds resampled, and the batch seeds once for every policy of a draw.
     Returns (value, lo, hi, per-seed ratios)."""
@@ -220,7 +222,9 @@ def checkpoint_gradients(root: str | Path, spec: dict, confidence: float = 0.95)
         steps = sorted(c["steps"])
         for stat in STATISTICS:
             for which in [[t] for t in steps] + ([steps] if len(steps) > 1 else []):
-                r, lo, hi, per_seed = paired_ratio(points, STAT_FNS[stat], list(c["seeds"]), which, confidence)
+                r, lo, hi, per_seed = paired_checkpoint_ratio(
+                    points, STAT_FNS[stat], list(c["seeds"]), which, confidence
+                )
                 label = "all" if len(which) > 1 else str(which[0])
                 ratios.append(
                     {

@@ -56,7 +56,8 @@ def run(args) -> None:
         out.parent,
         {**stage_args(args), "warmup_json": w, "sampling_json": sampling_json, "world": world_cfg.to_dict()},
     )
-    before = quality_with_failures(policy, args, sampling, world_cfg)[0]
+    records = load_suite(args.eval_suite)
+    before = quality_with_failures(policy, records, sampling, args, world_cfg)[0]
     cfg = PretrainConfig(
         steps=w["steps"],
         lr=w["lr"],
@@ -77,11 +78,11 @@ def run(args) -> None:
         spec={"policy_dir": str(args.policy_dir), "world": world_cfg.to_dict()},
     )
     write_policy(policy, out)
-    after, images = quality_with_failures(policy, args, sampling, world_cfg)
+    after, images = quality_with_failures(policy, records, sampling, args, world_cfg)
     atomic_write_json(args.quality, {**after, "before_warmup": before})
     if args.samples_png:
         title = f"{out.parent.name}: after head warm-up ({cfg.steps} steps)"
-        write_sample_grid(load_suite(args.eval_suite), images, args.quality_images, args.samples_png, title)
+        write_sample_grid(records, images, args.quality_images, args.samples_png, title)
     log.info(format_report(after))
     log.info(
         f"warm-up: overall strict {before['overall']['strict']:.3f} -> {after['overall']['strict']:.3f}, images with "
@@ -89,15 +90,15 @@ def run(args) -> None:
     )
 
 
-def quality_with_failures(policy, args, sampling, world_cfg) -> tuple[dict, object]:
-    """The quality report of `policy` on the evaluation suite, with its share of failed images; and the images."""
+def quality_with_failures(policy, records, sampling, args, world_cfg) -> tuple[dict, object]:
+    """The quality report of `policy` on the evaluation suite's `records`, with its share of failed images; and the
+    images."""
     from margrpo.evaluation.failures import failed_share
     from margrpo.evaluation.quality import quality_report
-    from margrpo.prompts.suites import load_suite
 
     report, images = quality_report(
         policy,
-        load_suite(args.eval_suite),
+        records,
         sampling,
         args.quality_images,
         world_cfg=world_cfg,
