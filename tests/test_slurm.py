@@ -64,6 +64,7 @@ def write_config(
         "variants": ["fix"],
         "seeds": [0],
     }
+    config["experiments"]["estimators"]["checkpoints"]["variants"] = []  # no GRPO run in this ladder to take them at
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
 
