@@ -213,6 +213,39 @@ def test_a_paused_job_let_go_on_is_never_failed_and_is_named_again_in_a_new_paus
     assert "PENDING (JobHeldUser)" in warned[0] and "is SUSPENDED for 60 s" in warned[1], warned
 
 
+def test_a_job_held_before_the_status_command_listed_it_is_read_from_slurmctld_and_given_up():
+    """sacct lists a job once slurmctld has sent it to slurmdbd, when it is eligible to run: a job held right after
+    its submission never is, and the plugin waits on a job it never saw listed without bound."""
+    controller = Controller(j5=("PENDING", "JobHeldAdmin"), j6=("PENDING", "Resources"))
+    job_states, clock, warned, _ = states(patience=60, held_patience=300, controller=controller)
+    assert job_states.settle({}, unlisted=["5", "6"]) == {"5": "PENDING"}  # 6 waits to be listed, as the plugin has it
+    clock.now += 60
+    assert job_states.settle({}, unlisted=["5", "6"]) == {"5": "PENDING"}
+    assert len(warned) == 1 and warned[0].startswith("SLURM job 5 is PENDING (JobHeldAdmin) for 60 s"), warned
+    clock.now += 240
+    assert job_states.settle({}, unlisted=["5", "6"]) == {"5": "FAILED"} and controller.cancels == [["5"]]
+    assert warned[1].startswith("SLURM job 5: PENDING (JobHeldAdmin) for 300 s"), warned
+
+
+def test_a_never_listed_held_job_let_go_on_is_read_from_slurmctld_until_the_status_command_lists_it():
+    controller = Controller(j5=("PENDING", "JobHeldUser"))
+    job_states, clock, warned, _ = states(patience=60, held_patience=300, controller=controller)
+    assert job_states.settle({}, unlisted=["5"]) == {"5": "PENDING"}
+    controller.answers = False  # no answer: still held, as it was
+    clock.now += 100
+    assert job_states.settle({}, unlisted=["5"]) == {"5": "PENDING"} and len(warned) == 1
+    controller.answers, controller.jobs["5"] = True, ("RUNNING", "None")  # released
+    clock.now += 1000
+    assert job_states.settle({}, unlisted=["5"]) == {"5": "RUNNING"}
+    assert job_states.settle({"5": "RUNNING"}) == {"5": "RUNNING"}  # listed at last: the listing's word from now on
+    controller.jobs["5"] = ("COMPLETED", "None")
+    # dropped by the listing once it was listed: gone from it (given up after the patience), not read from slurmctld
+    assert job_states.settle({}, unlisted=["5"]) == {"5": "PENDING"} and job_states.stuck_since["5"][0].startswith(
+        "gone"
+    )
+    assert controller.cancels == [], controller.cancels
+
+
 def test_patience_must_be_positive_and_the_held_patience_no_shorter():
     with pytest.raises(ValueError, match="patience must be > 0"):
         JobStates(0)

@@ -62,7 +62,7 @@ def running_job(workflow: subprocess.Popen, seconds: float = 120, state: str = "
             return jobs[0]
         time.sleep(0.5)
     workflow.kill()
-    raise AssertionError(f"no job ran within {seconds} s: {workflow.communicate()[0][-3000:]}")
+    raise AssertionError(f"{workflow.communicate()[0][-3000:]}\nno job listed {state} within {seconds} s")
 
 
 def ended(workflow: subprocess.Popen, seconds: float = BOUND) -> tuple[int, str, float]:
@@ -73,9 +73,29 @@ def ended(workflow: subprocess.Popen, seconds: float = BOUND) -> tuple[int, str,
         workflow.kill()
         out = workflow.communicate()[0]
         squeue = subprocess.run(["squeue", "--states=all", "-o", "%i %T %R"], capture_output=True, text=True).stdout
+        # what the plugin's status query (sacct, by the workflow's run name, in a time window) listed
+        sacct = subprocess.run(
+            [
+                "sacct",
+                "-X",
+                "-n",
+                "-P",
+                "-o",
+                "JobIdRaw,JobName,State",
+                "--starttime",
+                "now-1hour",
+                "--endtime",
+                "now",
+            ],
+            capture_output=True,
+            text=True,
+        ).stdout
         live = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
         subprocess.run(["scancel", *live], capture_output=True)  # the session's cluster: nothing left running on it
-        raise AssertionError(f"Snakemake still waited after {seconds} s; squeue:\n{squeue}\n{out[-3000:]}") from None
+        # the finding last: a CI excerpt shows only a message's tail
+        raise AssertionError(
+            f"{out[-3000:]}\nSnakemake still waited after {seconds} s; squeue:\n{squeue}sacct's window:\n{sacct}"
+        ) from None
     return workflow.returncode, out, time.time() - started
 
 
@@ -201,14 +221,26 @@ def test_a_held_pending_job_is_named_then_cancelled_and_fails(cluster, tmp_path)
         deadline = time.time() + 60
         while sacct_state(blocker) != "RUNNING" and time.time() < deadline:
             time.sleep(0.5)
+        assert sacct_state(blocker) == "RUNNING", f"the blocker {blocker} is {sacct_state(blocker)} after 60 s"
         workflow = start_workflow(tmp_path, hold=1, retries=0, patience=10, held_patience=HELD_PATIENCE)
         job = running_job(workflow, state="PENDING")
         subprocess.run(["scontrol", "hold", job], check=True)
         code, out, seconds = ended(workflow)
     finally:
         subprocess.run(["scancel", blocker])
-    assert code == 1 and f"`scontrol release {job}` lets it go on" in out, out[-3000:]
+    assert code == 1 and f"`scontrol release {job}` lets it go on" in out, f"{out[-3000:]}\nexit {code}, job {job}"
     given_up(out, job, "PENDING (JobHeldAdmin)")
+    assert sacct_state(job).startswith("CANCELLED"), sacct_state(job)
+
+
+def test_a_job_submitted_held_which_sacct_never_lists_is_named_then_cancelled_and_fails(cluster, tmp_path):
+    """`sbatch --hold` (JobHeldUser): a job never eligible to run is left out of the plugin's sacct query (its time
+    window), which would wait on it without bound; it is read from slurmctld instead."""
+    workflow = start_workflow(tmp_path, hold=1, retries=0, patience=10, held_patience=HELD_PATIENCE, extra="--hold")
+    job = running_job(workflow, state="PENDING")
+    code, out, seconds = ended(workflow)
+    assert code == 1 and f"`scontrol release {job}` lets it go on" in out, f"{out[-3000:]}\nexit {code}, job {job}"
+    given_up(out, job, "PENDING (JobHeldUser)")
     assert sacct_state(job).startswith("CANCELLED"), sacct_state(job)
 
 

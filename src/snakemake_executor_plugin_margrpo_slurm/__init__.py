@@ -1,6 +1,7 @@
 """`executor: margrpo-slurm`: Snakemake's SLURM executor (snakemake-executor-plugin-slurm, pinned) whose jobs all
 end for Snakemake within a bounded time (margrpo.infra.slurm_states: "CANCELLED by <uid>", PREEMPTED under
-PreemptMode=CANCEL, NODE_FAIL without a requeue, UNKNOWN, a job the status command forgot, a job held or suspended),
+PreemptMode=CANCEL, NODE_FAIL without a requeue, UNKNOWN, a job the status command forgot or never listed, a job held
+or suspended),
 and whose jobs given up on are cancelled, and seen ended, before they are reported failed.
 
 Everything else is the SLURM plugin's own: its settings under this executor's prefix (`--margrpo-slurm-requeue`,
@@ -16,7 +17,10 @@ from dataclasses import dataclass, field
 from importlib.metadata import version
 
 import snakemake_executor_plugin_slurm as slurm
-from snakemake_executor_plugin_slurm import common_settings  # noqa: F401 (a plugin's required attribute)
+from snakemake_executor_plugin_slurm import (
+    _status_lookup_ids,
+    common_settings,  # noqa: F401 (a plugin's required attribute)
+)
 from snakemake_executor_plugin_slurm.job_cancellation import cancel_slurm_jobs
 from snakemake_interface_common.exceptions import WorkflowError
 from snakemake_interface_executor_plugins.executors.base import SubmittedJobInfo
@@ -81,11 +85,17 @@ class Executor(slurm.Executor):
 
         async def settled_query(command: str, logger):
             states, seconds = await PLUGIN_QUERY(command, logger)
-            return (None, None) if states is None else (self.job_states.settle(states), seconds)
+            if states is None:
+                return None, None
+            unlisted = [j for j in self.active_ids if not any(i in states for i in _status_lookup_ids(j))]
+            return self.job_states.settle(states, unlisted), seconds
 
         slurm.query_job_status = settled_query  # the name check_active_jobs calls
 
+    active_ids: list[str] = []  # the jobs of the status check under way: the query tells which it did not list
+
     async def check_active_jobs(self, active_jobs):
+        self.active_ids = [job.external_jobid for job in active_jobs]
         async for job in super().check_active_jobs(active_jobs):
             yield job
         # a job cancelled and not yet seen ended: looked at again after the first interval, not the plugin's growing

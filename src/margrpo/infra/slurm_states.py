@@ -9,23 +9,26 @@ workflow waiting forever, each reproduced on the test cluster (scripts/slurm-clu
 - a node failure of a job SLURM does not requeue (`--no-requeue`, JobRequeue=0) stays NODE_FAIL, which the plugin
   keeps waiting on while its own `requeue` setting is on (the profile's);
 - UNKNOWN (a state sacct could not read) is reported as success, whatever the job did;
-- a job that the status command no longer lists (squeue forgets a job MinJobAge after it ends) is waited on;
+- a job that the status command no longer lists (squeue forgets a job MinJobAge after it ends) is waited on, and so
+  is one it never listed: sacct lists a job once slurmctld has sent it to slurmdbd, which it does when the job is
+  eligible to run, so a job held before that (`scontrol hold` right after the submission) is never listed;
 - a job a person or an admin paused: held (`scontrol hold`: PENDING, reason JobHeldAdmin or JobHeldUser), requeued
   in held state (`scontrol requeuehold`: REQUEUE_HOLD, which squeue shows as PENDING "job requeued in held state"),
   SPECIAL_EXIT (`requeuehold state=specialexit`; sacct shows both as PENDING), SUSPENDED (`scontrol suspend`), or
   STOPPED (SIGSTOP): each waits for a person, and the plugin counts it as live with no bound.
 
 `JobStates.settle` rewrites one status query's answer before the plugin reads it. "CANCELLED by <uid>" becomes
-CANCELLED (a failure the plugin names). A state that ends nothing by itself (PREEMPTED, NODE_FAIL, UNKNOWN, a job
-gone from the listing, a state word the plugin does not know) reads as PENDING while SLURM may still requeue the
-job, for `patience` seconds. A paused job reads as PENDING too: after `patience` seconds it is named in the log (its
-state, the reason, and the command that lets it go on), and after `held_patience` seconds it is given up. A job
-given up on is cancelled (`scancel`) and reads as PENDING until the controller (`squeue`, not sacct: sacct writes
-CANCELLED while the job's processes still run, COMPLETING) shows it ended or no longer knows it; only then does it
-read as FAILED: Snakemake retries it (the profile's retries) or stops. The job is marked given up in its Comment
-before the scancel (infra.slurm.mark_given_up), so a train job that was running saves its state and ends resumable,
-not as after a person's scancel: its retry resumes it, as it does one that was not running. A job that SLURM
-requeues, or a person lets go on, in time (PENDING, RUNNING again) is never failed.
+CANCELLED (a failure the plugin names). A state that ends nothing by itself (PREEMPTED, NODE_FAIL, UNKNOWN, a job gone
+from the listing, a state word the plugin does not know) reads as PENDING while SLURM may still requeue the job, for
+`patience` seconds. A paused job reads as PENDING too: after `patience` seconds it is named in the log (its state, the
+reason, and the command that lets it go on), and after `held_patience` seconds it is given up. A job never listed is
+read as the controller has it once the controller shows it paused, and from then until the status command lists it. A
+job given up on is cancelled (`scancel`) and reads as PENDING until the controller (`squeue`, not sacct: sacct writes
+CANCELLED while the job's processes still run, COMPLETING) shows it ended or no longer knows it; only then does it read
+as FAILED: Snakemake retries it (the profile's retries) or stops. The job is marked given up in its Comment before the
+scancel (infra.slurm.mark_given_up), so a train job that was running saves its state and ends resumable, not as after a
+person's scancel: its retry resumes it, as it does one that was not running. A job that SLURM requeues, or a person
+lets go on, in time (PENDING, RUNNING again) is never failed.
 """
 
 from __future__ import annotations
@@ -113,19 +116,32 @@ class JobStates:
         # job id -> (what it is stuck in, since when, the command that lets it go on where a person paused it)
         self.stuck_since: dict[str, tuple[str, float, str | None]] = {}
         self.watched: set[str] = set()  # jobs listed and not yet ended: one the listing drops is stuck "GONE"
+        self.read_from_controller: set[str] = set()  # paused jobs the status command has not listed (yet)
         self.named: set[str] = set()  # paused jobs named in the log, in the state they are stuck in
         self.cancelled: dict[str, tuple[str, float]] = {}  # job id -> (what it was stuck in, how long) at the scancel
         self.failed: set[str] = set()
 
-    def settle(self, states: dict[str, str]) -> dict[str, str]:
-        """One status query's {job id: state} as the plugin should read it (see the module's docstring)."""
+    def settle(self, states: dict[str, str], unlisted: Iterable[str] = ()) -> dict[str, str]:
+        """One status query's {job id: state} as the plugin should read it (see the module's docstring); `unlisted`:
+        the workflow's active jobs that `states` leaves out."""
         now, settled = self.clock(), {}
         listed = {job: state_word(s) for job, s in states.items()}
+        self.read_from_controller.difference_update(listed)
+        from_controller = sorted(self.read_from_controller)
+        never_listed = [job for job in unlisted if job not in listed and job not in self.watched]
         words = {**{job: "GONE" for job in self.watched if job not in listed}, **listed}
         # the controller's word where the listing cannot tell: why a job is PENDING (sacct shows a hold as PENDING),
-        # and whether a cancelled job has ended
+        # whether a cancelled job has ended, and what a job the listing never showed is in
         ask = [j for j, w in words.items() if j not in self.failed and (w in PAUSED or w == "PENDING")]
-        view = self.look(ask + list(self.cancelled)) if ask or self.cancelled else {}
+        ask += from_controller + never_listed + list(self.cancelled)
+        view = self.look(ask) if ask else {}
+        for job in from_controller:  # unlisted since the controller showed it paused: the controller's word
+            words[job] = "PENDING" if view is None else (view[job][0] if job in view else "GONE")
+        for job in never_listed:
+            state, reason = (view or {}).get(job, ("", ""))
+            if state in PAUSED or (state == "PENDING" and is_held(reason)):
+                self.read_from_controller.add(job)
+                words[job] = state
         give_up = []
         for job, word in words.items():
             if job in self.failed:
@@ -197,5 +213,6 @@ class JobStates:
 
     def _forget(self, job: str) -> None:
         self.stuck_since.pop(job, None)
+        self.read_from_controller.discard(job)
         self.named.discard(job)
         self.watched.discard(job)
