@@ -74,6 +74,19 @@ def test_a_stop_request_saves_an_unlisted_checkpoint_and_returns_why():
     assert [r["step"] for r in again.state.rows] == [1, 2, 3, 4, 5] and ("validate", 0) not in again.calls
 
 
+def test_the_bar_shows_a_segments_first_step_however_quick(capsys):
+    """The bar's mininterval (5 s) hides a quick step; a segment's first always shows, a fresh run's and a resumed
+    run's: a job log tells its step time at once (and the SLURM suite's mid-rollout stop waits for that line)."""
+    m = Counting(stop_after=2)
+    run_loop(m, m.state, Cadence(steps=6, val_every=6), "t")
+    first = capsys.readouterr().err
+    again = Counting()
+    again.state = m.state
+    run_loop(again, again.state, Cadence(steps=6, val_every=6), "t")
+    resumed = capsys.readouterr().err
+    assert " 1/6 [" in first and " 3/6 [" in resumed, (first, resumed)
+
+
 class Abandoning(Counting):
     """A method that gives up its step `at` + 1 in progress (its state as at the step's start)."""
 

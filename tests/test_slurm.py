@@ -29,7 +29,8 @@ pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 RUN = "train/toy-nova/toypref/fix/seed0"
-LONG = 400  # steps of the runs a stop interrupts: about a minute's work here, longer than SLURM's 30 s time checks
+LONG = 600  # steps of the runs a stop interrupts: about a minute's work here, longer than SLURM's 30 s time checks
+# (400 left 3 s to spare where the warning came 30 s after the time-limit update, and none once it came later)
 MEM = {"train": {"runtime": 30, "mem_mb": 1500}}  # the config's `slurm` section, sized for the test cluster
 TIMEOUT = 600  # a job status SLURM never reports fails the test here, naming where it stopped
 
@@ -383,10 +384,11 @@ def test_a_train_job_cut_three_times_requeues_itself_and_spends_no_retry(workdir
 
     def warn(job, record):  # SLURM's next check (every 30 s) sends the warning
         update = run("scontrol", "update", f"JobId={job}", f"TimeLimit={int(elapsed_s(record) // 60) + 5}")
-        deadline = time.time() + 120
-        while time.time() < deadline and job_record(job)["JobState"] == "RUNNING":
+        started = time.time()
+        while time.time() < started + 120 and job_record(job)["JobState"] == "RUNNING":
             time.sleep(0.5)
-        return update, run("scontrol", "update", f"JobId={job}", "TimeLimit=30")  # the next segment's own
+        waited = f"{time.time() - started:.0f} s to the warning"  # said where the test fails
+        return update, waited, run("scontrol", "update", f"JobId={job}", "TimeLimit=30")  # the next segment's own
 
     def term(job, record):
         return run("scancel", "--signal=TERM", job)
@@ -396,7 +398,7 @@ def test_a_train_job_cut_three_times_requeues_itself_and_spends_no_retry(workdir
     thread.join()
     assert done["cuts"][0][0].returncode == 0 and jobs == [done["job"]], (jobs, done, text[-3000:])
     job = job_record(jobs[0])
-    assert job["JobState"] == "COMPLETED" and job["Restarts"] == "3", job
+    assert job["JobState"] == "COMPLETED" and job["Restarts"] == "3", (job, done)
     assert segment_states(jobs[0]) == ["REQUEUED"] * 3 + ["COMPLETED"], segment_states(jobs[0])
     log = (workdir / f"logs/{name}/{RUN}.log").read_text()
     headers = re.findall(rf"==== [\d: -]+: SLURM job {jobs[0]}, restart (\d+), on node\d ====", log)

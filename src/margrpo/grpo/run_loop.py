@@ -95,7 +95,7 @@ def run_loop(method: Method, state: RunState, cadence: Cadence, desc: str, show:
         state.checkpoints = [{"step": 0, "val_reward": mean(scores), "val_scores": scores, "path": None}]
     bar = tqdm(total=cadence.steps, initial=state.step, desc=desc, mininterval=5, disable=not show)
     stopped = None
-    saved_at = state.step  # the step whose state is on disk: a resumed run's checkpoint, or the run's start
+    saved_at = first_step = state.step  # the step whose state is on disk: a resumed run's checkpoint, or the start
     while state.step < cadence.steps:
         method.finish_saves(wait=False)  # a save written behind the last steps becomes the one to resume from
         started = time.monotonic()
@@ -120,10 +120,11 @@ def run_loop(method: Method, state: RunState, cadence: Cadence, desc: str, show:
             started = time.monotonic()
             longest = _save(method, state, row["val_reward"], scores, background=state.step < cadence.steps)
             save_s, saved_at = max(save_s, time.monotonic() - started, longest or 0.0), state.step
-        bar.update(1)
         bar.set_postfix(
             reward=f"{row.get('reward_mean', math.nan):.3f}", val=f"{row['val_reward']:.3f}", refresh=False
         )
+        if not bar.update(1) and state.step == first_step + 1:  # mininterval hides a step under 5 s: a segment's
+            bar.refresh()  # first shows at once (its step time)
         if state.step < cadence.steps:
             # the next step, its validation where it has one, and a save (each not yet seen: a step's time)
             validation = (val_s or step_s) if cadence.validates(state.step + 1) else 0.0
