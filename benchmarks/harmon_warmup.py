@@ -7,7 +7,7 @@ the share of images with no object of a palette colour (failed), before and afte
 wall time. Runs `--jobs` freeze steps at a time, each in its own process (one thread on a CPU).
 
     python benchmarks/harmon_warmup.py --data results/data/shapesworld-<hash8> --head-steps 100 200 400 800 \
-        --out /tmp/harmon-warmup [--steps 2400] [--config config/config.yaml] [--jobs 2] [--device cuda]
+        --out /tmp/harmon-warmup [--steps 2400] [--config config/config.yaml] [--jobs 2] [--cpu]
 """
 
 import argparse
@@ -79,7 +79,7 @@ def main() -> None:
     p.add_argument("--config", default="config/config.yaml")
     p.add_argument("--policy", default="toy-harmon")
     p.add_argument("--jobs", type=int, default=2)
-    p.add_argument("--device", default=None, help="cuda or cpu (default: the stages' own choice)")
+    p.add_argument("--cpu", action="store_true", help="hide the GPU from the stages (default: theirs, where one is)")
     p.add_argument("--out", required=True)
     opts = p.parse_args()
     config = load_config(opts.config)
@@ -88,7 +88,7 @@ def main() -> None:
     warmup["steps"] = opts.warmup_steps or warmup["steps"]
     opts.steps = opts.steps or policy["pretrain"]["steps"]
     env = dict(os.environ)
-    if opts.device == "cpu":
+    if opts.cpu:
         env["CUDA_VISIBLE_DEVICES"] = ""
     Path(opts.out).mkdir(parents=True, exist_ok=True)
     print(f"{'head_steps':>10} | strict before -> after | seen single | failed images | pretrain s | warmup s")
@@ -97,13 +97,17 @@ def main() -> None:
         for r in as_completed([pool.submit(one, h, opts, policy, warmup, env) for h in opts.head_steps]):
             rows.append(r.result())
             Path(opts.out, "rows.json").write_text(json.dumps(sorted(rows, key=lambda r: r["head_steps"]), indent=1))
-            b, a, r = rows[-1]["before"], rows[-1]["after"], rows[-1]
+            r = rows[-1]
+            pairs = (f"{share(r['before'][k])} -> {share(r['after'][k])}" for k in ("strict", "seen_single", "failed"))
             print(
-                f"{r['head_steps']:>10} | {b['strict']:.3f} -> {a['strict']:.3f} | {b['seen_single']:.3f} -> "
-                f"{a['seen_single']:.3f} | {b['failed']:.3f} -> {a['failed']:.3f} | {r['pretrain_s']:.0f} | "
-                f"{r['warmup_s']:.0f}",
+                f"{r['head_steps']:>10} | {' | '.join(pairs)} | {r['pretrain_s']:.0f} | {r['warmup_s']:.0f}",
                 flush=True,
             )
+
+
+def share(value: float | None) -> str:
+    """A quality share; n/a where the suite holds no prompt of its kind (seen single objects, on a small suite)."""
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 if __name__ == "__main__":

@@ -194,3 +194,39 @@ def test_save_stall_tiny_measures_both_saves(repo, tmp_path):
     behind = report["rows"][1]
     assert 0 < behind["stall_s"] <= behind["on_disk_s"] and math.isfinite(report["stall_ratio_behind_over_at_once"])
     assert "median stall: at once" in run.stdout
+
+
+def test_harmon_warmup_runs_the_real_stages_and_reads_their_quality(repo, tmp_path):
+    """benchmarks/harmon_warmup.py --cpu: `margrpo pretrain` then `margrpo warmup` of the config's toy-harmon for
+    each freeze step (here 3 pre-training and 2 warm-up steps on tiny suites), one row per freeze step printed and
+    kept in rows.json, the numbers read from the warm-up's quality report (issue 71 item 3)."""
+    from margrpo.cli import main
+
+    data = tmp_path / "data"
+    main(
+        ["make-suites", "--out-dir", str(data), "--preset", "grid4", "--n-train", "8", "--n-val", "4", "--n-eval", "6"]
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo / "src"), os.environ.get("PYTHONPATH", "")])}
+    command = [
+        sys.executable,
+        str(repo / "benchmarks/harmon_warmup.py"),
+        "--data",
+        str(data),
+        "--head-steps",
+        "0",
+        "2",
+    ]
+    command += ["--steps", "3", "--warmup-steps", "2", "--quality-images", "1", "--jobs", "1", "--cpu"]
+    command += ["--config", str(repo / "config/config.yaml"), "--out", str(tmp_path / "sweep")]
+    run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    rows = json.loads((tmp_path / "sweep/rows.json").read_text())
+    assert [(r["head_steps"], r["steps"]) for r in rows] == [(0, 3), (2, 3)], rows
+    for r in rows:
+        warm = json.loads((tmp_path / f"sweep/head{r['head_steps']}/warm/quality.json").read_text())
+        assert r["after"]["failed"] == warm["no_valid_object"]
+        assert r["before"]["strict"] == warm["before_warmup"]["overall"]["strict"]
+        shares = [v for q in (r["before"], r["after"]) for v in q.values() if v is not None]  # None: no such prompt
+        assert len(shares) >= 6 and all(0 <= v <= 1 for v in shares) and r["pretrain_s"] > 0, r
+    printed = [line for line in run.stdout.splitlines() if line.split("|")[0].strip() in ("0", "2")]
+    assert len(printed) == 2, run.stdout
