@@ -290,15 +290,16 @@ def test_the_executor_cancels_through_the_plugins_scancel(monkeypatch):
 
     import snakemake_executor_plugin_margrpo_slurm as plugin
 
-    sent = []
+    sent, marked = [], []
     monkeypatch.setattr(cancellation.subprocess, "check_output", lambda cmd, **kw: sent.append(cmd) or "")
+    monkeypatch.setattr(plugin, "mark_given_up", marked.extend)  # scontrol's part: tests/test_stopping.py
 
     class Executor:
         _submitted_job_clusters: set = set()
         logger = None
 
     plugin.Executor.cancel_given_up(Executor(), ["5", "6"])
-    assert sent == [["scancel", "5", "6"]]
+    assert marked == ["5", "6"] and sent == [["scancel", "5", "6"]]
 
 
 def test_the_slurm_profile_runs_the_bounded_executor_of_the_pinned_plugin():

@@ -13,6 +13,7 @@ The status answer is rewritten where the plugin reads it, its module's `query_jo
 checked, so an upgrade that moves it fails here, by name, and not silently.
 """
 
+import shutil
 from dataclasses import dataclass, field
 from importlib.metadata import version
 
@@ -30,6 +31,13 @@ from margrpo.infra.slurm_states import JobStates
 
 PINNED = "2.8.0"  # the version whose status path this wraps (constraints.txt)
 PLUGIN_QUERY = getattr(slurm, "query_job_status", None)  # the plugin's own, wrapped by each executor made here
+# what this executor runs on the host Snakemake runs on (the plugin's submission, status query, account guess and
+# scancel; infra.slurm's mark); srun runs inside the jobs
+SUBMIT_HOST_COMMANDS = ("sbatch", "sacct", "squeue", "scancel", "scontrol")
+
+
+def missing_slurm_commands() -> list[str]:
+    return [command for command in SUBMIT_HOST_COMMANDS if shutil.which(command) is None]
 
 
 @dataclass
@@ -74,6 +82,12 @@ class Executor(slurm.Executor):
                 f"executor margrpo-slurm wraps snakemake-executor-plugin-slurm {PINNED}'s status query; "
                 f"{version('snakemake-executor-plugin-slurm')} is installed (constraints.txt pins {PINNED})"
             )
+        missing = missing_slurm_commands()
+        if missing:  # else the first submission fails with a bare "No such file or directory: 'sacct'"
+            raise WorkflowError(
+                f"executor margrpo-slurm: {', '.join(missing)} not on PATH: run Snakemake where SLURM's commands are "
+                "(a cluster's login node), or without --profile workflow/profiles/slurm"
+            )
         settings = self.workflow.executor_settings
         try:
             self.job_states = JobStates(
@@ -113,5 +127,5 @@ class Executor(slurm.Executor):
         mark_given_up(jobs)  # not a person's scancel: the job ends resumable and its retry goes on (infra.slurm)
         try:
             cancel_slurm_jobs([SubmittedJobInfo(None, job) for job in jobs], self._submitted_job_clusters, self.logger)
-        except WorkflowError as e:
+        except (WorkflowError, OSError) as e:  # OSError: scancel gone from PATH since the start
             self.logger.warning(f"SLURM jobs {', '.join(jobs)} given up on: {e}; sent again at the next status query")

@@ -220,8 +220,12 @@ def launch_slurm(nodes: int, per_node: int, port: int | str, command: list[str])
             "(SLURM_JOB_ID is unset); elsewhere run on each node (is_host=1 on the first, 0 on the others): "
             + " ".join(multi_node_command(nodes, per_node, "FIRST_NODE:PORT", "RUN_ID", command, is_host=True))
         )
-    record = job_record(job_id)
-    hosts = job_nodes(record)
+    try:
+        record = job_record(job_id)
+        hosts = job_nodes(record)
+    except (OSError, subprocess.CalledProcessError) as err:  # scontrol absent, or the job unknown to it
+        why = err.stderr.strip() if isinstance(err, subprocess.CalledProcessError) and err.stderr else err
+        raise SystemExit(f"margrpo.infra.launch: SLURM job {job_id}'s nodes cannot be read: {why}") from None
     if len(hosts) != nodes:
         raise SystemExit(f"margrpo.infra.launch: --nodes {nodes}, but SLURM job {job_id} holds {len(hosts)}: {hosts}")
     head = record.get("BatchHost") or socket.gethostname()  # this launcher runs in the batch script, there
@@ -275,7 +279,12 @@ def _run_forwarding_stops(command: list[str]) -> int:
 
     for sig in STOP_SIGNALS:
         signal.signal(sig, forward)
-    steps.append(subprocess.Popen(command))
+    try:
+        steps.append(subprocess.Popen(command))
+    except FileNotFoundError:
+        from margrpo.infra.slurm import missing_command_message
+
+        raise SystemExit(f"margrpo.infra.launch: {missing_command_message(command[0])}") from None
     for sig in dict.fromkeys(asked):
         steps[0].send_signal(sig)
     return steps[0].wait()

@@ -64,8 +64,27 @@ def rendezvous_port(job_id: str | None) -> int:
     return PORT_BASE + int(job_id.split("_")[0]) % PORT_SPAN
 
 
+class SlurmCommandMissing(FileNotFoundError):
+    """A SLURM command that is not on PATH: an OSError, which every caller that tolerates a failed SLURM call
+    catches already, with a one-line message naming the command."""
+
+
+def missing_command_message(command: str) -> str:
+    return f"{command}: not on PATH (SLURM's commands are on a cluster's nodes, not installed by `make install`)"
+
+
+def run_slurm(command: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run of a SLURM command; an absent binary raises SlurmCommandMissing, not a bare ENOENT."""
+    try:
+        return subprocess.run(command, **kwargs)
+    except FileNotFoundError as err:
+        if err.filename not in (None, command[0]):  # the working directory, not the command
+            raise
+        raise SlurmCommandMissing(missing_command_message(command[0])) from None
+
+
 def _scontrol(*args: str) -> str:
-    return subprocess.run(["scontrol", *args], capture_output=True, text=True, check=True).stdout
+    return run_slurm(["scontrol", *args], capture_output=True, text=True, check=True).stdout
 
 
 def _fields(record: str) -> dict[str, str]:
@@ -204,7 +223,7 @@ def ending_state(job_id: str, wait_s: float = 10.0) -> str:
     while True:
         try:
             sacct = ["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"]
-            out = subprocess.run(sacct, capture_output=True, text=True, check=True, timeout=30).stdout
+            out = run_slurm(sacct, capture_output=True, text=True, check=True, timeout=30).stdout
         except (OSError, subprocess.SubprocessError):
             break
         words = [w for w in out.split() if w.isupper()]  # "CANCELLED by 0": the state word; the last: this segment
@@ -228,7 +247,12 @@ def mark_given_up(jobs: list[str]) -> None:
     """Tell a job the executor cancels from a person's `scancel` (its Comment): the job then ends resumable, and the
     retry Snakemake submits next resumes it. A failed mark leaves a plain scancel (the retry stops, naming it)."""
     for job in jobs:
-        subprocess.run(["scontrol", "update", f"JobId={job}", f"Comment={GIVEN_UP}"], capture_output=True, check=False)
+        command = ["scontrol", "update", f"JobId={job}", f"Comment={GIVEN_UP}"]
+        try:
+            run_slurm(command, capture_output=True, check=False)
+        except OSError as err:
+            log.warning("SLURM jobs %s: not marked as given up (%s); a plain scancel follows", ", ".join(jobs), err)
+            return
 
 
 def given_up(job_id: str) -> bool:
