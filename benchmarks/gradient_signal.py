@@ -12,7 +12,9 @@ costs reward). This tells them apart, at one parameter point, through the real c
   rho ~ 0 says one batch's gradient is noise, and a mean over ~1/rho batches is needed for an even split;
 - the expected reward (fixed prompts and noise: common random numbers) after a step of L2 length eta along
   -mean(g) (descent of the loss = ascent of the reward), along +mean(g), along Adam's first step (the sign
-  of -mean(g)) and along a random direction. A working estimator gives descent > 0 > ascent;
+  of -mean(g)) and along a random direction. A working estimator gives descent > 0 > ascent; the two split into
+  the direction part (descent - ascent) / 2 and the curvature part (descent + ascent) / 2 (`direction_and_curvature`):
+  a step that costs reward both ways is curvature, not a wrong sign;
 - with `--exact N`, the exact gradient of the expected reward (`exact_gradient`: pathwise, backpropagated through
   the reparameterised sampler, N images from common random numbers: fixed prompts, orders and noise, in two
   independent halves whose cosine says how stable it is), and the cosine between it and the ascent direction
@@ -490,6 +492,7 @@ def main() -> None:
         "Adam's first step (sign)": -torch.sign(d),
         "random": torch.randn(d.shape, generator=torch.Generator().manual_seed(7)),
     }
+    changes = {}  # (name, eta) -> the per-image reward change [N] (common random numbers: paired)
     for name, v in directions.items():
         v = v / v.norm()
         for eta in args.eta:
@@ -498,13 +501,29 @@ def main() -> None:
                 for p, p0 in zip(tr.params, start):
                     p.copy_(p0 + eta * v[offset : offset + p.numel()].view_as(p))
                     offset += p.numel()
-            diff = expected_reward(tr, args.prompts, 4) - r0
-            print(
-                f"  {name:26s} eta {eta:.3f}: reward change {diff.mean():+.4f} +- {diff.std() / len(diff) ** 0.5:.4f}"
-            )
+            diff = changes[name, eta] = expected_reward(tr, args.prompts, 4) - r0
+            print(f"  {name:26s} eta {eta:.3f}: reward change {mean_se(diff)}")
     with torch.no_grad():
         for p, p0 in zip(tr.params, start):
             p.copy_(p0)
+    for eta in args.eta:
+        direction, curvature = direction_and_curvature(
+            changes["descent (-mean g)", eta], changes["ascent (+mean g)", eta]
+        )
+        print(f"  eta {eta:.3f}: direction part {mean_se(direction)}, curvature part {mean_se(curvature)}")
+
+
+def mean_se(x: torch.Tensor) -> str:
+    return f"{x.mean():+.4f} +- {x.std() / len(x) ** 0.5:.4f}"
+
+
+def direction_and_curvature(down: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per image, the two parts of the reward changes f(+v) - f(0) and f(-v) - f(0) of a step along the loss's descent
+    direction v and along -v: the antisymmetric part (f(+v) - f(-v)) / 2, first order in the step (the direction: > 0
+    where the update ascends the reward), and the symmetric part (f(+v) + f(-v)) / 2 - f(0), second order (the
+    curvature: < 0 where any move away from a trained policy costs reward, whichever way it points). A drop along
+    both directions is curvature, not a wrong sign."""
+    return (down - up) / 2, (down + up) / 2
 
 
 def exact_halves(

@@ -108,6 +108,12 @@ def test_gradient_signal_runs_on_a_tiny_policy(repo, tmp_path):
     for line in changes:
         value = float(line.split("reward change")[1].split()[0])
         assert math.isfinite(value)
+    # the step's direction part (descent - ascent) / 2 and curvature part (descent + ascent) / 2, per eta
+    (split_line,) = [line for line in out.splitlines() if "direction part" in line]
+    down, up = (float(changes[i].split("reward change")[1].split()[0]) for i in (0, 1))
+    direction = float(split_line.split("direction part")[1].split()[0])
+    curvature = float(split_line.split("curvature part")[1].split()[0])
+    assert abs(direction - (down - up) / 2) <= 1e-4 and abs(curvature - (down + up) / 2) <= 1e-4, split_line
     checks = [line for line in out.splitlines() if line.startswith("finite difference along")]
     assert len(checks) == 2  # the gradient's own direction and a random one
     for line in checks:
