@@ -5,8 +5,11 @@
   train OUT         a 4-step run in OUT/run (save_every 2), recording every file each process writes;
                     with KILL_AT_STEP=s, rank 1 is SIGKILLed in the middle of step s; with STOP_AT_STEP=s, every
                     process has a stop request and rank 1 alone is sent SIGTERM as AR step 2 of step s begins
+THREADS_AT_EXIT=DIR: each process writes the process-group threads it still runs at exit (DIR/threads-rankR.json);
+FAIL_AT_END=1: each process raises after its work instead of leaving the process group
 """
 
+import atexit
 import builtins
 import json
 import logging
@@ -201,10 +204,15 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     mode, out = sys.argv[1], Path(sys.argv[2])
     out.mkdir(parents=True, exist_ok=True)
-    from margrpo.grpo.engine import join_process_group
+    from margrpo.infra.process_group import backend_threads, leave_at_exit, leave_process_group
+    from margrpo.stages._common import setup
 
-    join_process_group("cpu")  # as `margrpo train` does, before the policy is built
+    if os.environ.get("THREADS_AT_EXIT"):  # after leave_at_exit's handler (atexit runs the last registered first)
+        at_exit = Path(os.environ["THREADS_AT_EXIT"]) / f"threads-rank{os.environ['RANK']}.json"
+        atexit.register(lambda: at_exit.write_text(json.dumps(backend_threads())))
+    leave_at_exit()  # as `margrpo train` does
+    setup(1, "cpu", data_parallel=True)  # as `margrpo train` does, before the policy is built
     {"first-update": first_update, "train": train}[mode](out)
-    from margrpo.stages._common import leave_process_group
-
+    if os.environ.get("FAIL_AT_END"):  # an error after the work: the process ends without leaving the group
+        raise RuntimeError("FAIL_AT_END")
     leave_process_group()  # as `margrpo train` does

@@ -237,6 +237,9 @@ REBINDS_ALLOWED = {
     "hub name and takes no path: the local folder is answered there, for the load only",
     ("src/margrpo/stages/train.py", "trainer.checkpointer.on_accept"): "a callback slot the Checkpointer offers "
     "(None until set), not a method replaced",
+    ("src/margrpo/infra/process_group.py", "setattr(sys, ...)"): "leave_process_group at exit after an error: the "
+    "traceback Python keeps for a debugger (sys.last_*) holds the trainer and its process groups; dropped so that "
+    "their gloo threads end before the interpreter does (issue 81)",
 }
 
 

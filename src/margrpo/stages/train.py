@@ -9,9 +9,9 @@ import os
 from functools import partial
 from pathlib import Path
 
+from margrpo.infra.process_group import leave_at_exit, leave_process_group
 from margrpo.stages._common import (
     json_arg,
-    leave_process_group,
     prompt_set,
     reward_options,
     run_spec,
@@ -76,6 +76,7 @@ def run(args) -> None:
     # the stop's handlers from before the model is built until after the last collective: a signal saves, never
     # ends a process of the job with 143 (the main process reads SLURM's time limit)
     stop = StopRequest(read_limit=main)
+    leave_at_exit()  # after an error too, the process groups go before the interpreter (issue 81)
     try:
         _build_and_train(args, stop)
         leave_process_group()
