@@ -83,9 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         importlib.import_module(_module_path(args._module)).run(args)
     except (InputError, FileNotFoundError) as err:
         raise SystemExit(f"margrpo {args.stage}: error: {err}") from None
-    from margrpo.stages._common import leave_process_group
+    from margrpo.infra.process_group import leave_process_group
 
-    leave_process_group()
+    leave_process_group()  # a stage that joined a data-parallel job leaves it (a no-op after `margrpo train`'s own)
     return 0
 
 

@@ -162,7 +162,14 @@ STAGE_SOURCES = {
         "world/scoring.py",
     ),
 }
-SOURCE_PLUMBING = ("cli.py", "infra/files.py", "experiment/schema.py", "reporting/figures.py", "rewards/registry.py")
+SOURCE_PLUMBING = (
+    "cli.py",
+    "infra/files.py",
+    "infra/process_group.py",
+    "experiment/schema.py",
+    "reporting/figures.py",
+    "rewards/registry.py",
+)
 
 
 def shared_dirs(config: dict, results: str = "results", stages: dict | None = None) -> dict:

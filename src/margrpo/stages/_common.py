@@ -68,18 +68,6 @@ def setup(threads: int | None, device: str = "auto", data_parallel: bool = False
     return torch.device(device)
 
 
-def leave_process_group() -> None:
-    """End this process's part of a data-parallel job cleanly: all ranks meet, then the process group goes.
-    Left to interpreter shutdown, gloo's and the store's threads can be torn down mid-use, and a process that
-    did its work aborts ("terminate called without an active exception")."""
-    import sys
-
-    dist = sys.modules.get("torch.distributed")  # never imported by a single-process stage: nothing to leave
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-
-
 def json_arg(text: str, what: str, section: str | None = None) -> dict:
     """A `--*-json` argument as a dict; with `section` (a schema path such as "policies.*.sampling")
     it is validated against that part of the config schema and its defaults are filled."""
