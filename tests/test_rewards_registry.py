@@ -139,3 +139,15 @@ def test_shapes_reward_builds_when_world_exists():
         pytest.skip("margrpo.world.reward not available yet")
     scorer = build_reward("shapes", form="lenient")
     assert callable(scorer)
+
+
+def test_redness_reads_the_colour_from_the_pixels_whatever_the_prompt():
+    """The climbing ladder's reward: mean red minus mean blue, in [-1, 1], the same for any prompt."""
+    images = torch.zeros(3, 3, 8, 8)
+    images[0, 0] = 1.0  # pure red
+    images[1, 2] = 1.0  # pure blue
+    images[2] = 0.5  # grey
+    scores, parts = build_reward_mix({"redness": 1.0})(images, ["a red circle", "x", ""], [{}, {}, {}])
+    assert torch.equal(scores, torch.tensor([1.0, -1.0, 0.0])) and set(parts) == {"redness"}
+    with pytest.raises(ValueError, match="expected images as a"):
+        build_reward("redness")(torch.zeros(2, 1, 8, 8), ["a", "b"], [{}, {}])

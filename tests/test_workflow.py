@@ -95,7 +95,7 @@ def test_smoke_dag_writes_every_table_and_figure(smoke_run):
         for ext in ("csv", "md", "tex"):
             assert (report / f"{table}.{ext}").stat().st_size > 0
         df = pd.read_csv(report / f"{table}.csv")
-        means = df[[c for c in df.columns if c.endswith("/mean")]]
+        means = df[[c for c in df.columns if c.endswith("/mean") and not c.startswith("lift/")]]  # lift: below
         assert len(means.columns) and means.notna().all().all()
         assert all(math.isfinite(v) for v in means.to_numpy().ravel())
         for scorer in (
@@ -113,7 +113,18 @@ def test_smoke_dag_writes_every_table_and_figure(smoke_run):
             trained[[c for c in gain.columns if c.startswith("gain/") and c.endswith("/mean")]].to_numpy()
         ).all()
     )
+    # the climbing ladder: each rung's lift over the shuffled control in Table 2, val_gain and claim k, and its figure
+    table2 = pd.read_csv(report / "table2.csv")
+    climb = table2[(table2["policy"] == "toy-micro") & ~table2["variant"].isin(["base", "control"])]
+    assert len(climb) and np.isfinite(climb["lift/redness - control/mean"]).all()
+    assert table2.loc[table2["policy"] == "toy-nova", "lift/redness - control/mean"].isna().all()
+    assert np.isfinite(gain.loc[gain["policy"] == "toy-micro", "lift/last step - control/mean"].dropna()).all()
+    claims = pd.read_csv(report / "claims.csv")
+    k = claims[claims["claim"] == "k"]
+    assert set(k["comparison"]) == {"GRPO* - shuffled control", "+Fix* - shuffled control"}, k["comparison"].tolist()
+    assert (k["block"] == "toy-micro / redness").all() and k["diff"].map(math.isfinite).all()
     for fig in (
+        "fig_climb",
         "fig2_dynamics",
         "fig4_uncertainty",
         "fig6_samples",

@@ -104,6 +104,53 @@ def with_variant(name, **settings):
         ({"reward_models": {"hpsv3": {"path": "x"}}}, "reward_models.hpsv3", "is not one of"),
         (with_variant("sim", sim=True, tau=math.nan), "variants.sim.tau", "not a finite number"),
         ({"experiments": {"ladder": {"seeds": [0, 1, 1]}}}, "experiments.ladder.seeds", "non-unique"),
+        # a policy's own GRPO settings are checked like a variant's overrides, and named by their key path
+        (
+            {"policies": {"toy-nova": {"kind": "toy", "grpo": {"lrr": 0.1}}}},
+            "policies.toy-nova.grpo.lrr",
+            "unknown key",
+        ),
+        (
+            {"policies": {"toy-nova": {"kind": "toy", "grpo": {"mask_steps": 20}}}},
+            "policies.toy-nova.grpo.mask_steps",
+            "exceeds policies.toy-nova.sampling.ar_steps = 16",
+        ),
+        # the climbing ladder: a control that shuffles its advantages, in blocks of its own
+        (
+            {
+                "experiments": {
+                    "climb": {
+                        "enabled": True,
+                        "policies": ["toy-nova"],
+                        "rewards": ["toyclip"],
+                        "variants": ["grpo", "fix"],
+                        "control": "fix",
+                    }
+                }
+            },
+            "experiments.climb.control",
+            "advantages as they are",
+        ),
+        (
+            {
+                "experiments": {
+                    "climb": {
+                        "enabled": True,
+                        "policies": ["toy-nova"],
+                        "rewards": ["toyclip"],
+                        "variants": ["grpo"],
+                        "control": "control",
+                    }
+                }
+            },
+            "experiments.climb.control",
+            "is not one of experiments.climb.variants",
+        ),
+        (
+            {"experiments": {"climb": {"enabled": True, "policies": ["toy-nova"], "rewards": ["toyclip"]}}},
+            "experiments.climb",
+            "also the ladder's",
+        ),
         ({"experiments": {"table1": {"seeds": []}}}, "experiments.table1.seeds", "non-empty"),
         ({"experiments": {"ladder": {"variants": []}}}, "experiments.ladder.variants", "non-empty"),
         ({"experiments": {"ablations": {"seeds": [0, 0]}}}, "experiments.ablations.seeds", "non-unique"),
@@ -334,6 +381,22 @@ def test_rl_frozen_reaches_the_run_spec_only_where_set():
     assert spec["policy"]["frozen"] == ["llm.", "proj_in.", "proj_out."] and "frozen" not in spec["grpo"]
     toy = load_config(REPO / "config/config.yaml")
     assert "policy" not in train_spec(toy, "toy-nova", "toypref", "fix")
+
+
+def test_a_policys_grpo_settings_sit_between_grpo_and_the_variants_overrides():
+    """The climbing ladder's base trains with its own GRPO settings (policies.toy-micro.grpo); a variant's overrides
+    still win, and the other policies' run specs do not change."""
+    cfg = load_config(REPO / "config/config.yaml")
+    micro = train_spec(cfg, "toy-micro", "redness", "control")["grpo"]
+    assert (micro["lr"], micro["mask_steps"], micro["steps"], micro["advantages"]) == (0.001, 4, 36, "shuffled")
+    without = load_config(
+        {
+            **cfg,
+            "policies": {k: v for k, v in cfg["policies"].items() if k != "toy-micro"},
+            "experiments": {**cfg["experiments"], "climb": {"enabled": False}},
+        }
+    )
+    assert train_spec(cfg, "toy-nova", "toypref", "fix") == train_spec(without, "toy-nova", "toypref", "fix")
 
 
 def test_schema_defaults_are_the_dataclass_defaults():

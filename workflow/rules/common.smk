@@ -29,7 +29,7 @@ from margrpo.experiment.config import (  # noqa: E402
 )
 from margrpo.experiment.config_checks import ESTIMATOR_VARIANTS  # noqa: E402
 from margrpo.experiment.record import check_experiment, record_experiment  # noqa: E402
-from margrpo.experiment.specs import toy_stages  # noqa: E402
+from margrpo.experiment.specs import grpo_settings, toy_stages  # noqa: E402
 from margrpo.infra.weights import RELEASE, fresh_folders  # noqa: E402
 from margrpo.infra.slurm import train_job  # noqa: E402
 
@@ -198,6 +198,23 @@ def ladder_runs():
     return [f"train/{p}/{r}/{v}/seed{s}" for p in L["policies"] for r in L["rewards"] for vs, seeds in sets for v in vs for s in seeds]
 
 
+def climb_runs():
+    """The climbing ladder's runs (experiments.climb): every rung and its control on every seed; [] where off."""
+    C = EXP["climb"]
+    if not C["enabled"]:
+        return []
+    return [f"train/{p}/{r}/{v}/seed{s}" for p in C["policies"] for r in C["rewards"] for v in C["variants"] for s in C["seeds"]]
+
+
+def ladders_spec():
+    """What Table 2, val_gain and the claims read of both ladders: their runs, variants in order, and the climbing
+    ladder's control (the variant each rung of its blocks is compared with)."""
+    C = EXP["climb"]
+    variants = list(dict.fromkeys(EXP["ladder"]["variants"] + (C["variants"] if C["enabled"] else [])))
+    return {"base": base_runs(), "runs": ladder_runs() + climb_runs(), "variants": variants,
+            "control": C["control"] if C["enabled"] else None}
+
+
 def table1_runs():
     T = EXP["table1"]
     return [f"train/{p}/{r}/{v}/seed{s}" for p in T["policies"] for r in T["rewards"] for v in (T["baseline"], T["ours"]) for s in T["seeds"]]
@@ -242,11 +259,12 @@ def related_spec():
 
 def base_runs():
     policies = set(EXP["ladder"]["policies"]) | set(EXP["table1"]["policies"])
+    policies |= set(EXP["climb"]["policies"]) if EXP["climb"]["enabled"] else set()
     return [f"base/{p}" for p in sorted(policies)]
 
 
 def all_eval_runs():
-    return sorted(set(base_runs() + ladder_runs() + table1_runs() + ablation_runs() + related_bases() + related_runs()))
+    return sorted(set(base_runs() + ladder_runs() + climb_runs() + table1_runs() + ablation_runs() + related_bases() + related_runs()))
 
 
 def get_eval_outputs(runs):
@@ -272,10 +290,10 @@ def variant_for_run(run):
 def get_report_step(wildcards):
     if variant_for_run(wildcards.run) in RELATED_POLICIES:  # a related method: the experiment's own rule
         return EXP["related"]["report_step"]
-    variant = config["variants"][variant_for_run(wildcards.run)]
-    step = variant["report_step"]
+    name = variant_for_run(wildcards.run)
+    step = config["variants"][name]["report_step"]
     if step == "last":
-        step = variant["overrides"].get("steps", config["grpo"]["steps"])
+        step = grpo_settings(config, run_policy(wildcards.run), name)["steps"]
     return "best" if step is None else str(step)
 
 REPORT = f"{RUNS}/report"
@@ -372,7 +390,7 @@ def get_final_outputs():
     fmts = config["report"]["formats"]
     outs = expand(f"{R}/{{table}}.{{ext}}", table=["table1", "table2", "val_gain"], ext=["csv", "md", "tex"])
     outs += expand(f"{R}/{{f}}", f=["claims.csv", "claims_paired.csv", "claims.md", "artifacts.csv", "artifacts.md"])
-    figs = ["fig2_dynamics", "fig4_uncertainty", "fig6_samples"]
+    figs = ["fig2_dynamics", "fig4_uncertainty", "fig6_samples"] + ["fig_climb"] * EXP["climb"]["enabled"]
     if EXP["ablations"]["enabled"]:
         figs += ["fig7a_samples", "fig7b_reward_curves", "fig7c_final_metric"]
     if EXP["related"]["enabled"]:

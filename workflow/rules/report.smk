@@ -40,14 +40,14 @@ rule table1:
 rule table2:
     """Table 2: base, GRPO*, +Fix*, +MTE, +Sim (mean and 95% CI over seeds; * = best checkpoint)."""
     input:
-        get_eval_outputs(base_runs() + ladder_runs()),
-        expand(f"{RUNS}/select/{{run}}/selection.json", run=ladder_runs()),
+        get_eval_outputs(base_runs() + ladder_runs() + climb_runs()),
+        expand(f"{RUNS}/select/{{run}}/selection.json", run=ladder_runs() + climb_runs()),
     output:
         report(f"{REPORT}/table2.csv", caption="../report/table2.rst", category=CATEGORY_LADDER, subcategory="tables"),
         f"{REPORT}/table2.md",
         f"{REPORT}/table2.tex",
     params:
-        runs=json.dumps({"base": base_runs(), "runs": ladder_runs(), "variants": EXP["ladder"]["variants"]}),
+        runs=json.dumps(ladders_spec()),
         prefix=lambda wc, output: report_prefix(output),
         **REPORT_PARAMS,
     conda:
@@ -65,13 +65,13 @@ rule table2:
 rule val_gain:
     """Each variant's validation-reward gain over the base policy, per validation step (did RL lift the reward?)."""
     input:
-        expand(f"{RUNS}/{{run}}/{{f}}", run=ladder_runs(), f=["metrics.csv", "summary.json"]),
+        expand(f"{RUNS}/{{run}}/{{f}}", run=ladder_runs() + climb_runs(), f=["metrics.csv", "summary.json"]),
     output:
         report(f"{REPORT}/val_gain.csv", caption="../report/val_gain.rst", category=CATEGORY_LADDER, subcategory="tables"),
         f"{REPORT}/val_gain.md",
         f"{REPORT}/val_gain.tex",
     params:
-        runs=json.dumps({"runs": ladder_runs(), "variants": EXP["ladder"]["variants"]}),
+        runs=json.dumps(ladders_spec()),
         prefix=lambda wc, output: report_prefix(output),
         **REPORT_PARAMS,
     conda:
@@ -89,9 +89,9 @@ rule val_gain:
 rule claims:
     """The paper's claims as paired differences (common random numbers within a seed), with CIs and verdicts."""
     input:
-        expand(f"{RUNS}/{{run}}/{{f}}", run=ladder_runs() + ablation_runs(), f=["metrics.csv", "summary.json"]),
-        expand(f"{RUNS}/select/{{run}}/selection.json", run=ladder_runs()),
-        expand(f"{RUNS}/eval/{{run}}/compbench_per_image.csv", run=base_runs() + ladder_runs()),
+        expand(f"{RUNS}/{{run}}/{{f}}", run=ladder_runs() + climb_runs() + ablation_runs(), f=["metrics.csv", "summary.json"]),
+        expand(f"{RUNS}/select/{{run}}/selection.json", run=ladder_runs() + climb_runs()),
+        expand(f"{RUNS}/eval/{{run}}/compbench_per_image.csv", run=base_runs() + ladder_runs() + climb_runs()),
         estimator_outputs(),  # claims h-j, where experiments.estimators is on
         checkpoint_outputs(),  # claim b at trained checkpoints, where experiments.estimators.checkpoints names variants
     output:
@@ -99,7 +99,7 @@ rule claims:
         f"{REPORT}/claims_paired.csv",
         f"{REPORT}/claims.md",
     params:
-        runs=json.dumps({"base": base_runs(), "runs": ladder_runs(), "variants": EXP["ladder"]["variants"], "ablations": ablation_runs(),
+        runs=json.dumps({**ladders_spec(), "ablations": ablation_runs(),
                          "replicate_seeds": EXP["ladder"]["replicate_seeds"],
                          "estimators": [estimator_block()] if EXP["estimators"]["enabled"] else []}),
         prefix=lambda wc, output: report_prefix(output),
@@ -114,6 +114,33 @@ rule claims:
         **SITE,
     shell:
         report_cmd("claims")
+
+
+rule fig_climb:
+    """The climbing ladder: validation reward against step, each rung beside the shuffled-advantage control."""
+    input:
+        expand(f"{RUNS}/{{run}}/{{f}}", run=climb_runs(), f=["metrics.csv", "summary.json"]),
+    output:
+        report(
+            expand(f"{REPORT}/fig_climb.{{ext}}", ext=config["report"]["formats"]),
+            caption="../report/fig_climb.rst",
+            category=CATEGORY_LADDER,
+            subcategory="figures",
+        ),
+    params:
+        runs=json.dumps({"runs": climb_runs(), "variants": EXP["climb"]["variants"], "control": EXP["climb"]["control"]}),
+        prefix=lambda wc, output: report_prefix(output),
+        **REPORT_PARAMS,
+    conda:
+        "../../envs/margrpo.yaml"
+    log:
+        f"logs/{NAME}/report/fig_climb.log",
+    benchmark:
+        f"timings/{NAME}/report/fig_climb.tsv"
+    resources:
+        **SITE,
+    shell:
+        report_cmd("fig-climb")
 
 
 rule fig2_dynamics:

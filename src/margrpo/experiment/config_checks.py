@@ -21,6 +21,7 @@ from margrpo.experiment.schema import (
     read_config_file,
     schema_section,
 )
+from margrpo.experiment.specs import grpo_settings
 from margrpo.infra.files import InputError
 
 ABLATION_COLUMNS = {"top_frac": float, "tau": float, "trajectories": int}  # variant switches a grid may vary
@@ -179,7 +180,7 @@ def check_checkpoint_gradients(config: dict, source: str) -> None:
             f"needs fix and at least {c['batches']} batches (has {e['estimators']}, {e['batches']})"
         )
     for variant in c["variants"]:
-        grpo = {**config["grpo"], **(config["variants"][variant].get("overrides") or {})}
+        grpo = grpo_settings(config, e["policy"], variant)
         if not all(isinstance(grpo[k], int) and grpo[k] > 0 for k in ("steps", "save_every")):
             continue  # a bad override: the overrides' own check names it
         # the steps grpo.run_loop.Cadence.saves writes (not imported: the grpo package imports torch, and the config
@@ -190,6 +191,35 @@ def check_checkpoint_gradients(config: dict, source: str) -> None:
                 f"{source}: key '{key}.steps': {variant!r} saves no checkpoint at steps {bad} (grpo.steps "
                 f"{grpo['steps']}, save_every {grpo['save_every']})"
             )
+
+
+def check_climb(config: dict, source: str) -> None:
+    """The climbing ladder: defined names, a control that shuffles its advantages in every block, and blocks of its
+    own (a (policy, reward) of the ladder's too would mix two ladders' runs in one block of the reports)."""
+    climb, ladder = config["experiments"]["climb"], config["experiments"]["ladder"]
+    if not climb["enabled"]:
+        return
+    for kind in ("policies", "rewards", "variants"):
+        check_defined(config, kind, climb[kind], f"experiments.climb.{kind}", source)
+    if climb["control"] not in climb["variants"]:
+        raise ConfigError(
+            f"{source}: key 'experiments.climb.control': {climb['control']!r} is not one of "
+            f"experiments.climb.variants {climb['variants']}"
+        )
+    for policy in climb["policies"]:
+        if grpo_settings(config, policy, climb["control"])["advantages"] != "shuffled":
+            raise ConfigError(
+                f"{source}: key 'experiments.climb.control': variant {climb['control']!r} trains {policy!r} with its "
+                "advantages as they are; the control sets overrides: {advantages: shuffled}"
+            )
+    shared = {(p, r) for p in climb["policies"] for r in climb["rewards"]} & {
+        (p, r) for p in ladder["policies"] for r in ladder["rewards"]
+    }
+    if shared:
+        raise ConfigError(
+            f"{source}: key 'experiments.climb': {sorted(shared)} are also the ladder's (experiments.ladder); "
+            "the climbing ladder needs a policy or reward of its own"
+        )
 
 
 def check_references(config: dict, source: str) -> None:
@@ -214,6 +244,7 @@ def check_references(config: dict, source: str) -> None:
             "the second seed set trains some of the ladder's variants again"
         )
     need("variants", [exp["table1"]["baseline"], exp["table1"]["ours"]], "experiments.table1")
+    check_climb(config, source)
     if exp["ablations"]["enabled"]:
         need("policies", [exp["ablations"]["policy"]], "experiments.ablations.policy")
         need("rewards", [exp["ablations"]["reward"]], "experiments.ablations.reward")
@@ -275,23 +306,37 @@ def names_scorer(config: dict, scorer: str) -> bool:
 
 
 def check_variants(config: dict, source: str) -> None:
-    """Each variant's effective GRPO settings (grpo + its overrides) must make a trainable run."""
+    """Each variant's effective GRPO settings on each policy (grpo + the policy's + the variant's overrides) must
+    make a trainable run."""
+    for pname, policy in config["policies"].items():  # no defaults: each is a delta on the one before
+        check_schema(schema_section("grpo"), policy.get("grpo") or {}, source, fill=False, at=f"policies.{pname}.grpo")
     for name, variant in config["variants"].items():
-        # no defaults: the overrides are a delta on grpo
         check_schema(schema_section("grpo"), variant["overrides"], source, fill=False, at=f"variants.{name}.overrides")
-        g = {**config["grpo"], **variant["overrides"]}
-        key = _variant_key(name, variant["overrides"])
-        samplings = {f"policies.{pname}.sampling": policy["sampling"] for pname, policy in config["policies"].items()}
-        check_grpo_run(
-            g, samplings, config["train_processes"] * config["train_nodes"], source, key, f" in variant {name!r}"
-        )
+    for pname, policy in config["policies"].items():
+        for name in config["variants"]:
+            check_grpo_run(
+                grpo_settings(config, pname, name),
+                {f"policies.{pname}.sampling": policy["sampling"]},
+                config["train_processes"] * config["train_nodes"],
+                source,
+                _variant_key(config, pname, name),
+                f" in variant {name!r} of policy {pname!r}",
+            )
 
 
-def _variant_key(name: str, overrides: dict):
-    """The key path of a GRPO setting as variant `name` runs it: its override if it has one, else grpo's."""
+def _variant_key(config: dict, policy: str, name: str):
+    """The key path of a GRPO setting as variant `name` runs it on `policy`: the variant's override if it has one,
+    else the policy's, else grpo's."""
+    overrides, own = config["variants"][name]["overrides"], config["policies"][policy].get("grpo") or {}
 
     def key(k: str) -> str:
-        return f"variants.{name}.overrides.{k}" if k in overrides else f"grpo.{k}"
+        return (
+            f"variants.{name}.overrides.{k}"
+            if k in overrides
+            else f"policies.{policy}.grpo.{k}"
+            if k in own
+            else f"grpo.{k}"
+        )
 
     return key
 
@@ -352,9 +397,9 @@ def check_settings(config: dict, source: str) -> None:
     if p["source"] == "files" and p["val_file"] and p["n_val"] != default("n_val"):
         fail("prompts.n_val", "prompts.val_file gives the validation prompts; remove n_val")
     val_size, val_from = _val_suite_size(config)
-    for name, variant in config["variants"].items():
-        g = {**config["grpo"], **variant["overrides"]}
-        key = _variant_key(name, variant["overrides"])
+    for (pname, name), variant in [((p, n), v) for p in config["policies"] for n, v in config["variants"].items()]:
+        g = grpo_settings(config, pname, name)
+        key = _variant_key(config, pname, name)
         if val_size is not None:
             check_val_prompts(
                 g["val_prompts"], val_size, val_from, source, key("val_prompts"), f" in variant {name!r}"

@@ -43,8 +43,8 @@ def train_spec(config: dict, policy: str, reward: str, variant: str, variant_ove
         check_defined(config, kind, [name], flag, "train")
     var = dict(config["variants"][variant])
     var.update(variant_overrides or {})
-    grpo = dict(config["grpo"])
-    grpo.update(var.pop("overrides", {}) or {})
+    var.pop("overrides", None)
+    grpo = grpo_settings(config, policy, variant)
     settings = policy_settings(config["policies"][policy])
     defaults = schema_section("grpo")["properties"]
     for key in LATER_GRPO_KEYS:  # at their default they stay out, so that runs cached before them keep their spec
@@ -61,6 +61,17 @@ def train_spec(config: dict, policy: str, reward: str, variant: str, variant_ove
         "device": config["device"],
         "mixed_precision": config["mixed_precision"],
         "threads": config["threads"],
+    }
+
+
+def grpo_settings(config: dict, policy: str, variant: str) -> dict:
+    """The GRPO settings a run of `variant` on `policy` trains with: grpo, then the policy's own
+    (`policies.<name>.grpo`, what makes RL work on that base), then the variant's overrides, each a delta on the one
+    before."""
+    return {
+        **config["grpo"],
+        **(config["policies"][policy].get("grpo") or {}),
+        **(config["variants"][variant].get("overrides") or {}),
     }
 
 

@@ -96,9 +96,16 @@ class _Block:
     in `paired`, and the claim rows and power rows they give."""
 
     def __init__(
-        self, root: Path, policy: str, reward: str, runs: list, variants: Sequence[str] | None, confidence: float
+        self,
+        root: Path,
+        policy: str,
+        reward: str,
+        runs: list,
+        variants: Sequence[str] | None,
+        confidence: float,
+        control: str | None = None,
     ):
-        self.name, self.confidence = f"{policy} / {reward}", confidence
+        self.name, self.confidence, self.control = f"{policy} / {reward}", confidence, control
         self.by_variant: dict[str, dict[int, RunScores]] = {}
         for r in runs:
             if (r.policy, r.reward) == (policy, reward):
@@ -155,7 +162,7 @@ class _Block:
         """Every variant against GRPO*, +Fix* and the base, on every metric (the claims_paired table)."""
         for metric in (BEST, "val@final", "compbench"):
             for v in self.present:
-                for ref in ("grpo", "fix", None):
+                for ref in ("grpo", "fix", self.control, None):
                     if ref != v and (ref is None or ref in self.by_variant):
                         self.pair(metric, v, ref)
 
@@ -275,6 +282,22 @@ class _Block:
             comparison=f"{self.label('head')}: last - first validated step",
         )
 
+    def climbs(self) -> None:
+        """(k) RL climbs: every rung ends above the control, the same settings with the advantages shuffled (the
+        same seeds' base, prompts and validation noise; update noise without credit). At the last step, fixed
+        before the runs: a best step would be above the control by selection alone."""
+        if self.control is None or not self.has(self.control):
+            return
+        for v in self.present:
+            if v != self.control:
+                self.claim(
+                    "k",
+                    f"{self.label(v).rstrip('*')} climbs above the {self.label(self.control)} (last step)",
+                    "val@final",
+                    v,
+                    self.control,
+                )
+
     def committed_tokens(self) -> None:
         """(e) beyond the paper: the loss on committed tokens only, against every other variant."""
         if not self.has("committed"):
@@ -327,13 +350,14 @@ def _decide_claims(root: Path, runs: list, spec: dict, confidence: float, with_a
         raise ValueError("claims: no ladder runs given")
     paired, rows, power, notes = [], [], [], []
     for policy, reward in dict.fromkeys((r.policy, r.reward) for r in runs):
-        block = _Block(root, policy, reward, runs, spec.get("variants"), confidence)
+        block = _Block(root, policy, reward, runs, spec.get("variants"), confidence, spec.get("control"))
         block.all_pairs()
         power += block.power()
         block.ladder()
         block.frozen_head_gradients()
         block.collapse()
         block.lift()
+        block.climbs()
         block.committed_tokens()
         block.head_only()
         paired += block.paired

@@ -56,6 +56,7 @@ VARIANT_LABELS = {
     "sim": "+Sim",
     "committed": "+Fix (committed)",
     "head": "Head only",
+    "control": "shuffled control",
 }
 METRIC_GROUPS = {
     "pref": "Preference (mean score)",
@@ -64,6 +65,7 @@ METRIC_GROUPS = {
     "gain": "Gain over the base policy",
     "base": "Base policy",
     "time": "Wall-clock",
+    "lift": "Lift over the shuffled control",
 }
 
 
@@ -235,6 +237,8 @@ def table2(root: str | Path, spec: dict, confidence: float = 0.95, digits: int =
     rows = []
     for policy in policies:
         for reward in rewards:
+            if not any((r.policy, r.reward) == (policy, reward) for r in runs):
+                continue  # two ladders: a policy of one and a reward of the other make no block
             rows.append(RowSpec(policy, None, "Base", None, (f"base/{policy}",)))
             for variant in variants:
                 picked = tuple(r.run for r in runs if (r.policy, r.reward, r.variant) == (policy, reward, variant))
@@ -250,7 +254,39 @@ def table2(root: str | Path, spec: dict, confidence: float = 0.95, digits: int =
         "per category. " + _ci_note(confidence) + " *: best checkpoint by validation reward; "
         "other variants report the step fixed in the config."
     )
-    return build_table(root, rows, confidence, "table2", "Table 2", caption, digits)
+    table = build_table(root, rows, confidence, "table2", "Table 2", caption, digits)
+    control = spec.get("control")
+    if control and any(row.variant == control for row in rows):
+        _control_lifts(root, table, rows, control, confidence)
+    return table
+
+
+def _control_lifts(root: str | Path, table: Table, rows: Sequence[RowSpec], control: str, confidence: float) -> None:
+    """Columns "lift over the control": in a block with a `control` row, each row's score minus the control's, per
+    seed (the same seed's base, prompts and noise), mean and interval over seeds; on every preference score and
+    CompBench overall. Rows of blocks without one get none (a dash)."""
+    scores = comparable_scores(root, [r for row in rows for r in row.runs])
+    metrics = [m for m in table.metrics if m[0] == "pref"] + [("compbench", "overall")]
+    lifts = [("lift", f"{m[1]} - control") for m in metrics]
+    seed_of = {r: parse_run(r).seed for row in rows if row.variant for r in row.runs}
+    by_block = {(row.policy, row.reward): row for row in rows if row.variant == control}
+    for m, lift in zip(metrics, lifts):
+        means, cis, ns = [], [], []
+        for row in rows:
+            ref = by_block.get((row.policy, row.reward))
+            diffs = []
+            if ref is not None and row.variant not in (None, control):
+                ctrl = {seed_of[r]: scores[r][m] for r in ref.runs}
+                diffs = [scores[r][m] - ctrl[seed_of[r]] for r in row.runs if seed_of[r] in ctrl]
+            mean, ci, n = mean_ci(diffs, confidence)
+            means.append(mean), cis.append(ci), ns.append(n)
+        table.data[table.column(lift, "mean")], table.data[table.column(lift, "ci")] = means, cis
+        table.data[table.column(lift, "n")] = ns
+    table.metrics += lifts
+    table.caption += (
+        f" Lift: each rung's score minus the {VARIANT_LABELS.get(control, control)}'s (the same rung's settings with "
+        "its advantages shuffled: no credit), per seed, mean and interval over seeds; in blocks with such a control."
+    )
 
 
 def _run_gains(root: str | Path, run: str) -> tuple[float, dict[int, float]]:
@@ -320,16 +356,30 @@ def val_gain(root: str | Path, spec: dict, confidence: float = 0.95, digits: int
     gains = {r.run: _run_gains(root, r.run) for r in runs}
     heldout = {r.run: _heldout_gain(root, r.run) for r in runs}
     steps = sorted({s for _, g in gains.values() for s in g})
+    control = spec.get("control")
+    controlled = control is not None and any(r.variant == control for r in runs)
     metrics = (
         [("val", "base")] + [("gain", f"step {s}") for s in steps] + [("gain", "best"), ("gain", "best, held out")]
-    )
+    ) + [("lift", "last step - control")] * controlled
     policies, rewards = _policies_rewards(runs)
 
+    def last(run: str) -> float:
+        return gains[run][1][max(gains[run][1])] if gains[run][1] else math.nan
+
     def cells(picked: list[str]) -> dict[tuple[str, str], list[float]]:
-        """A variant row's values per metric: one gain per run (seed); the base reward is on the Base row."""
+        """A variant row's values per metric: one gain per run (seed); the base reward is on the Base row; the lift:
+        its last validated reward minus the control's of the same seed (the same base and validation noise)."""
         out = {("gain", f"step {s}"): [gains[r][1][s] for r in picked if s in gains[r][1]] for s in steps}
         out[("gain", "best")] = [max(gains[r][1].values()) for r in picked if gains[r][1]]
         out[("gain", "best, held out")] = [heldout[r] for r in picked]
+        first = parse_run(picked[0])
+        ctrl = {
+            r.seed: r.run for r in runs if (r.policy, r.reward, r.variant) == (first.policy, first.reward, control)
+        }
+        if controlled and first.variant != control:
+            out[("lift", "last step - control")] = [
+                last(r) - last(ctrl[parse_run(r).seed]) for r in picked if parse_run(r).seed in ctrl
+            ]
         return out
 
     rows = []  # (labels, values per metric)
@@ -352,6 +402,11 @@ def val_gain(root: str | Path, spec: dict, confidence: float = 0.95, digits: int
         "Best: the maximum over steps, biased upward (a run that learned nothing shows a positive one). "
         "Best, held out: the honest estimate — the best step chosen on half of the validation prompts "
         "(even or odd index), its gain measured on the other half, both ways and averaged. " + _ci_note(confidence)
+    ) + (
+        f" Lift: the last validated reward minus the {VARIANT_LABELS.get(control, control)}'s (its advantages "
+        "shuffled: no credit) of the same seed, where the block has one."
+        if controlled
+        else ""
     )
     for col in ("policy", "reward"):
         if data[col].nunique() == 1:

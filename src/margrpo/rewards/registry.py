@@ -165,6 +165,14 @@ def _build_backdrop(**kwargs: Any) -> RewardFunction:
     return BackdropReward(**kwargs)
 
 
+@register_reward("redness")
+def _build_redness(**kwargs: Any) -> RewardFunction:
+    """A colour target no prompt names, read exactly from the pixels (mean red - mean blue): the climbing ladder's."""
+    from margrpo.world.reward import RednessReward
+
+    return RednessReward(**kwargs)
+
+
 # The learned toy alignment model (the CLIP analogue, trained by `margrpo train-toyclip`).
 @register_reward("toyclip")
 def _build_toyclip(path: str, **kwargs: Any) -> RewardFunction:

@@ -28,6 +28,7 @@ REPORTS: dict[str, tuple[str, str, str]] = {
     "estimators": ("report", "estimators", "estimators"),
     "checkpoint-gradients": ("report", "checkpoint_gradients", "checkpoint_gradients"),
     "dynamics": ("figure", "figures", "dynamics"),
+    "fig-climb": ("figure", "climb", "climb"),
     "uncertainty": ("figure", "figures", "uncertainty"),
     "samples": ("figure", "figures", "samples"),
     "ablation-samples": ("figure", "figures", "ablation_samples"),

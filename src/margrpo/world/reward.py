@@ -61,3 +61,20 @@ class BackdropReward:
     def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> torch.Tensor:
         values = backdrop_level(to_uint8_images(images))
         return torch.as_tensor(values, dtype=torch.float32, device=images.device)  # (B,)
+
+
+class RednessReward:
+    """A colour target read exactly from the pixels: each image's mean red minus its mean blue, in [-1, 1].
+
+    Why it exists: the climbing ladder's reward (docs/findings.md, "RL is seen to climb"). No prompt names it, every
+    image of every prompt can earn it, and it is differentiable and exact, so one image carries far more signal than
+    the preference reward or the parser's. Pushed hard it is a hack, and a visible one: objects drawn in the wrong
+    colour (CompBench's colour column falls) and a tinted backdrop.
+    """
+
+    def __call__(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> torch.Tensor:
+        if not isinstance(images, torch.Tensor) or images.ndim != 4 or images.shape[1] != 3:
+            shape = tuple(images.shape) if hasattr(images, "shape") else type(images).__name__
+            raise ValueError(f"expected images as a (B, 3, H, W) float tensor in [0, 1], got {shape}")
+        x = images.float()
+        return x[:, 0].mean((1, 2)) - x[:, 2].mean((1, 2))  # (B,)
