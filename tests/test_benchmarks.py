@@ -1,10 +1,13 @@
 """The benchmark scripts run end to end on tiny random policies (CPU): every row they promise, with sane numbers."""
 
+import csv
 import json
 import math
 import os
 import subprocess
 import sys
+
+import pytest
 
 
 def test_real_scale_tiny_reports_every_policy_and_variant(repo, tmp_path):
@@ -127,6 +130,33 @@ def test_gradient_signal_runs_on_a_tiny_policy(repo, tmp_path):
     assert len(column) == 2  # --test's groups: 1 and 3 batches
     for line in column:
         assert math.isfinite(float(line.split("exact gradient):")[1].split()[0]))
+
+
+def test_climb_settings_prints_each_points_lift_over_the_control(repo, tmp_path):
+    """benchmarks/climb_settings.py --test: each sweep point trains the rung and its shuffled control per seed through
+    the trainer's run loop and writes one row: the lift, its s.e. and range over seeds, the CPU of a run."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo / "src"), os.environ.get("PYTHONPATH", "")])}
+    out = tmp_path / "sweep.csv"
+    run = subprocess.run(
+        [sys.executable, str(repo / "benchmarks/climb_settings.py"), "--test", "--csv", str(out)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = list(csv.DictReader(out.open()))
+    assert [(r["sweep"], r["point"]) for r in rows] == [
+        ("lr", "lr 0.0003"), ("lr", "lr 0.001"), ("lr", "lr 0.003"),
+        ("clip", "clip 0.05"), ("clip", "clip 0.2"), ("clip", "clip None"),
+    ]  # fmt: skip
+    for r in rows:
+        per_seed = [float(x) for x in r["per_seed"].split()]
+        assert len(per_seed) == 2 and float(r["lift"]) == pytest.approx(sum(per_seed) / 2, abs=1e-4)  # 4 digits
+        assert float(r["min"]) <= float(r["lift"]) <= float(r["max"]) and float(r["cpu_s"]) > 0
+    assert len({r["lift"] for r in rows if r["sweep"] == "lr"}) == 3  # the learning rate moves the lift
+    assert sum(r["point"] in run.stdout for r in rows) == len(rows)
 
 
 def test_step_profile_splits_a_default_toy_step_into_exclusive_parts(repo, tmp_path):

@@ -227,3 +227,33 @@ def test_variants_of_one_seed_share_the_first_rollout(tmp_path):
         tmp_path / "s4",
     ).train_step()
     assert not torch.equal(seen["seed4"][0], images)  # another seed draws other images: the check can fail
+
+
+def test_claim_k_decides_each_rung_against_the_shuffled_control_in_its_own_block(tmp_path):
+    """The climbing ladder (issue 80): in a block with the control rung, each other rung's last step against the
+    control's, paired by seed; a rung no better than the control is not reproduced; a block without one has no k."""
+    rng = np.random.default_rng(3)
+    base = rng.uniform(0.0, 0.1, 12)
+    final = {"grpo": 0.30, "fix": 0.20, "mte": 0.0, "control": 0.0}  # mte: no better than the control
+    runs = []
+    for v, d in final.items():
+        for s in range(5):
+            run = f"train/toy-micro/redness/{v}/seed{s}"
+            _fake_run(tmp_path, run, base, base + d / 2, base + d + rng.normal(0, 0.01, 12))
+            runs.append(run)
+    for s in range(3):  # a ladder block without a control
+        run = f"train/toy-nova/toypref/grpo/seed{s}"
+        _fake_run(tmp_path, run, base, base, base)
+        runs.append(run)
+    c = claims(
+        tmp_path, {"base": [], "runs": runs, "variants": ["grpo", "fix", "mte", "control"], "control": "control"}
+    )
+    k = c.claims[c.claims.claim == "k"].set_index("comparison")
+    assert set(k.block) == {"toy-micro / redness"} and list(k.metric.unique()) == ["val@final"]
+    assert k.loc["GRPO* - shuffled control", "verdict"] == "reproduced"
+    assert k.loc["+Fix* - shuffled control", "verdict"] == "reproduced"
+    assert k.loc["+MTE - shuffled control", "verdict"] == "not settled"
+    assert k.loc["GRPO* - shuffled control", "diff"] == pytest.approx(0.30, abs=0.02)
+    assert k.loc["GRPO* - shuffled control", "n_seeds"] == 5 and math.isfinite(
+        k.loc["+MTE - shuffled control", "mde80"]
+    )
