@@ -149,11 +149,12 @@ def main(argv: list[str] | None = None) -> None:
         p.error("give a climbing run's spec.json, or --test")
     else:
         runner = Runner(json.loads(args.spec.read_text()), args.root, args.policy_dir)
-    rows = []
+    rows, done = [], {}  # a point whose settings are another's (each sweep holds the spec's own) is trained once
     print(f"{args.rung}: lift over the shuffled control at the last step, seeds {args.seeds}", flush=True)
     for name in args.sweeps:
         for label, changes in sweep_points(name, runner.spec["grpo"]):
-            r = lift(runner, args.rung, changes, args.seeds)
+            key = json.dumps({**runner.spec["grpo"], **changes}, sort_keys=True)
+            r = done[key] = done.get(key) or lift(runner, args.rung, changes, args.seeds)
             rows.append(
                 {
                     "sweep": name,

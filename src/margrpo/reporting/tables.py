@@ -284,8 +284,9 @@ def _control_lifts(root: str | Path, table: Table, rows: Sequence[RowSpec], cont
         table.data[table.column(lift, "n")] = ns
     table.metrics += lifts
     table.caption += (
-        f" Lift: each rung's score minus the {VARIANT_LABELS.get(control, control)}'s (the same rung's settings with "
-        "its advantages shuffled: no credit), per seed, mean and interval over seeds; in blocks with such a control."
+        f" Lift: each rung's score minus the {VARIANT_LABELS.get(control, control)}'s (a rung trained with its "
+        "advantages shuffled: update noise, no credit) of the same seed, mean and interval over seeds; in blocks with "
+        "such a control."
     )
 
 
