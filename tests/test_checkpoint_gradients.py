@@ -149,4 +149,4 @@ def test_a_bad_checkpoints_setting_is_named(tmp_path, default_config, change, me
 
 def test_the_default_config_measures_grpo_and_fix_at_two_checkpoints(default_config):
     c = load_config("config/config.yaml")["experiments"]["estimators"]["checkpoints"]
-    assert c == {"variants": ["grpo", "fix"], "steps": [24, 48], "batches": 16}
+    assert c == {"variants": ["grpo", "fix"], "steps": [24, 48], "batches": 8}  # 8: the verdicts of 16 (findings)

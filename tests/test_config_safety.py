@@ -101,7 +101,11 @@ REFUSED = {
         "variants.mte.trajectories",
         "not of type 'integer'",
     ),
-    "duplicate key": (SMOKE.replace("grpo: {steps: 2,", "grpo: {steps: 2, steps: 3,"), "grpo.steps", "is given twice"),
+    "duplicate key": (
+        SMOKE.replace("\ngrpo: {steps: 2,", "\ngrpo: {steps: 2, steps: 3,"),
+        "grpo.steps",
+        "is given twice",
+    ),
     "duplicate section": (SMOKE + "grpo: {steps: 5}\n", "grpo", "is given twice"),
     "max_prompts": (
         edited(lambda c: c["evaluation"].update(max_prompts=-5)),

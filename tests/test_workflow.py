@@ -223,6 +223,7 @@ def test_smoke_dag_writes_the_claims_table(smoke_run):
         "h",
         "i",
         "j",
+        "k",  # the climbing ladder: each rung against the shuffled control
     }  # h-j: the estimators, at the base
     assert {
         "+Fix lifts the validation reward above the base policy (last step)",
@@ -306,6 +307,7 @@ def test_html_report_builds_and_a_browser_renders_its_figures(smoke_run, tmp_pat
             "fig7c_final_metric",
             "fig_estimators",
             "fig_checkpoint_gradients",
+            "fig_climb",
         )
     ]
     tables = [f"{report}/{t}.csv" for t in ("table1", "table2", "val_gain", "claims", "artifacts", "estimators")]
@@ -529,7 +531,13 @@ def test_the_smoke_dag_takes_its_toy_stages_from_a_release(smoke_run, tmp_path):
     )
     assert packed.returncode == 0, packed.stderr[-3000:]
     manifest = json.loads((release / "manifest.json").read_text())
-    assert sorted(e["stage"] for e in manifest["folders"].values()) == ["pretrain", "pretrain", "toyclip", "toypref"]
+    assert sorted(e["stage"] for e in manifest["folders"].values()) == [
+        "pretrain",
+        "pretrain",
+        "pretrain",
+        "toyclip",
+        "toypref",
+    ]
     smoke = (REPO / "config/smoke.yaml").read_text()
     shipped, trained = tmp_path / "shipped.yaml", tmp_path / "trained.yaml"
     shipped.write_text(smoke + f"\ntoy_release: {release}\n")

@@ -301,11 +301,13 @@ def test_shared_stage_folders_are_keyed_by_exactly_what_they_read():
         "toyclip",
         "base/toy-nova",
         "base/toy-harmon",
+        "base/toy-micro",
         "warmup/toy-harmon",
     }
     assert moved(lambda c: c.update(mixed_precision="bf16")) == {
         "base/toy-nova",
         "base/toy-harmon",
+        "base/toy-micro",
         "warmup/toy-harmon",
     }
 

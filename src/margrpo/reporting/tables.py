@@ -339,6 +339,36 @@ def _gain_records(rows: list[tuple], metrics: list[tuple[str, str]], confidence:
     return records
 
 
+def _gain_caption(confidence: float, control: str | None) -> str:
+    """val_gain's caption; with a control, what its lift column is."""
+    return (
+        "Validation reward of the base policy and each variant's gain over it (validation reward minus the "
+        "base policy's on the same prompts and seeds), per validation step and at the best step. "
+        "Best: the maximum over steps, biased upward (a run that learned nothing shows a positive one). "
+        "Best, held out: the honest estimate — the best step chosen on half of the validation prompts "
+        "(even or odd index), its gain measured on the other half, both ways and averaged. " + _ci_note(confidence)
+    ) + (
+        f" Lift: the last validated reward minus the {VARIANT_LABELS.get(control, control)}'s (its advantages "
+        "shuffled: no credit) of the same seed, where the block has one."
+        if control
+        else ""
+    )
+
+
+def _last_step_lifts(picked: list[str], runs: Sequence[RunId], gains: dict, control: str) -> list[float]:
+    """Each run's last validated reward minus that of the control of its block and seed (the same base and
+    validation noise); none for the control's own runs."""
+    first = parse_run(picked[0])
+    if first.variant == control:
+        return []
+    ctrl = {r.seed: r.run for r in runs if (r.policy, r.reward, r.variant) == (first.policy, first.reward, control)}
+
+    def last(run: str) -> float:
+        return gains[run][1][max(gains[run][1])] if gains[run][1] else math.nan
+
+    return [last(r) - last(ctrl[parse_run(r).seed]) for r in picked if parse_run(r).seed in ctrl]
+
+
 def val_gain(root: str | Path, spec: dict, confidence: float = 0.95, digits: int = 3) -> Table:
     """Did RL lift the validation reward? Each variant's gain over the base policy at every validation step.
 
@@ -364,23 +394,13 @@ def val_gain(root: str | Path, spec: dict, confidence: float = 0.95, digits: int
     ) + [("lift", "last step - control")] * controlled
     policies, rewards = _policies_rewards(runs)
 
-    def last(run: str) -> float:
-        return gains[run][1][max(gains[run][1])] if gains[run][1] else math.nan
-
     def cells(picked: list[str]) -> dict[tuple[str, str], list[float]]:
-        """A variant row's values per metric: one gain per run (seed); the base reward is on the Base row; the lift:
-        its last validated reward minus the control's of the same seed (the same base and validation noise)."""
+        """A variant row's values per metric: one gain per run (seed); the base reward is on the Base row."""
         out = {("gain", f"step {s}"): [gains[r][1][s] for r in picked if s in gains[r][1]] for s in steps}
         out[("gain", "best")] = [max(gains[r][1].values()) for r in picked if gains[r][1]]
         out[("gain", "best, held out")] = [heldout[r] for r in picked]
-        first = parse_run(picked[0])
-        ctrl = {
-            r.seed: r.run for r in runs if (r.policy, r.reward, r.variant) == (first.policy, first.reward, control)
-        }
-        if controlled and first.variant != control:
-            out[("lift", "last step - control")] = [
-                last(r) - last(ctrl[parse_run(r).seed]) for r in picked if parse_run(r).seed in ctrl
-            ]
+        if controlled:
+            out[("lift", "last step - control")] = _last_step_lifts(picked, runs, gains, control)
         return out
 
     rows = []  # (labels, values per metric)
@@ -397,18 +417,7 @@ def val_gain(root: str | Path, spec: dict, confidence: float = 0.95, digits: int
                     )
     data = pd.DataFrame.from_records(_gain_records(rows, metrics, confidence))
     label_columns = [c for c in ("policy", "reward") if data[c].nunique() > 1] + ["method"]
-    caption = (
-        "Validation reward of the base policy and each variant's gain over it (validation reward minus the "
-        "base policy's on the same prompts and seeds), per validation step and at the best step. "
-        "Best: the maximum over steps, biased upward (a run that learned nothing shows a positive one). "
-        "Best, held out: the honest estimate — the best step chosen on half of the validation prompts "
-        "(even or odd index), its gain measured on the other half, both ways and averaged. " + _ci_note(confidence)
-    ) + (
-        f" Lift: the last validated reward minus the {VARIANT_LABELS.get(control, control)}'s (its advantages "
-        "shuffled: no credit) of the same seed, where the block has one."
-        if controlled
-        else ""
-    )
+    caption = _gain_caption(confidence, control if controlled else None)
     for col in ("policy", "reward"):
         if data[col].nunique() == 1:
             caption += f" {col.capitalize()}: {data[col].iloc[0]}."
